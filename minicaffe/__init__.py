@@ -1,0 +1,33 @@
+"""minicaffe: a small Caffe-faithful CNN framework on NumPy (CPU) and CuPy (GPU).
+
+The Python API follows pycaffe::
+
+    import minicaffe as caffe
+    net = caffe.Net("deploy.prototxt", caffe.TEST, weights="model.caffemodel")
+    net.blobs["data"].data[...] = images
+    out = net.forward()
+    solver = caffe.get_solver("solver.prototxt")
+    solver.step(100)
+"""
+from .backend import set_device, set_mode_cpu, set_mode_gpu, gpu_available
+from .blob import Blob
+from .layer import Layer, register_layer, known_layer_types
+from .net import TEST, TRAIN, Net
+from .proto import caffe_pb2
+from .solver import SGDSolver, Solver, get_solver
+from .rng import set_random_seed
+
+__version__ = "0.1.0"
+
+__all__ = ["Net", "Blob", "Layer", "Solver", "SGDSolver", "get_solver", "TRAIN", "TEST",
+           "caffe_pb2", "set_mode_cpu", "set_mode_gpu", "set_device", "gpu_available",
+           "register_layer", "known_layer_types", "set_random_seed", "layers", "params", "NetSpec"]
+
+
+def __getattr__(name):
+    # NetSpec-style builder (pycaffe's caffe.NetSpec, caffe.layers as L, caffe.params as P),
+    # imported lazily so that building nets does not pay for it.
+    if name in ("NetSpec", "layers", "params", "to_proto"):
+        from . import netspec
+        return getattr(netspec, {"layers": "L", "params": "P"}.get(name, name))
+    raise AttributeError(name)

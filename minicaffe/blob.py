@@ -1,0 +1,272 @@
+"""Blob: an N-d array with data and diff, as in Caffe.
+
+Storage is held in :class:`Storage` objects (one flat array each), so that
+several blobs can share one (Caffe's ``ShareData``/``ShareDiff``: Split tops
+share their bottom's data) and so that the memory manager of ``swap/`` can bind
+a blob to a region of its arena, or release it, without the layers noticing:
+layers always go through ``blob.data`` / ``blob.diff``, which are views of
+whatever storage is bound at that moment.
+
+Like Caffe's SyncedMemory, storage is allocated lazily, on first access: a
+data blob whose diff nobody asks for never gets one.
+"""
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+
+class Storage:
+    """One flat buffer, possibly shared by several blobs.
+
+    ``array`` is a 1-d array of at least the element count of every blob
+    using it, or None while unallocated/released.  ``external`` marks a buffer
+    handed in from outside (a view into the memory manager's arena).
+    """
+
+    __slots__ = ("array", "external", "__weakref__")
+
+    def __init__(self):
+        self.array = None
+        self.external = False
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.array is None else int(self.array.size)
+
+
+class Blob:
+    """Caffe's Blob: ``data`` and ``diff`` of one shape, in one array module.
+
+    Args:
+        shape: initial shape, e.g. ``(N, C, H, W)``.
+        xp: numpy or cupy.
+        dtype: element type (float32 normally, float64 for gradient checks).
+        name: for error messages and the memory manager.
+    """
+
+    def __init__(self, shape=(), xp=np, dtype=np.float32, name: str = ""):
+        self.xp = xp
+        self.dtype = np.dtype(dtype)
+        self.name = name
+        self._data = Storage()
+        self._diff = Storage()
+        self._views = {}  # ("data"|"diff") -> (source array, view)
+        self._shape = ()
+        self.reshape(shape)
+
+    # ----------------------------------------------------------------- shape
+    @property
+    def shape(self) -> tuple:
+        return self._shape
+
+    @property
+    def count(self) -> int:
+        return prod(self._shape) if self._shape else 1
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one of data or diff at the current shape."""
+        return self.count * self.dtype.itemsize
+
+    def shape_at(self, axis: int) -> int:
+        return self._shape[self.canonical_axis(axis)]
+
+    def canonical_axis(self, axis: int) -> int:
+        """Caffe's CanonicalAxisIndex: negative axes count from the end."""
+        n = len(self._shape)
+        if not -n <= axis < max(n, 1):
+            raise IndexError(
+                f"axis {axis} out of range for blob {self.name!r} of shape {self._shape}")
+        return axis + n if axis < 0 else axis
+
+    def count_range(self, start: int, end: int | None = None) -> int:
+        end = len(self._shape) if end is None else end
+        return prod(self._shape[start:end])
+
+    # legacy 4-d accessors (pycaffe and old prototxt talk in these)
+    @property
+    def num(self):
+        return self._shape[0] if len(self._shape) > 0 else 1
+
+    @property
+    def channels(self):
+        return self._shape[1] if len(self._shape) > 1 else 1
+
+    @property
+    def height(self):
+        return self._shape[2] if len(self._shape) > 2 else 1
+
+    @property
+    def width(self):
+        return self._shape[3] if len(self._shape) > 3 else 1
+
+    def reshape(self, *shape):
+        """Change the shape; storage grows only when the count exceeds it.
+
+        Accepts ``reshape(2, 3)``, ``reshape((2, 3))`` or a list.
+        """
+        if len(shape) == 1 and not np.isscalar(shape[0]):
+            shape = tuple(shape[0])
+        shape = tuple(int(d) for d in shape)
+        for d in shape:
+            if d < 0:
+                raise ValueError(f"blob {self.name!r}: negative dimension in shape {shape}")
+        self._shape = shape
+        self._views.clear()
+        n = self.count
+        for st in (self._data, self._diff):
+            if st.array is not None and st.capacity < n:
+                if st.external:
+                    raise ValueError(
+                        f"blob {self.name!r} reshaped to {shape} ({n} elements) beyond its bound "
+                        f"storage of {st.capacity} elements")
+                st.array = None  # reallocated lazily at the new size
+        return self
+
+    def reshape_like(self, other: "Blob"):
+        return self.reshape(other.shape)
+
+    # --------------------------------------------------------------- storage
+    def _view(self, which: str, st: Storage):
+        if st.array is None or st.capacity < self.count:
+            if st.external:
+                raise RuntimeError(
+                    f"blob {self.name!r}: {which} accessed while its storage is released "
+                    "(the memory plan did not bring it onto the device)")
+            st.array = self.xp.zeros(self.count, dtype=self.dtype)
+        cached = self._views.get(which)
+        if cached is not None and cached[0] is st.array:
+            return cached[1]
+        view = st.array[: self.count].reshape(self._shape)
+        self._views[which] = (st.array, view)
+        return view
+
+    @property
+    def data(self):
+        return self._view("data", self._data)
+
+    @data.setter
+    def data(self, value):
+        self.data[...] = value
+
+    @property
+    def diff(self):
+        return self._view("diff", self._diff)
+
+    @diff.setter
+    def diff(self, value):
+        self.diff[...] = value
+
+    @property
+    def has_data(self) -> bool:
+        return self._data.array is not None
+
+    @property
+    def has_diff(self) -> bool:
+        return self._diff.array is not None
+
+    @property
+    def data_storage(self) -> Storage:
+        return self._data
+
+    @property
+    def diff_storage(self) -> Storage:
+        return self._diff
+
+    def share_data(self, other: "Blob"):
+        """Use ``other``'s data storage (Caffe's ShareData); counts must match."""
+        if other.count != self.count:
+            raise ValueError(
+                f"share_data: blob {self.name!r} has {self.count} elements, {other.name!r} {other.count}")
+        self._data = other._data
+        self._views.pop("data", None)
+
+    def share_diff(self, other: "Blob"):
+        if other.count != self.count:
+            raise ValueError(
+                f"share_diff: blob {self.name!r} has {self.count} elements, {other.name!r} {other.count}")
+        self._diff = other._diff
+        self._views.pop("diff", None)
+
+    @staticmethod
+    def _bind(st: Storage, flat, count: int, name: str, which: str):
+        if flat.ndim != 1 or flat.size < count:
+            raise ValueError(
+                f"blob {name!r}: {which} storage of shape {flat.shape} is smaller than {count} elements")
+        st.array = flat
+        st.external = True
+
+    def bind_data(self, flat):
+        """Bind data to an outside 1-d buffer (a view into an arena)."""
+        self._bind(self._data, flat, self.count, self.name, "data")
+
+    def bind_diff(self, flat):
+        self._bind(self._diff, flat, self.count, self.name, "diff")
+
+    def release_data(self):
+        """Drop the data buffer; an external binding stays external (access raises)."""
+        self._data.array = None
+
+    def release_diff(self):
+        self._diff.array = None
+
+    # ------------------------------------------------------------- utilities
+    def to_proto(self, proto, write_diff: bool = False):
+        """Fill a caffe BlobProto (shape + float data, optionally diff)."""
+        from .backend import to_numpy
+        proto.Clear()
+        proto.shape.dim.extend(self._shape)
+        proto.data.extend(to_numpy(self.data).astype(np.float32).ravel().tolist())
+        if write_diff:
+            proto.diff.extend(to_numpy(self.diff).astype(np.float32).ravel().tolist())
+        return proto
+
+    def from_proto(self, proto, reshape: bool = True, layer: str = ""):
+        """Load a BlobProto's data (and diff if present), like Caffe's FromProto."""
+        shape = proto_shape(proto)
+        if reshape:
+            self.reshape(shape)
+        elif tuple(shape) != self._shape and not _legacy_equal(shape, self._shape):
+            raise ValueError(
+                f"layer {layer!r}: cannot copy param blob of shape {tuple(shape)} into blob of "
+                f"shape {self._shape}")
+        if len(proto.double_data):
+            values = np.asarray(proto.double_data, dtype=np.float64)
+        else:
+            values = np.asarray(proto.data, dtype=np.float32)
+        if values.size != self.count:
+            raise ValueError(
+                f"layer {layer!r}: blob proto holds {values.size} values, expected {self.count}")
+        self.data[...] = self.xp.asarray(values.reshape(self._shape), dtype=self.dtype)
+        diff = proto.double_diff if len(proto.double_diff) else proto.diff
+        if len(diff):
+            self.diff[...] = self.xp.asarray(np.asarray(diff).reshape(self._shape), dtype=self.dtype)
+        return self
+
+    def __repr__(self):
+        return f"Blob({self.name!r}, shape={self._shape}, dtype={self.dtype.name})"
+
+
+def proto_shape(proto) -> tuple:
+    """Shape of a BlobProto: ``shape.dim`` or the legacy num/channels/height/width."""
+    if proto.HasField("shape"):
+        return tuple(int(d) for d in proto.shape.dim)
+    if any(proto.HasField(f) for f in ("num", "channels", "height", "width")):
+        return (proto.num, proto.channels, proto.height, proto.width)
+    return (len(proto.data) or len(proto.double_data),)
+
+
+def _legacy_equal(a, b) -> bool:
+    """Caffe accepts a legacy 4-d proto shape for a blob of <= 4 axes when they agree
+    after left-padding with ones (for example an InnerProduct bias (1,1,1,N) vs (N,))."""
+    if len(a) > 4 or len(b) > 4:
+        return False
+    pa = (1,) * (4 - len(a)) + tuple(a)
+    pb = (1,) * (4 - len(b)) + tuple(b)
+    return pa == pb

@@ -1,0 +1,288 @@
+"""The ``minicaffe`` command, modelled on Caffe's ``caffe`` tool.
+
+    minicaffe train --solver S [--weights W | --snapshot S] [--gpu N | --cpu]
+    minicaffe train NET.prototxt [--base-lr ...]        (a default SGD solver)
+    minicaffe test --model M --weights W --iterations N
+    minicaffe time --model M --iterations N
+    minicaffe device_query
+
+Caffe's single-dash spellings (``-solver``, ``-model`` ...) are accepted too.
+User mistakes (a bad prototxt, a missing file, a shape mismatch) end with one
+line naming the file, layer or blob, and exit status 1, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from .log import log
+
+
+def _add(p, *names, **kw):
+    """An option under its GNU name and Caffe's single-dash name."""
+    extra = [f"-{n[2:]}" for n in names if n.startswith("--") and "-" not in n[2:]]
+    p.add_argument(*names, *extra, **kw)
+
+
+def _mode_args(p):
+    g = p.add_mutually_exclusive_group()
+    _add(g, "--gpu", type=str, default=None,
+         help="GPU device id (Caffe's -gpu; 'all' means device 0 here)")
+    _add(g, "--cpu", action="store_true", help="force CPU mode")
+
+
+def _mode(args, default=None):
+    if getattr(args, "cpu", False):
+        return "CPU", None
+    if getattr(args, "gpu", None) is not None:
+        dev = 0 if args.gpu == "all" else int(args.gpu.split(",")[0])
+        from .backend import cupy_module
+        cupy_module()
+        return "GPU", dev
+    return default, None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="minicaffe", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a net from a solver (or a net with a default solver)")
+    t.add_argument("net", nargs="?", help="a net prototxt to train with a default SGD solver")
+    _add(t, "--solver", help="solver prototxt")
+    _add(t, "--weights", help="caffemodel(s) to fine-tune from (comma separated)")
+    _add(t, "--snapshot", help="solverstate to resume from")
+    _mode_args(t)
+    t.add_argument("--base-lr", type=float, default=0.01)
+    t.add_argument("--momentum", type=float, default=0.9)
+    t.add_argument("--weight-decay", type=float, default=5e-4)
+    t.add_argument("--lr-policy", default="fixed")
+    t.add_argument("--gamma", type=float, default=0.1)
+    t.add_argument("--stepsize", type=int, default=0)
+    t.add_argument("--power", type=float, default=0.75)
+    t.add_argument("--max-iter", type=int, default=1000)
+    t.add_argument("--display", type=int, default=100)
+    t.add_argument("--test-iter", type=int, default=0,
+                   help="with a net: test batches every --test-interval iterations (0: no testing)")
+    t.add_argument("--test-interval", type=int, default=0)
+    t.add_argument("--snapshot-prefix", default="")
+    t.add_argument("--random-seed", type=int, default=-1)
+    t.add_argument("--quiet", action="store_true", help="only warnings and errors")
+
+    te = sub.add_parser("test", help="score a model over a number of batches")
+    _add(te, "--model", required=True)
+    _add(te, "--weights")
+    _add(te, "--iterations", type=int, default=50)
+    _add(te, "--phase", default="TEST", choices=["TRAIN", "TEST"])
+    _mode_args(te)
+
+    ti = sub.add_parser("time", help="per-layer forward/backward times")
+    _add(ti, "--model", required=True)
+    _add(ti, "--iterations", type=int, default=50)
+    _add(ti, "--phase", default="TRAIN", choices=["TRAIN", "TEST"])
+    ti.add_argument("--warmup", type=int, default=2)
+    _mode_args(ti)
+
+    sub.add_parser("device_query", help="show the CUDA devices")
+    return ap
+
+
+# ----------------------------------------------------------------- train
+def default_solver_param(args, net_path):
+    from .proto import caffe_pb2
+    p = caffe_pb2.SolverParameter()
+    p.net = net_path
+    p.base_lr = args.base_lr
+    p.momentum = args.momentum
+    p.weight_decay = args.weight_decay
+    p.lr_policy = args.lr_policy
+    p.gamma = args.gamma
+    p.power = args.power
+    if args.stepsize:
+        p.stepsize = args.stepsize
+    p.max_iter = args.max_iter
+    p.display = args.display
+    if args.test_iter:
+        p.test_iter.append(args.test_iter)
+        p.test_interval = args.test_interval or max(1, args.max_iter // 10)
+    p.snapshot_prefix = args.snapshot_prefix or os.path.splitext(net_path)[0]
+    p.random_seed = args.random_seed
+    p.solver_mode = caffe_pb2.SolverParameter.CPU
+    return p
+
+
+def cmd_train(args):
+    from .log import set_quiet
+    from .solver import Solver
+    set_quiet(args.quiet)
+    if bool(args.solver) == bool(args.net):
+        raise UsageError("train needs either --solver S or a net prototxt (not both)")
+    if args.weights and args.snapshot:
+        raise UsageError("give --weights or --snapshot, not both (Caffe's rule)")
+    mode, dev = _mode(args)
+    if args.solver:
+        solver = Solver(args.solver, mode=mode, device_id=dev)
+    else:
+        if mode is None:
+            from .backend import gpu_available
+            mode = "GPU" if gpu_available() else "CPU"
+        solver = Solver(default_solver_param(args, args.net), mode=mode, device_id=dev)
+    log(f"Using {solver.mode} mode; net {solver.net.name!r}: {len(solver.net.layers)} layers, "
+        f"{sum(p.count for p in solver.net.learnable_params):,} learnable parameters")
+    if args.weights:
+        for w in args.weights.split(","):
+            log(f"Finetuning from {w}")
+            solver.net.copy_from(w)
+            for n in solver.test_nets:
+                n.share_trained_layers_with(solver.net)
+    solver.solve(resume_file=args.snapshot)
+    return 0
+
+
+# ------------------------------------------------------------------ test
+def cmd_test(args):
+    from .net import TEST, TRAIN, Net
+    from .backend import to_numpy
+    mode, dev = _mode(args, default="CPU")
+    if mode == "GPU":
+        from .backend import set_device
+        set_device(dev)
+    phase = TRAIN if args.phase == "TRAIN" else TEST
+    net = Net(args.model, phase, weights=args.weights, mode=mode)
+    log(f"Running for {args.iterations} iterations.")
+    sums = {}
+    for i in range(args.iterations):
+        net.forward_from_to()
+        for name in net.outputs:
+            v = to_numpy(net.blobs[name].data).ravel().astype(np.float64)
+            for k, x in enumerate(v):
+                log(f"Batch {i}, {name}{'' if v.size == 1 else f'[{k}]'} = {x:.6g}")
+            sums[name] = sums.get(name, 0) + v
+    for name, s in sums.items():
+        mean = s / args.iterations
+        for k, x in enumerate(mean):
+            log(f"{name}{'' if mean.size == 1 else f'[{k}]'} = {x:.6g}")
+    return 0
+
+
+# ------------------------------------------------------------------ time
+def layer_times(net, iterations: int, warmup: int = 2):
+    """Median-free mean forward/backward time per layer (ms), as ``caffe time``.
+
+    GPU: CUDA events around each layer on the current stream, read once at
+    the end (no synchronisation between layers). CPU: wall clock.
+    """
+    n = len(net.layers)
+    for _ in range(warmup):
+        net.forward_backward()
+    fwd = np.zeros(n)
+    bwd = np.zeros(n)
+    totals = []
+    if net.mode == "GPU":
+        import cupy
+        ev = lambda: cupy.cuda.Event()  # noqa: E731
+        for _ in range(iterations):
+            f_ev = [(ev(), ev()) for _ in range(n)]
+            b_ev = [(ev(), ev()) for _ in range(n)]
+            start, end = ev(), ev()
+            start.record()
+            for li in range(n):
+                f_ev[li][0].record()
+                net.forward_layer(li)
+                f_ev[li][1].record()
+            for li in range(n - 1, -1, -1):
+                b_ev[li][0].record()
+                net.backward_layer(li)
+                b_ev[li][1].record()
+            end.record()
+            end.synchronize()
+            for li in range(n):
+                fwd[li] += cupy.cuda.get_elapsed_time(*f_ev[li])
+                bwd[li] += cupy.cuda.get_elapsed_time(*b_ev[li])
+            totals.append(cupy.cuda.get_elapsed_time(start, end))
+    else:
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            for li in range(n):
+                a = time.perf_counter()
+                net.forward_layer(li)
+                fwd[li] += (time.perf_counter() - a) * 1e3
+            for li in range(n - 1, -1, -1):
+                a = time.perf_counter()
+                net.backward_layer(li)
+                bwd[li] += (time.perf_counter() - a) * 1e3
+            totals.append((time.perf_counter() - t0) * 1e3)
+    return fwd / iterations, bwd / iterations, totals
+
+
+def cmd_time(args):
+    from .net import TEST, TRAIN, Net
+    mode, dev = _mode(args, default="CPU")
+    if mode == "GPU":
+        from .backend import set_device
+        set_device(dev)
+    phase = TRAIN if args.phase == "TRAIN" else TEST
+    net = Net(args.model, phase, mode=mode)
+    log(f"Performing Forward/Backward, {args.iterations} iterations, {mode} mode")
+    fwd, bwd, totals = layer_times(net, args.iterations, args.warmup)
+    width = max(len(n) for n in net.layer_names)
+    for name, layer, f, b in zip(net.layer_names, net.layers, fwd, bwd):
+        log(f"{name:>{width}}\t{layer.type:<16} forward: {f:9.4f} ms.  backward: {b:9.4f} ms.")
+    log(f"Average Forward pass: {fwd.sum():.4f} ms.")
+    log(f"Average Backward pass: {bwd.sum():.4f} ms.")
+    log(f"Average Forward-Backward: {np.mean(totals):.4f} ms (median {np.median(totals):.4f} ms).")
+    log("Total Time: {:.4f} ms.".format(float(np.sum(totals))))
+    return 0
+
+
+def cmd_device_query(args):
+    from .backend import gpu_available
+    if not gpu_available():
+        print("No CUDA device visible (CPU mode only).")
+        return 0
+    import cupy
+    for i in range(cupy.cuda.runtime.getDeviceCount()):
+        p = cupy.cuda.runtime.getDeviceProperties(i)
+        name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+        with cupy.cuda.Device(i):
+            free, total = cupy.cuda.runtime.memGetInfo()
+        print(f"Device id:                     {i}")
+        print(f"Name:                          {name}")
+        print(f"Compute capability:            {p['major']}.{p['minor']}")
+        print(f"Multiprocessors:               {p['multiProcessorCount']}")
+        print(f"Total global memory:           {total} ({total / 2**30:.1f} GiB, {free / 2**30:.1f} free)")
+        print(f"Clock rate (kHz):              {p.get('clockRate', 'n/a')}")
+    return 0
+
+
+class UsageError(Exception):
+    pass
+
+
+COMMANDS = {"train": cmd_train, "test": cmd_test, "time": cmd_time,
+            "device_query": cmd_device_query}
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as e:
+        print(f"minicaffe {args.command}: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
+        if os.environ.get("MINICAFFE_TRACEBACK"):
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"minicaffe {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

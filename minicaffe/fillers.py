@@ -1,0 +1,80 @@
+"""Weight fillers (Caffe's ``filler.hpp``), drawn on the host for determinism.
+
+Values are drawn with the host generator of :mod:`minicaffe.rng` and copied to
+the blob's array module, so CPU and GPU nets built with one seed start equal.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .rng import host_rng
+
+FAN_IN, FAN_OUT, AVERAGE = 0, 1, 2
+KNOWN_FILLERS = ("constant", "uniform", "gaussian", "xavier", "msra", "positive_unitball",
+                 "bilinear")
+
+
+def _fans(shape):
+    count = int(np.prod(shape)) if shape else 1
+    fan_in = count // shape[0] if len(shape) > 0 and shape[0] else count
+    fan_out = count // shape[1] if len(shape) > 1 and shape[1] else count
+    return fan_in, fan_out
+
+
+def _norm_n(filler, shape):
+    fan_in, fan_out = _fans(shape)
+    vn = filler.variance_norm
+    if vn == AVERAGE:
+        return (fan_in + fan_out) / 2.0
+    if vn == FAN_OUT:
+        return float(fan_out)
+    return float(fan_in)
+
+
+def fill(blob, filler, where: str = ""):
+    """Fill ``blob.data`` according to a FillerParameter message."""
+    shape = blob.shape
+    rng = host_rng()
+    kind = filler.type
+    if kind not in KNOWN_FILLERS:
+        raise ValueError(f"{where}unknown filler type {kind!r} (known: {', '.join(KNOWN_FILLERS)})")
+    if filler.sparse < -1 or (filler.sparse != -1 and kind != "gaussian"):
+        # Caffe: only the gaussian filler supports sparsity (CHECK_EQ(sparse, -1) elsewhere).
+        raise ValueError(
+            f"{where}filler {kind!r}: sparse = {filler.sparse} is not supported "
+            "(only the gaussian filler takes sparse >= 0; -1 means dense)")
+    if kind == "constant":
+        values = np.full(shape, filler.value, dtype=np.float64)
+    elif kind == "uniform":
+        values = rng.uniform(filler.min, filler.max, size=shape)
+    elif kind == "gaussian":
+        values = rng.normal(filler.mean, filler.std, size=shape)
+        if filler.sparse >= 0:
+            # Caffe: keep each weight with probability sparse / num_outputs (= shape[0]).
+            if len(shape) < 1:
+                raise ValueError(f"{where}sparse gaussian filler needs a blob of >= 1 axis")
+            p = filler.sparse / float(shape[0])
+            values *= rng.random(size=shape) < p
+    elif kind == "xavier":
+        scale = np.sqrt(3.0 / _norm_n(filler, shape))
+        values = rng.uniform(-scale, scale, size=shape)
+    elif kind == "msra":
+        std = np.sqrt(2.0 / _norm_n(filler, shape))
+        values = rng.normal(0.0, std, size=shape)
+    elif kind == "positive_unitball":
+        values = rng.uniform(0.0, 1.0, size=shape)
+        n = shape[0] if shape else 1
+        values = values.reshape(n, -1)
+        values /= values.sum(axis=1, keepdims=True)
+        values = values.reshape(shape)
+    elif kind == "bilinear":
+        if len(shape) != 4 or shape[2] != shape[3]:
+            raise ValueError(f"{where}bilinear filler needs a 4-d blob with square kernels, got {shape}")
+        k = shape[3]
+        f = np.ceil(k / 2.0)
+        c = (2 * f - 1 - f % 2) / (2.0 * f)
+        x = np.arange(k)
+        w1 = 1 - np.abs(x / f - c)
+        values = np.broadcast_to(np.outer(w1, w1), shape).copy()
+    blob.data[...] = blob.xp.asarray(values, dtype=blob.dtype)
+    return blob

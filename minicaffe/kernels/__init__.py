@@ -1,0 +1,1 @@
+"""Array kernels: generic NumPy/CuPy code and guarded CUDA fast paths."""

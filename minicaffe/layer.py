@@ -1,0 +1,249 @@
+"""The layer contract and the registry keyed by Caffe's type string.
+
+The contract is Caffe's (``include/caffe/layer.hpp``):
+
+* ``setup(bottom, top)``: check blob counts, ``layer_setup`` (read the
+  parameter message, create ``self.blobs``), ``reshape`` (shape the tops and
+  the internal buffers), then set the loss weights into the tops' diffs.
+* ``forward(bottom, top)`` returns the weighted loss of this layer's tops.
+* ``backward(top, propagate_down, bottom)``: bottom diffs are *overwritten*;
+  parameter diffs *accumulate* (the solver clears them).
+
+On top of Caffe's contract every layer declares what the memory manager needs
+to know without reading its code:
+
+* ``backward_reads()``: which bottom data, top data and saved internal buffers
+  its backward pass reads (the liveness of feature maps, as Chainer's
+  ``retain_inputs``/``retain_outputs``);
+* ``self.internals``: every buffer the layer keeps besides its tops and params,
+  each created with :meth:`Layer.add_internal`, marked ``saved`` (written in
+  forward, read in backward: a mask, an index map, normalized data) or scratch
+  (used within one forward or backward step only: an im2col buffer);
+* ``flops(bottom, top)``: floating-point operations of forward and backward,
+  for the performance model.
+
+One code path serves NumPy and CuPy: ``self.xp`` is the array module of the
+net the layer belongs to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .blob import Blob
+
+ALL = "all"
+
+LAYER_REGISTRY: dict[str, type] = {}
+
+
+def register_layer(cls):
+    """Class decorator: register ``cls`` under its Caffe type string ``cls.type``."""
+    if not cls.type:
+        raise TypeError(f"{cls.__name__} has no Caffe type string")
+    if cls.type in LAYER_REGISTRY and LAYER_REGISTRY[cls.type] is not cls:
+        raise TypeError(f"layer type {cls.type!r} registered twice")
+    LAYER_REGISTRY[cls.type] = cls
+    return cls
+
+
+def known_layer_types() -> list[str]:
+    from . import layers  # noqa: F401  (importing registers every layer)
+    return sorted(LAYER_REGISTRY)
+
+
+def create_layer(param, xp=np, dtype=np.float32, where: str = ""):
+    """Instantiate the layer class registered for ``param.type``.
+
+    Raises a ValueError naming the layer and listing the known types.
+    """
+    from . import layers  # noqa: F401
+    cls = LAYER_REGISTRY.get(param.type)
+    if cls is None:
+        known = ", ".join(sorted(LAYER_REGISTRY))
+        raise ValueError(
+            f"{where}layer {param.name!r}: unknown layer type {param.type!r} "
+            f"(known types: {known})")
+    return cls(param, xp=xp, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class BackwardReads:
+    """What a layer's backward pass reads, besides its tops' diffs.
+
+    bottom: indices of bottoms whose *data* backward reads.
+    top: indices of tops whose *data* backward reads.
+    internals: names of saved internal buffers (see ``Layer.add_internal``).
+    """
+    bottom: tuple = ()
+    top: tuple = ()
+    internals: tuple = ()
+
+
+@dataclass
+class Internal:
+    """A buffer a layer owns besides its tops and params.
+
+    saved: written by forward, read by backward (lives between the two).
+    scratch: otherwise; used within a single forward or backward call.
+    batch_scaled: its size is linear in the minibatch (feature-map-like).
+    """
+    blob: Blob
+    saved: bool
+    batch_scaled: bool = True
+    uses: tuple = field(default=("forward", "backward"))
+
+
+class Layer:
+    """Base class of every layer; subclasses set ``type`` and override hooks."""
+
+    type = ""
+    # Blob-count constraints, as Caffe's ExactNumBottomBlobs() and friends;
+    # None means unconstrained.
+    exact_num_bottom: int | None = None
+    min_num_bottom: int | None = None
+    max_num_bottom: int | None = None
+    exact_num_top: int | None = None
+    min_num_top: int | None = None
+    max_num_top: int | None = None
+    equal_num_bottom_top = False
+    # Loss layers weigh their first top by 1 when the prototxt gives no loss_weight.
+    is_loss = False
+    # Declared liveness of backward (see module doc). ALL = every bottom.
+    backward_reads_bottom = ALL
+    backward_reads_top: tuple = ()
+
+    def __init__(self, param, xp=np, dtype=np.float32):
+        self.param = param
+        self.name = param.name
+        self.xp = xp
+        self.dtype = np.dtype(dtype)
+        self.phase = param.phase
+        self.blobs: list[Blob] = []
+        self.internals: dict[str, Internal] = {}
+        self.param_propagate_down: list[bool] = []
+        self.loss_weights: list[float] = []
+        self._num_bottom = 0
+
+    # --------------------------------------------------------------- set up
+    def setup(self, bottom: list[Blob], top: list[Blob]):
+        self.check_blob_counts(bottom, top)
+        self._num_bottom = len(bottom)
+        self.layer_setup(bottom, top)
+        if len(self.param_propagate_down) != len(self.blobs):
+            self.param_propagate_down = [True] * len(self.blobs)
+        self.reshape(bottom, top)
+        self.set_loss_weights(top)
+
+    def layer_setup(self, bottom, top):
+        """Read the parameter message; create ``self.blobs``. Once per layer."""
+
+    def reshape(self, bottom, top):
+        """Shape the tops (and internal buffers) for the bottoms' shapes."""
+        raise NotImplementedError(f"{type(self).__name__}.reshape")
+
+    def check_blob_counts(self, bottom, top):
+        nb, nt = len(bottom), len(top)
+
+        def fail(what, n, rule):
+            raise ValueError(
+                f"layer {self.name!r} of type {self.type}: takes {rule} {what} blob(s), got {n}")
+
+        if self.exact_num_bottom is not None and nb != self.exact_num_bottom:
+            fail("bottom", nb, f"exactly {self.exact_num_bottom}")
+        if self.min_num_bottom is not None and nb < self.min_num_bottom:
+            fail("bottom", nb, f"at least {self.min_num_bottom}")
+        if self.max_num_bottom is not None and nb > self.max_num_bottom:
+            fail("bottom", nb, f"at most {self.max_num_bottom}")
+        if self.exact_num_top is not None and nt != self.exact_num_top:
+            fail("top", nt, f"exactly {self.exact_num_top}")
+        if self.min_num_top is not None and nt < self.min_num_top:
+            fail("top", nt, f"at least {self.min_num_top}")
+        if self.max_num_top is not None and nt > self.max_num_top:
+            fail("top", nt, f"at most {self.max_num_top}")
+        if self.equal_num_bottom_top and nb != nt:
+            raise ValueError(
+                f"layer {self.name!r} of type {self.type}: needs as many tops as bottoms "
+                f"({nb} bottoms, {nt} tops)")
+
+    def set_loss_weights(self, top):
+        """Caffe's SetLossWeights: each weighted top's diff holds its weight."""
+        weights = list(self.param.loss_weight)
+        if self.is_loss and not weights:
+            weights = [1.0]
+        if weights and len(weights) != len(top):
+            raise ValueError(
+                f"layer {self.name!r}: loss_weight must be given for all {len(top)} tops or none "
+                f"(got {len(weights)})")
+        self.loss_weights = weights + [0.0] * (len(top) - len(weights))
+        for t, w in zip(top, self.loss_weights):
+            if w != 0:
+                t.diff[...] = w
+
+    def loss_weight(self, top_index: int) -> float:
+        return self.loss_weights[top_index] if top_index < len(self.loss_weights) else 0.0
+
+    # ----------------------------------------------------- forward/backward
+    def forward(self, bottom, top):
+        """Run forward; return this layer's weighted loss (a 0-d array or 0.0).
+
+        The loss stays on the device (no host sync); callers convert it when
+        they need a Python number.
+        """
+        self.forward_impl(bottom, top)
+        loss = 0.0
+        for t, w in zip(top, self.loss_weights):
+            if w != 0:
+                loss = loss + self.xp.sum(t.data) * w
+        return loss
+
+    def forward_impl(self, bottom, top):
+        raise NotImplementedError(f"{type(self).__name__}.forward_impl")
+
+    def backward(self, top, propagate_down, bottom):
+        """Compute bottom diffs (overwrite) and param diffs (accumulate)."""
+        self.backward_impl(top, propagate_down, bottom)
+
+    def backward_impl(self, top, propagate_down, bottom):
+        if any(propagate_down) or any(self.param_propagate_down):
+            raise NotImplementedError(f"layer {self.name!r} of type {self.type} has no backward")
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        """False for inputs that cannot get a gradient (labels)."""
+        return True
+
+    # ---------------------------------------------------------- declarations
+    def backward_reads(self) -> BackwardReads:
+        """What backward reads; the default follows the class attributes and
+        reads every saved internal."""
+        nb = self._num_bottom
+        b = tuple(range(nb)) if self.backward_reads_bottom == ALL else tuple(self.backward_reads_bottom)
+        saved = tuple(n for n, i in self.internals.items() if i.saved)
+        return BackwardReads(bottom=b, top=tuple(self.backward_reads_top), internals=saved)
+
+    def add_internal(self, name: str, shape, saved: bool, batch_scaled: bool = True,
+                     dtype=None) -> Blob:
+        """Create (or reshape) an internal buffer; see ``Internal``."""
+        it = self.internals.get(name)
+        if it is None:
+            blob = Blob(shape, xp=self.xp, dtype=dtype or self.dtype, name=f"{self.name}/{name}")
+            self.internals[name] = Internal(blob, saved=saved, batch_scaled=batch_scaled)
+            return blob
+        it.blob.reshape(shape)
+        return it.blob
+
+    def internal(self, name: str) -> Blob:
+        return self.internals[name].blob
+
+    def flops(self, bottom, top) -> tuple[float, float]:
+        """(forward, backward) floating-point operations; elementwise by default."""
+        n = sum(t.count for t in top)
+        return float(n), float(2 * n)
+
+    # --------------------------------------------------------------- helpers
+    def make_param_blob(self, shape, index: int) -> Blob:
+        return Blob(shape, xp=self.xp, dtype=self.dtype, name=f"{self.name}/param{index}")
+
+    def __repr__(self):
+        return f"<{self.type} layer {self.name!r}>"

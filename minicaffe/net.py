@@ -1,0 +1,537 @@
+"""Net: layers wired by blob names, built from a NetParameter as Caffe's net.cpp.
+
+Construction follows Caffe step by step, because model-zoo files depend on
+every one of these details:
+
+1. upgrade legacy definitions (V1 ``layers``, ``input``/``input_dim``);
+2. filter layers by the NetState (phase, level, stages) and the layers'
+   include/exclude rules (``Net::FilterNet``);
+3. insert Split layers after the last writer of every blob read by several
+   layers (``InsertSplits``), so that each consumer gets its own diff;
+4. create and set up the layers in order; a top named like one of its layer's
+   bottoms is computed in place (same Blob object);
+5. decide which layers and bottoms need backward (parameters with non-zero
+   lr_mult, blobs that lead to a loss, ``propagate_down``,
+   ``force_backward``);
+6. share parameters named alike in ``param { name: }`` (data and diff).
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import numpy as np
+
+from .backend import array_module, normalize_mode, to_numpy
+from .blob import Blob
+from .layer import create_layer
+from .proto import caffe_pb2, read_binary, read_net_param, upgrade_net, write_binary
+
+TRAIN = caffe_pb2.TRAIN
+TEST = caffe_pb2.TEST
+
+
+# --------------------------------------------------------------- filtering
+def state_meets_rule(state, rule, layer_name: str) -> bool:
+    """Caffe's Net::StateMeetsRule."""
+    if rule.HasField("phase") and rule.phase != state.phase:
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        return False
+    stages = set(state.stage)
+    if any(s not in stages for s in rule.stage):
+        return False
+    if any(s in stages for s in rule.not_stage):
+        return False
+    return True
+
+
+def filter_net(param, state):
+    """Keep the layers whose include/exclude rules admit ``state``."""
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(param)
+    del out.layer[:]
+    for layer in param.layer:
+        if len(layer.include) and len(layer.exclude):
+            raise ValueError(
+                f"layer {layer.name!r}: specify either include rules or exclude rules, not both")
+        keep = not len(layer.include)
+        for rule in layer.exclude:
+            if state_meets_rule(state, rule, layer.name):
+                keep = False
+        for rule in layer.include:
+            if state_meets_rule(state, rule, layer.name):
+                keep = True
+        if keep:
+            out.layer.add().CopyFrom(layer)
+    return out
+
+
+# ---------------------------------------------------------- split insertion
+def split_layer_name(layer_name, blob_name, blob_idx):
+    return f"{blob_name}_{layer_name}_{blob_idx}_split"
+
+
+def split_blob_name(layer_name, blob_name, blob_idx, split_idx):
+    return f"{blob_name}_{layer_name}_{blob_idx}_split_{split_idx}"
+
+
+def insert_splits(param):
+    """Caffe's InsertSplits: a Split layer after the last writer of every blob
+    read more than once (a loss-weighted top counts as one reader)."""
+    last_top = {}            # blob name -> (layer idx, top idx) of its last writer
+    source = {}              # (layer idx, bottom idx) -> (layer idx, top idx)
+    readers = {}             # (layer idx, top idx) -> number of readers
+    loss_weight = {}         # (layer idx, top idx) -> explicit loss weight
+    for i, layer in enumerate(param.layer):
+        for j, name in enumerate(layer.bottom):
+            if name not in last_top:
+                raise ValueError(
+                    f"layer {layer.name!r}: unknown bottom blob {name!r} (bottom index {j}); "
+                    f"blobs defined so far: {sorted(last_top) or 'none'}")
+            src = last_top[name]
+            source[(i, j)] = src
+            readers[src] = readers.get(src, 0) + 1
+        for j, name in enumerate(layer.top):
+            last_top[name] = (i, j)
+        for j in range(min(len(layer.loss_weight), len(layer.top))):
+            src = last_top[layer.top[j]]
+            loss_weight[src] = layer.loss_weight[j]
+            if loss_weight[src]:
+                readers[src] = readers.get(src, 0) + 1
+
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(param)
+    del out.layer[:]
+    next_split = {}
+    for i, layer in enumerate(param.layer):
+        new = out.layer.add()
+        new.CopyFrom(layer)
+        for j in range(len(new.bottom)):
+            src = source[(i, j)]
+            if readers.get(src, 0) > 1:
+                k = next_split.get(src, 0)
+                next_split[src] = k + 1
+                new.bottom[j] = split_blob_name(param.layer[src[0]].name, new.bottom[j], src[1], k)
+        for j, name in enumerate(new.top):
+            count = readers.get((i, j), 0)
+            if count <= 1:
+                continue
+            split = out.layer.add()
+            split.name = split_layer_name(layer.name, name, j)
+            split.type = "Split"
+            split.bottom.append(name)
+            w = loss_weight.get((i, j), 0.0)
+            for k in range(count):
+                split.top.append(split_blob_name(layer.name, name, j, k))
+                if w:
+                    split.loss_weight.append(w if k == 0 else 0.0)
+            if w:
+                del new.loss_weight[:]
+                next_split[(i, j)] = next_split.get((i, j), 0) + 1
+    return out
+
+
+# --------------------------------------------------------------------- Net
+class Net:
+    """A network of layers for one phase, like ``caffe::Net`` / pycaffe's Net.
+
+    Args:
+        model: a prototxt path or a NetParameter.
+        phase: ``TRAIN`` or ``TEST`` (pycaffe's ``caffe.TRAIN``/``caffe.TEST``).
+        weights: optional ``.caffemodel`` to copy parameters from.
+        mode: ``"CPU"`` or ``"GPU"`` (default: the current default mode).
+        dtype: float32 normally; float64 for numerical checks.
+        stages, level: the NetState's other fields.
+
+    pycaffe's older call ``Net(model, weights, phase)`` is accepted too.
+    """
+
+    def __init__(self, model, phase=TEST, weights=None, *, mode=None, dtype=np.float32,
+                 stages=(), level=0, state=None):
+        if isinstance(phase, (str, os.PathLike)) and isinstance(weights, int):
+            phase, weights = weights, phase  # Net(model, weights, phase)
+        self.mode = normalize_mode(mode)
+        self.xp = array_module(self.mode)
+        self.dtype = np.dtype(dtype)
+        self.source = None
+        if isinstance(model, (str, os.PathLike)):
+            self.source = os.fspath(model)
+            param = read_net_param(self.source)
+        else:
+            param = model
+        if state is None:
+            state = caffe_pb2.NetState(phase=phase, level=level, stage=list(stages))
+        elif not state.HasField("phase"):
+            state = caffe_pb2.NetState(phase=phase, level=state.level, stage=list(state.stage))
+        self.state = state
+        self.phase = state.phase
+        self._init(param)
+        if weights is not None:
+            self.copy_from(weights)
+
+    # ---------------------------------------------------------- building
+    def _where(self) -> str:
+        return f"{self.source}: " if self.source else ""
+
+    def _init(self, param):
+        where = self._where()
+        try:
+            param = upgrade_net(param)
+        except ValueError as e:
+            raise ValueError(f"{where}{e}") from None
+        filtered = filter_net(param, self.state)
+        try:
+            param = insert_splits(filtered)
+        except ValueError as e:
+            raise ValueError(f"{where}net {param.name!r}: {e}") from None
+        self.param = param
+        self.name = param.name
+        self.force_backward = param.force_backward
+
+        self.layers = []
+        self.layer_names: list[str] = []
+        self.bottom_vecs: list[list[Blob]] = []
+        self.top_vecs: list[list[Blob]] = []
+        self.bottom_names: list[list[str]] = []
+        self.top_names: list[list[str]] = []
+        self.blobs: "OrderedDict[str, Blob]" = OrderedDict()
+        self.blob_need_backward: dict[str, bool] = {}
+        self.bottom_need_backward: list[list[bool]] = []
+        self.layer_need_backward: list[bool] = []
+        self.inputs: list[str] = []
+        self.param_specs = []   # per layer: list of ParamSpec (possibly default)
+        available = set()       # blobs produced and not yet consumed
+        source_dir = os.path.dirname(os.path.abspath(self.source)) if self.source else None
+
+        seen_names = set()
+        for li, lp in enumerate(param.layer):
+            if not lp.HasField("phase"):
+                lp.phase = self.phase
+            if lp.name in seen_names:
+                raise ValueError(f"{where}net {self.name!r}: two layers are named {lp.name!r}")
+            seen_names.add(lp.name)
+            if len(lp.propagate_down) and len(lp.propagate_down) != len(lp.bottom):
+                raise ValueError(
+                    f"{where}layer {lp.name!r}: propagate_down has {len(lp.propagate_down)} "
+                    f"entries but the layer has {len(lp.bottom)} bottoms")
+            layer = create_layer(lp, xp=self.xp, dtype=self.dtype, where=where)
+            layer.source_dir = source_dir
+            bottoms, bnames, bneed = [], [], []
+            need_backward = False
+            for bi, name in enumerate(lp.bottom):
+                if name not in self.blobs:
+                    raise ValueError(f"{where}layer {lp.name!r}: unknown bottom blob {name!r}")
+                available.discard(name)
+                bottoms.append(self.blobs[name])
+                bnames.append(name)
+                nb = self.blob_need_backward[name]
+                if len(lp.propagate_down):
+                    nb = bool(lp.propagate_down[bi])
+                bneed.append(nb)
+                need_backward |= self.blob_need_backward[name]
+            tops, tnames = [], []
+            for ti, name in enumerate(lp.top):
+                if ti < len(lp.bottom) and lp.bottom[ti] == name:
+                    blob = self.blobs[name]  # in place: the very same Blob (Caffe's rule)
+                elif name in self.blobs:
+                    raise ValueError(
+                        f"{where}layer {lp.name!r}: top blob {name!r} is produced by multiple "
+                        "sources (a top may only repeat one of its own layer's bottoms)")
+                else:
+                    blob = Blob(xp=self.xp, dtype=self.dtype, name=name)
+                    self.blobs[name] = blob
+                    if lp.type == "Input":
+                        self.inputs.append(name)
+                tops.append(blob)
+                tnames.append(name)
+                available.add(name)
+            # Layers whose top count is free (e.g. data layers) see the tops given.
+            try:
+                layer.setup(bottoms, tops)
+            except (ValueError, IndexError, TypeError) as e:
+                shapes = ", ".join(f"{n} {b.shape}" for n, b in zip(bnames, bottoms))
+                raise ValueError(
+                    f"{where}layer {lp.name!r} (type {lp.type}, bottoms: {shapes or 'none'}): {e}"
+                ) from e
+            # parameters: ParamSpec lr_mult decides param_propagate_down
+            specs = []
+            for pi in range(len(layer.blobs)):
+                spec = lp.param[pi] if pi < len(lp.param) else caffe_pb2.ParamSpec()
+                specs.append(spec)
+                p_need = spec.lr_mult != 0
+                layer.param_propagate_down[pi] = p_need
+                need_backward |= p_need
+            if len(lp.param) > len(layer.blobs):
+                raise ValueError(
+                    f"{where}layer {lp.name!r}: {len(lp.param)} param specs given but the layer "
+                    f"has {len(layer.blobs)} parameter blobs")
+            self.param_specs.append(specs)
+            for name in tnames:
+                self.blob_need_backward[name] = need_backward
+            self.layers.append(layer)
+            self.layer_names.append(lp.name)
+            self.bottom_vecs.append(bottoms)
+            self.top_vecs.append(tops)
+            self.bottom_names.append(bnames)
+            self.top_names.append(tnames)
+            self.bottom_need_backward.append(bneed)
+            self.layer_need_backward.append(need_backward)
+
+        self._prune_backward()
+        if self.force_backward:
+            for li, layer in enumerate(self.layers):
+                self.layer_need_backward[li] = True
+                for bi in range(len(self.bottom_vecs[li])):
+                    nb = self.bottom_need_backward[li][bi] or layer.allow_force_backward(bi)
+                    self.bottom_need_backward[li][bi] = nb
+                    name = self.bottom_names[li][bi]
+                    self.blob_need_backward[name] = self.blob_need_backward[name] or nb
+                layer.param_propagate_down = [True] * len(layer.blobs)
+        self.outputs = [n for n in self.blobs if n in available]
+        self._share_params()
+        self._shapes_seen = [None] * len(self.layers)
+
+    def _prune_backward(self):
+        """Caffe: layers that lead to no loss, or whose every top skips
+        backpropagation, need no backward."""
+        under_loss, skip = set(), set()
+        for li in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[li]
+            contributes = False
+            skip_prop = True
+            for ti, name in enumerate(self.top_names[li]):
+                if layer.loss_weight(ti) != 0 or name in under_loss:
+                    contributes = True
+                if name not in skip:
+                    skip_prop = False
+                if contributes and not skip_prop:
+                    break
+            if self.layer_need_backward[li] and skip_prop:
+                self.layer_need_backward[li] = False
+                self.bottom_need_backward[li] = [False] * len(self.bottom_vecs[li])
+            if not contributes:
+                self.layer_need_backward[li] = False
+            for bi, name in enumerate(self.bottom_names[li]):
+                if contributes:
+                    under_loss.add(name)
+                else:
+                    self.bottom_need_backward[li][bi] = False
+                if not self.bottom_need_backward[li][bi]:
+                    skip.add(name)
+
+    def _share_params(self):
+        """Params named alike in ``param { name: }`` share data and diff with
+        their first owner; ``learnable_params`` holds owners only."""
+        owners = {}
+        self.learnable_params: list[Blob] = []
+        self.param_owner: list[int] = []          # per flat param: owner index or -1
+        self.param_lr_mult: list[float] = []
+        self.param_decay_mult: list[float] = []
+        self.param_layer_index: list[tuple[int, int]] = []
+        self.all_params: list[Blob] = []
+        for li, layer in enumerate(self.layers):
+            for pi, blob in enumerate(layer.blobs):
+                spec = self.param_specs[li][pi]
+                flat = len(self.all_params)
+                self.all_params.append(blob)
+                self.param_layer_index.append((li, pi))
+                name = spec.name
+                if name and name in owners:
+                    owner = owners[name]
+                    obj = self.all_params[owner]
+                    if obj.count != blob.count or (
+                            spec.share_mode == 0 and obj.shape != blob.shape):
+                        raise ValueError(
+                            f"{self._where()}layer {layer.name!r}: shared param {name!r} has shape "
+                            f"{blob.shape} but its owner has shape {obj.shape}")
+                    blob.share_data(obj)
+                    blob.share_diff(obj)
+                    self.param_owner.append(owner)
+                    # Caffe: an owner's lr_mult/decay_mult stand; a sharer may repeat them.
+                    oi = self.learnable_params.index(obj)
+                    if spec.HasField("lr_mult") and spec.lr_mult != self.param_lr_mult[oi]:
+                        raise ValueError(
+                            f"{self._where()}layer {layer.name!r}: shared param {name!r} has "
+                            f"lr_mult {spec.lr_mult}, its owner {self.param_lr_mult[oi]}")
+                    continue
+                if name:
+                    owners[name] = flat
+                self.param_owner.append(-1)
+                self.learnable_params.append(blob)
+                self.param_lr_mult.append(spec.lr_mult)
+                self.param_decay_mult.append(spec.decay_mult)
+
+    # --------------------------------------------------- pycaffe accessors
+    @property
+    def params(self) -> "OrderedDict[str, list[Blob]]":
+        return OrderedDict((n, l.blobs) for n, l in zip(self.layer_names, self.layers) if l.blobs)
+
+    @property
+    def layer_dict(self):
+        return OrderedDict(zip(self.layer_names, self.layers))
+
+    def layer_index(self, name: str) -> int:
+        try:
+            return self.layer_names.index(name)
+        except ValueError:
+            raise KeyError(f"net {self.name!r} has no layer {name!r}") from None
+
+    # ----------------------------------------------------- forward/backward
+    def reshape(self):
+        for li, layer in enumerate(self.layers):
+            layer.reshape(self.bottom_vecs[li], self.top_vecs[li])
+            self._shapes_seen[li] = tuple(b.shape for b in self.bottom_vecs[li])
+
+    def forward_layer(self, li: int):
+        """Forward one layer (reshaping it first if its bottoms changed shape)."""
+        layer, bottom, top = self.layers[li], self.bottom_vecs[li], self.top_vecs[li]
+        shapes = tuple(b.shape for b in bottom)
+        if shapes != self._shapes_seen[li]:
+            layer.reshape(bottom, top)
+            self._shapes_seen[li] = shapes
+        return layer.forward(bottom, top)
+
+    def backward_layer(self, li: int):
+        if self.layer_need_backward[li]:
+            self.layers[li].backward(self.top_vecs[li], self.bottom_need_backward[li],
+                                     self.bottom_vecs[li])
+
+    def forward_from_to(self, start: int = 0, end: int | None = None):
+        """Forward layers start..end inclusive; returns the summed loss (on device)."""
+        end = len(self.layers) - 1 if end is None else end
+        loss = 0.0
+        for li in range(start, end + 1):
+            loss = loss + self.forward_layer(li)
+        return loss
+
+    def backward_from_to(self, start: int | None = None, end: int = 0):
+        start = len(self.layers) - 1 if start is None else start
+        for li in range(start, end - 1, -1):
+            self.backward_layer(li)
+
+    def forward_backward(self):
+        """One forward and backward pass; returns the loss as a device scalar."""
+        loss = self.forward_from_to()
+        self.backward_from_to()
+        return loss
+
+    def forward(self, blobs=None, start=None, end=None, **kwargs):
+        """pycaffe's Net.forward: optional inputs by name, returns {output: data}."""
+        for name, value in kwargs.items():
+            if name not in self.blobs:
+                raise KeyError(f"net {self.name!r} has no blob {name!r}")
+            blob = self.blobs[name]
+            if tuple(np.shape(value)) != blob.shape:
+                raise ValueError(
+                    f"input {name!r} has shape {np.shape(value)}, blob has shape {blob.shape}")
+            blob.data[...] = self.xp.asarray(value, dtype=self.dtype)
+        s = 0 if start is None else self.layer_index(start)
+        e = len(self.layers) - 1 if end is None else self.layer_index(end)
+        self.forward_from_to(s, e)
+        outs = set(self.outputs if end is None else self.top_names[e]) | set(blobs or [])
+        return {n: self.blobs[n].data for n in outs}
+
+    def backward(self, diffs=None, start=None, end=None, **kwargs):
+        """pycaffe's Net.backward: optional top diffs by name, returns {input: diff}."""
+        for name, value in kwargs.items():
+            self.blobs[name].diff[...] = self.xp.asarray(value, dtype=self.dtype)
+        s = len(self.layers) - 1 if start is None else self.layer_index(start)
+        e = 0 if end is None else self.layer_index(end)
+        self.backward_from_to(s, e)
+        names = set(self.inputs) | set(diffs or [])
+        return {n: self.blobs[n].diff for n in names}
+
+    def clear_param_diffs(self):
+        for p in self.learnable_params:
+            p.diff[...] = 0
+
+    # ------------------------------------------------------ weights I/O
+    def to_proto(self, write_diff: bool = False):
+        """A NetParameter with every layer and its blobs (a ``.caffemodel``)."""
+        out = caffe_pb2.NetParameter()
+        out.name = self.name
+        for lp, layer in zip(self.param.layer, self.layers):
+            dst = out.layer.add()
+            dst.CopyFrom(lp)
+            del dst.blobs[:]
+            for blob in layer.blobs:
+                blob.to_proto(dst.blobs.add(), write_diff=write_diff)
+        return out
+
+    def save(self, path: str, write_diff: bool = False):
+        """Write a binary ``.caffemodel`` atomically."""
+        write_binary(self.to_proto(write_diff), path)
+
+    def copy_from(self, weights):
+        """Copy parameters by layer name from a ``.caffemodel`` path or NetParameter
+        (Caffe's CopyTrainedLayersFrom); shape mismatches name the layer."""
+        where = ""
+        if isinstance(weights, (str, os.PathLike)):
+            where = f"{os.fspath(weights)}: "
+            weights = read_binary(os.fspath(weights), caffe_pb2.NetParameter)
+        src = upgrade_net(weights)
+        index = {n: i for i, n in enumerate(self.layer_names)}
+        for lp in src.layer:
+            li = index.get(lp.name)
+            if li is None or not len(lp.blobs):
+                continue
+            target = self.layers[li].blobs
+            if len(target) != len(lp.blobs):
+                raise ValueError(
+                    f"{where}incompatible number of blobs for layer {lp.name!r}: source has "
+                    f"{len(lp.blobs)}, target {len(target)}")
+            for pi, (blob, proto) in enumerate(zip(target, lp.blobs)):
+                try:
+                    blob.from_proto(proto, reshape=False, layer=lp.name)
+                except ValueError as e:
+                    raise ValueError(
+                        f"{where}cannot copy param {pi} weights from layer {lp.name!r}: {e}; "
+                        "to learn this layer's parameters from scratch rather than copying "
+                        "from a saved net, rename the layer") from None
+        return self
+
+    copy_trained_layers_from = copy_from
+
+    def share_trained_layers_with(self, other: "Net"):
+        """Share parameter data with ``other`` by layer name (test nets share
+        the train net's weights, as in Caffe's solver)."""
+        theirs = other.layer_dict
+        for name, layer in zip(self.layer_names, self.layers):
+            src = theirs.get(name)
+            if src is None or not layer.blobs:
+                continue
+            if len(src.blobs) != len(layer.blobs):
+                raise ValueError(f"layer {name!r}: different numbers of param blobs to share")
+            for b, s in zip(layer.blobs, src.blobs):
+                if b.shape != s.shape:
+                    raise ValueError(
+                        f"layer {name!r}: cannot share param of shape {s.shape} into {b.shape}")
+                b.share_data(s)
+
+    def memory_summary(self) -> dict:
+        """Bytes of blob data, blob diffs, params and internals currently allocated."""
+        seen = set()
+        out = {"data": 0, "diff": 0, "params": 0, "internals": 0}
+        for b in self.blobs.values():
+            for key, st in (("data", b.data_storage), ("diff", b.diff_storage)):
+                if st.array is not None and id(st) not in seen:
+                    seen.add(id(st))
+                    out[key] += st.array.nbytes
+        for p in self.learnable_params:
+            out["params"] += 2 * p.nbytes
+        for layer in self.layers:
+            for it in layer.internals.values():
+                if it.blob.has_data:
+                    out["internals"] += it.blob.data_storage.array.nbytes
+        return out
+
+    def __repr__(self):
+        return f"<Net {self.name!r} {len(self.layers)} layers, phase {'TRAIN' if self.phase == TRAIN else 'TEST'}, {self.mode}>"
+
+
+def blob_data(blob) -> np.ndarray:
+    """Host copy of a blob's data (for logging and tests)."""
+    return to_numpy(blob.data)

@@ -1,0 +1,468 @@
+"""Solvers: Caffe's Solver loop (test, forward/backward, update, snapshot) and
+its update rules (SGD with momentum, Nesterov, Adam).
+
+The loop is Caffe's ``Solver::Step`` line by line: clear param diffs, test
+when ``iter % test_interval == 0`` (at iteration 0 only if
+``test_initialization``), ``iter_size`` forward/backward passes, the smoothed
+loss over ``average_loss`` iterations, display, ``ApplyUpdate`` (learning
+rate, gradient clipping, normalisation by ``iter_size``, weight decay,
+the rule's update, ``data -= diff``), then snapshot.
+
+Losses stay on the device until a display line needs them, so a GPU run does
+not synchronise every iteration.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import deque
+
+import numpy as np
+
+from .backend import gpu_available, normalize_mode, set_device, to_numpy, GPU, CPU
+from .log import log
+from .net import TEST, TRAIN, Net
+from .proto import (caffe_pb2, read_binary, read_net_param, read_solver_param, upgrade_solver,
+                    write_binary)
+from .rng import set_random_seed, host_rng
+
+MINICAFFE_STATE_VERSION = 1
+
+
+def resolve_path(path: str, base_dir: str | None) -> str:
+    """Caffe resolves paths against the working directory; when that finds
+    nothing, try the solver file's folder too (the file can then be run from
+    anywhere)."""
+    if not path or os.path.isabs(path) or os.path.exists(path) or base_dir is None:
+        return path
+    alt = os.path.join(base_dir, path)
+    return alt if os.path.exists(alt) else path
+
+
+# ------------------------------------------------------------ lr policies
+def learning_rate(p, it: int, current_step: int = 0) -> float:
+    """Caffe's SGDSolver::GetLearningRate for iteration ``it``."""
+    policy = p.lr_policy or "fixed"
+    base = p.base_lr
+    if policy == "fixed":
+        return base
+    if policy == "step":
+        if p.stepsize <= 0:
+            raise ValueError("lr_policy 'step' needs stepsize > 0")
+        return base * p.gamma ** (it // p.stepsize)
+    if policy == "exp":
+        return base * p.gamma ** it
+    if policy == "inv":
+        return base * (1 + p.gamma * it) ** (-p.power)
+    if policy == "multistep":
+        return base * p.gamma ** current_step
+    if policy == "poly":
+        return base * (1.0 - it / float(p.max_iter)) ** p.power
+    if policy == "sigmoid":
+        return base * (1.0 / (1.0 + math.exp(-p.gamma * (it - p.stepsize))))
+    raise ValueError(
+        f"unknown lr_policy {policy!r} (known: fixed, step, exp, inv, multistep, poly, sigmoid)")
+
+
+# ----------------------------------------------------------------- solver
+class Solver:
+    """Caffe's Solver with an SGD-family update rule.
+
+    Args:
+        param: a SolverParameter or the path of a solver prototxt.
+        mode: "CPU"/"GPU" to override ``solver_mode``; None follows the file
+            (falling back to CPU with a warning when no GPU is present).
+        net_param: overrides the train net (used by ``minicaffe train NET``).
+    """
+
+    def __init__(self, param, mode=None, device_id=None, net_param=None, dtype=np.float32,
+                 verbose=True):
+        self.source_dir = None
+        if isinstance(param, (str, os.PathLike)):
+            self.source = os.fspath(param)
+            self.source_dir = os.path.dirname(os.path.abspath(self.source))
+            param = read_solver_param(self.source)
+        else:
+            self.source = None
+        self.param = upgrade_solver(param)
+        self.verbose = verbose
+        self.type = self.param.type or "SGD"
+        if self.type not in UPDATE_RULES:
+            raise ValueError(
+                f"{self.source or 'solver'}: unknown solver type {self.type!r} "
+                f"(known: {', '.join(sorted(UPDATE_RULES))})")
+        self.mode = self._choose_mode(mode)
+        if self.mode == GPU:
+            set_device(self.param.device_id if device_id is None else device_id)
+        self.dtype = dtype
+        set_random_seed(self.param.random_seed if self.param.HasField("random_seed") else None)
+        self.iter = 0
+        self.current_step = 0
+        self._build_nets(net_param)
+        self.history = [self.net.xp.zeros_like(p.data) for p in self.net.learnable_params]
+        self.rule = UPDATE_RULES[self.type](self)
+        self._losses: deque = deque(maxlen=max(1, self.param.average_loss))
+        self.smoothed_loss = float("nan")
+        self.callbacks = []       # objects with on_start(solver) / on_gradients_ready(solver)
+        self.last_snapshot = None
+
+    def _choose_mode(self, mode):
+        if mode is not None:
+            return normalize_mode(mode)
+        wanted = GPU if self.param.solver_mode == caffe_pb2.SolverParameter.GPU else CPU
+        if wanted == GPU and not gpu_available():
+            log("solver_mode is GPU but no CUDA device is visible: running on CPU")
+            return CPU
+        return wanted
+
+    # ----------------------------------------------------------- nets
+    def _net_params(self, net_param):
+        p = self.param
+        where = self.source or "solver"
+        if net_param is not None:
+            return net_param, None
+        given = [f for f in ("net", "net_param", "train_net", "train_net_param") if p.HasField(f)]
+        if len(given) != 1:
+            raise ValueError(
+                f"{where}: give exactly one of net, net_param, train_net, train_net_param "
+                f"(found {given or 'none'})")
+        f = given[0]
+        if f in ("net", "train_net"):
+            path = resolve_path(getattr(p, f), self.source_dir)
+            return read_net_param(path), path
+        return getattr(p, f), None
+
+    def _build_nets(self, net_param):
+        p = self.param
+        train_param, train_path = self._net_params(net_param)
+        state = caffe_pb2.NetState(phase=TRAIN)
+        state.MergeFrom(p.train_state)
+        state.phase = TRAIN
+        self.net = Net(train_param, TRAIN, mode=self.mode, dtype=self.dtype, state=state)
+        if train_path:
+            self.net.source = train_path
+        self.test_nets = []
+        test_params = []
+        for path in p.test_net:
+            test_params.append(read_net_param(resolve_path(path, self.source_dir)))
+        test_params.extend(p.test_net_param)
+        n_test = len(p.test_iter)
+        if not test_params and n_test:
+            test_params = [train_param] * n_test  # the general `net` serves every test net
+        if test_params and len(test_params) != n_test:
+            raise ValueError(
+                f"{self.source or 'solver'}: test_iter must be given once per test net "
+                f"({len(test_params)} test nets, {n_test} test_iter)")
+        if len(p.test_state) and len(p.test_state) != len(test_params):
+            raise ValueError(f"{self.source or 'solver'}: test_state must be given per test net")
+        for i, tp in enumerate(test_params):
+            state = caffe_pb2.NetState(phase=TEST)
+            if len(p.test_state):
+                state.MergeFrom(p.test_state[i])
+                state.phase = TEST
+            net = Net(tp, TEST, mode=self.mode, dtype=self.dtype, state=state)
+            net.share_trained_layers_with(self.net)
+            self.test_nets.append(net)
+
+    # ------------------------------------------------------- the loop
+    def _log(self, msg):
+        if self.verbose:
+            log(msg)
+
+    def step(self, iters: int):
+        """Run ``iters`` iterations (Caffe's Solver::Step)."""
+        p = self.param
+        start_iter = self.iter
+        stop_iter = self.iter + iters
+        self._losses = deque(maxlen=max(1, p.average_loss))
+        timer = time.perf_counter()
+        iter_last = self.iter
+        while self.iter < stop_iter:
+            self.net.clear_param_diffs()
+            if p.test_interval and self.iter % p.test_interval == 0 and (
+                    self.iter > 0 or p.test_initialization):
+                self.test_all()
+            for cb in self.callbacks:
+                getattr(cb, "on_start", lambda s: None)(self)
+            display = p.display and self.iter % p.display == 0
+            loss = 0.0
+            for _ in range(max(1, p.iter_size)):
+                loss = loss + self.net.forward_backward()
+            loss = loss / max(1, p.iter_size)
+            self._losses.append(loss)  # device scalar: no sync here
+            if display:
+                self.smoothed_loss = float(sum(float(x) for x in self._losses) / len(self._losses))
+                lapse = time.perf_counter() - timer
+                per_s = (self.iter - iter_last) / lapse if lapse > 0 else 0.0
+                done = (self.iter - start_iter) / max(1, iters)
+                eta = (stop_iter - self.iter) / per_s if per_s > 0 else float("nan")
+                self._log(f"Iteration {self.iter} ({per_s:.4g} iter/s, {lapse:.4g}s/{p.display} "
+                          f"iters), loss = {self.smoothed_loss:.6g}"
+                          + (f"  [{100 * done:.0f}%, eta {_fmt_eta(eta)}]" if iters > p.display else ""))
+                timer = time.perf_counter()
+                iter_last = self.iter
+                self._log_outputs(self.net, "Train")
+            for cb in self.callbacks:
+                getattr(cb, "on_gradients_ready", lambda s: None)(self)
+            self.apply_update(display)
+            self.iter += 1
+            if p.snapshot and self.iter % p.snapshot == 0:
+                self.snapshot()
+
+    def solve(self, resume_file: str | None = None):
+        """Train to ``max_iter`` (Caffe's Solver::Solve)."""
+        p = self.param
+        self._log(f"Solving {self.net.name}")
+        self._log(f"Learning Rate Policy: {p.lr_policy or 'fixed'}")
+        if resume_file:
+            self._log(f"Restoring previous solver status from {resume_file}")
+            self.restore(resume_file)
+        self.step(p.max_iter - self.iter)
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if p.display and self.iter % p.display == 0:
+            loss = float(self.net.forward_from_to())
+            self._log(f"Iteration {self.iter}, loss = {loss:.6g}")
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        self._log("Optimization Done.")
+
+    def _log_outputs(self, net, kind, scores=None, scale=1.0):
+        idx = 0
+        for name in net.outputs:
+            weight = self._output_loss_weight(net, name)
+            values = scores[name] if scores is not None else to_numpy(net.blobs[name].data).ravel()
+            for v in np.asarray(values).ravel():
+                v = float(v) * (scale if scores is not None else 1.0)
+                extra = f" (* {weight:g} = {weight * v:.6g} loss)" if weight else ""
+                self._log(f"    {kind} net output #{idx}: {name} = {v:.6g}{extra}")
+                idx += 1
+
+    @staticmethod
+    def _output_loss_weight(net, name):
+        for li, names in enumerate(net.top_names):
+            if name in names:
+                return net.layers[li].loss_weight(names.index(name))
+        return 0.0
+
+    def test_all(self):
+        results = []
+        for i in range(len(self.test_nets)):
+            results.append(self.test(i))
+        return results
+
+    def test(self, test_net_id: int = 0) -> dict:
+        """Caffe's Solver::Test: mean of every output over test_iter batches."""
+        net = self.test_nets[test_net_id]
+        n = self.param.test_iter[test_net_id]
+        self._log(f"Iteration {self.iter}, Testing net (#{test_net_id})")
+        sums = {}
+        loss = 0.0
+        for _ in range(n):
+            batch_loss = net.forward_from_to()
+            if self.param.test_compute_loss:
+                loss = loss + batch_loss
+            for name in net.outputs:
+                v = net.blobs[name].data.reshape(-1)
+                sums[name] = v.copy() if name not in sums else sums[name] + v
+        means = {k: to_numpy(v) / n for k, v in sums.items()}
+        if self.param.test_compute_loss:
+            self._log(f"Test loss: {float(loss) / n:.6g}")
+        self._log_outputs(net, "Test", means)
+        return {k: (float(v[0]) if v.size == 1 else v) for k, v in means.items()}
+
+    # ------------------------------------------------------ update
+    def get_learning_rate(self) -> float:
+        p = self.param
+        if (p.lr_policy == "multistep" and self.current_step < len(p.stepvalue)
+                and self.iter >= p.stepvalue[self.current_step]):
+            self.current_step += 1
+            self._log(f"MultiStep Status: Iteration {self.iter}, step = {self.current_step}")
+        return learning_rate(p, self.iter, self.current_step)
+
+    def apply_update(self, display: bool = False):
+        """Caffe's SGDSolver::ApplyUpdate, for every learnable parameter."""
+        p = self.param
+        rate = self.get_learning_rate()
+        if display:
+            self._log(f"Iteration {self.iter}, lr = {rate:.6g}")
+        net = self.net
+        xp = net.xp
+        params = net.learnable_params
+        if p.HasField("clip_gradients") and p.clip_gradients >= 0:
+            sumsq = sum(xp.sum(q.diff * q.diff) for q in params)
+            norm = xp.sqrt(sumsq)
+            # Caffe reads the norm on the host; we keep it on the device.
+            factor = xp.where(norm > p.clip_gradients, p.clip_gradients / norm, 1.0)
+            if display:
+                n = float(norm)
+                if n > p.clip_gradients:
+                    self._log(f"Gradient clipping: scaling down gradients (L2 norm {n:.6g} > "
+                              f"{p.clip_gradients:g}) by scale factor {p.clip_gradients / n:.6g}")
+            for q in params:
+                q.diff *= factor.astype(q.dtype)
+        reg = p.regularization_type or "L2"
+        if reg not in ("L1", "L2"):
+            raise ValueError(f"unknown regularization type {reg!r} (known: L1, L2)")
+        for i, q in enumerate(params):
+            if p.iter_size > 1:
+                q.diff *= 1.0 / p.iter_size
+            decay = p.weight_decay * net.param_decay_mult[i]
+            if decay:
+                if reg == "L2":
+                    q.diff += decay * q.data
+                else:
+                    q.diff += decay * xp.sign(q.data)
+            self.rule.compute_update(i, q, rate * net.param_lr_mult[i])
+            q.data -= q.diff
+
+    # ---------------------------------------------------- snapshots
+    def _prefix(self) -> str:
+        prefix = self.param.snapshot_prefix
+        if not prefix:
+            base = self.source or "solver"
+            prefix = os.path.splitext(base)[0]
+        return prefix
+
+    def snapshot(self) -> tuple[str, str]:
+        """Write ``<prefix>_iter_N.caffemodel`` and ``.solverstate`` atomically."""
+        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
+            raise ValueError("snapshot_format HDF5 is not supported: use BINARYPROTO")
+        prefix = self._prefix()
+        d = os.path.dirname(prefix)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        model = f"{prefix}_iter_{self.iter}.caffemodel"
+        self._log(f"Snapshotting to binary proto file {model}")
+        self.net.save(model, write_diff=self.param.snapshot_diff)
+        state = caffe_pb2.SolverState(iter=self.iter, learned_net=model,
+                                      current_step=self.current_step)
+        for h in self.rule.state_blobs():
+            bp = state.history.add()
+            bp.shape.dim.extend(h.shape)
+            bp.data.extend(to_numpy(h).astype(np.float32).ravel().tolist())
+        state.minicaffe_state = json.dumps(self._extra_state()).encode()
+        path = f"{prefix}_iter_{self.iter}.solverstate"
+        self._log(f"Snapshotting solver state to binary proto file {path}")
+        write_binary(state, path)
+        self.last_snapshot = (model, path)
+        return model, path
+
+    def _extra_state(self) -> dict:
+        """What Caffe does not save but an identical resume needs: the RNG
+        states and the data layers' read positions."""
+        layers = {}
+        for tag, net in [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]:
+            for name, layer in zip(net.layer_names, net.layers):
+                if hasattr(layer, "state_dict"):
+                    layers[f"{tag}/{name}"] = layer.state_dict()
+        return {"version": MINICAFFE_STATE_VERSION,
+                "host_rng": host_rng().bit_generator.state, "layers": layers}
+
+    def restore(self, path: str):
+        """Resume from a ``.solverstate`` (Caffe's Solver::Restore)."""
+        if path.endswith(".h5"):
+            raise ValueError(f"{path}: HDF5 solver states are not supported")
+        state = read_binary(path, caffe_pb2.SolverState)
+        model = state.learned_net
+        if model and not os.path.exists(model):
+            alt = os.path.join(os.path.dirname(path), os.path.basename(model))
+            model = alt if os.path.exists(alt) else model
+        if model:
+            self.net.copy_from(model)
+        self.iter = state.iter
+        self.current_step = state.current_step
+        blobs = self.rule.state_blobs()
+        if len(state.history) != len(blobs):
+            raise ValueError(
+                f"{path}: solver state has {len(state.history)} history blobs, this solver needs "
+                f"{len(blobs)} (different net or solver type?)")
+        xp = self.net.xp
+        for h, bp in zip(blobs, state.history):
+            values = np.asarray(bp.data, dtype=np.float32)
+            if values.size != h.size:
+                raise ValueError(f"{path}: history blob of {values.size} values, expected {h.size}")
+            h[...] = xp.asarray(values.reshape(h.shape), dtype=h.dtype)
+        if state.minicaffe_state:
+            extra = json.loads(state.minicaffe_state.decode())
+            host_rng().bit_generator.state = extra["host_rng"]
+            nets = [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]
+            for tag, net in nets:
+                for name, layer in zip(net.layer_names, net.layers):
+                    key = f"{tag}/{name}"
+                    if key in extra["layers"] and hasattr(layer, "load_state_dict"):
+                        layer.load_state_dict(extra["layers"][key])
+
+
+def _fmt_eta(s):
+    if not math.isfinite(s):
+        return "?"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# ------------------------------------------------------------- update rules
+class SGDRule:
+    """history = local_rate * diff + momentum * history; diff = history."""
+
+    def __init__(self, solver):
+        self.solver = solver
+        self.history = solver.history
+
+    def state_blobs(self):
+        return self.history
+
+    def compute_update(self, i, q, local_rate):
+        h = self.history[i]
+        h *= self.solver.param.momentum
+        h += local_rate * q.diff
+        q.diff[...] = h
+
+
+class NesterovRule(SGDRule):
+    """Caffe's NesterovSolver: diff = (1+m) * h_new - m * h_old."""
+
+    def compute_update(self, i, q, local_rate):
+        m = self.solver.param.momentum
+        h = self.history[i]
+        old = h.copy()
+        h *= m
+        h += local_rate * q.diff
+        q.diff[...] = (1 + m) * h - m * old
+
+
+class AdamRule(SGDRule):
+    """Caffe's AdamSolver (momentum = beta1, momentum2 = beta2, delta = eps)."""
+
+    def __init__(self, solver):
+        super().__init__(solver)
+        xp = solver.net.xp
+        self.second = [xp.zeros_like(h) for h in self.history]
+
+    def state_blobs(self):
+        return self.history + self.second
+
+    def compute_update(self, i, q, local_rate):
+        p = self.solver.param
+        b1, b2, eps = p.momentum, p.momentum2, p.delta
+        t = self.solver.iter + 1
+        m, v = self.history[i], self.second[i]
+        m *= b1
+        m += (1 - b1) * q.diff
+        v *= b2
+        v += (1 - b2) * q.diff * q.diff
+        correction = math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        q.diff[...] = local_rate * correction * m / (self.solver.net.xp.sqrt(v) + eps)
+
+
+UPDATE_RULES = {"SGD": SGDRule, "Nesterov": NesterovRule, "Adam": AdamRule}
+
+
+def get_solver(path_or_param, **kwargs) -> Solver:
+    """pycaffe's ``caffe.get_solver``."""
+    return Solver(path_or_param, **kwargs)
+
+
+SGDSolver = Solver

@@ -16,6 +16,8 @@ from .net import TEST, TRAIN, Net
 from .proto import caffe_pb2
 from .solver import SGDSolver, Solver, get_solver
 from .rng import set_random_seed
+from . import layers  # registers every layer; also pycaffe's `layers as L` NetSpec factory
+
 
 __version__ = "0.1.0"
 
@@ -27,7 +29,7 @@ __all__ = ["Net", "Blob", "Layer", "Solver", "SGDSolver", "get_solver", "TRAIN",
 def __getattr__(name):
     # NetSpec-style builder (pycaffe's caffe.NetSpec, caffe.layers as L, caffe.params as P),
     # imported lazily so that building nets does not pay for it.
-    if name in ("NetSpec", "layers", "params", "to_proto"):
+    if name in ("NetSpec", "to_proto", "params"):
         from . import netspec
-        return getattr(netspec, {"layers": "L", "params": "P"}.get(name, name))
+        return getattr(netspec, "P" if name == "params" else name)
     raise AttributeError(name)

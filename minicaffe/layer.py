@@ -27,6 +27,7 @@ net the layer belongs to.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,8 +49,14 @@ def register_layer(cls):
     return cls
 
 
+def _register_all():
+    # importing the package registers every layer; import_module, not `from . import layers`,
+    # which would resolve the package attribute `layers` (pycaffe's NetSpec factory alias)
+    importlib.import_module("minicaffe.layers")
+
+
 def known_layer_types() -> list[str]:
-    from . import layers  # noqa: F401  (importing registers every layer)
+    _register_all()
     return sorted(LAYER_REGISTRY)
 
 
@@ -58,7 +65,7 @@ def create_layer(param, xp=np, dtype=np.float32, where: str = ""):
 
     Raises a ValueError naming the layer and listing the known types.
     """
-    from . import layers  # noqa: F401
+    _register_all()
     cls = LAYER_REGISTRY.get(param.type)
     if cls is None:
         known = ", ".join(sorted(LAYER_REGISTRY))

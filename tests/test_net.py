@@ -1,0 +1,240 @@
+"""Net construction as Caffe's net.cpp: filtering, splits, in-place, backward
+needs, param sharing, errors, and caffemodel I/O."""
+import numpy as np
+import pytest
+
+import minicaffe as caffe
+from minicaffe.net import Net, insert_splits
+from minicaffe.proto import caffe_pb2, parse_text
+
+
+def net_param(text):
+    return parse_text(text, caffe_pb2.NetParameter, filename="<test net>")
+
+
+MLP = """
+name: "mlp"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+layer { name: "acc" type: "Accuracy" bottom: "ip2" bottom: "label" top: "acc"
+        include { phase: TEST } }
+"""
+
+
+def test_phase_filtering_and_splits():
+    train = Net(net_param(MLP), caffe.TRAIN)
+    test = Net(net_param(MLP), caffe.TEST)
+    assert "acc" not in train.layer_names
+    assert "acc" in test.layer_names
+    # ip2 feeds loss and acc in TEST: Caffe inserts a Split after it, named as Caffe names it
+    assert "ip2_ip2_0_split" in test.layer_names
+    assert "ip2_ip2_0_split" not in train.layer_names
+    split = test.layers[test.layer_index("ip2_ip2_0_split")]
+    assert split.type == "Split"
+    assert test.top_names[test.layer_index("ip2_ip2_0_split")] == ["ip2_ip2_0_split_0",
+                                                                   "ip2_ip2_0_split_1"]
+    # the label feeds two layers too
+    assert "label_data_1_split" in test.layer_names
+
+
+def test_split_after_last_inplace_writer():
+    p = net_param("""
+    layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "relu" type: "ReLU" bottom: "x" top: "x" }
+    layer { name: "a" type: "ReLU" bottom: "x" top: "a" }
+    layer { name: "b" type: "ReLU" bottom: "x" top: "b" }
+    """)
+    s = insert_splits(p)
+    names = [l.name for l in s.layer]
+    assert names == ["in", "relu", "x_relu_0_split", "a", "b"]
+    assert list(s.layer[3].bottom) == ["x_relu_0_split_0"]
+    assert list(s.layer[4].bottom) == ["x_relu_0_split_1"]
+
+
+def test_split_with_loss_weight_counts_as_reader():
+    p = net_param("""
+    layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "e" type: "ReLU" bottom: "x" top: "y" loss_weight: 2 }
+    layer { name: "f" type: "ReLU" bottom: "y" top: "z" }
+    """)
+    s = insert_splits(p)
+    split = [l for l in s.layer if l.type == "Split"][0]
+    assert split.name == "y_e_0_split"
+    assert list(split.loss_weight) == [2.0, 0.0]
+    assert len(s.layer[1].loss_weight) == 0
+    assert list(s.layer[3].bottom) == ["y_e_0_split_1"]
+
+
+def test_stage_and_level_rules():
+    p = net_param("""
+    layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }
+    layer { name: "deploy_only" type: "ReLU" bottom: "x" top: "d" include { stage: "deploy" } }
+    layer { name: "not_deploy" type: "ReLU" bottom: "x" top: "n" exclude { stage: "deploy" } }
+    layer { name: "lvl" type: "ReLU" bottom: "x" top: "l" include { min_level: 2 } }
+    """)
+    a = Net(p, caffe.TEST)
+    assert a.layer_names == ["in", "not_deploy"]
+    b = Net(p, caffe.TEST, stages=["deploy"], level=3)
+    assert "deploy_only" in b.layer_names and "not_deploy" not in b.layer_names
+    assert "lvl" in b.layer_names
+
+
+def test_inplace_shares_blob_and_forward_matches_manual():
+    net = Net(net_param(MLP), caffe.TRAIN, dtype=np.float64)
+    assert net.blobs["ip1"] is net.top_vecs[net.layer_index("relu1")][0]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3))
+    y = np.array([0, 1, 2, 1])
+    out = net.forward(data=x, label=y)
+    w1, b1 = (p.data for p in net.params["ip1"])
+    w2, b2 = (p.data for p in net.params["ip2"])
+    h = np.maximum(x @ w1.T + b1, 0)
+    z = h @ w2.T + b2
+    z -= z.max(1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    assert out["loss"] == pytest.approx(-logp[np.arange(4), y].mean())
+
+
+def test_backward_needs():
+    net = Net(net_param(MLP), caffe.TRAIN)
+    i = net.layer_names.index
+    assert not net.layer_need_backward[i("data")]
+    assert net.layer_need_backward[i("ip1")]
+    assert net.bottom_need_backward[i("ip1")] == [False]          # data gets no diff
+    assert net.bottom_need_backward[i("loss")] == [True, False]   # label gets no diff
+    assert not net.blobs["data"].has_diff
+
+
+def test_force_backward_and_propagate_down():
+    text = MLP.replace('name: "mlp"', 'name: "mlp" force_backward: true')
+    net = Net(net_param(text), caffe.TRAIN)
+    i = net.layer_names.index
+    assert net.bottom_need_backward[i("ip1")] == [True]
+    assert net.bottom_need_backward[i("loss")] == [True, False]  # labels never
+    pd = MLP.replace('bottom: "ip1" top: "ip2"', 'bottom: "ip1" top: "ip2" propagate_down: false')
+    net2 = Net(net_param(pd), caffe.TRAIN)
+    assert net2.bottom_need_backward[net2.layer_names.index("ip2")] == [False]
+    # Caffe: nothing below a propagate_down: false bottom runs backward, params included
+    assert not net2.layer_need_backward[net2.layer_names.index("relu1")]
+    assert not net2.layer_need_backward[net2.layer_names.index("ip1")]
+
+
+def test_lr_mult_zero_means_no_param_diff():
+    text = MLP.replace('top: "ip1"\n', 'top: "ip1" param { lr_mult: 0 } param { lr_mult: 0 }\n', 1)
+    net = Net(net_param(text), caffe.TRAIN)
+    ip1 = net.layers[net.layer_index("ip1")]
+    assert ip1.param_propagate_down == [False, False]
+    assert not net.layer_need_backward[net.layer_index("ip1")]
+
+
+def test_shared_params_accumulate_into_owner():
+    p = net_param("""
+    layer { name: "in" type: "Input" top: "x" top: "t"
+            input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } } }
+    layer { name: "a" type: "InnerProduct" bottom: "x" top: "a" param { name: "w" } param { name: "b" }
+            inner_product_param { num_output: 3 weight_filler { type: "gaussian" } } }
+    layer { name: "b" type: "InnerProduct" bottom: "a" top: "b" param { name: "w" } param { name: "b" }
+            inner_product_param { num_output: 3 } }
+    layer { name: "loss" type: "EuclideanLoss" bottom: "b" bottom: "t" top: "loss" }
+    """)
+    net = Net(p, caffe.TRAIN, dtype=np.float64)
+    a, b = net.params["a"], net.params["b"]
+    assert np.shares_memory(a[0].data, b[0].data)
+    assert len(net.learnable_params) == 2
+    rng = np.random.default_rng(1)
+    net.blobs["x"].data[...] = rng.standard_normal((2, 3))
+    net.blobs["t"].data[...] = rng.standard_normal((2, 3))
+    net.clear_param_diffs()
+    net.forward_backward()
+    # numerical derivative w.r.t. the shared weight
+    w = a[0].data
+    g = a[0].diff.copy()
+    eps = 1e-6
+    w[0, 1] += eps
+    fp = float(net.forward_from_to())
+    w[0, 1] -= 2 * eps
+    fm = float(net.forward_from_to())
+    w[0, 1] += eps
+    assert g[0, 1] == pytest.approx((fp - fm) / (2 * eps), rel=1e-5)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('layer { name: "x" type: "NoSuchLayer" top: "x" }', "known types"),
+    ('layer { name: "r" type: "ReLU" bottom: "nope" top: "r" }', "unknown bottom blob 'nope'"),
+    ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 } } }'
+     'layer { name: "in2" type: "Input" top: "x" input_param { shape { dim: 1 } } }',
+     "produced by multiple sources"),
+    ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 } } }'
+     'layer { name: "r" type: "ReLU" bottom: "x" bottom: "x" top: "r" }', "bottom blob"),
+    ('layer { name: "in" type: "Input" top: "x" top: "y" '
+     'input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 4 } } }'
+     'layer { name: "e" type: "Eltwise" bottom: "x" bottom: "y" top: "e" }', "layer 'e'"),
+])
+def test_errors_name_the_culprit(text, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        Net(net_param(text), caffe.TEST)
+
+
+def test_unknown_type_lists_known_types():
+    with pytest.raises(ValueError) as e:
+        Net(net_param('layer { name: "x" type: "Convolutoin" top: "x" }'), caffe.TEST)
+    assert "Convolution" in str(e.value) and "'x'" in str(e.value)
+
+
+def test_prototxt_error_has_file_line_column(tmp_path):
+    f = tmp_path / "bad.prototxt"
+    f.write_text('name: "x"\nlayer {\n  name: "a"\n  typo: "ReLU"\n}\n')
+    with pytest.raises(ValueError) as e:
+        Net(str(f), caffe.TEST)
+    assert "bad.prototxt:4:" in str(e.value)
+
+
+def test_caffemodel_round_trip(tmp_path):
+    a = Net(net_param(MLP), caffe.TRAIN)
+    path = tmp_path / "m.caffemodel"
+    a.save(str(path))
+    b = Net(net_param(MLP), caffe.TEST, weights=str(path))
+    for name in a.params:
+        for pa, pb in zip(a.params[name], b.params[name]):
+            np.testing.assert_array_equal(pa.data, pb.data)
+    # the file is a NetParameter that real Caffe reads: layer names, types and blob shapes
+    proto = caffe_pb2.NetParameter.FromString(path.read_bytes())
+    ip1 = [l for l in proto.layer if l.name == "ip1"][0]
+    assert ip1.type == "InnerProduct" and list(ip1.blobs[0].shape.dim) == [5, 3]
+
+
+def test_copy_from_shape_mismatch_names_layer(tmp_path):
+    a = Net(net_param(MLP), caffe.TRAIN)
+    path = tmp_path / "m.caffemodel"
+    a.save(str(path))
+    other = MLP.replace("num_output: 5", "num_output: 6")
+    with pytest.raises(ValueError, match="layer 'ip1'.*rename the layer"):
+        Net(net_param(other), caffe.TRAIN, weights=str(path))
+
+
+def test_legacy_input_fields():
+    p = net_param("""
+    name: "legacy" input: "data" input_dim: 2 input_dim: 3 input_dim: 4 input_dim: 5
+    layer { name: "r" type: "ReLU" bottom: "data" top: "r" }
+    """)
+    net = Net(p, caffe.TEST)
+    assert net.blobs["data"].shape == (2, 3, 4, 5)
+    assert net.inputs == ["data"]
+    assert net.outputs == ["r"]
+
+
+def test_pycaffe_style_old_signature(tmp_path):
+    a = Net(net_param(MLP), caffe.TRAIN)
+    w = tmp_path / "m.caffemodel"
+    a.save(str(w))
+    f = tmp_path / "mlp.prototxt"
+    f.write_text(MLP)
+    b = caffe.Net(str(f), str(w), caffe.TEST)
+    assert b.phase == caffe.TEST
+    np.testing.assert_array_equal(a.params["ip2"][0].data, b.params["ip2"][0].data)

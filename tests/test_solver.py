@@ -1,0 +1,220 @@
+"""Solver: lr policies, Caffe's SGD update, loop semantics, snapshot/resume."""
+import math
+import os
+
+import numpy as np
+import pytest
+
+import minicaffe as caffe
+from minicaffe.proto import caffe_pb2, parse_text
+from minicaffe.solver import Solver, learning_rate
+
+NET = """
+name: "tiny"
+layer { name: "data" type: "DummyData" top: "data" top: "target"
+        dummy_data_param { shape { dim: 8 dim: 4 } shape { dim: 8 dim: 2 }
+                           data_filler { type: "gaussian" std: 1 } data_filler { type: "gaussian" std: 1 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
+        inner_product_param { num_output: 6 weight_filler { type: "xavier" } } }
+layer { name: "relu" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip2" bottom: "target" top: "loss" }
+"""
+
+
+def solver_param(**kw):
+    p = caffe_pb2.SolverParameter()
+    p.net_param.CopyFrom(parse_text(NET, caffe_pb2.NetParameter))
+    p.base_lr = 0.05
+    p.momentum = 0.9
+    p.weight_decay = 0.01
+    p.lr_policy = "fixed"
+    p.max_iter = 10
+    p.display = 0
+    p.random_seed = 7
+    p.solver_mode = caffe_pb2.SolverParameter.CPU
+    for k, v in kw.items():
+        if isinstance(v, list):
+            getattr(p, k).extend(v)
+        else:
+            setattr(p, k, v)
+    return p
+
+
+@pytest.mark.parametrize("policy, kw, it, expected", [
+    ("fixed", {}, 50, 0.1),
+    ("step", dict(gamma=0.5, stepsize=20), 45, 0.1 * 0.5 ** 2),
+    ("exp", dict(gamma=0.99), 10, 0.1 * 0.99 ** 10),
+    ("inv", dict(gamma=1e-4, power=0.75), 100, 0.1 * (1 + 1e-4 * 100) ** -0.75),
+    ("poly", dict(power=2.0, max_iter=200), 50, 0.1 * (1 - 50 / 200) ** 2),
+    ("sigmoid", dict(gamma=-0.1, stepsize=30), 40, 0.1 / (1 + math.exp(0.1 * 10))),
+])
+def test_lr_policies(policy, kw, it, expected):
+    p = caffe_pb2.SolverParameter(base_lr=0.1, lr_policy=policy, **kw)
+    assert learning_rate(p, it) == pytest.approx(expected)
+
+
+def test_multistep_advances_like_caffe():
+    s = Solver(solver_param(lr_policy="multistep", gamma=0.1, stepvalue=[2, 4]), verbose=False)
+    rates = []
+    for _ in range(6):
+        rates.append(s.get_learning_rate())
+        s.iter += 1
+    assert rates == pytest.approx([0.05, 0.05, 0.005, 0.005, 0.0005, 0.0005])
+
+
+def test_sgd_update_matches_hand_computation():
+    s = Solver(solver_param(), verbose=False, dtype=np.float64)
+    net = s.net
+    before = [p.data.copy() for p in net.learnable_params]
+    net.clear_param_diffs()
+    net.forward_backward()
+    grads = [p.diff.copy() for p in net.learnable_params]
+    s.apply_update()
+    lr_mult = [1, 2, 1, 1]
+    decay_mult = [1, 0, 1, 1]
+    # the proto's float fields are float32, as in Caffe: compute with their exact values
+    lr, wd, mom = (float(np.float32(v)) for v in (0.05, 0.01, 0.9))
+    for i, p in enumerate(net.learnable_params):
+        g = grads[i] + wd * decay_mult[i] * before[i]
+        update = lr * lr_mult[i] * g           # history was zero
+        np.testing.assert_allclose(p.diff, update, rtol=1e-12)  # diff holds the applied update
+        np.testing.assert_allclose(p.data, before[i] - update, rtol=1e-12)
+    # second step: momentum carries the history
+    h = [p.diff.copy() for p in net.learnable_params]
+    net.clear_param_diffs()
+    net.forward_backward()
+    grads = [p.diff.copy() for p in net.learnable_params]
+    data = [p.data.copy() for p in net.learnable_params]
+    s.apply_update()
+    for i, p in enumerate(net.learnable_params):
+        g = grads[i] + wd * decay_mult[i] * data[i]
+        np.testing.assert_allclose(p.diff, mom * h[i] + lr * lr_mult[i] * g, rtol=1e-12)
+
+
+def test_iter_size_averages_gradients():
+    # iter_size 2 with an Input-free net: the gradient is the mean of two passes
+    a = Solver(solver_param(iter_size=2, momentum=0.0, weight_decay=0.0), verbose=False,
+               dtype=np.float64)
+    net = a.net
+    w0 = [p.data.copy() for p in net.learnable_params]
+    caffe.set_random_seed(3)
+    a.step(1)
+    # replay by hand with the same seed
+    b = Solver(solver_param(iter_size=1, momentum=0.0, weight_decay=0.0), verbose=False,
+               dtype=np.float64)
+    for p, w in zip(b.net.learnable_params, w0):
+        p.data[...] = w
+    caffe.set_random_seed(3)
+    b.net.clear_param_diffs()
+    b.net.forward_backward()
+    b.net.forward_backward()  # diffs accumulate across passes
+    for pa, pb, w, lm in zip(net.learnable_params, b.net.learnable_params, w0, [1, 2, 1, 1]):
+        lr = float(np.float32(0.05))
+        np.testing.assert_allclose(pa.data, w - lr * lm * pb.diff / 2, rtol=1e-10)
+
+
+def test_same_seed_same_trajectory():
+    a = Solver(solver_param(), verbose=False)
+    a.step(5)
+    b = Solver(solver_param(), verbose=False)
+    b.step(5)
+    for pa, pb in zip(a.net.learnable_params, b.net.learnable_params):
+        np.testing.assert_array_equal(pa.data, pb.data)
+
+
+def test_snapshot_resume_identical_trajectory(tmp_path):
+    prefix = str(tmp_path / "snap" / "tiny")
+    full = Solver(solver_param(snapshot_prefix=prefix), verbose=False)
+    full.step(10)
+    part = Solver(solver_param(snapshot_prefix=prefix), verbose=False)
+    part.step(5)
+    model, state = part.snapshot()
+    assert os.path.exists(model) and os.path.exists(state)
+    resumed = Solver(solver_param(snapshot_prefix=prefix), verbose=False)
+    resumed.restore(state)
+    assert resumed.iter == 5
+    resumed.step(5)
+    for pa, pb in zip(full.net.learnable_params, resumed.net.learnable_params):
+        np.testing.assert_array_equal(pa.data, pb.data)
+
+
+def test_snapshot_is_atomic(tmp_path, monkeypatch):
+    prefix = str(tmp_path / "tiny")
+    s = Solver(solver_param(snapshot_prefix=prefix), verbose=False)
+    s.step(2)
+    model, _ = s.snapshot()
+    good = open(model, "rb").read()
+    import minicaffe.proto.text as text
+
+    def crash(fd):
+        raise OSError("disk full")
+    # a crash after the bytes went out but before the rename leaves the old file intact
+    monkeypatch.setattr(text.os, "fsync", crash)
+    with pytest.raises(OSError, match="disk full"):
+        s.snapshot()
+    assert open(model, "rb").read() == good
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_snapshot_interval_and_solve(tmp_path):
+    prefix = str(tmp_path / "tiny")
+    s = Solver(solver_param(snapshot_prefix=prefix, snapshot=4, max_iter=10), verbose=False)
+    s.solve()
+    files = sorted(os.listdir(tmp_path))
+    assert "tiny_iter_4.caffemodel" in files and "tiny_iter_8.solverstate" in files
+    assert "tiny_iter_10.caffemodel" in files  # snapshot_after_train
+
+
+def test_test_nets_share_weights_and_test_at_init():
+    p = solver_param(test_interval=5, test_iter=[2], test_initialization=True, max_iter=5)
+    s = Solver(p, verbose=False)
+    assert len(s.test_nets) == 1
+    assert np.shares_memory(s.test_nets[0].params["ip1"][0].data, s.net.params["ip1"][0].data)
+    calls = []
+    orig = s.test
+    s.test = lambda i=0: calls.append(s.iter) or orig(i)
+    s.solve()
+    assert calls == [0, 5]
+
+
+def test_training_fits_a_fixed_batch():
+    text = NET.replace('type: "DummyData"', 'type: "Input"').replace(
+        "dummy_data_param { shape { dim: 8 dim: 4 } shape { dim: 8 dim: 2 }\n"
+        "                           data_filler { type: \"gaussian\" std: 1 } data_filler { type: \"gaussian\" std: 1 } }",
+        "input_param { shape { dim: 8 dim: 4 } shape { dim: 8 dim: 2 } }")
+    p = solver_param(base_lr=0.05, weight_decay=0.0)
+    p.net_param.CopyFrom(parse_text(text, caffe_pb2.NetParameter))
+    s = Solver(p, verbose=False)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 4))
+    s.net.blobs["data"].data[...] = x
+    s.net.blobs["target"].data[...] = np.tanh(x[:, :2] - x[:, 2:])
+    first = float(s.net.forward_from_to())
+    s.step(200)
+    assert float(s.net.forward_from_to()) < 0.1 * first
+
+
+def test_unknown_solver_type_is_clear():
+    with pytest.raises(ValueError, match="unknown solver type 'Adamm'"):
+        Solver(solver_param(type="Adamm"), verbose=False)
+
+
+def test_adam_update_rule():
+    s = Solver(solver_param(type="Adam", momentum=0.9, momentum2=0.999, delta=1e-8,
+                            weight_decay=0.0), verbose=False, dtype=np.float64)
+    net = s.net
+    w = [p.data.copy() for p in net.learnable_params]
+    net.clear_param_diffs()
+    net.forward_backward()
+    g = [p.diff.copy() for p in net.learnable_params]
+    s.apply_update()
+    b1, b2, eps, lr = (float(np.float32(v)) for v in (0.9, 0.999, 1e-8, 0.05))
+    for i, (p, lm) in enumerate(zip(net.learnable_params, [1, 2, 1, 1])):
+        m = (1 - b1) * g[i]
+        v = (1 - b2) * g[i] ** 2
+        corr = math.sqrt(1 - b2) / (1 - b1)
+        np.testing.assert_allclose(p.data, w[i] - lr * lm * corr * m / (np.sqrt(v) + eps),
+                                   rtol=1e-9)

@@ -1,0 +1,14 @@
+"""Command-line tools in the manner of Caffe's ``tools/`` and ``build/tools``.
+
+Each runs with ``python -m minicaffe.tools.<name> --help``:
+
+* ``convert_imageset``: a list of ``relative/path label`` lines and a root
+  folder of images (PNG/JPEG through Pillow, or ``.npy`` arrays) to an LMDB
+  of Datum records, keyed ``%08d_<path>`` as Caffe's tool;
+* ``compute_image_mean``: the mean image of an LMDB, as a ``.binaryproto``;
+* ``make_digits``: the bundled 8x8 digits as ``train_lmdb``, ``test_lmdb`` and
+  ``mean.binaryproto``, a tiny real data set for the examples and tests.
+
+Each module also exposes its work as a function (``convert_imageset``,
+``compute_image_mean``, ``make_digits``) for use from Python.
+"""

@@ -1,0 +1,202 @@
+"""Caffe's DataTransformer (``src/caffe/data_transformer.cpp``), vectorized over a batch.
+
+For every image of a batch, in this order:
+
+1. mirror: when ``mirror`` is set, flip left-right with probability 1/2
+   (Caffe's ``Rand(2)``), in TRAIN *and* TEST, as Caffe does;
+2. crop to ``crop_size`` x ``crop_size``: TRAIN draws the offsets
+   ``h_off = Rand(H - crop + 1)``, ``w_off = Rand(W - crop + 1)``; TEST takes
+   the centre, ``((H - crop) // 2, (W - crop) // 2)``;
+3. subtract the mean: the mean image of ``mean_file``, cropped (and mirrored)
+   together with the image, i.e. each output pixel subtracts the mean at the
+   source pixel it came from; or ``mean_value`` (one per channel, or one for
+   all); not both;
+4. multiply by ``scale`` (after the mean subtraction).
+
+The arithmetic is Caffe's: ``(Dtype(pixel) - Dtype(mean)) * Dtype(scale)``.
+
+Random draws come from a generator owned by the transformer and seeded from
+:func:`minicaffe.rng.host_rng` when the transformer is built (Caffe's
+``InitRand`` seeds the transformer's RNG from ``caffe_rng_rand()`` the same
+way, and only when it needs one: ``mirror`` or a TRAIN crop).  The Data layer
+transforms in its prefetch thread; a private generator keeps those draws
+independent of what the main thread draws meanwhile, so a seed reproduces
+every batch whatever the thread timing.
+
+The transform runs on the host in NumPy; the Data layer copies the finished
+batch to the device once per iteration.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .io import datum_to_array, load_mean_file, resolve_path
+from .rng import host_rng
+
+TRAIN, TEST = 0, 1
+
+
+class DataTransformer:
+    """Transform batches of ``(N, C, H, W)`` images as a TransformationParameter says.
+
+    Args:
+        param: a ``caffe_pb2.TransformationParameter``.
+        phase: TRAIN (0) or TEST (1); decides random or centre crops.
+        dtype: the output element type (the net's).
+        source_dir: folder of the prototxt, to find a relative ``mean_file``.
+        where: prefix for error messages (``layer 'data' (Data)``).
+    """
+
+    def __init__(self, param, phase: int, dtype=np.float32, source_dir=None, where: str = ""):
+        self.param = param
+        self.phase = int(phase)
+        self.dtype = np.dtype(dtype)
+        self.where = where
+        self.crop_size = int(param.crop_size)
+        self.mirror = bool(param.mirror)
+        self.scale = float(param.scale)
+        self.mean = None          # (C, H, W) mean image from mean_file
+        self.mean_values = None   # (k,) with k == 1 or C
+        if param.HasField("mean_file"):
+            if len(param.mean_value):
+                raise ValueError(
+                    f"{where}: cannot specify mean_file and mean_value at the same time")
+            path = resolve_path(param.mean_file, source_dir, "mean_file", where)
+            mean = load_mean_file(path)
+            if mean.ndim == 4 and mean.shape[0] == 1:
+                mean = mean[0]
+            if mean.ndim != 3:
+                raise ValueError(f"{where}: mean_file {path} holds a blob of shape {mean.shape}, "
+                                 "expected (1, C, H, W)")
+            self.mean = mean.astype(self.dtype)
+        elif len(param.mean_value):
+            self.mean_values = np.asarray(param.mean_value, dtype=self.dtype)
+        if param.force_color and param.force_gray:
+            raise ValueError(f"{where}: cannot set both force_color and force_gray")
+        # Caffe's InitRand: a generator only where the transform is random.
+        needs_rand = self.mirror or (self.phase == TRAIN and self.crop_size > 0)
+        self.rng = (np.random.default_rng(int(host_rng().integers(0, 2**63 - 1)))
+                    if needs_rand else None)
+
+    # ---------------------------------------------------------------- shapes
+    def output_shape(self, chw) -> tuple:
+        """The ``(C, h, w)`` an input image of shape ``chw`` transforms to
+        (Caffe's ``InferBlobShape``)."""
+        c, h, w = (int(d) for d in chw)
+        if c <= 0:
+            raise ValueError(
+                f"{self.where}: images need at least one channel, got shape {tuple(chw)}")
+        crop = self.crop_size
+        if crop and (h < crop or w < crop):
+            raise ValueError(f"{self.where}: crop_size {crop} is larger than the image "
+                             f"({h} x {w})")
+        return (c, crop, crop) if crop else (c, h, w)
+
+    def _check_mean(self, c, h, w):
+        if self.mean is not None and self.mean.shape != (c, h, w):
+            raise ValueError(f"{self.where}: the mean image has shape {self.mean.shape} but the "
+                             f"images have shape {(c, h, w)}")
+        if self.mean_values is not None and self.mean_values.size not in (1, c):
+            raise ValueError(f"{self.where}: specify either 1 mean_value or as many as channels: "
+                             f"{c} (got {self.mean_values.size})")
+
+    # ------------------------------------------------------------- transform
+    def draw(self, n: int, height: int, width: int):
+        """Draw the random choices of ``n`` images of size ``height`` x ``width``.
+
+        Returns ``(do_mirror (n,) bool, h_off (n,) int, w_off (n,) int)``.
+        The mirror coins are drawn before the crop offsets, as in Caffe.
+        """
+        crop = self.crop_size
+        if self.mirror:
+            do_mirror = self.rng.integers(0, 2, size=n).astype(bool)
+        else:
+            do_mirror = np.zeros(n, dtype=bool)
+        if crop and self.phase == TRAIN:
+            h_off = self.rng.integers(0, height - crop + 1, size=n)
+            w_off = self.rng.integers(0, width - crop + 1, size=n)
+        elif crop:
+            h_off = np.full(n, (height - crop) // 2)
+            w_off = np.full(n, (width - crop) // 2)
+        else:
+            h_off = np.zeros(n, dtype=np.int64)
+            w_off = np.zeros(n, dtype=np.int64)
+        return do_mirror, h_off, w_off
+
+    def transform(self, images, out=None, draws=None) -> np.ndarray:
+        """Transform a batch ``(N, C, H, W)`` (uint8 or float) to ``(N, C, h, w)``.
+
+        Args:
+            images: the batch; a single ``(C, H, W)`` image is accepted too.
+            out: optional preallocated output of the right shape and dtype.
+            draws: optional ``(do_mirror, h_off, w_off)`` to use instead of
+                drawing (tests, replay).
+        """
+        images = np.asarray(images)
+        single = images.ndim == 3
+        if single:
+            images = images[np.newaxis]
+        if images.ndim != 4:
+            raise ValueError(f"{self.where}: transform needs (N, C, H, W) images, got shape "
+                             f"{images.shape}")
+        n, c, height, width = images.shape
+        oc, oh, ow = self.output_shape((c, height, width))
+        self._check_mean(c, height, width)
+        do_mirror, h_off, w_off = draws if draws is not None else self.draw(n, height, width)
+        do_mirror = np.asarray(do_mirror, dtype=bool)
+        h_off = np.asarray(h_off, dtype=np.int64)
+        w_off = np.asarray(w_off, dtype=np.int64)
+
+        dt = self.dtype.type
+        if not do_mirror.any() and not self.crop_size:
+            # the common case of no geometry: plain arithmetic, no gather
+            pixels = images.astype(self.dtype, copy=False)
+            mean = self.mean[np.newaxis] if self.mean is not None else None
+        elif not do_mirror.any() and np.all(h_off == h_off[0]) and np.all(w_off == w_off[0]):
+            # one window for the whole batch (TEST centre crop): a slice
+            hs = slice(int(h_off[0]), int(h_off[0]) + oh)
+            ws = slice(int(w_off[0]), int(w_off[0]) + ow)
+            pixels = images[:, :, hs, ws].astype(self.dtype)
+            mean = self.mean[np.newaxis, :, hs, ws] if self.mean is not None else None
+        else:
+            # per-image windows and flips: gather the source pixel of every
+            # output pixel; top[w] = source[w_off + w], or [w_off + ow-1-w] flipped
+            span_h, span_w = np.arange(oh), np.arange(ow)
+            rows = h_off[:, None] + span_h                                  # (N, oh)
+            cols = w_off[:, None] + np.where(do_mirror[:, None], span_w[::-1], span_w)  # (N, ow)
+            ci = np.arange(c)[None, :, None, None]
+            ri = rows[:, None, :, None]
+            wi = cols[:, None, None, :]
+            pixels = images[np.arange(n)[:, None, None, None], ci, ri, wi].astype(self.dtype)
+            mean = self.mean[ci, ri, wi] if self.mean is not None else None  # (N, C, oh, ow)
+
+        if mean is not None:
+            result = (pixels - mean) * dt(self.scale)
+        elif self.mean_values is not None:
+            mv = np.broadcast_to(self.mean_values, (c,)).reshape(1, c, 1, 1)
+            result = (pixels - mv) * dt(self.scale)
+        else:
+            result = pixels * dt(self.scale)
+        result = result.astype(self.dtype, copy=False)
+        if out is not None:
+            if out.shape != (n, oc, oh, ow):
+                raise ValueError(f"{self.where}: output buffer of shape {out.shape}, need "
+                                 f"{(n, oc, oh, ow)}")
+            out[...] = result
+            result = out
+        return result[0] if single else result
+
+    def transform_datums(self, datums, out=None):
+        """Transform a list of Datums (all of one shape); returns ``(data, labels)``."""
+        if not datums:
+            raise ValueError(f"{self.where}: there is no datum to transform")
+        arrays = [datum_to_array(d, self.param.force_color, self.param.force_gray)
+                  for d in datums]
+        shape = arrays[0].shape
+        for i, a in enumerate(arrays):
+            if a.shape != shape:
+                raise ValueError(f"{self.where}: datum {i} of the batch has shape {a.shape}, the "
+                                 f"first has {shape}; a batch needs images of one shape")
+        data = self.transform(np.stack(arrays), out=out)
+        labels = np.asarray([d.label for d in datums], dtype=self.dtype)
+        return data, labels

@@ -1,0 +1,230 @@
+"""convert_imageset, compute_image_mean, make_digits and the bundled digits."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minicaffe import io as mio
+from minicaffe.datasets import DIGITS_TEST_SIZE, load_digits, split_digits
+from minicaffe.tools.compute_image_mean import compute_image_mean
+from minicaffe.tools.compute_image_mean import main as mean_main
+from minicaffe.tools.convert_imageset import convert_imageset, main as convert_main, read_list
+from minicaffe.tools.make_digits import make_digits
+
+pytest.importorskip("lmdb")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+try:
+    from PIL import Image
+except ImportError:  # the .npy path is tested instead
+    Image = None
+
+
+def write_image(path, hwc):
+    """A PNG through Pillow when it is there, else a .npy in Caffe's (C, H, W) order (BGR)."""
+    if Image is not None:
+        Image.fromarray(hwc).save(path)
+        return path
+    path = os.path.splitext(path)[0] + ".npy"
+    np.save(path, np.ascontiguousarray(hwc[:, :, ::-1].transpose(2, 0, 1)))
+    return path
+
+
+@pytest.fixture
+def imageset(tmp_path):
+    """Five small RGB images under root/, listed with labels; returns (root, list, rgb images)."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "root"
+    (root / "sub dir").mkdir(parents=True)
+    rgb = [rng.integers(0, 256, (3, 4, 3), dtype=np.uint8) for _ in range(5)]
+    lines = []
+    for i, im in enumerate(rgb):
+        p = write_image(str(root / "sub dir" / f"im{i}.png"), im)
+        lines.append(f"{os.path.relpath(p, root)} {i % 3}")
+    listfile = tmp_path / "list.txt"
+    listfile.write_text("\n".join(lines) + "\n\n")
+    return root, listfile, rgb, [ln.rpartition(" ")[0] for ln in lines]
+
+
+def test_read_list_splits_at_the_last_space(tmp_path):
+    f = tmp_path / "l.txt"
+    f.write_text("a b/c d.png 3\n\nx.png 0\n")
+    assert read_list(f) == [("a b/c d.png", 3), ("x.png", 0)]
+    f.write_text("x.png\n")
+    with pytest.raises(ValueError, match="l.txt:1: expected 'relative/path label'"):
+        read_list(f)
+
+
+def test_convert_imageset_round_trip(imageset, tmp_path):
+    root, listfile, rgb, rels = imageset
+    n = convert_imageset(str(root), listfile, tmp_path / "db", verbose=False)
+    assert n == 5
+    images, labels, keys = mio.read_lmdb_arrays(tmp_path / "db")
+    assert keys == [f"{i:08d}_{rel}" for i, rel in enumerate(rels)]  # Caffe's "%08d_%s"
+    assert labels.tolist() == [0, 1, 2, 0, 1]
+    assert images.dtype == np.uint8 and images.shape == (5, 3, 3, 4)
+    for im, src in zip(images, rgb):
+        # Caffe stores OpenCV's BGR channel order, (C, H, W)
+        np.testing.assert_array_equal(im, src[:, :, ::-1].transpose(2, 0, 1))
+    with pytest.raises(FileExistsError):
+        convert_imageset(str(root), listfile, tmp_path / "db", verbose=False)
+
+
+def test_convert_imageset_shuffle_is_seeded(imageset, tmp_path):
+    root, listfile, _, rels = imageset
+    convert_imageset(str(root), listfile, tmp_path / "a", shuffle=True, seed=3, verbose=False)
+    convert_imageset(str(root), listfile, tmp_path / "b", shuffle=True, seed=3, verbose=False)
+    _, la, ka = mio.read_lmdb_arrays(tmp_path / "a")
+    _, lb, kb = mio.read_lmdb_arrays(tmp_path / "b")
+    assert ka == kb and la.tolist() == lb.tolist()
+    order = np.random.default_rng(3).permutation(5)
+    assert ka == [f"{i:08d}_{rels[j]}" for i, j in enumerate(order)]
+
+
+def test_convert_imageset_gray_resize_and_check_size(imageset, tmp_path):
+    if Image is None:
+        pytest.skip("gray conversion and resizing need Pillow")
+    root, listfile, rgb, _ = imageset
+    convert_imageset(str(root), listfile, tmp_path / "g", gray=True, resize_height=6,
+                     resize_width=2, check_size=True, verbose=False)
+    images, _, _ = mio.read_lmdb_arrays(tmp_path / "g")
+    assert images.shape == (5, 1, 6, 2)
+    convert_imageset(str(root), listfile, tmp_path / "g2", gray=True, verbose=False)
+    gray, _, _ = mio.read_lmdb_arrays(tmp_path / "g2")
+    expect = np.asarray(Image.fromarray(rgb[0]).convert("L"))
+    np.testing.assert_array_equal(gray[0, 0], expect)
+    # a differently sized image fails --check_size, and nothing is left behind
+    Image.fromarray(np.zeros((5, 5, 3), np.uint8)).save(root / "odd.png")
+    with open(listfile, "a") as f:
+        f.write("odd.png 1\n")
+    with pytest.raises(ValueError, match="incorrect data field size"):
+        convert_imageset(str(root), listfile, tmp_path / "c", check_size=True, verbose=False)
+    assert not (tmp_path / "c").exists()
+
+
+def test_convert_imageset_skips_unreadable_files(imageset, tmp_path):
+    root, listfile, _, _ = imageset
+    with open(listfile, "a") as f:
+        f.write("missing.npy 2\n")
+    with pytest.warns(UserWarning, match="could not read .*missing.npy"):
+        n = convert_imageset(str(root), listfile, tmp_path / "db", verbose=False)
+    assert n == 5
+
+
+def test_convert_imageset_npy_float_arrays(tmp_path):
+    arr = np.linspace(0, 1, 12, dtype=np.float32).reshape(1, 3, 4)
+    np.save(tmp_path / "f.npy", arr)
+    (tmp_path / "l.txt").write_text("f.npy 4\n")
+    convert_imageset(str(tmp_path), tmp_path / "l.txt", tmp_path / "db", verbose=False)
+    images, labels, _ = mio.read_lmdb_arrays(tmp_path / "db")
+    assert images.dtype == np.float32 and labels.tolist() == [4]
+    np.testing.assert_array_equal(images[0], arr)
+
+
+def test_convert_and_mean_command_lines(imageset, tmp_path, capsys):
+    root, listfile, rgb, _ = imageset
+    assert convert_main([str(root) + "/", str(listfile), str(tmp_path / "db"), "--shuffle",
+                         "--seed", "1"]) == 0
+    assert convert_main([str(root), str(listfile), str(tmp_path / "db")]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert mean_main([str(tmp_path / "db"), str(tmp_path / "mean.binaryproto")]) == 0
+    err = capsys.readouterr().err
+    assert "Number of channels: 3" in err and "mean_value channel [2]" in err
+    mean = mio.load_mean_file(tmp_path / "mean.binaryproto")
+    bgr = np.stack([im[:, :, ::-1].transpose(2, 0, 1) for im in rgb]).astype(np.float32)
+    np.testing.assert_allclose(mean[0], bgr.mean(axis=0), rtol=1e-6)
+    assert mean_main([str(tmp_path / "nowhere")]) == 1
+
+
+def test_compute_image_mean_matches_caffe_float32_sum(tmp_path):
+    with mio.LMDBWriter(tmp_path / "db") as w:
+        for i, v in enumerate((1, 2, 4)):
+            datum = mio.array_to_datum(np.full((1, 1, 2), v, np.uint8))
+            w.put(f"{i:08d}", datum.SerializeToString())
+    mean = compute_image_mean(tmp_path / "db", verbose=False)
+    assert mean.shape == (1, 1, 1, 2) and mean.dtype == np.float32
+    assert mean[0, 0, 0, 0] == np.float32(7) / np.float32(3)
+
+
+# ------------------------------------------------------------------ digits
+def test_load_digits_shape_and_label_counts():
+    images, labels = load_digits()
+    assert images.shape == (1797, 1, 8, 8) and images.dtype == np.uint8
+    assert labels.shape == (1797,)
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    assert images.min() == 0 and images.max() == 255
+    # 16 grey levels scaled by 16: multiples of 16, and 16 * 16 clipped to 255
+    assert set(np.unique(images).tolist()) <= set(range(0, 256, 16)) | {255}
+
+
+def test_split_digits_is_fixed_stratified_and_disjoint():
+    _, labels = load_digits()
+    train, test = split_digits(labels)
+    assert len(train) == 1437 and len(test) == DIGITS_TEST_SIZE == 360
+    assert not set(train.tolist()) & set(test.tolist())
+    counts = np.bincount(labels[test], minlength=10)
+    assert counts.sum() == 360 and counts.min() >= 34 and counts.max() <= 37
+    train2, test2 = split_digits(labels)
+    np.testing.assert_array_equal(train, train2)
+    np.testing.assert_array_equal(test, test2)
+    assert not np.array_equal(np.sort(split_digits(labels, seed=1)[1]), np.sort(test))
+    assert not (np.diff(train) > 0).all()  # shuffled, not in file order
+
+
+def test_make_digits_is_idempotent_and_forceable(tmp_path, capsys):
+    out = tmp_path / "digits"
+    paths = make_digits(out)
+    images, labels = load_digits()
+    train, test = split_digits(labels)
+    tr_x, tr_y, tr_keys = mio.read_lmdb_arrays(paths["train_lmdb"])
+    te_x, te_y, _ = mio.read_lmdb_arrays(paths["test_lmdb"])
+    assert tr_x.shape == (1437, 1, 8, 8) and te_x.shape == (360, 1, 8, 8)
+    np.testing.assert_array_equal(tr_x, images[train])
+    np.testing.assert_array_equal(tr_y, labels[train])
+    np.testing.assert_array_equal(te_y, labels[test])
+    assert tr_keys[0] == f"00000000_digit{train[0]:04d}"
+    mean = mio.load_mean_file(paths["mean.binaryproto"])
+    np.testing.assert_allclose(mean[0], images[train].mean(axis=0), rtol=1e-5)
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
+    assert size < 1 << 20
+
+    stamp = os.stat(os.path.join(paths["train_lmdb"], "data.mdb")).st_mtime_ns
+    capsys.readouterr()
+    make_digits(out)
+    assert "already present" in capsys.readouterr().err
+    assert os.stat(os.path.join(paths["train_lmdb"], "data.mdb")).st_mtime_ns == stamp
+    os.remove(paths["mean.binaryproto"])  # a partial set is rebuilt
+    make_digits(out, verbose=False)
+    assert os.path.exists(paths["mean.binaryproto"])
+    make_digits(out, force=True, verbose=False)
+    np.testing.assert_array_equal(mio.read_lmdb_arrays(paths["train_lmdb"])[1], labels[train])
+
+
+def test_make_digits_command_line(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "minicaffe.tools.make_digits", "--out", str(tmp_path / "d")]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "wrote 1437 training and 360 test images" in r.stderr
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "already present" in r.stderr
+
+
+def test_digits_train_a_data_layer(tmp_path):
+    import minicaffe.layers  # noqa: F401  (registers the layer types)
+    from minicaffe.blob import Blob
+    from minicaffe.testing import make_layer
+    paths = make_digits(tmp_path / "digits", verbose=False)
+    layer = make_layer(
+        f'name: "data" type: "Data" top: "data" top: "label" data_param {{ source: '
+        f'"{paths["test_lmdb"]}" batch_size: 100 backend: LMDB }} transform_param {{ '
+        f'scale: 0.00390625 mean_file: "{paths["mean.binaryproto"]}" }}', phase=1)
+    tops = [Blob(name="data"), Blob(name="label")]
+    layer.setup([], tops)
+    for _ in range(4):  # 400 > 360: wraps around
+        layer.forward([], tops)
+    layer.close()
+    assert tops[0].shape == (100, 1, 8, 8) and tops[1].shape == (100,)
+    assert np.abs(tops[0].data).max() <= 1.0

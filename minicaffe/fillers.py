@@ -37,7 +37,8 @@ def fill(blob, filler, where: str = ""):
     rng = host_rng()
     kind = filler.type
     if kind not in KNOWN_FILLERS:
-        raise ValueError(f"{where}unknown filler type {kind!r} (known: {', '.join(KNOWN_FILLERS)})")
+        raise ValueError(
+            f"{where}unknown filler type {kind!r} (known: {', '.join(KNOWN_FILLERS)})")
     if filler.sparse < -1 or (filler.sparse != -1 and kind != "gaussian"):
         # Caffe: only the gaussian filler supports sparsity (CHECK_EQ(sparse, -1) elsewhere).
         raise ValueError(
@@ -69,7 +70,8 @@ def fill(blob, filler, where: str = ""):
         values = values.reshape(shape)
     elif kind == "bilinear":
         if len(shape) != 4 or shape[2] != shape[3]:
-            raise ValueError(f"{where}bilinear filler needs a 4-d blob with square kernels, got {shape}")
+            raise ValueError(
+                f"{where}bilinear filler needs a 4-d blob with square kernels, got {shape}")
         k = shape[3]
         f = np.ceil(k / 2.0)
         c = (2 * f - 1 - f % 2) / (2.0 * f)

@@ -1,0 +1,148 @@
+"""BatchNorm, as Caffe's ``batch_norm_layer.cpp`` (normalization only, no affine part).
+
+Caffe's BatchNorm normalizes each channel of an (N, C, ...) bottom and leaves
+the learned scale and shift to a following Scale layer (``bias_term: true``).
+It keeps three blobs that are statistics, not parameters:
+
+* ``blobs[0]`` (C,): running sum of batch means,
+* ``blobs[1]`` (C,): running sum of unbiased batch variances,
+* ``blobs[2]`` (1,): the matching sum of weights (the scale factor),
+
+updated in TRAIN as ``s <- maf * s + 1``, ``mean_sum <- maf * mean_sum + mean``,
+``var_sum <- maf * var_sum + m / (m - 1) * var`` with ``m = N * H * W``; the
+estimates used in TEST are ``mean_sum / s`` and ``var_sum / s``. Caffe masks
+them from the solver by forcing ``lr_mult: 0`` on their ParamSpecs.
+"""
+from __future__ import annotations
+
+from ..layer import BackwardReads, Layer, register_layer
+from ..proto import caffe_pb2
+
+
+@register_layer
+class BatchNormLayer(Layer):
+    """y = (x - mean) / sqrt(var + eps) per channel (axis 1).
+
+    TRAIN (``use_global_stats`` false): mean and biased variance of the batch
+    over all axes but the channel axis; backward is Caffe's
+
+        dE/dx = (dE/dy - mean(dE/dy) - mean(dE/dy * y) * y) / sqrt(var + eps)
+
+    so it reads the normalized output ``y`` (saved as ``x_norm``, because later
+    in-place layers such as Scale and ReLU overwrite the top) and the
+    per-channel ``std`` = sqrt(var + eps). TEST (global statistics): backward is
+    ``dE/dy / std`` and reads ``std`` only.
+
+    In place (top is bottom) the top diff and the bottom diff are one array;
+    backward reduces the top diff to its per-channel sums before overwriting
+    it, which replaces Caffe's full-size copy of the top diff.
+    """
+
+    type = "BatchNorm"
+    exact_num_bottom = 1
+    exact_num_top = 1
+    backward_reads_bottom = ()
+
+    def layer_setup(self, bottom, top):
+        p = self.param.batch_norm_param
+        self.moving_average_fraction = float(p.moving_average_fraction)
+        self.use_global_stats = self.phase == caffe_pb2.TEST
+        if p.HasField("use_global_stats"):
+            self.use_global_stats = bool(p.use_global_stats)
+        self.eps = float(p.eps)
+        self.channels = 1 if bottom[0].ndim == 1 else bottom[0].shape[1]
+        if not self.blobs:
+            c = self.channels
+            self.blobs = [self.make_param_blob((c,), 0), self.make_param_blob((c,), 1),
+                          self.make_param_blob((1,), 2)]
+            for b in self.blobs:
+                b.data[...] = 0
+        # Caffe masks the statistics from optimization: a missing ParamSpec is
+        # added with lr_mult 0, a given one must say lr_mult 0.
+        for i in range(len(self.blobs)):
+            if len(self.param.param) == i:
+                self.param.param.add().lr_mult = 0.0
+            elif self.param.param[i].lr_mult != 0:
+                raise ValueError(
+                    f"layer {self.name!r} of type BatchNorm: param {i} has lr_mult "
+                    f"{self.param.param[i].lr_mult}; batch normalization statistics cannot be "
+                    "configured as layer parameters (lr_mult must be 0)")
+        self.param_propagate_down = [False] * len(self.blobs)
+
+    def reshape(self, bottom, top):
+        b = bottom[0]
+        if b.ndim > 1 and b.shape[1] != self.channels:
+            raise ValueError(
+                f"layer {self.name!r} of type BatchNorm: bottom {b.name!r} of shape {b.shape} has "
+                f"{b.shape[1]} channels, the layer was set up for {self.channels}")
+        top[0].reshape_like(b)
+        # (C,): sqrt(var + eps), written by forward, read by backward.
+        self.add_internal("std", (self.channels,), saved=True, batch_scaled=False)
+        if not self.use_global_stats:
+            # (N, C, ...): scratch for squares and products (Caffe's temp_).
+            self.add_internal("temp", b.shape, saved=False)
+            # (N, C, ...): the normalized output y (Caffe's x_norm_).
+            self.add_internal("x_norm", b.shape, saved=True)
+
+    def backward_reads(self) -> BackwardReads:
+        internals = ("std",) if self.use_global_stats else ("x_norm", "std")
+        return BackwardReads(bottom=(), top=(), internals=internals)
+
+    def _ncs(self, a):
+        """View an (N, C, ...) array as (N, C, S) with S the spatial size."""
+        n = a.shape[0] if a.ndim else 1
+        return a.reshape(n, self.channels, -1)
+
+    def forward_impl(self, bottom, top):
+        xp = self.xp
+        dt = self.dtype.type
+        x = self._ncs(bottom[0].data)
+        y = self._ncs(top[0].data)
+        std = self.internal("std").data
+        if self.use_global_stats:
+            s = self.blobs[2].data[0]
+            # 1/s, or 0 while no statistics were accumulated (Caffe's convention);
+            # computed on the device, no host sync.
+            factor = xp.where(s == 0, dt(0), dt(1) / xp.where(s == 0, dt(1), s))
+            mean = self.blobs[0].data * factor
+            var = self.blobs[1].data * factor
+        else:
+            mean = x.mean(axis=(0, 2))
+        xp.subtract(x, mean[None, :, None], out=y)  # elementwise: safe in place
+        if not self.use_global_stats:
+            temp = self._ncs(self.internal("temp").data)
+            xp.multiply(y, y, out=temp)
+            var = temp.mean(axis=(0, 2))
+            maf = dt(self.moving_average_fraction)
+            m = bottom[0].count // self.channels
+            correction = dt(m / (m - 1) if m > 1 else 1.0)
+            st = self.blobs
+            st[2].data *= maf
+            st[2].data += dt(1)
+            st[0].data[...] = st[0].data * maf + mean
+            st[1].data[...] = st[1].data * maf + var * correction
+        xp.sqrt(var + dt(self.eps), out=std)
+        y /= std[None, :, None]
+        if not self.use_global_stats:
+            self.internal("x_norm").data[...] = top[0].data
+
+    def backward_impl(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = self.xp
+        std = self.internal("std").data[None, :, None]
+        dy = self._ncs(top[0].diff)
+        dx = self._ncs(bottom[0].diff)  # the same array as dy when in place
+        if self.use_global_stats:
+            xp.divide(dy, std, out=dx)
+            return
+        y = self._ncs(self.internal("x_norm").data)
+        temp = self._ncs(self.internal("temp").data)
+        mean_dy = dy.mean(axis=(0, 2))
+        xp.multiply(dy, y, out=temp)
+        mean_dy_y = temp.mean(axis=(0, 2))
+        # temp <- mean(dy) + mean(dy * y) * y; then dx <- (dy - temp) / std.
+        xp.multiply(y, mean_dy_y[None, :, None], out=temp)
+        temp += mean_dy[None, :, None]
+        xp.subtract(dy, temp, out=dx)
+        dx /= std

@@ -1,0 +1,228 @@
+"""Scale and Bias: broadcast a (learned or given) operand along trailing axes.
+
+Both follow Caffe's axis convention: the operand's shape must equal
+``bottom[0].shape[axis : axis + operand.ndim]``; it is broadcast over the
+``outer`` axes before ``axis`` and the ``inner`` axes after it. Viewing the
+bottom as (outer, dim, inner) makes every op one broadcast. A 0-d (scalar)
+operand is applied with axis 0, as Caffe does, whatever ``axis`` says.
+
+With one bottom the operand is a learned blob of shape
+``bottom[0].shape[axis : axis + num_axes]`` (``num_axes: -1`` runs to the end);
+with two bottoms ``bottom[1]`` is the operand and receives the gradient.
+"""
+from __future__ import annotations
+
+from math import prod
+
+from ..fillers import fill
+from ..layer import BackwardReads, Layer, register_layer
+from ..proto import caffe_pb2
+
+
+def _canonical_axis(layer, blob, axis: int) -> int:
+    n = blob.ndim
+    if not -n <= axis < n:
+        raise ValueError(
+            f"layer {layer.name!r} of type {layer.type}: axis {axis} out of range for bottom "
+            f"{blob.name!r} of shape {blob.shape} ({n} axes)")
+    return axis + n if axis < 0 else axis
+
+
+def operand_shape(layer, bottom, axis: int, num_axes: int, what: str) -> tuple:
+    """Shape of a learned operand: ``bottom.shape[axis : axis + num_axes]``."""
+    axis = _canonical_axis(layer, bottom, axis)
+    if num_axes < -1:
+        raise ValueError(
+            f"layer {layer.name!r} of type {layer.type}: num_axes must be non-negative, or -1 to "
+            f"extend to the end of bottom[0]; got {num_axes}")
+    if num_axes >= 0 and bottom.ndim < axis + num_axes:
+        raise ValueError(
+            f"layer {layer.name!r} of type {layer.type}: {what} blob's shape extends past bottom "
+            f"{bottom.name!r}'s shape {bottom.shape} when applied starting with axis {axis} "
+            f"(num_axes {num_axes})")
+    end = bottom.ndim if num_axes == -1 else axis + num_axes
+    return tuple(bottom.shape[axis:end])
+
+
+def broadcast_dims(layer, bottom, shape: tuple, axis: int, what: str) -> tuple:
+    """(outer, dim, inner) for applying an operand of ``shape`` to ``bottom``."""
+    axis = 0 if len(shape) == 0 else _canonical_axis(layer, bottom, axis)
+    if bottom.ndim < axis + len(shape):
+        raise ValueError(
+            f"layer {layer.name!r} of type {layer.type}: {what} of shape {shape} extends past "
+            f"bottom {bottom.name!r}'s shape {bottom.shape} when applied starting with axis {axis}")
+    for i, d in enumerate(shape):
+        if bottom.shape[axis + i] != d:
+            raise ValueError(
+                f"layer {layer.name!r} of type {layer.type}: dimension mismatch between bottom "
+                f"{bottom.name!r}.shape[{axis + i}] = {bottom.shape[axis + i]} and "
+                f"{what}.shape[{i}] = {d} (bottom shape {bottom.shape}, {what} shape {shape}, "
+                f"axis {axis})")
+    return (prod(bottom.shape[:axis]), prod(shape), prod(bottom.shape[axis + len(shape):]))
+
+
+def _default_filler(value: float):
+    f = caffe_pb2.FillerParameter()
+    f.type = "constant"
+    f.value = value
+    return f
+
+
+@register_layer
+class ScaleLayer(Layer):
+    """y = x * scale (+ bias), scale broadcast as described in the module doc.
+
+    Params: ``blobs[0]`` the scale (one bottom only, filler default constant 1),
+    then the bias when ``bias_term`` (filler ``bias_filler``, default constant 0),
+    in Caffe's order. Backward reads the scale operand (bottom[1] when given)
+    for the bottom gradient and the input ``x`` for the scale gradient: the
+    bottom data, or when in place a saved copy of it (Caffe's ``temp_``),
+    since forward overwrites the bottom.
+    """
+
+    type = "Scale"
+    min_num_bottom = 1
+    max_num_bottom = 2
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.scale_param
+        self.blobs = []
+        if len(bottom) == 1:
+            shape = operand_shape(self, bottom[0], p.axis, p.num_axes, "scale")
+            scale = self.make_param_blob(shape, 0)
+            fill(scale, p.filler if p.HasField("filler") else _default_filler(1.0),
+                 where=f"layer {self.name!r}: ")
+            self.blobs.append(scale)
+        self.bias_term = bool(p.bias_term)
+        if self.bias_term:
+            # Caffe's internal Bias layer: same axis; num_axes of bottom[1] when given.
+            num_axes = bottom[1].ndim if len(bottom) > 1 else p.num_axes
+            shape = operand_shape(self, bottom[0], p.axis, num_axes, "bias")
+            bias = self.make_param_blob(shape, len(self.blobs))
+            fill(bias, p.bias_filler, where=f"layer {self.name!r}: ")
+            self.blobs.append(bias)
+        self.param_propagate_down = [True] * len(self.blobs)
+
+    def _scale_blob(self, bottom):
+        return bottom[1] if len(bottom) > 1 else self.blobs[0]
+
+    def reshape(self, bottom, top):
+        p = self.param.scale_param
+        self._two_bottoms = len(bottom) > 1
+        self._dims = broadcast_dims(self, bottom[0], self._scale_blob(bottom).shape, p.axis,
+                                    "scale")
+        if self.bias_term:
+            self._bias_dims = broadcast_dims(self, bottom[0], self.blobs[-1].shape, p.axis, "bias")
+        self._in_place = top[0] is bottom[0]
+        if self._in_place:
+            # (N, C, ...): the input, kept for the scale gradient.
+            self.add_internal("bottom_copy", bottom[0].shape, saved=True)
+        else:
+            top[0].reshape_like(bottom[0])
+
+    def _scale_grad_needed(self) -> bool:
+        # With two bottoms propagate_down[1] is only known at backward time.
+        return self._two_bottoms or bool(self.param_propagate_down and self.param_propagate_down[0])
+
+    def backward_reads(self) -> BackwardReads:
+        bottoms, internals = [], []
+        if self._scale_grad_needed():
+            if self._in_place:
+                internals.append("bottom_copy")
+            else:
+                bottoms.append(0)
+        if self._two_bottoms:
+            bottoms.append(1)
+        return BackwardReads(bottom=tuple(bottoms), top=(), internals=tuple(internals))
+
+    def forward_impl(self, bottom, top):
+        xp = self.xp
+        outer, dim, inner = self._dims
+        x = bottom[0].data.reshape(outer, dim, inner)
+        if self._in_place:
+            self.internal("bottom_copy").data.reshape(outer, dim, inner)[...] = x
+        y = top[0].data.reshape(outer, dim, inner)
+        xp.multiply(x, self._scale_blob(bottom).data.reshape(1, dim, 1), out=y)
+        if self.bias_term:
+            bo, bd, bi = self._bias_dims
+            top[0].data.reshape(bo, bd, bi)[...] += self.blobs[-1].data.reshape(1, bd, 1)
+
+    def backward_impl(self, top, propagate_down, bottom):
+        xp = self.xp
+        outer, dim, inner = self._dims
+        dy = top[0].diff.reshape(outer, dim, inner)
+        if self.bias_term and self.param_propagate_down[-1]:
+            bo, bd, bi = self._bias_dims
+            bias = self.blobs[-1]
+            bias.diff[...] += top[0].diff.reshape(bo, bd, bi).sum(axis=(0, 2)).reshape(bias.shape)
+        scale = self._scale_blob(bottom)
+        if (self._two_bottoms and propagate_down[1]) or \
+                (not self._two_bottoms and self.param_propagate_down[0]):
+            x = (self.internal("bottom_copy") if self._in_place else bottom[0]).data
+            grad = (dy * x.reshape(outer, dim, inner)).sum(axis=(0, 2)).reshape(scale.shape)
+            if self._two_bottoms:
+                scale.diff[...] = grad
+            else:
+                scale.diff[...] += grad
+        # Last: when in place this overwrites the top diff read above.
+        if propagate_down[0]:
+            dx = bottom[0].diff.reshape(outer, dim, inner)
+            xp.multiply(dy, scale.data.reshape(1, dim, 1), out=dx)
+
+
+@register_layer
+class BiasLayer(Layer):
+    """y = x + bias, bias broadcast as described in the module doc.
+
+    One bottom: ``blobs[0]`` is the learned bias (``bias_param.filler``,
+    default constant 0). Backward reads no data at all: the bottom gradient is
+    the top gradient, the bias gradient its sum over the broadcast axes.
+    """
+
+    type = "Bias"
+    min_num_bottom = 1
+    max_num_bottom = 2
+    exact_num_top = 1
+    backward_reads_bottom = ()
+
+    def layer_setup(self, bottom, top):
+        p = self.param.bias_param
+        if len(bottom) == 1 and not self.blobs:
+            shape = operand_shape(self, bottom[0], p.axis, p.num_axes, "bias")
+            bias = self.make_param_blob(shape, 0)
+            fill(bias, p.filler, where=f"layer {self.name!r}: ")
+            self.blobs = [bias]
+        self.param_propagate_down = [True] * len(self.blobs)
+
+    def _bias_blob(self, bottom):
+        return bottom[1] if len(bottom) > 1 else self.blobs[0]
+
+    def reshape(self, bottom, top):
+        self._dims = broadcast_dims(self, bottom[0], self._bias_blob(bottom).shape,
+                                    self.param.bias_param.axis, "bias")
+        if top[0] is not bottom[0]:
+            top[0].reshape_like(bottom[0])
+
+    def forward_impl(self, bottom, top):
+        outer, dim, inner = self._dims
+        b = self._bias_blob(bottom).data.reshape(1, dim, 1)
+        y = top[0].data.reshape(outer, dim, inner)
+        if top[0] is bottom[0]:
+            y += b
+        else:
+            self.xp.add(bottom[0].data.reshape(outer, dim, inner), b, out=y)
+
+    def backward_impl(self, top, propagate_down, bottom):
+        outer, dim, inner = self._dims
+        two = len(bottom) > 1
+        if (two and propagate_down[1]) or (not two and self.param_propagate_down[0]):
+            bias = self._bias_blob(bottom)
+            grad = top[0].diff.reshape(outer, dim, inner).sum(axis=(0, 2)).reshape(bias.shape)
+            if two:
+                bias.diff[...] = grad
+            else:
+                bias.diff[...] += grad
+        # In place the bottom diff is the top diff already.
+        if propagate_down[0] and top[0] is not bottom[0]:
+            bottom[0].diff[...] = top[0].diff

@@ -105,6 +105,7 @@ class Solver:
         self.rule = UPDATE_RULES[self.type](self)
         self._losses: deque = deque(maxlen=max(1, self.param.average_loss))
         self.smoothed_loss = float("nan")
+        self.last_loss = None     # the last iteration's loss, a device scalar (float() syncs)
         self.callbacks = []       # objects with on_start(solver) / on_gradients_ready(solver)
         self.last_snapshot = None
 
@@ -192,6 +193,7 @@ class Solver:
                 loss = loss + self.net.forward_backward()
             loss = loss / max(1, p.iter_size)
             self._losses.append(loss)  # device scalar: no sync here
+            self.last_loss = loss
             if display:
                 self.smoothed_loss = float(sum(float(x) for x in self._losses) / len(self._losses))
                 lapse = time.perf_counter() - timer

@@ -1,0 +1,305 @@
+"""Convolution (Caffe's ``ConvolutionLayer`` with the CAFFE engine: im2col + GEMM).
+
+Shapes, for a bottom (N, C, H, W) with ``axis`` = 1 (axes before ``axis`` are
+independent inputs, the two after it spatial):
+
+    weight  (M, C/G, kh, kw)          M = num_output, G = group
+    bias    (M,)
+    col     (B, C*kh*kw, OH*OW)       scratch for a chunk of B images
+    top     (N, M, OH, OW)            OH = (H + 2*ph - (dh*(kh-1)+1)) / sh + 1
+
+Forward, per chunk of B images: ``col = im2col(x)``, then one batched GEMM
+``top[b, g] = W[g] @ col[b, g]`` (weights (G, M/G, C/G*kh*kw) broadcast over the
+chunk), then the bias.  Backward re-lowers the bottom into the layout
+``(C*kh*kw, B, OH*OW)`` and transposes the chunk's top diff to
+``(M, B, OH*OW)`` (scratch ``top_diff_t``, only for chunks of several images), so
+that per group ``dW[g] += dtop[g] @ col[g].T`` and ``dcol[g] = W[g].T @ dtop[g]``
+are single GEMMs over ``B*OH*OW`` columns with no copy of the column buffer;
+``col2im`` folds ``dcol`` back into the bottom diff.  A 1x1 kernel with stride 1
+and no padding skips the lowering (the bottom already is its column matrix), as
+Caffe does.
+
+Caffe lowers one image at a time into a one-image buffer; here a chunk of
+images is lowered at once (fewer, larger GEMMs), with the chunk bounded by
+``col_buffer_bytes`` (at least one image).  With ``col_buffer_bytes = 0`` the
+scratch buffer has exactly Caffe's size.  On a GPU the lowering uses the CUDA
+kernels of :mod:`minicaffe.kernels.cuda_vision` and the GEMMs go to cuBLAS
+through ``cupy.matmul``; the engine field (DEFAULT, CAFFE, CUDNN) is accepted
+and computes the same thing.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..fillers import fill
+from ..kernels import cuda_vision
+from ..kernels import im2col as im2col_mod
+from ..layer import BackwardReads, Layer, register_layer
+
+
+def _spatial_values(param, name, n_spatial, default, where):
+    """Caffe's handling of ``name`` (repeated) versus ``name_h``/``name_w``.
+
+    Returns one value per spatial axis, or raises with Caffe's message.
+    """
+    has_h = param.HasField(f"{name}_h") if name != "dilation" else False
+    has_w = param.HasField(f"{name}_w") if name != "dilation" else False
+    repeated = list(getattr(param, name if name != "kernel" else "kernel_size"))
+    field = "kernel_size" if name == "kernel" else name
+    if has_h or has_w:
+        if n_spatial != 2:
+            raise ValueError(f"{where}{name}_h & {name}_w can only be used for 2D convolution")
+        if repeated:
+            raise ValueError(f"{where}either {field} or {name}_h/w should be specified; not both")
+        if not (has_h and has_w) and name == "kernel":
+            raise ValueError(f"{where}for non-square kernels both kernel_h and kernel_w are "
+                             "required")
+        return [getattr(param, f"{name}_h"), getattr(param, f"{name}_w")]
+    if not repeated:
+        if default is None:
+            raise ValueError(f"{where}kernel_size (or kernel_h and kernel_w) must be specified")
+        return [default] * n_spatial
+    if len(repeated) not in (1, n_spatial):
+        raise ValueError(
+            f"{where}{field} must be specified once, or once per spatial dimension "
+            f"({field} specified {len(repeated)} times; {n_spatial} spatial dims)")
+    return [int(repeated[0])] * n_spatial if len(repeated) == 1 else [int(v) for v in repeated]
+
+
+@register_layer
+class ConvolutionLayer(Layer):
+    """2-d convolution with groups, dilation, per-axis kernel/stride/pad."""
+
+    type = "Convolution"
+    min_num_bottom = 1
+    min_num_top = 1
+    equal_num_bottom_top = True
+
+    # Upper bound of the scratch column buffer (bytes); at least one image is
+    # lowered at a time.  0 gives Caffe's one-image buffer.
+    col_buffer_bytes = 64 << 20
+
+    def layer_setup(self, bottom, top):
+        p = self.param.convolution_param
+        where = f"layer {self.name!r} (Convolution): "
+        self._where = where
+        x = bottom[0]
+        self.channel_axis = x.canonical_axis(p.axis)
+        n_spatial = x.ndim - self.channel_axis - 1
+        if n_spatial != 2:
+            raise ValueError(
+                f"{where}only 2-d convolution is implemented: bottom {x.name!r} of shape {x.shape} "
+                f"has {n_spatial} spatial axes after the channel axis {self.channel_axis} "
+                "(N-d convolution is not supported)")
+        # force_nd_im2col selects Caffe's general N-d lowering, which computes the
+        # same numbers for 2 spatial axes: accepted, same code.
+        self.kernel = tuple(_spatial_values(p, "kernel", 2, None, where))
+        self.stride = tuple(_spatial_values(p, "stride", 2, 1, where))
+        self.pad = tuple(_spatial_values(p, "pad", 2, 0, where))
+        self.dilation = tuple(_spatial_values(p, "dilation", 2, 1, where))
+        for name, vals, low in (("kernel", self.kernel, 1), ("stride", self.stride, 1),
+                                ("dilation", self.dilation, 1)):
+            if min(vals) < low:
+                raise ValueError(f"{where}{name} dimensions must be nonzero, got {vals}")
+        self.is_1x1 = self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
+
+        self.channels = x.shape[self.channel_axis]
+        self.num_output = int(p.num_output)
+        if self.num_output <= 0:
+            raise ValueError(f"{where}num_output must be positive, got {self.num_output}")
+        self.group = int(p.group)
+        if self.group <= 0:
+            raise ValueError(f"{where}group must be positive, got {self.group}")
+        if self.channels % self.group:
+            raise ValueError(f"{where}the {self.channels} input channels of {x.name!r} are not "
+                             f"a multiple of group {self.group}")
+        if self.num_output % self.group:
+            raise ValueError(f"{where}num_output {self.num_output} should be a multiple of "
+                             f"group {self.group}")
+        self.bias_term = bool(p.bias_term)
+
+        kh, kw = self.kernel
+        weight = self.make_param_blob(
+            (self.num_output, self.channels // self.group, kh, kw), 0)
+        fill(weight, p.weight_filler, where)
+        self.blobs = [weight]
+        if self.bias_term:
+            bias = self.make_param_blob((self.num_output,), 1)
+            fill(bias, p.bias_filler, where)
+            self.blobs.append(bias)
+
+    # ----------------------------------------------------------------- shape
+    def reshape(self, bottom, top):
+        x = bottom[0]
+        ax = self.channel_axis
+        if x.ndim != ax + 3:
+            raise ValueError(f"{self._where}bottom num_axes may not change: {x.name!r} now has "
+                             f"shape {x.shape}")
+        if x.shape[ax] != self.channels:
+            raise ValueError(f"{self._where}input size incompatible with convolution kernel: "
+                             f"bottom {x.name!r} has {x.shape[ax]} channels, the weights "
+                             f"expect {self.channels}")
+        for b in bottom[1:]:
+            if b.shape != x.shape:
+                raise ValueError(f"{self._where}shape mismatch - bottom[0] {x.name!r}: {x.shape} "
+                                 f"vs. bottom {b.name!r}: {b.shape}")
+        self.num = int(np.prod(x.shape[:ax], dtype=np.int64))
+        h, w = x.shape[ax + 1], x.shape[ax + 2]
+        oh = im2col_mod.conv_out_size(h, self.kernel[0], self.pad[0], self.stride[0],
+                                      self.dilation[0])
+        ow = im2col_mod.conv_out_size(w, self.kernel[1], self.pad[1], self.stride[1],
+                                      self.dilation[1])
+        if oh <= 0 or ow <= 0:
+            raise ValueError(
+                f"{self._where}kernel {self.kernel} (dilation {self.dilation}) does not fit the "
+                f"{h}x{w} input of {x.name!r} padded by {self.pad} (output {oh}x{ow})")
+        self.in_hw = (h, w)
+        self.out_hw = (oh, ow)
+        for t in top:
+            t.reshape(x.shape[:ax] + (self.num_output, oh, ow))
+        self.kdim = self.channels * self.kernel[0] * self.kernel[1]  # rows of col
+        self.out_spatial = oh * ow
+        if not self.is_1x1:
+            per_image = self.kdim * self.out_spatial * self.dtype.itemsize
+            self.chunk = max(1, min(self.num, self.col_buffer_bytes // max(per_image, 1)))
+            # (chunk, C*kh*kw, OH*OW): scratch within one forward or backward call.
+            self.add_internal("col", (self.chunk, self.kdim, self.out_spatial), saved=False)
+            # grows with the batch only until the chunk reaches its bound
+            self.internals["col"].batch_scaled = self.chunk == self.num
+            if self.chunk > 1 or "top_diff_t" in self.internals:
+                # (M, chunk*OH*OW): a chunk's top diff, transposed for the weight
+                # gradient GEMM; scratch within backward, unused for one-image chunks
+                shape = (self.num_output, self.chunk * self.out_spatial) if self.chunk > 1 else (0,)
+                self.add_internal("top_diff_t", shape, saved=False)
+                self.internals["top_diff_t"].batch_scaled = self.chunk == self.num
+        else:
+            self.chunk = max(1, self.num)
+
+    # --------------------------------------------------------------- helpers
+    def _images(self, arr):
+        """View a bottom array as (num, C, H, W)."""
+        return arr.reshape((self.num, self.channels) + self.in_hw)
+
+    def _scratch(self, name, shape):
+        """A view of the first elements of internal ``name`` with ``shape``."""
+        flat = self.internal(name).data.reshape(-1)
+        return flat[:int(np.prod(shape))].reshape(shape)
+
+    def _lower(self, x, b, batch_major=True):
+        """Columns of the images x (b, C, H, W): (b, C*kh*kw, OH*OW), or
+        (C*kh*kw, b, OH*OW) when not ``batch_major``."""
+        if self.is_1x1:
+            return x.reshape(b, self.channels, self.out_spatial)
+        shape = ((b, self.kdim, self.out_spatial) if batch_major
+                 else (self.kdim, b, self.out_spatial))
+        col = self._scratch("col", shape)
+        if cuda_vision.enabled_for(self.xp):
+            return cuda_vision.im2col(x, col, self.kernel, self.pad, self.stride, self.dilation,
+                                      self.out_hw, batch_major=batch_major)
+        return im2col_mod.im2col(x, self.kernel, self.pad, self.stride, self.dilation, out=col,
+                                 batch_major=batch_major)
+
+    def _fold(self, col, out):
+        """Sum columns (C*kh*kw, b, OH*OW) back into the images ``out`` (overwritten)."""
+        if cuda_vision.enabled_for(self.xp):
+            cuda_vision.col2im(col, out, self.kernel, self.pad, self.stride, self.dilation,
+                               self.out_hw, batch_major=False)
+        else:
+            im2col_mod.col2im(col, out.shape, self.kernel, self.pad, self.stride, self.dilation,
+                              out=out, batch_major=False)
+
+    def _grouped_weight(self, arr):
+        g = self.group
+        return arr.reshape(g, self.num_output // g, self.kdim // g)
+
+    # ------------------------------------------------------- forward/backward
+    def forward_impl(self, bottom, top):
+        xp = self.xp
+        g, mg, kg = self.group, self.num_output // self.group, self.kdim // self.group
+        weight = self._grouped_weight(self.blobs[0].data)  # (G, M/G, C/G*kh*kw)
+        for b_blob, t_blob in zip(bottom, top):
+            x = self._images(b_blob.data)
+            y = t_blob.data.reshape(self.num, g, mg, self.out_spatial)
+            for n0 in range(0, self.num, self.chunk):
+                n1 = min(n0 + self.chunk, self.num)
+                col = self._lower(x[n0:n1], n1 - n0)
+                # one batched GEMM: (G, M/G, K/G) @ (b, G, K/G, L) -> (b, G, M/G, L)
+                xp.matmul(weight, col.reshape(n1 - n0, g, kg, self.out_spatial), out=y[n0:n1])
+            if self.bias_term:
+                yv = t_blob.data.reshape(self.num, self.num_output, self.out_spatial)
+                yv += self.blobs[1].data.reshape(1, self.num_output, 1)
+
+    def backward_impl(self, top, propagate_down, bottom):
+        need_w = bool(self.param_propagate_down[0])
+        need_b = self.bias_term and bool(self.param_propagate_down[1])
+        for i, (t_blob, b_blob) in enumerate(zip(top, bottom)):
+            dy = t_blob.diff.reshape(self.num, self.num_output, self.out_spatial)
+            if need_b:
+                self.blobs[1].diff[...] += dy.sum(axis=(0, 2))
+            if not (need_w or propagate_down[i]):
+                continue
+            x = self._images(b_blob.data) if need_w else None
+            dx = self._images(b_blob.diff) if propagate_down[i] else None
+            for n0 in range(0, self.num, self.chunk):
+                n1 = min(n0 + self.chunk, self.num)
+                xc = x[n0:n1] if need_w else None
+                dxc = dx[n0:n1] if propagate_down[i] else None
+                if self.is_1x1:
+                    self._backward_1x1(dy[n0:n1], xc, dxc, need_w)
+                else:
+                    self._backward_chunk(dy[n0:n1], xc, dxc, need_w)
+
+    def _backward_chunk(self, dy, x, dx, need_w):
+        """Gradients of one chunk; dy (b, M, L), x and dx (b, C, H, W) or None."""
+        xp = self.xp
+        g, mg, kg = self.group, self.num_output // self.group, self.kdim // self.group
+        b, L = dy.shape[0], self.out_spatial
+        if b == 1:
+            dyt = dy.reshape(g, mg, L)
+        else:  # (M, b, L): one copy of the (small) top diff instead of the columns
+            dyt = self._scratch("top_diff_t", (g, mg, b, L))
+            dyt[...] = dy.reshape(b, g, mg, L).transpose(1, 2, 0, 3)
+            dyt = dyt.reshape(g, mg, b * L)
+        if need_w:
+            col = self._lower(x, b, batch_major=False).reshape(g, kg, b * L)
+            wdiff = self._grouped_weight(self.blobs[0].diff)
+            for gi in range(g):
+                # (M/G, b*L) @ (b*L, K/G): sums over the chunk's images and pixels
+                wdiff[gi] += xp.dot(dyt[gi], col[gi].T)
+        if dx is not None:
+            dcol = self._scratch("col", (g, kg, b * L))
+            weight_t = self._grouped_weight(self.blobs[0].data).transpose(0, 2, 1)
+            xp.matmul(weight_t, dyt, out=dcol)  # (G, K/G, M/G) @ (G, M/G, b*L)
+            self._fold(dcol.reshape(self.kdim, b, L), dx)
+
+    def _backward_1x1(self, dy, x, dx, need_w):
+        """A 1x1 chunk: the bottom is its own column matrix (b, C, L)."""
+        xp = self.xp
+        g, mg, kg = self.group, self.num_output // self.group, self.kdim // self.group
+        b, L = dy.shape[0], self.out_spatial
+        dyg = dy.reshape(b, g, mg, L)
+        if need_w:
+            xg = x.reshape(b, g, kg, L)
+            wdiff = self._grouped_weight(self.blobs[0].diff)
+            for gi in range(g):
+                wdiff[gi] += xp.tensordot(dyg[:, gi], xg[:, gi], axes=([0, 2], [0, 2]))
+        if dx is not None:
+            weight_t = self._grouped_weight(self.blobs[0].data).transpose(0, 2, 1)
+            xp.matmul(weight_t, dyg, out=dx.reshape(b, g, kg, L))
+
+    # ---------------------------------------------------------- declarations
+    def backward_reads(self) -> BackwardReads:
+        """Bottom data is read only for the weight gradient (the bias and the
+        bottom gradient need the top diff and the weights alone)."""
+        reads_bottom = bool(self.param_propagate_down and self.param_propagate_down[0])
+        return BackwardReads(bottom=tuple(range(self._num_bottom)) if reads_bottom else (),
+                             top=(), internals=())
+
+    def flops(self, bottom, top):
+        """2 * multiply-adds: forward one GEMM per image (plus the bias); backward
+        one GEMM for the weight gradient and one for the bottom gradient."""
+        macs = self.num * self.num_output * (self.kdim // self.group) * self.out_spatial
+        fwd = 2.0 * macs * len(bottom)
+        if self.bias_term:
+            fwd += self.num * self.num_output * self.out_spatial * len(bottom)
+        return fwd, 2.0 * fwd

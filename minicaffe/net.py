@@ -290,7 +290,8 @@ class Net:
                     name = self.bottom_names[li][bi]
                     self.blob_need_backward[name] = self.blob_need_backward[name] or nb
                 layer.param_propagate_down = [True] * len(layer.blobs)
-        self.outputs = [n for n in self.blobs if n in available]
+        # Caffe keeps available blobs in a std::set: outputs come in name order
+        self.outputs = sorted(n for n in self.blobs if n in available)
         self._share_params()
         self._shapes_seen = [None] * len(self.layers)
 

@@ -172,11 +172,12 @@ class DummyDataLayer(_SourcelessLayer):
 class _Batch:
     """One host batch: ``data`` (N, C, h, w) and ``label`` (N,) in the net's dtype."""
 
-    __slots__ = ("data", "label")
+    __slots__ = ("data", "label", "resume")
 
     def __init__(self):
         self.data = None
         self.label = None
+        self.resume = None  # the loader's state right after this batch (see DataLayer.state_dict)
 
 
 class _Prefetcher:
@@ -290,6 +291,13 @@ class _LMDBBatchLoader:
             batch.data = np.empty(shape, dtype=self.dtype)
         _, labels = self.transformer.transform_datums(datums, out=batch.data)
         batch.label = labels if self.with_labels else None
+        batch.resume = self.state()
+
+    def state(self) -> dict:
+        """Records read so far and the transform RNG's state: enough to resume here."""
+        rng = self.transformer.rng
+        return {"records_read": self.records_read,
+                "rng": rng.bit_generator.state if rng is not None else None}
 
     def datum_shape(self, datum) -> tuple:
         """``(C, H, W)`` of a Datum (decoding it when it is encoded)."""
@@ -350,6 +358,7 @@ class DataLayer(_SourcelessLayer):
             if len(reader) == 0:
                 raise ValueError(f"{where}: the database {self.source} holds no records")
             cursor = reader.cursor()
+            skip = 0
             if dp.rand_skip:
                 skip = int(host_rng().integers(0, dp.rand_skip))
                 log.info("%s: skipping first %d data points", where, skip)
@@ -357,6 +366,7 @@ class DataLayer(_SourcelessLayer):
                     cursor.advance_wrapping()
             self._loader = _LMDBBatchLoader(cursor, self.transformer, self.batch_size,
                                             self.dtype, self.output_labels)
+            self._loader.records_read = skip  # positions count from the first record
             first = parse_datum(cursor.value())
             self._top_shape = (self.batch_size,) + self.transformer.output_shape(
                 self._loader.datum_shape(first))
@@ -367,6 +377,7 @@ class DataLayer(_SourcelessLayer):
         self._prefetcher = (_Prefetcher(self._loader, self.prefetch_count, where)
                             if self.prefetch_count > 0 else None)
         self._sync_batch = _Batch()
+        self._resume = self._loader.state()  # where the next unconsumed batch starts
         # Stops the thread and closes the database when the layer is collected
         # or at exit; close() runs it early.  It holds no reference to self.
         self._finalizer = weakref.finalize(self, _shutdown, self._prefetcher, reader)
@@ -391,9 +402,31 @@ class DataLayer(_SourcelessLayer):
             top[0].data[...] = self.xp.asarray(batch.data)
             if self.output_labels:
                 top[1].data[...] = self.xp.asarray(batch.label)
+            self._resume = batch.resume
         finally:
             if self._prefetcher is not None:
                 self._prefetcher.give_back(batch)
+
+    def state_dict(self) -> dict:
+        """The read position and transform RNG state after the last batch that
+        forward consumed (the prefetch thread runs ahead; its batches are
+        loaded again after a resume). Saved in the solver state so that a
+        resumed run reads exactly the batches the uninterrupted run would."""
+        return dict(self._resume)
+
+    def load_state_dict(self, state: dict):
+        """Move to a position saved by :meth:`state_dict`; before the first forward only."""
+        if self._prefetcher is not None and self._prefetcher.thread is not None:
+            raise RuntimeError(f"{self.where}: cannot restore the read position once "
+                               "prefetching has started")
+        cursor = self._loader.cursor
+        cursor.seek_to_first()
+        for _ in range(int(state["records_read"]) % len(self._reader)):
+            cursor.advance_wrapping()
+        self._loader.records_read = int(state["records_read"])
+        if state.get("rng") is not None and self.transformer.rng is not None:
+            self.transformer.rng.bit_generator.state = state["rng"]
+        self._resume = self._loader.state()
 
     def prefetch_nbytes(self) -> int:
         """Bytes of the batches Caffe keeps prefetched (on the GPU in GPU mode).

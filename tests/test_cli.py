@@ -1,0 +1,96 @@
+"""The `minicaffe` command: train/test/time/device_query and its error lines."""
+import os
+
+import pytest
+
+from minicaffe.cli import main
+
+NET = """
+name: "tiny"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+        dummy_data_param { shape { dim: 4 dim: 1 dim: 6 dim: 6 } shape { dim: 4 }
+                           data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" include { phase: TEST } }
+"""
+
+
+@pytest.fixture
+def net_file(tmp_path):
+    f = tmp_path / "tiny.prototxt"
+    f.write_text(NET)
+    return f
+
+
+def test_train_a_net_with_default_solver(net_file, tmp_path, capsys):
+    prefix = str(tmp_path / "snap" / "tiny")
+    rc = main(["train", str(net_file), "--cpu", "--max-iter", "6", "--display", "2",
+               "--snapshot-prefix", prefix, "--random-seed", "3"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "Iteration 2" in err and "loss = " in err and "Optimization Done." in err
+    assert os.path.exists(prefix + "_iter_6.caffemodel")
+    assert os.path.exists(prefix + "_iter_6.solverstate")
+
+
+def test_train_solver_resume_and_test(net_file, tmp_path, capsys):
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{net_file}"\nbase_lr: 0.01\nmax_iter: 4\nlr_policy: "fixed"\n'
+                      f'display: 1\nsnapshot: 2\nsnapshot_prefix: "{tmp_path}/s"\n'
+                      'solver_mode: CPU\nrandom_seed: 1\ntest_iter: 2\ntest_interval: 2\n')
+    assert main(["train", "-solver", str(solver)]) == 0
+    assert main(["train", "--solver", str(solver), "--snapshot",
+                 f"{tmp_path}/s_iter_2.solverstate"]) == 0
+    err = capsys.readouterr().err
+    assert "Restoring previous solver status" in err
+    assert "Test net output #0: acc = " in err
+    assert main(["test", "--model", str(net_file), "--weights", f"{tmp_path}/s_iter_4.caffemodel",
+                 "--iterations", "2"]) == 0
+    assert "acc = " in capsys.readouterr().err
+
+
+def test_time_reports_each_layer(net_file, capsys):
+    assert main(["time", "--model", str(net_file), "--iterations", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "conv" in err and "forward:" in err and "Average Forward pass" in err
+
+
+def test_bad_prototxt_is_one_clear_line(tmp_path, capsys):
+    bad = tmp_path / "bad.prototxt"
+    bad.write_text('name: "x"\nlayer {\n  name: "a"\n  tpye: "ReLU"\n}\n')
+    assert main(["time", "--model", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:4:" in err and "Traceback" not in err
+
+
+def test_missing_solver_file(capsys):
+    assert main(["train", "--solver", "/nonexistent/solver.prototxt"]) == 1
+    assert "/nonexistent/solver.prototxt" in capsys.readouterr().err
+
+
+def test_weights_and_snapshot_are_exclusive(net_file, capsys):
+    assert main(["train", str(net_file), "--weights", "a", "--snapshot", "b"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_finetune_shape_mismatch_names_layer(net_file, tmp_path, capsys):
+    prefix = str(tmp_path / "m")
+    assert main(["train", str(net_file), "--cpu", "--max-iter", "1", "--snapshot-prefix", prefix]) == 0
+    other = tmp_path / "other.prototxt"
+    other.write_text(NET.replace("num_output: 3 kernel_size", "num_output: 4 kernel_size"))
+    rc = main(["train", str(other), "--cpu", "--max-iter", "1", "--weights",
+               prefix + "_iter_1.caffemodel", "--snapshot-prefix", prefix + "2"])
+    assert rc == 1
+    assert "layer 'conv'" in capsys.readouterr().err
+
+
+def test_device_query_without_gpu(capsys):
+    from minicaffe.backend import gpu_available
+    assert main(["device_query"]) == 0
+    out = capsys.readouterr().out
+    assert ("No CUDA device" in out) != gpu_available()

@@ -247,7 +247,8 @@ def test_digits_trains_to_95_percent(tmp_path):
         if layer.type == "Data":
             layer.data_param.source = str(tmp_path / os.path.basename(layer.data_param.source))
     sp = read_solver_param(os.path.join(PROTOTXT, "digits", "solver.prototxt"))
-    assert sp.solver_mode == caffe_pb2.SolverParameter.CPU and sp.random_seed == 1
+    assert sp.solver_mode == caffe_pb2.SolverParameter.GPU and sp.random_seed == 1
+    sp.solver_mode = caffe_pb2.SolverParameter.CPU
     sp.max_iter, sp.test_interval, sp.snapshot, sp.display = 300, 0, 0, 0
     sp.snapshot_after_train = False
     solver = minicaffe.get_solver(sp, net_param=net, verbose=False)

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Training throughput: minicaffe (CUDNN and CAFFE engines) against PyTorch eager.
+
+Each configuration runs in its own process (so one framework's memory pool
+never hides another's) on ImageNet-shaped synthetic data that is drawn once on
+the device: random normal images, random labels.  A configuration is timed
+with CUDA events around each SGD iteration after ``--warmup`` iterations;
+the median of ``--iters`` is reported, and every configuration is timed
+``--repeat`` times to show the noise.
+
+    python3 scripts/bench_throughput.py                       # all 7 nets, all competitors
+    python3 scripts/bench_throughput.py --nets resnet50:64 --engines CAFFE --no-torch
+
+PyTorch runs torchvision's architectures in float32 with TF32 off and
+``cudnn.benchmark`` on; it is skipped cleanly where torch or torchvision is
+missing.  Results: a table on stdout and a CSV (``--csv``).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+DEFAULT_NETS = "alexnet:256,googlenet:128,vgg16:64,resnet34:128,resnet50:64,resnet101:32,resnet152:32"
+INPUT_SIZE = {"alexnet": 227}
+TORCH_NAMES = {"alexnet": "alexnet", "googlenet": "googlenet", "vgg16": "vgg16",
+               "resnet34": "resnet34", "resnet50": "resnet50", "resnet101": "resnet101",
+               "resnet152": "resnet152"}
+
+
+# ------------------------------------------------------------- minicaffe
+ENGINE_FIELD = {"Convolution": "convolution_param", "Pooling": "pooling_param",
+                "LRN": "lrn_param", "ReLU": "relu_param", "Softmax": "softmax_param",
+                "SoftmaxWithLoss": "softmax_param"}
+
+
+def minicaffe_net_param(name: str, batch: int, engine: str):
+    """The dummy variant of ``name`` with an Input layer (data drawn once on the
+    device, so the host never refills it) and every layer's engine set to
+    ``engine``, as Caffe's ``engine:`` field would."""
+    from scripts.gen_prototxt import build
+    from minicaffe.proto import caffe_pb2
+    src = build(name, batch=batch, data="dummy")
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(src)
+    del out.layer[:]
+    eng = {"CAFFE": caffe_pb2.ConvolutionParameter.CAFFE,
+           "CUDNN": caffe_pb2.ConvolutionParameter.CUDNN}[engine]
+    for layer in src.layer:
+        if layer.type == "DummyData":
+            new = out.layer.add(name=layer.name, type="Input")
+            new.top.extend(layer.top)
+            for shape in layer.dummy_data_param.shape:
+                new.input_param.shape.add().CopyFrom(shape)
+            continue
+        new = out.layer.add()
+        new.CopyFrom(layer)
+        if layer.type in ENGINE_FIELD:
+            getattr(new, ENGINE_FIELD[layer.type]).engine = eng
+    return out
+
+
+def run_minicaffe(name, batch, engine, iters, warmup):
+    import cupy as cp
+    import numpy as np
+    from minicaffe.proto import caffe_pb2
+    from minicaffe.solver import Solver
+    p = caffe_pb2.SolverParameter(base_lr=1e-4, momentum=0.9, weight_decay=5e-4,
+                                  lr_policy="fixed", max_iter=10**9, display=0, random_seed=1)
+    p.net_param.CopyFrom(minicaffe_net_param(name, batch, engine))
+    solver = Solver(p, mode="GPU", device_id=0, verbose=False)
+    net = solver.net
+    rng = cp.random.default_rng(0)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape, dtype=cp.float32)
+    net.blobs["label"].data[...] = rng.integers(0, 1000, net.blobs["label"].shape).astype(cp.float32)
+    for _ in range(warmup):
+        solver.step(1)
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        solver.step(1)
+        b.record()
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b))
+    loss = float(solver.last_loss)
+    pool = cp.get_default_memory_pool()
+    return {"ms": statistics.median(times), "peak_bytes": pool.total_bytes(), "loss": loss,
+            "times": times}
+
+
+# ---------------------------------------------------------------- torch
+def run_torch(name, batch, iters, warmup):
+    import torch
+    import torchvision
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda")
+    kw = {"aux_logits": True, "init_weights": True} if name == "googlenet" else {}
+    model = getattr(torchvision.models, TORCH_NAMES[name])(**kw).to(dev).train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=5e-4)
+    size = INPUT_SIZE.get(name, 224)
+    x = torch.randn(batch, 3, size, size, device=dev)
+    y = torch.randint(0, 1000, (batch,), device=dev)
+    lossf = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        if name == "googlenet":
+            loss = lossf(out.logits, y) + 0.3 * (lossf(out.aux_logits1, y) + lossf(out.aux_logits2, y))
+        else:
+            loss = lossf(out, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        loss = step()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return {"ms": statistics.median(times), "peak_bytes": torch.cuda.max_memory_reserved(),
+            "loss": float(loss), "times": times}
+
+
+def torch_available() -> bool:
+    try:
+        import torch
+        import torchvision  # noqa: F401
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+# --------------------------------------------------------------- driver
+def one(spec: str, iters: int, warmup: int) -> dict:
+    kind, engine, name, batch = spec.split(":")
+    batch = int(batch)
+    if kind == "torch":
+        r = run_torch(name, batch, iters, warmup)
+    else:
+        r = run_minicaffe(name, batch, engine, iters, warmup)
+    r.update(kind=kind, engine=engine, net=name, batch=batch,
+             images_per_s=batch * 1000.0 / r["ms"])
+    return r
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nets", default=DEFAULT_NETS, help="name:batch,...")
+    ap.add_argument("--engines", default="CUDNN,CAFFE")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=2, help="time each configuration this often")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per configuration")
+    ap.add_argument("--csv", default=None)
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print("RESULT " + json.dumps(one(args.one, args.iters, args.warmup)))
+        return 0
+
+    specs = []
+    for item in args.nets.split(","):
+        name, batch = item.split(":")
+        for eng in [e for e in args.engines.split(",") if e]:
+            specs.append(f"minicaffe:{eng}:{name}:{batch}")
+        if not args.no_torch:
+            specs.append(f"torch:eager:{name}:{batch}")
+    if not args.no_torch and not torch_available():
+        print("PyTorch/torchvision with CUDA not available: skipping PyTorch")
+        specs = [s for s in specs if not s.startswith("torch")]
+
+    rows = []
+    for spec in specs:
+        runs = []
+        for r in range(args.repeat):
+            t0 = time.time()
+            cmd = [sys.executable, __file__, "--one", spec, "--iters", str(args.iters),
+                   "--warmup", str(args.warmup)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{spec}: timed out after {args.timeout}s", flush=True)
+                break
+            line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+            if proc.returncode != 0 or not line:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                print(f"{spec}: failed: {' | '.join(tail)}", flush=True)
+                break
+            res = json.loads(line[0][7:])
+            runs.append(res)
+            print(f"{spec} run {r}: {res['ms']:.1f} ms/iter, {res['images_per_s']:.0f} img/s, "
+                  f"peak {res['peak_bytes'] / 2**30:.2f} GiB ({time.time() - t0:.0f}s)", flush=True)
+        if runs:
+            best = dict(runs[0])
+            best["ms_runs"] = [x["ms"] for x in runs]
+            rows.append(best)
+
+    torch_ips = {(r["net"], r["batch"]): r["images_per_s"] for r in rows if r["kind"] == "torch"}
+    print()
+    print(f"{'net':<10} {'batch':>5} {'who':<16} {'img/s':>8} {'ms/iter':>9} {'runs (ms)':>18} "
+          f"{'peak GiB':>8} {'vs torch':>8}")
+    for r in rows:
+        who = "pytorch eager" if r["kind"] == "torch" else f"minicaffe {r['engine']}"
+        ref = torch_ips.get((r["net"], r["batch"]))
+        ratio = f"{r['images_per_s'] / ref:.2f}" if ref else "-"
+        runs = "/".join(f"{m:.1f}" for m in r["ms_runs"])
+        print(f"{r['net']:<10} {r['batch']:>5} {who:<16} {r['images_per_s']:>8.0f} {r['ms']:>9.1f} "
+              f"{runs:>18} {r['peak_bytes'] / 2**30:>8.2f} {ratio:>8}")
+        r["vs_torch"] = ratio
+    if args.csv:
+        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["net", "batch", "who", "images_per_s", "ms_per_iter", "ms_runs",
+                        "peak_bytes", "vs_torch"])
+            for r in rows:
+                who = "pytorch eager" if r["kind"] == "torch" else f"minicaffe {r['engine']}"
+                w.writerow([r["net"], r["batch"], who, f"{r['images_per_s']:.1f}", f"{r['ms']:.2f}",
+                            "/".join(f"{m:.2f}" for m in r["ms_runs"]), r["peak_bytes"], r["vs_torch"]])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

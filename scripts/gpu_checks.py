@@ -21,6 +21,16 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 
+def _file_of(classname: str) -> str:
+    """JUnit's classname is the module path, plus the class for tests in classes."""
+    parts = classname.split(".")
+    for n in range(len(parts), 0, -1):
+        path = os.path.join(*parts[:n]) + ".py"
+        if os.path.exists(path):
+            return path
+    return classname
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-k", default=None, help="pytest -k expression")
@@ -41,7 +51,7 @@ def main() -> int:
     per_file = defaultdict(lambda: [0, 0, 0, 0.0])
     failures = []
     for case in ET.parse(junit).getroot().iter("testcase"):
-        f = case.get("classname", "?").rsplit(".", 1)[0].replace(".", "/") + ".py"
+        f = _file_of(case.get("classname", "?"))
         row = per_file[f]
         row[3] += float(case.get("time", 0))
         if case.find("failure") is not None or case.find("error") is not None:

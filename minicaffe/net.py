@@ -149,6 +149,12 @@ class Net:
     pycaffe's older call ``Net(model, weights, phase)`` is accepted too.
     """
 
+    # --- swap/ hook (begin): an optional swap.runtime.Executor that replays a memory plan.
+    # When set, whole passes (forward_backward, a full forward) delegate to it; partial
+    # passes are refused, since the plan owns the memory of every blob.
+    executor = None
+    # --- swap/ hook (end)
+
     def __init__(self, model, phase=TEST, weights=None, *, mode=None, dtype=np.float32,
                  stages=(), level=0, state=None):
         if isinstance(phase, (str, os.PathLike)) and isinstance(weights, int):
@@ -403,6 +409,8 @@ class Net:
     def forward_from_to(self, start: int = 0, end: int | None = None):
         """Forward layers start..end inclusive; returns the summed loss (on device)."""
         end = len(self.layers) - 1 if end is None else end
+        if self.executor is not None:  # swap/ hook
+            return self._executor_pass("forward", start == 0 and end == len(self.layers) - 1)
         loss = 0.0
         for li in range(start, end + 1):
             loss = loss + self.forward_layer(li)
@@ -410,14 +418,26 @@ class Net:
 
     def backward_from_to(self, start: int | None = None, end: int = 0):
         start = len(self.layers) - 1 if start is None else start
+        if self.executor is not None:  # swap/ hook
+            self._executor_pass("backward", False)
         for li in range(start, end - 1, -1):
             self.backward_layer(li)
 
     def forward_backward(self):
         """One forward and backward pass; returns the loss as a device scalar."""
+        if self.executor is not None:  # swap/ hook
+            return self.executor.forward_backward()
         loss = self.forward_from_to()
         self.backward_from_to()
         return loss
+
+    def _executor_pass(self, what: str, whole: bool):  # swap/ hook
+        if what == "forward" and whole:
+            return self.executor.forward()
+        raise RuntimeError(
+            f"net {self.name!r} runs under a memory plan ({self.executor.plan.strategy!r}): only "
+            f"whole passes (forward_backward, a full forward) can run; a partial {what} pass "
+            "would touch blobs the plan does not hold")
 
     def forward(self, blobs=None, start=None, end=None, **kwargs):
         """pycaffe's Net.forward: optional inputs by name, returns {output: data}."""

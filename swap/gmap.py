@@ -1,0 +1,570 @@
+"""Static analysis: the global memory-object access pattern (GMAP) of a net (paper, section 3).
+
+A net of N layers trains in 2N steps: forward of layer 0 .. N-1, then backward of layer N-1 .. 0
+(layers that need no backward are skipped in the second half, as ``Net.backward_from_to`` skips
+them).  The GMAP says, for every step, which memory objects its computation reads, writes and
+needs as scratch, and, in the paper's sense, which are allocated, released, offloaded and
+prefetched when every feature map is swapped out (the naive pattern, from which the
+strategies of :mod:`swap.plan` schedule).  It is the same every iteration and does not depend on
+the minibatch size k: only the sizes do, linearly (section 3: "as minibatch size maps to one
+channel of input, the corresponding size of feature maps related operation is proportional to
+minibatch size"), and so do the FLOPs of every layer (eq. 1).
+
+The memory objects (:class:`Buffer`) are what Caffe allocates, by storage identity:
+
+* ``data``: each unique blob data storage.  In-place layers share one Blob; Split tops,
+  Flatten and Reshape tops share their bottom's data (``Blob.share_data``), so they are one
+  buffer.  Its forward last use is the last forward step touching it; its backward uses are
+  the backward steps whose ``backward_reads()`` name it.
+* ``diff``: each diff storage that some backward writes (``bottom_need_backward``); each Split
+  top has its own.  Live from its first writer to its last reader, within backward.
+* ``const_diff``: a diff read by backward but written by nobody: the loss weight a loss top's
+  diff holds (Caffe's SetLossWeights), or zeros.  Resident, tiny.
+* ``param``, ``param_diff``, ``history``: each learnable parameter's data, diff and solver
+  history (one slot for SGD/Nesterov, two for Adam); BatchNorm's statistics too, as in Caffe.
+  Constant in k, resident.
+* ``saved``: a layer internal written by forward and read by backward (a mask, ``x_norm``); a
+  feature map for swapping purposes.  ``scratch``: an internal used within one step (im2col).
+* ``caffe``: memory Caffe allocates that minicaffe does not need (see :mod:`swap.memory`); only
+  the ``none`` plan reserves it, so that a ``none`` run is as large as Caffe's.
+
+Everything here is a pure function of a built Net; results are frozen dataclasses and tuples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+FORWARD = "forward"
+BACKWARD = "backward"
+
+DATA = "data"
+DIFF = "diff"
+CONST_DIFF = "const_diff"
+PARAM = "param"
+PARAM_DIFF = "param_diff"
+HISTORY = "history"
+SAVED = "saved"
+SCRATCH = "scratch"
+CAFFE = "caffe"
+
+KINDS = (DATA, DIFF, CONST_DIFF, PARAM, PARAM_DIFF, HISTORY, SAVED, SCRATCH, CAFFE)
+
+# Caffe's cuDNN convolution: workspace limit per algorithm, streams per group
+# (cudnn_conv_layer.cpp: workspace_limit_bytes = 8*1024*1024, CUDNN_STREAMS_PER_GROUP 3).
+CUDNN_WORKSPACE_LIMIT = 8 << 20
+CUDNN_STREAMS_PER_GROUP = 3
+HISTORY_SLOTS = {"SGD": 1, "Nesterov": 1, "Adam": 2}
+
+
+# ------------------------------------------------------------------ sizes
+@dataclass(frozen=True)
+class Size:
+    """Bytes at minibatch k: ``item * min(k, cap)`` if batch-scaled, else ``item``.
+
+    ``cap`` bounds the images a batch-scaled buffer grows to (the convolution's im2col chunk
+    stops growing at ``col_buffer_bytes``); None means linear for every k.
+    """
+    item: int
+    scaled: bool
+    cap: int | None = None
+
+    def at(self, k: int) -> int:
+        if not self.scaled:
+            return self.item
+        return self.item * (k if self.cap is None else min(k, self.cap))
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One memory object.
+
+    id: index in ``GMAP.buffers``.  name: for people (``data:conv1``, ``saved:bn1/x_norm``).
+    kind: one of :data:`KINDS`.  dtype: element type of its views.
+    size: bytes at k (:class:`Size`); caffe: what Caffe allocates for the same object (None:
+    the same; differs for the convolution's scratch, which Caffe keeps at one image).
+    persistent: holds state across iterations (parameters, loss weights, net outputs, inputs the
+    caller writes): resident for the whole run in every strategy.
+    ref: where the executor finds it in the net: ("data", blob), ("diff", blob),
+    ("param" | "param_diff", i), ("history", i, slot), ("internal", layer, name), or () for
+    ``caffe`` reservations that back nothing.
+    uses: sorted steps whose computation touches it.  forward_uses / backward_uses split them.
+    """
+    id: int
+    name: str
+    kind: str
+    dtype: str
+    size: Size
+    persistent: bool
+    ref: tuple
+    uses: tuple = ()
+    n_forward: int = 0
+    caffe: Size | None = None
+
+    def nbytes(self, k: int) -> int:
+        return self.size.at(k)
+
+    def caffe_nbytes(self, k: int) -> int:
+        return (self.size if self.caffe is None else self.caffe).at(k)
+
+    @property
+    def forward_uses(self) -> tuple:
+        return tuple(s for s in self.uses if s < self.n_forward)
+
+    @property
+    def backward_uses(self) -> tuple:
+        return tuple(s for s in self.uses if s >= self.n_forward)
+
+    @property
+    def is_feature_map(self) -> bool:
+        """Data kept from forward to backward: what swapping may offload (section 3)."""
+        return (self.kind in (DATA, SAVED) and not self.persistent
+                and bool(self.forward_uses) and bool(self.backward_uses))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One of the 2N steps: the forward or backward computation of one layer.
+
+    reads / writes: buffers its computation reads / writes (parameters included); scratch:
+    internals it needs within the step only.  flops: of this computation at ``GMAP.k``.
+    allocate / release / offload / prefetch: the GMAP proper, for the naive pattern (every
+    feature map offloaded after its last forward use, back for its first backward use):
+    buffers first written here (and scratch), dead after this step, offloaded after this step
+    (its device copy is released once the copy completes), needed back from the host here.
+    """
+    index: int
+    layer: int
+    name: str
+    type: str
+    phase: str
+    reads: tuple
+    writes: tuple
+    scratch: tuple
+    flops: float
+    allocate: tuple = ()
+    release: tuple = ()
+    offload: tuple = ()
+    prefetch: tuple = ()
+
+    @property
+    def touches(self) -> tuple:
+        return tuple(sorted(set(self.reads) | set(self.writes) | set(self.scratch)))
+
+    def __str__(self):
+        return f"step {self.index} ({self.phase} {self.name})"
+
+
+@dataclass(frozen=True)
+class GMAP:
+    """The access pattern of one net at minibatch ``k`` (analysed at the net's own ``k0``)."""
+    net_name: str
+    k: int
+    k0: int
+    n_layers: int
+    n_forward: int
+    buffers: tuple
+    steps: tuple
+    layer_names: tuple = field(default=(), repr=False)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    def at(self, k: int) -> "GMAP":
+        """The same pattern at minibatch ``k``: sizes through :class:`Size`, FLOPs by eq. (1)."""
+        k = int(k)
+        if k <= 0:
+            raise ValueError(f"minibatch size must be positive, got {k}")
+        if k == self.k:
+            return self
+        ratio = k / self.k
+        steps = tuple(replace(s, flops=s.flops * ratio) for s in self.steps)
+        return replace(self, k=k, steps=steps)
+
+    def nbytes(self, bid: int) -> int:
+        return self.buffers[bid].nbytes(self.k)
+
+    def sizes(self) -> list[int]:
+        """Bytes of every buffer at ``k`` (index = buffer id)."""
+        return [b.nbytes(self.k) for b in self.buffers]
+
+    def total(self, kinds=None, caffe: bool = False) -> int:
+        """Sum of the buffers of ``kinds`` (all but ``caffe`` reservations by default)."""
+        if kinds is None:
+            kinds = tuple(x for x in KINDS if x != CAFFE) if not caffe else KINDS
+        f = (lambda b: b.caffe_nbytes(self.k)) if caffe else (lambda b: b.nbytes(self.k))
+        return sum(f(b) for b in self.buffers if b.kind in kinds)
+
+    def feature_maps(self) -> tuple:
+        """Ids of the buffers a swap strategy may offload."""
+        return tuple(b.id for b in self.buffers if b.is_feature_map)
+
+    def step_name(self, j: int) -> str:
+        return str(self.steps[j])
+
+    def find(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(f"GMAP of {self.net_name!r} has no buffer {name!r}")
+
+    def flops(self) -> float:
+        return sum(s.flops for s in self.steps)
+
+
+# --------------------------------------------------------------- analysis
+def net_batch_size(net) -> int:
+    """The minibatch of a built net: the first axis of its first data-layer top."""
+    for li, layer in enumerate(net.layers):
+        if not net.bottom_vecs[li]:
+            for t in net.top_vecs[li]:
+                if t.ndim >= 1 and t.shape[0] > 0:
+                    return int(t.shape[0])
+    return 1
+
+
+def _is_reduction(layer) -> bool:
+    """Layers whose tops do not scale with the batch (a loss, an accuracy)."""
+    return bool(getattr(layer, "is_loss", False)) or layer.type == "Accuracy"
+
+
+def _conv_cap(layer) -> int | None:
+    """Images a convolution lowers at once at most (its im2col chunk bound), or None.
+
+    minicaffe's convolution lowers ``chunk = min(k, cap)`` images at a time, ``cap =
+    max(1, col_buffer_bytes // one image)``, and sizes its scratch for one chunk, so the scratch
+    is ``min(k, cap)`` times its size per image for every k.
+    """
+    cap_bytes = getattr(layer, "col_buffer_bytes", None)
+    if cap_bytes is None or not hasattr(layer, "kdim") or not hasattr(layer, "out_spatial"):
+        return None
+    per_image = layer.kdim * layer.out_spatial * layer.dtype.itemsize
+    return max(1, int(cap_bytes) // max(per_image, 1))
+
+
+def _conv_engine(layer, default: str) -> str:
+    engine = layer.param.convolution_param.engine
+    return {1: "CAFFE", 2: "CUDNN"}.get(engine, default)
+
+
+def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
+               caffe_engine: str = "CAFFE") -> GMAP:
+    """Analyse a built Net; return its GMAP at minibatch ``k`` (default: the net's own).
+
+    Args:
+        net: a built ``minicaffe.net.Net`` (TRAIN phase for training).
+        k: minibatch to size for; sizes scale from the net's own batch by :class:`Size`.
+        solver_type: decides the history slots per parameter (SGD 1, Adam 2).
+        caffe_engine: what a DEFAULT-engine convolution is in the Caffe accounting ("CAFFE":
+            a one-image im2col buffer per layer; "CUDNN": workspaces, no im2col).
+
+    Reads layer declarations only (``backward_reads()``, ``internals``, ``flops()``); it
+    allocates nothing and does not touch blob contents.
+    """
+    if solver_type not in HISTORY_SLOTS:
+        raise ValueError(f"unknown solver type {solver_type!r} (known: {', '.join(HISTORY_SLOTS)})")
+    n = len(net.layers)
+    k0 = net_batch_size(net)
+    bwd_layers = [li for li in range(n - 1, -1, -1) if net.layer_need_backward[li]]
+    bstep = {li: n + i for i, li in enumerate(bwd_layers)}
+
+    # ---- which blobs scale with the batch: propagate from the data layers.
+    scaled: dict[int, bool] = {}        # id(Blob) -> batch-scaled
+    for li, layer in enumerate(net.layers):
+        bottoms, tops = net.bottom_vecs[li], net.top_vecs[li]
+        src = any(scaled.get(id(b), False) for b in bottoms)
+        for t in tops:
+            if id(t) in scaled:          # in place: keeps its bottom's answer
+                continue
+            if not bottoms:
+                s = t.ndim >= 1 and t.shape[0] == k0
+            else:
+                s = src and not _is_reduction(layer) and t.ndim >= 1
+            scaled[id(t)] = bool(s and t.nbytes % k0 == 0)
+
+    def size_of(nbytes: int, is_scaled: bool) -> Size:
+        """Bytes measured at k0 -> a Size: linear in k when batch-scaled (section 3)."""
+        if is_scaled and nbytes % k0 == 0 and nbytes:
+            return Size(nbytes // k0, True)
+        return Size(nbytes, False)
+
+    buffers: list[dict] = []
+    data_of: dict[int, int] = {}        # id(Storage) -> buffer index
+    diff_of: dict[int, int] = {}
+
+    def new(name, kind, dtype, size, ref, persistent=False, caffe=None) -> int:
+        buffers.append(dict(name=name, kind=kind, dtype=np.dtype(dtype).name, size=size, ref=ref,
+                            persistent=persistent, caffe=caffe, uses=set()))
+        return len(buffers) - 1
+
+    # ---- blob storages, by identity; the representative blob is the largest sharer.
+    blobs_of: dict[int, list] = {}
+    for name, blob in net.blobs.items():
+        blobs_of.setdefault(id(blob.data_storage), []).append((name, blob))
+    diff_blobs: dict[int, list] = {}
+    for name, blob in net.blobs.items():
+        diff_blobs.setdefault(id(blob.diff_storage), []).append((name, blob))
+
+    def rep(group):
+        return max(group, key=lambda nb: nb[1].count)
+
+    def data_buf(blob) -> int | None:
+        key = id(blob.data_storage)
+        if key not in data_of:
+            name, b = rep(blobs_of[key])
+            if b.nbytes == 0:
+                return None
+            data_of[key] = new(f"data:{name}", DATA, b.dtype, size_of(b.nbytes, scaled[id(b)]),
+                               ("data", name))
+        return data_of[key]
+
+    def diff_buf(blob) -> int | None:
+        key = id(blob.diff_storage)
+        if key not in diff_of:
+            name, b = rep(diff_blobs[key])
+            if b.nbytes == 0:
+                return None
+            diff_of[key] = new(f"diff:{name}", DIFF, b.dtype, size_of(b.nbytes, scaled[id(b)]),
+                               ("diff", name))
+        return diff_of[key]
+
+    # ---- persistent data: net outputs, Input tops (the caller writes them), DummyData tops
+    # filled once at setup.
+    persistent_storage = set()
+    for name in net.outputs:
+        persistent_storage.add(id(net.blobs[name].data_storage))
+    input_diffs = set()
+    for li, layer in enumerate(net.layers):
+        tops = net.top_vecs[li]
+        if layer.type == "Input":
+            for t in tops:
+                persistent_storage.add(id(t.data_storage))
+                input_diffs.add(id(t.diff_storage))
+        elif hasattr(layer, "persistent_tops"):
+            for i in layer.persistent_tops(len(tops)):
+                persistent_storage.add(id(tops[i].data_storage))
+
+    # ---- parameters, diffs, history: constant in k, resident.
+    slots = HISTORY_SLOTS[solver_type]
+    param_ids = []
+    for i, p in enumerate(net.learnable_params):
+        if p.nbytes == 0:
+            continue
+        owner = _param_name(net, p, i)
+        param_ids.append(new(f"param:{owner}", PARAM, p.dtype, Size(p.nbytes, False),
+                             ("param", i), persistent=True))
+        param_ids.append(new(f"param_diff:{owner}", PARAM_DIFF, p.dtype, Size(p.nbytes, False),
+                             ("param_diff", i), persistent=True))
+        for s in range(slots):
+            param_ids.append(new(f"history:{owner}" + (f"#{s}" if slots > 1 else ""), HISTORY,
+                                 p.dtype, Size(p.nbytes, False), ("history", i, s),
+                                 persistent=True))
+    pdata, pdiff = {}, {}     # id(Storage) -> buffer, for the steps' parameter reads/writes
+    for b_i in param_ids:
+        ref = buffers[b_i]["ref"]
+        if ref[0] == "param":
+            pdata[id(net.learnable_params[ref[1]].data_storage)] = b_i
+        elif ref[0] == "param_diff":
+            pdiff[id(net.learnable_params[ref[1]].diff_storage)] = b_i
+
+    # ---- layer internals
+    internal_of: dict[tuple, int] = {}
+    for li, layer in enumerate(net.layers):
+        cap = _conv_cap(layer)
+        for iname, it in layer.internals.items():
+            nb = it.blob.nbytes
+            if nb == 0:
+                continue
+            kind = SAVED if it.saved else SCRATCH
+            caffe = None
+            if layer.type == "Convolution" and not it.saved:
+                # Caffe keeps one image of im2col per CAFFE-engine layer, nothing for cuDNN,
+                # and has no other convolution scratch (see swap.memory).
+                engine = _conv_engine(layer, caffe_engine)
+                if iname == "col" and engine == "CAFFE":
+                    caffe = Size(layer.kdim * layer.out_spatial * layer.dtype.itemsize, False)
+                else:
+                    caffe = Size(0, False)
+            chunk = getattr(layer, "chunk", None)
+            if cap is not None and not it.saved and chunk and nb % chunk == 0:
+                # a convolution's scratch holds a chunk of min(k, cap) images
+                size = Size(nb // chunk, True, cap)
+            else:
+                size = size_of(nb, it.batch_scaled)
+            internal_of[(li, iname)] = new(f"{kind}:{layer.name}/{iname}", kind, it.blob.dtype,
+                                           size, ("internal", li, iname), caffe=caffe)
+
+    # ---- steps: what each computation touches
+    raw_steps = []
+    for li, layer in enumerate(net.layers):
+        bottoms, tops = net.bottom_vecs[li], net.top_vecs[li]
+        reads = {data_buf(b) for b in bottoms}
+        writes = {data_buf(t) for t in tops}
+        scratch = set()
+        for iname, it in layer.internals.items():
+            bid = internal_of.get((li, iname))
+            if bid is None:
+                continue
+            if it.saved:
+                writes.add(bid)
+            elif FORWARD in it.uses:
+                scratch.add(bid)
+        for p in layer.blobs:
+            if id(p.data_storage) in pdata:
+                reads.add(pdata[id(p.data_storage)])
+        fl = layer.flops(bottoms, tops)
+        raw_steps.append((li, FORWARD, reads, writes, scratch, float(fl[0])))
+    diff_writers: dict[int, set] = {}
+    diff_readers: dict[int, set] = {}
+    for li in bwd_layers:
+        layer = net.layers[li]
+        j = bstep[li]
+        bottoms, tops = net.bottom_vecs[li], net.top_vecs[li]
+        br = layer.backward_reads()
+        reads = {data_buf(bottoms[i]) for i in br.bottom} | {data_buf(tops[i]) for i in br.top}
+        reads |= {internal_of[(li, n_)] for n_ in br.internals if (li, n_) in internal_of}
+        writes = set()
+        for t in tops:
+            d = diff_buf(t)
+            if d is not None:
+                reads.add(d)
+                diff_readers.setdefault(d, set()).add(j)
+        for bi, b in enumerate(bottoms):
+            if net.bottom_need_backward[li][bi]:
+                d = diff_buf(b)
+                if d is not None:
+                    writes.add(d)
+                    diff_writers.setdefault(d, set()).add(j)
+        scratch = {bid for iname, it in layer.internals.items()
+                   if not it.saved and BACKWARD in it.uses
+                   and (bid := internal_of.get((li, iname))) is not None}
+        for pi, p in enumerate(layer.blobs):
+            if id(p.data_storage) in pdata:
+                reads.add(pdata[id(p.data_storage)])
+            if id(p.diff_storage) in pdiff and layer.param_propagate_down[pi]:
+                writes.add(pdiff[id(p.diff_storage)])
+        fl = layer.flops(bottoms, tops)
+        raw_steps.append((li, BACKWARD, reads, writes, scratch, float(fl[1])))
+
+    for j, (li, phase, reads, writes, scratch, _) in enumerate(raw_steps):
+        reads.discard(None)
+        writes.discard(None)
+        for bid in reads | writes | scratch:
+            buffers[bid]["uses"].add(j)
+
+    # ---- classify diffs: written by backward (dynamic) or read only (constant, resident)
+    for key, bid in diff_of.items():
+        b = buffers[bid]
+        writers, readers = diff_writers.get(bid, set()), diff_readers.get(bid, set())
+        if not writers or (readers and min(readers) < min(writers)):
+            b["kind"] = CONST_DIFF
+            b["persistent"] = True
+        if key in input_diffs:
+            b["persistent"] = True
+    for key, bid in data_of.items():
+        if key in persistent_storage:
+            buffers[bid]["persistent"] = True
+
+    # ---- what Caffe allocates besides (the `none` accounting, swap.memory)
+    for extra in _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
+        new(*extra, persistent=True)
+
+    frozen = tuple(
+        Buffer(id=i, name=b["name"], kind=b["kind"], dtype=b["dtype"], size=b["size"],
+               persistent=b["persistent"] or b["kind"] in (PARAM, PARAM_DIFF, HISTORY, CAFFE),
+               ref=b["ref"], uses=tuple(sorted(b["uses"])), n_forward=n, caffe=b["caffe"])
+        for i, b in enumerate(buffers))
+    steps = _naive_pattern(net, raw_steps, frozen, n)
+    g = GMAP(net_name=net.name, k=k0, k0=k0, n_layers=n, n_forward=n, buffers=frozen,
+             steps=steps, layer_names=tuple(net.layer_names))
+    return g if k is None else g.at(k)
+
+
+def _param_name(net, p, i) -> str:
+    """``layer/index`` of the owner of learnable param ``i``."""
+    for flat, q in enumerate(net.all_params):
+        if q is p:
+            li, pi = net.param_layer_index[flat]
+            return f"{net.layer_names[li]}/{pi}"
+    return f"param{i}"
+
+
+def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
+    """(name, kind, dtype, size, ref) of memory Caffe allocates and minicaffe does not.
+
+    CAFFE_FACTS, "Memory that Caffe allocates":
+    * the Data layer's prefetched batches, all resident: ``prefetch`` batches, one of which the
+      tops alias (Caffe's Forward sets the tops' data to the current batch), so ``prefetch - 1``
+      batches beyond the tops;
+    * BatchNorm always keeps ``temp_`` and ``x_norm_`` (full size; minicaffe declares them only
+      with batch statistics) and, when in place, a full-size copy of the top diff
+      (``x_norm_``'s diff) for backward;
+    * a CAFFE-engine convolution that computes its weight gradient writes its bottom's diff even
+      where nothing needs it (``mutable_gpu_diff`` before the propagate_down test), so the data
+      blob gets a diff; a cuDNN convolution does not, and instead keeps workspaces of up to
+      8 MiB per algorithm, per stream (3) and per group.
+    """
+    out = []
+    backward = set(bwd_layers)
+    for li, layer in enumerate(net.layers):
+        tops, bottoms = net.top_vecs[li], net.bottom_vecs[li]
+        if hasattr(layer, "prefetch_nbytes") and layer.type == "Data":
+            top_bytes = sum(t.nbytes for t in tops)
+            extra = layer.prefetch_nbytes() - top_bytes
+            if extra > 0:
+                out.append((f"caffe:{layer.name}/prefetch", CAFFE, layer.dtype,
+                            size_of(extra, True), ()))
+        elif layer.type == "BatchNorm":
+            full = bottoms[0].nbytes
+            missing = sum(1 for n_ in ("temp", "x_norm") if n_ not in layer.internals)
+            if missing:
+                out.append((f"caffe:{layer.name}/temp_x_norm", CAFFE, layer.dtype,
+                            size_of(missing * full, True), ()))
+            if tops[0] is bottoms[0] and li in backward:
+                out.append((f"caffe:{layer.name}/x_norm_diff", CAFFE, layer.dtype,
+                            size_of(full, True), ()))
+        elif layer.type == "Convolution":
+            engine = _conv_engine(layer, caffe_engine)
+            if engine == "CUDNN":
+                out.append((f"caffe:{layer.name}/cudnn_workspace", CAFFE, np.uint8,
+                            Size(CUDNN_WORKSPACE_LIMIT * CUDNN_STREAMS_PER_GROUP * layer.group,
+                                 False), ()))
+            elif li in backward and layer.param_propagate_down and layer.param_propagate_down[0]:
+                for bi, b in enumerate(bottoms):
+                    if id(b.diff_storage) not in diff_of and b.nbytes:
+                        out.append((f"caffe:{layer.name}/bottom{bi}_diff", CAFFE, b.dtype,
+                                    size_of(b.nbytes, True), ()))
+    return out
+
+
+def _naive_pattern(net, raw_steps, buffers, n) -> tuple:
+    """Steps with the naive GMAP: allocate at first use, offload after the last forward use,
+    prefetch for the first backward use, release after the last use."""
+    alloc = [[] for _ in raw_steps]
+    release = [[] for _ in raw_steps]
+    offload = [[] for _ in raw_steps]
+    prefetch = [[] for _ in raw_steps]
+    for b in buffers:
+        if b.persistent or not b.uses:
+            continue
+        if b.kind == SCRATCH:
+            for s in b.uses:
+                alloc[s].append(b.id)
+                release[s].append(b.id)
+            continue
+        alloc[b.uses[0]].append(b.id)
+        if b.is_feature_map:
+            offload[b.forward_uses[-1]].append(b.id)
+            prefetch[b.backward_uses[0]].append(b.id)
+        release[b.uses[-1]].append(b.id)
+    steps = []
+    for j, (li, phase, reads, writes, scratch, fl) in enumerate(raw_steps):
+        layer = net.layers[li]
+        steps.append(Step(index=j, layer=li, name=net.layer_names[li], type=layer.type,
+                          phase=phase, reads=tuple(sorted(reads)), writes=tuple(sorted(writes)),
+                          scratch=tuple(sorted(scratch)), flops=fl,
+                          allocate=tuple(alloc[j]), release=tuple(release[j]),
+                          offload=tuple(offload[j]), prefetch=tuple(prefetch[j])))
+    return tuple(steps)

@@ -1,0 +1,540 @@
+"""Memory plans: immutable lists of allocate / release / offload / prefetch operations.
+
+A :class:`Plan` is data (STYLE.md, "plans are data"): made by pure functions of a
+:class:`~swap.gmap.GMAP`, a budget and a set of pinned buffers, tested without a GPU, and
+replayed by :class:`swap.runtime.Executor`.  Each :class:`Op` names its buffer, its aligned
+bytes, its stream, the step it belongs to (issued before or after that step's computation),
+its offset in the device arena and the operations and compute step it waits on.
+
+Timeline.  A plan has a setup phase (``step == SETUP``: the resident buffers, allocated once
+when the executor starts and never released: parameters, their diffs, solver history, loss
+weights, net outputs) and, every iteration, the 2N steps of the GMAP.  Around step j's
+computation: PREFETCH and ALLOCATE ops before it, OFFLOAD and RELEASE ops after it.  The bytes
+held while step j computes are ``usage[j]``; eq. (4) of the paper,
+
+    sum_q M_allocate[q](k) - sum_q M_release[q](k) <= M_budget   at any time,
+
+is ``max(usage) <= budget``, since allocations only happen before a computation and releases
+only after one.
+
+Streams (section 5).  ALLOCATE and the RELEASE of a buffer that was not offloaded belong to the
+compute stream (its last reader), OFFLOAD and the RELEASE that follows it to the swap-out
+stream, PREFETCH to the swap-in stream.  A device region is handed out again only after the
+events of its previous occupant's release (last reader done, offload done): each ALLOCATE and
+PREFETCH lists those RELEASE ops in ``after``; a PREFETCH also waits on the OFFLOAD that put its
+data on the host.
+
+Layout.  Every allocation gets a fixed offset when the plan is made (the lifetimes are known,
+so an offline placement, greedy by size, as llm.c computes its activation offsets up front),
+checked by replaying the ops through :class:`swap.arena.Arena`.  The layout does not depend on
+the capacity: a plan fits every arena at least ``arena_bytes`` large.  ``arena_bytes`` is at
+least ``peak`` (eq. 4 counts bytes; the layout also needs them contiguous) and in practice
+within 1% of it.
+
+Strategies:
+
+* ``none``: Caffe.  Everything, scratch included, allocated at setup and resident; with
+  ``caffe=True`` also the memory Caffe allocates that minicaffe does not need (prefetched data
+  batches, BatchNorm's extra copies: ``caffe`` buffers), so that its size is Caffe's.
+* ``naive``: offload every feature map after its last forward use; bring it back for its first
+  backward use with a prefetch issued as early as memory allows (the backward steps are walked
+  in order, each prefetch at the earliest step from which eq. (4) holds up to its last use);
+  diffs live from their first writer to their last reader; scratch around its step.  With no
+  budget each prefetch is issued just before the step that needs it (the layer-wise minimum,
+  section 3: "the extreme case is to swap all the feature maps out").
+* ``vdnn``: vDNN's policy: offload the inputs of convolution layers only, prefetch each one
+  layer ahead of the backward step that reads it.
+* Every strategy takes ``pinned``: buffer ids never offloaded (the dynamic strategy of
+  Algorithm 2 pins feature maps in the spare memory).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .arena import ALIGN, Arena, align
+from .gmap import CAFFE, DATA, FORWARD, GMAP, SCRATCH
+
+SETUP = -1
+BEFORE, AFTER = 0, 1
+
+ALLOCATE = "allocate"
+RELEASE = "release"
+OFFLOAD = "offload"
+PREFETCH = "prefetch"
+
+COMPUTE = "compute"
+SWAP_OUT = "swap_out"
+SWAP_IN = "swap_in"
+STREAMS = (COMPUTE, SWAP_OUT, SWAP_IN)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One memory operation of a plan.
+
+    kind: ALLOCATE, RELEASE, OFFLOAD or PREFETCH.  buffer: id in the GMAP.  nbytes: aligned bytes
+    reserved, released or copied.  stream: compute, swap_out or swap_in.  step: SETUP or the
+    step it belongs to; when: BEFORE or AFTER that step's computation.  wait_step: the compute
+    step whose completion it waits on (-1: none).  after: indices (in ``Plan.ops``) of earlier
+    ops whose completion it waits on.  offset: device arena offset of the region.  host_offset:
+    host arena offset (OFFLOAD, PREFETCH).
+    """
+    kind: str
+    buffer: int
+    nbytes: int
+    stream: str
+    step: int
+    when: int
+    wait_step: int = -1
+    after: tuple = ()
+    offset: int = -1
+    host_offset: int = -1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An executable memory plan for one GMAP (one net at one minibatch).
+
+    usage[j]: bytes held while step j computes (eq. 4's left side).  setup_bytes: the resident
+    part.  arena_bytes: extent of the layout, the smallest device arena that runs the plan.
+    host_bytes: pinned host memory for the offloaded buffers.  offloaded: ids of the buffers it
+    swaps out.  needs[j]: indices of the PREFETCH ops that step j's computation waits on.
+    """
+    strategy: str
+    gmap: GMAP
+    budget: int | None
+    ops: tuple
+    usage: tuple
+    setup_bytes: int
+    arena_bytes: int
+    host_bytes: int
+    pinned: frozenset = frozenset()
+    offloaded: frozenset = frozenset()
+    needs: tuple = field(default=(), repr=False)
+
+    @property
+    def k(self) -> int:
+        return self.gmap.k
+
+    @property
+    def peak(self) -> int:
+        """max over steps of allocated minus released bytes (eq. 4)."""
+        return max(self.usage, default=self.setup_bytes)
+
+    @property
+    def peak_step(self) -> int:
+        return int(np.argmax(self.usage)) if self.usage else SETUP
+
+    @property
+    def min_budget(self) -> int:
+        """The smallest budget this plan runs in: its layout's extent."""
+        return self.arena_bytes
+
+    def ops_at(self, step: int, when: int = BEFORE) -> tuple:
+        return tuple(op for op in self.ops if op.step == step and op.when == when)
+
+    def resident_at(self, step: int) -> tuple:
+        """Ids of the buffers on the device while ``step`` computes."""
+        held = set()
+        for op in self.ops:
+            if (op.step, op.when) > (step, BEFORE):
+                break
+            if op.kind in (ALLOCATE, PREFETCH):
+                held.add(op.buffer)
+            elif op.kind == RELEASE:
+                held.discard(op.buffer)
+        return tuple(sorted(held))
+
+    def check(self, budget: int | None = None) -> int:
+        """Replay the ops' accounting; raise if eq. (4) fails at any op; return the peak."""
+        budget = self.budget if budget is None else budget
+        held = 0
+        peak = 0
+        for i, op in enumerate(self.ops):
+            if op.kind in (ALLOCATE, PREFETCH):
+                held += op.nbytes
+                peak = max(peak, held)
+                if budget is not None and held > budget:
+                    raise AssertionError(
+                        f"eq. (4) violated by op {i} ({op.kind} "
+                        f"{self.gmap.buffers[op.buffer].name} at step {op.step}): {held} bytes "
+                        f"held > budget {budget}")
+            elif op.kind == RELEASE:
+                held -= op.nbytes
+        return peak
+
+    def transfer_bytes(self) -> tuple[int, int]:
+        """(offloaded, prefetched) bytes per iteration."""
+        off = sum(op.nbytes for op in self.ops if op.kind == OFFLOAD)
+        pre = sum(op.nbytes for op in self.ops if op.kind == PREFETCH)
+        return off, pre
+
+    def describe(self) -> str:
+        """The plan, one line per op (for people and debugging)."""
+        g = self.gmap
+        lines = [f"plan {self.strategy!r} for {g.net_name!r} at k={g.k}: peak {self.peak} bytes "
+                 f"at step {self.peak_step}, arena {self.arena_bytes}, host {self.host_bytes}"]
+        for i, op in enumerate(self.ops):
+            where = "setup" if op.step == SETUP else (
+                f"{'before' if op.when == BEFORE else 'after '} {g.steps[op.step]}")
+            lines.append(f"{i:5d} {where:<40} {op.kind:<8} {op.stream:<8} "
+                         f"{g.buffers[op.buffer].name:<40} {op.nbytes:>12} @{op.offset}"
+                         + (f" waits {list(op.after)}" if op.after else ""))
+        return "\n".join(lines)
+
+
+class BudgetError(ValueError):
+    """A budget too small for a strategy; says the smallest budget that works and the
+    largest minibatch that fits (both also attributes)."""
+
+    def __init__(self, message, *, budget=None, min_budget=None, max_k=None, strategy=None, k=None):
+        super().__init__(message)
+        self.budget = budget
+        self.min_budget = min_budget
+        self.max_k = max_k
+        self.strategy = strategy
+        self.k = k
+
+
+# ------------------------------------------------------------- intervals
+# A residency interval: (buffer, start, end, how, offload)
+#   start: SETUP or the step before whose computation it is allocated / prefetched
+#   end: the step after whose computation it is released (None: never, resident)
+#   how: ALLOCATE or PREFETCH;  offload: offloaded after ``end`` before the release
+
+
+def _sizes(gmap: GMAP) -> list[int]:
+    return [align(b.nbytes(gmap.k)) for b in gmap.buffers]
+
+
+def _base_intervals(gmap: GMAP, swap: set) -> tuple[list, list]:
+    """Intervals of everything but the returns of swapped buffers, and the swapped buffers'
+    (buffer, lo, first backward use, last use) still to be placed."""
+    sizes = _sizes(gmap)
+    out, pending = [], []
+    for b in gmap.buffers:
+        if sizes[b.id] == 0 or b.kind == CAFFE:
+            continue
+        if b.persistent:
+            out.append((b.id, SETUP, None, ALLOCATE, False))
+        elif not b.uses:
+            continue
+        elif b.kind == SCRATCH:
+            out.extend((b.id, s, s, ALLOCATE, False) for s in b.uses)
+        elif b.id in swap:
+            last_fwd = b.forward_uses[-1]
+            out.append((b.id, b.uses[0], last_fwd, ALLOCATE, True))
+            pending.append((b.id, last_fwd + 1, b.backward_uses[0], b.uses[-1]))
+        else:
+            out.append((b.id, b.uses[0], b.uses[-1], ALLOCATE, False))
+    pending.sort(key=lambda p: (p[2], p[0]))
+    return out, pending
+
+
+def _usage(gmap: GMAP, intervals, sizes) -> tuple[int, np.ndarray]:
+    """(setup bytes, bytes held during each step) of a set of intervals."""
+    n = gmap.n_steps
+    delta = np.zeros(n + 1, dtype=np.int64)
+    setup = 0
+    for bid, start, end, _, _ in intervals:
+        s = sizes[bid]
+        if start == SETUP:
+            setup += s
+            continue
+        delta[start] += s
+        delta[(n - 1 if end is None else end) + 1] -= s
+    return setup, setup + np.cumsum(delta[:n])
+
+
+def _place_returns(gmap: GMAP, intervals, pending, budget, policy) -> list:
+    """Add the PREFETCH intervals of swapped buffers.
+
+    policy "early": as early as eq. (4) allows under ``budget`` (naive); "jit": just before the
+    first backward use; "ahead": one step before it (vDNN).  Never before the offload is done.
+    """
+    sizes = _sizes(gmap)
+    out = list(intervals)
+    if policy == "early" and budget is not None:
+        setup, usage = _usage(gmap, out, sizes)
+        usage = usage.copy()
+        for bid, lo, first, last in pending:
+            s = sizes[bid]
+            p = first
+            if lo < first:
+                # earliest p in [lo, first) with max(usage[p:first]) + s <= budget: the
+                # suffix maxima of usage[lo:first] grow as p moves earlier.
+                suffix_max = np.maximum.accumulate(usage[lo:first][::-1])[::-1]
+                ok = np.nonzero(suffix_max + s <= budget)[0]
+                if len(ok):
+                    p = lo + int(ok[0])
+            usage[p:last + 1] += s
+            out.append((bid, p, last, PREFETCH, False))
+        return out
+    for bid, lo, first, last in pending:
+        p = first if policy in ("jit", "early") else max(lo, first - 1)
+        out.append((bid, p, last, PREFETCH, False))
+    return out
+
+
+def _layout(intervals, sizes, n_steps) -> list[int]:
+    """Offsets of the intervals: resident ones packed at the bottom, then the others greedy by
+    size (largest first, each at the lowest offset free over its whole lifetime).
+
+    The allocations and lifetimes are known in advance, so this offline placement (as in
+    TensorFlow Lite's "greedy by size" planner) wastes far less to fragmentation than an
+    online allocator replaying the same sequence; the executor's arena then only checks it.
+    """
+    offsets = [0] * len(intervals)
+    base = 0
+    dynamic = []
+    for i, (bid, start, end, _, _) in enumerate(intervals):
+        if start == SETUP:
+            offsets[i] = base
+            base += sizes[bid]
+        else:
+            dynamic.append(i)
+    dynamic.sort(key=lambda i: (-sizes[intervals[i][0]], intervals[i][1], intervals[i][0]))
+    m = len(dynamic)
+    p_start = np.empty(m, dtype=np.int64)
+    p_end = np.empty(m, dtype=np.int64)
+    p_off = np.empty(m, dtype=np.int64)
+    p_size = np.empty(m, dtype=np.int64)
+    placed = 0
+    for i in dynamic:
+        bid, start, end, _, _ = intervals[i]
+        end = n_steps - 1 if end is None else end
+        size = sizes[bid]
+        pos = base
+        if placed:
+            hit = np.nonzero((p_start[:placed] <= end) & (p_end[:placed] >= start))[0]
+            if len(hit):
+                order = np.argsort(p_off[hit], kind="stable")
+                for o, z in zip(p_off[hit][order].tolist(), p_size[hit][order].tolist()):
+                    if o >= pos + size:
+                        break
+                    pos = max(pos, o + z)
+        offsets[i] = pos
+        p_start[placed], p_end[placed], p_off[placed], p_size[placed] = start, end, pos, size
+        placed += 1
+    return offsets
+
+
+def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded) -> Plan:
+    """Ops in timeline order, with offsets (best fit), dependencies and host regions."""
+    sizes = _sizes(gmap)
+    n = gmap.n_steps
+    intervals = list(intervals)
+    layout = _layout(intervals, sizes, n)
+    by_start = {}
+    by_end = {}
+    for i, iv in enumerate(intervals):
+        iv = iv + (layout[i],)
+        by_start.setdefault(iv[1], []).append(iv)
+        if iv[2] is not None:
+            by_end.setdefault(iv[2], []).append(iv)
+
+    # host regions: one per offloaded buffer, for the whole iteration (allocated once)
+    host_off, host_total = {}, 0
+    for bid in sorted(offloaded):
+        host_off[bid] = host_total
+        host_total += sizes[bid]
+
+    arena = Arena(sum(sizes) * 2 + ALIGN)       # wide enough: it only checks the layout
+    ops: list[Op] = []
+    offset_of = {}          # buffer -> current device offset
+    tomb = []               # (start, end, release op, wait step): regions freed this iteration
+    last_offload = {}       # buffer -> index of its OFFLOAD op
+    needs = [[] for _ in range(n)]
+
+    def region_deps(off, size):
+        deps, wait, keep = [], -1, []
+        for (a, b, oi, ws) in tomb:
+            if a < off + size and off < b:
+                deps.append(oi)
+                wait = max(wait, ws)
+                if a < off:
+                    keep.append((a, off, oi, ws))
+                if off + size < b:
+                    keep.append((off + size, b, oi, ws))
+            else:
+                keep.append((a, b, oi, ws))
+        tomb[:] = keep
+        return tuple(sorted(deps)), wait
+
+    def place(iv, step, when):
+        bid, start, end, how, _, off = iv
+        size = sizes[bid]
+        arena.allocate(size, off)       # checks the region is free
+        offset_of[bid] = off
+        deps, wait = region_deps(off, size)
+        if how == PREFETCH:
+            deps = tuple(sorted(set(deps) | {last_offload[bid]}))
+            # the step that waits on it: the first use at or after the prefetch
+            first = next(u for u in gmap.buffers[bid].uses if u >= start)
+            needs[first].append(len(ops))
+            ops.append(Op(PREFETCH, bid, size, SWAP_IN, step, when, wait, deps, off,
+                          host_off[bid]))
+        else:
+            ops.append(Op(ALLOCATE, bid, size, COMPUTE, step, when, wait, deps, off))
+
+    def order(ivs):
+        # prefetches first (they take longest), then by offset
+        return sorted(ivs, key=lambda iv: (iv[3] != PREFETCH, iv[5], iv[0]))
+
+    for iv in order(by_start.get(SETUP, [])):
+        place(iv, SETUP, BEFORE)
+    for j in range(n):
+        for iv in order(by_start.get(j, [])):
+            place(iv, j, BEFORE)
+        ending = sorted(by_end.get(j, []), key=lambda iv: iv[0])
+        for iv in ending:
+            if iv[4]:
+                bid = iv[0]
+                last_offload[bid] = len(ops)
+                ops.append(Op(OFFLOAD, bid, sizes[bid], SWAP_OUT, j, AFTER, j, (),
+                              offset_of[bid], host_off[bid]))
+        for iv in ending:
+            bid = iv[0]
+            off = offset_of.pop(bid)
+            arena.free(off)
+            if iv[4]:
+                op = Op(RELEASE, bid, sizes[bid], SWAP_OUT, j, AFTER, j, (last_offload[bid],), off)
+            else:
+                op = Op(RELEASE, bid, sizes[bid], COMPUTE, j, AFTER, j, (), off)
+            tomb.append((off, off + sizes[bid], len(ops), j))
+            ops.append(op)
+    setup, usage = _usage(gmap, intervals, sizes)
+    return Plan(strategy=strategy, gmap=gmap, budget=budget, ops=tuple(ops),
+                usage=tuple(int(u) for u in usage), setup_bytes=int(setup),
+                arena_bytes=int(arena.high_water), host_bytes=int(host_total),
+                pinned=frozenset(pinned), offloaded=frozenset(offloaded),
+                needs=tuple(tuple(x) for x in needs))
+
+
+def _fits(plan: Plan, budget) -> bool:
+    return budget is None or plan.arena_bytes <= budget
+
+
+def _fail(strategy, gmap, budget, pinned, plan):
+    raise _budget_error(strategy, gmap, budget, pinned, plan)
+
+
+# ------------------------------------------------------------ strategies
+def plan_none(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
+              caffe: bool = True) -> Plan:
+    """Caffe: every buffer allocated at setup and resident (CAFFE_FACTS, "Memory that Caffe
+    allocates"); ``caffe`` adds the reservations for what Caffe holds beyond minicaffe."""
+    sizes = _sizes(gmap)
+    intervals = [(b.id, SETUP, None, ALLOCATE, False) for b in gmap.buffers
+                 if sizes[b.id] and (caffe or b.kind != CAFFE)]
+    plan = _assemble("none", gmap, intervals, budget, pinned, frozenset())
+    if not _fits(plan, budget):
+        _fail("none", gmap, budget, pinned, plan)
+    return plan
+
+
+def plan_naive(gmap: GMAP, budget: int | None = None, pinned=frozenset()) -> Plan:
+    """Offload every feature map but the pinned ones; prefetch as early as memory allows."""
+    swap = set(gmap.feature_maps()) - set(pinned)
+    base, pending = _base_intervals(gmap, swap)
+    jit = _assemble("naive", gmap, _place_returns(gmap, base, pending, None, "jit"), budget,
+                    pinned, swap)
+    if not _fits(jit, budget):
+        _fail("naive", gmap, budget, pinned, jit)
+    if budget is None:
+        return jit
+    # Timing by eq. (4) under the budget; if best fit then needs more than the budget
+    # (fragmentation), retry with the timing budget lowered by the excess, down to the
+    # just-in-time plan, which fits.
+    eff = budget
+    for _ in range(8):
+        plan = _assemble("naive", gmap, _place_returns(gmap, base, pending, eff, "early"),
+                         budget, pinned, swap)
+        if plan.arena_bytes <= budget:
+            return plan
+        eff -= plan.arena_bytes - budget + ALIGN
+        if eff < jit.peak:
+            break
+    return jit
+
+
+def plan_vdnn(gmap: GMAP, budget: int | None = None, pinned=frozenset()) -> Plan:
+    """vDNN: offload convolution inputs only; prefetch one layer ahead of their use."""
+    conv_inputs = set()
+    for s in gmap.steps:
+        if s.phase == FORWARD and s.type == "Convolution":
+            conv_inputs |= {bid for bid in s.reads if gmap.buffers[bid].kind == DATA}
+    swap = (set(gmap.feature_maps()) & conv_inputs) - set(pinned)
+    base, pending = _base_intervals(gmap, swap)
+    plan = _assemble("vdnn", gmap, _place_returns(gmap, base, pending, None, "ahead"), budget,
+                     pinned, swap)
+    if not _fits(plan, budget):
+        _fail("vdnn", gmap, budget, pinned, plan)
+    return plan
+
+
+STRATEGIES = {"none": plan_none, "naive": plan_naive, "vdnn": plan_vdnn}
+
+
+def make_plan(gmap: GMAP, strategy: str, budget: int | None = None,
+              pinned=frozenset()) -> Plan:
+    """The plan of ``strategy`` for ``gmap`` under ``budget`` (bytes; None: unbounded).
+
+    Raises :class:`BudgetError` when the budget is too small, naming the smallest budget that
+    works and the largest minibatch that fits it.
+    """
+    fn = STRATEGIES.get(strategy)
+    if fn is None:
+        raise ValueError(f"unknown swap strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+    return fn(gmap, budget, frozenset(pinned))
+
+
+# ------------------------------------------------------------- searches
+def min_budget(gmap: GMAP, strategy: str, pinned=frozenset()) -> int:
+    """The smallest budget (bytes) under which ``strategy`` runs ``gmap``."""
+    return make_plan(gmap, strategy, None, pinned).arena_bytes
+
+
+def max_batch(gmap: GMAP, strategy: str, budget: int, pinned=frozenset(),
+              k_limit: int = 1 << 20) -> int:
+    """The largest minibatch k whose plan fits ``budget`` (0 if not even k = 1 does).
+
+    Sizes are linear in k (section 3), so the smallest budget grows with k: bisection on k.
+    """
+    def fits(k):
+        return min_budget(gmap.at(k), strategy, pinned) <= budget
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= k_limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > k_limit:
+        return lo
+    while hi - lo > 1:           # fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _budget_error(strategy, gmap, budget, pinned, plan) -> BudgetError:
+    from .memory import fmt_bytes
+    need = min_budget(gmap, strategy, pinned)
+    kmax = max_batch(gmap, strategy, budget, pinned)
+    j = plan.peak_step
+    at = "setup" if j == SETUP else str(gmap.steps[j])
+    msg = (f"budget {fmt_bytes(budget)} is too small for swap strategy {strategy!r} on net "
+           f"{gmap.net_name!r} at minibatch {gmap.k}: its peak is {fmt_bytes(plan.peak)} at {at} "
+           f"(eq. 4), and its arena needs {fmt_bytes(need)}. The smallest budget that works is "
+           f"{fmt_bytes(need)} ({need} bytes); ")
+    if kmax:
+        msg += f"the largest minibatch that fits {fmt_bytes(budget)} is {kmax}."
+    else:
+        msg += f"not even minibatch 1 fits {fmt_bytes(budget)}."
+    return BudgetError(msg, budget=budget, min_budget=need, max_k=kmax, strategy=strategy,
+                       k=gmap.k)

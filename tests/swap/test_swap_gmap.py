@@ -1,0 +1,164 @@
+"""swap.gmap: the global memory-object access pattern of a built net."""
+import pytest
+
+from minicaffe.layers.conv import ConvolutionLayer
+from swap.gmap import (BACKWARD, CAFFE, CONST_DIFF, DATA, DIFF, FORWARD, HISTORY, PARAM,
+                       PARAM_DIFF, SAVED, SCRATCH, build_gmap)
+from swap.memory import caffe_total
+from swap.plan import plan_none
+
+
+def _unique(storages):
+    seen = {}
+    for st, nbytes in storages:
+        seen[id(st)] = max(seen.get(id(st), 0), nbytes)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("which", ["lenet", "resnet"])
+def test_sizes_are_the_sums_of_the_nets_buffers(build_net, which):
+    """For `none` (everything resident) the GMAP holds exactly the net's memory: unique blob
+    data, the diffs backward writes (plus the loss weight), 3 x params, declared internals."""
+    net = build_net(which)
+    g = build_gmap(net)
+    data = _unique((b.data_storage, b.nbytes) for b in net.blobs.values())
+    written = [(b.diff_storage, b.nbytes)
+               for li, bl in enumerate(net.bottom_vecs) for bi, b in enumerate(bl)
+               if net.layer_need_backward[li] and net.bottom_need_backward[li][bi]]
+    diffs = _unique(written)
+    # diffs backward reads that nobody writes: the loss weight, and zeros (a Split's top
+    # feeding the Accuracy layer) -- Caffe allocates both
+    ids = {id(st) for st, _ in written}
+    const = _unique((t.diff_storage, t.nbytes)
+                    for li, tl in enumerate(net.top_vecs) for t in tl
+                    if net.layer_need_backward[li] and id(t.diff_storage) not in ids)
+    params = sum(p.nbytes for p in net.learnable_params)
+    internals = sum(it.blob.nbytes for layer in net.layers for it in layer.internals.values())
+    assert g.total((DATA,)) == data
+    assert g.total((DIFF,)) == diffs
+    assert g.total((CONST_DIFF,)) == const >= 4            # the loss weight, one float
+    assert g.total((PARAM,)) == g.total((PARAM_DIFF,)) == g.total((HISTORY,)) == params
+    assert g.total((SAVED, SCRATCH)) == internals
+    assert g.total() == data + diffs + const + 3 * params + internals
+    # the none plan reserves all of it (and Caffe's extras), aligned
+    plan = plan_none(g, caffe=False)
+    assert plan.peak == plan.arena_bytes >= g.total()
+    assert plan.peak - g.total() < 512 * len(g.buffers)
+
+
+def test_storage_identity_in_place_and_split(build_net):
+    net = build_net("resnet")
+    g = build_gmap(net)
+    names = {b.name for b in g.buffers}
+    # conv1 -> BN -> Scale -> ReLU in place, then a Split: one data buffer for all of them
+    assert "data:conv1" in names
+    assert not any(n.startswith("data:conv1_relu_conv1_0_split") for n in names)
+    # but every Split top has its own diff
+    assert {"diff:conv1_relu_conv1_0_split_0", "diff:conv1_relu_conv1_0_split_1",
+            "diff:conv1"} <= names
+    # data and label get no diff; the loss top's diff is a resident constant
+    assert "diff:data" not in names and "diff:label" not in names
+    assert g.find("diff:loss").kind == CONST_DIFF and g.find("diff:loss").persistent
+    assert g.find("data:loss").persistent                 # a net output
+
+
+def test_steps_and_liveness(build_net):
+    net = build_net("lenet")
+    g = build_gmap(net)
+    n = len(net.layers)
+    bwd = [li for li in range(n - 1, -1, -1) if net.layer_need_backward[li]]
+    assert g.n_steps == n + len(bwd)
+    assert [s.layer for s in g.steps] == list(range(n)) + bwd
+    assert all(s.phase == FORWARD for s in g.steps[:n])
+    assert all(s.phase == BACKWARD for s in g.steps[n:])
+    assert "data" not in [g.steps[j].name for j in range(n, g.n_steps)]   # no backward
+    assert "acc" not in [g.steps[j].name for j in range(n, g.n_steps)]
+    step = {(s.name, s.phase): s.index for s in g.steps}
+    # conv2's output, ReLU'd in place: forward last use is ip1's forward; backward reads it
+    # for relu2 (top data) and ip1 (weight gradient)
+    c2 = g.find("data:conv2")
+    assert c2.forward_uses[-1] == step[("ip1", FORWARD)]
+    assert set(c2.backward_uses) == {step[("ip1", BACKWARD)], step[("relu2", BACKWARD)]}
+    assert c2.is_feature_map
+    # pool1's output is read by conv2's backward (weight gradient) only
+    p1 = g.find("data:pool1")
+    assert p1.backward_uses == (step[("conv2", BACKWARD)],)
+    # the max-pool mask is saved: forward of pool1 to its backward
+    mask = g.find("saved:pool1/mask")
+    assert mask.uses == (step[("pool1", FORWARD)], step[("pool1", BACKWARD)])
+    # scratch lives within a step: conv im2col in conv1's forward and backward
+    col = g.find("scratch:conv1/col")
+    assert col.kind == SCRATCH and col.uses == (step[("conv1", FORWARD)],
+                                                step[("conv1", BACKWARD)])
+    assert col.id in g.steps[step[("conv1", FORWARD)]].scratch
+    # the naive pattern: offload after the last forward use, prefetch for the first backward use
+    assert c2.id in g.steps[step[("ip1", FORWARD)]].offload
+    assert c2.id in g.steps[step[("ip1", BACKWARD)]].prefetch
+    # diffs: written first by ip1's backward, last read by conv2's backward
+    d = g.find("diff:conv2")
+    assert d.uses[0] == step[("ip1", BACKWARD)] and d.uses[-1] == step[("conv2", BACKWARD)]
+    assert d.id in g.steps[step[("ip1", BACKWARD)]].allocate
+    assert d.id in g.steps[step[("conv2", BACKWARD)]].release
+
+
+@pytest.mark.parametrize("which", ["lenet", "resnet"])
+def test_sizes_and_flops_are_linear_in_the_batch(build_net, which):
+    """Built at batch 4 and scaled to 12, the GMAP equals the one built at batch 12."""
+    g4 = build_gmap(build_net(which, batch=4)).at(12)
+    g12 = build_gmap(build_net(which, batch=12))
+    assert [b.name for b in g4.buffers] == [b.name for b in g12.buffers]
+    assert g4.sizes() == g12.sizes()
+    # eq. (1): FLOPs scale with k (the few FLOPs of a loss or an accuracy, counted per batch
+    # by their layers, are the exception)
+    reductions = ("SoftmaxWithLoss", "Accuracy")
+    assert [s.flops for s in g4.steps if s.type not in reductions] == \
+        pytest.approx([s.flops for s in g12.steps if s.type not in reductions])
+    assert [(s.reads, s.writes, s.scratch) for s in g4.steps] == \
+        [(s.reads, s.writes, s.scratch) for s in g12.steps]
+    p = next(b for b in g4.buffers if b.kind == PARAM)
+    assert g4.nbytes(p.id) == build_gmap(build_net(which, batch=4)).nbytes(p.id)
+
+
+def test_caffe_accounting(build_net, monkeypatch):
+    """With one image of im2col per convolution (Caffe's), the none plan's buffers are exactly
+    what Caffe allocates; Caffe's extras are the in-place BatchNorm diff copies and the data
+    blob's diff under a CAFFE convolution."""
+    monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", 0)
+    g = build_gmap(build_net("resnet"))
+    assert g.total(caffe=False) + g.total((CAFFE,)) == caffe_total(g)
+    extras = {b.name for b in g.buffers if b.kind == CAFFE}
+    assert "caffe:conv1/bottom0_diff" in extras
+    assert {f"caffe:bn_{c}/x_norm_diff" for c in ("conv1", "res2_a", "res3_p")} <= extras
+    assert g.find("caffe:bn_conv1/x_norm_diff").nbytes(g.k) == g.find("data:conv1").nbytes(g.k)
+
+
+def test_caffe_accounting_with_chunked_im2col(build_net):
+    """minicaffe lowers several images at once; Caffe's figure still counts one."""
+    net = build_net("resnet", batch=8)
+    g = build_gmap(net)
+    col = g.find("scratch:res2_a/col")
+    conv = net.layers[net.layer_index("res2_a")]
+    assert col.nbytes(8) == 8 * col.caffe_nbytes(8) == 8 * conv.kdim * conv.out_spatial * 4
+    assert g.find("scratch:res2_a/top_diff_t").caffe_nbytes(8) == 0
+
+
+def test_adam_keeps_two_history_slots(build_net):
+    net = build_net("lenet")
+    assert build_gmap(net, solver_type="Adam").total((HISTORY,)) == \
+        2 * build_gmap(net).total((HISTORY,))
+    with pytest.raises(ValueError, match="unknown solver type"):
+        build_gmap(net, solver_type="RMSProp")
+
+
+def test_chunked_im2col_scales_up_to_its_bound(build_net, monkeypatch):
+    """minicaffe's convolution lowers min(k, cap) images at a time: its scratch grows with k
+    only up to the bound, from whatever batch the net was built at."""
+    conv = build_net("resnet", batch=2).layers[1]
+    per_image = conv.kdim * conv.out_spatial * 4
+    monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", 3 * per_image)  # cap: 3 images
+    for built in (2, 8):
+        g = build_gmap(build_net("resnet", batch=built))
+        for k in (2, 5, 8):       # (at k = 1 the layer drops its unused top_diff_t scratch)
+            assert g.at(k).sizes() == build_gmap(build_net("resnet", batch=k)).sizes(), (built, k)
+    col = build_gmap(build_net("resnet", batch=8)).find("scratch:conv1/col")
+    assert col.nbytes(1) == per_image and col.nbytes(3) == col.nbytes(50) == 3 * per_image

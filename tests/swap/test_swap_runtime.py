@@ -1,0 +1,209 @@
+"""swap.runtime: the executor replays plans around the net, bit for bit, inside the budget."""
+import csv
+import dataclasses
+
+import numpy as np
+import pytest
+
+from minicaffe.layer import BackwardReads
+from swap.plan import OFFLOAD, PREFETCH, BudgetError, min_budget
+from swap.runtime import (FREED, OFFLOADING, ON_DEVICE, ON_HOST, PREFETCHING, Executor,
+                          Residency, ResidencyError, install)
+
+
+def train(make_solver, which, iters=20, strategy=None, budget=None, type="SGD", **kw):
+    """Train ``iters`` iterations; return (params, history, losses, executor)."""
+    s = make_solver(which, type=type)
+    ex = install(s, strategy, budget, poison=True, **kw) if strategy else None
+    losses = []
+    for _ in range(iters):
+        s.step(1)
+        losses.append(float(s._losses[-1]))
+    params = [np.array(p.data) for p in s.net.learnable_params]
+    history = [np.array(h) for h in s.rule.state_blobs()]
+    return params, history, losses, ex
+
+
+def same(a, b):
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("which", ["lenet", "resnet"])
+def test_swapping_trains_bit_identically(make_solver, which):
+    """20 iterations under none, naive (just in time and with room to prefetch early) and vdnn
+    give exactly the parameters, solver history and losses of the plain run, with every fresh
+    or released region poisoned with NaN."""
+    base = train(make_solver, which)
+    from swap.gmap import build_gmap
+    need = min_budget(build_gmap(make_solver(which).net), "naive")
+    for strategy, budget in [("none", None), ("naive", None), ("naive", 3 * need),
+                             ("vdnn", None)]:
+        params, history, losses, ex = train(make_solver, which, strategy=strategy, budget=budget)
+        assert same(params, base[0]), (strategy, budget)
+        assert same(history, base[1]), (strategy, budget)
+        assert losses == base[2], (strategy, budget)
+        assert ex.iterations == 20
+        # the arena is exactly the budget; the layout's extent was reached, never passed
+        assert ex.device.capacity == (budget or ex.plan.arena_bytes)
+        assert ex.high_water == ex.plan.arena_bytes <= ex.device.capacity
+        assert ex.peak_in_use == ex.plan.peak
+        if strategy != "none":
+            assert ex.plan.offloaded and ex.host.nbytes == ex.plan.host_bytes
+
+
+def test_adam_history_lives_in_the_arena(make_solver):
+    base = train(make_solver, "lenet", iters=8, type="Adam")
+    params, history, losses, ex = train(make_solver, "lenet", iters=8, strategy="naive",
+                                        type="Adam")
+    assert same(params, base[0]) and same(history, base[1])
+    second = ex.solver.rule.second[0]
+    assert np.shares_memory(second, ex.device.buffer)
+
+
+def test_the_net_sees_arena_memory_only_while_the_plan_holds_it(make_solver):
+    s = make_solver("lenet")
+    ex = install(s, "naive")
+    assert s.net.executor is ex
+    p = s.net.learnable_params[0]
+    assert np.shares_memory(p.data, ex.device.buffer) and np.shares_memory(p.diff,
+                                                                           ex.device.buffer)
+    assert np.shares_memory(s.history[0], ex.device.buffer)
+    s.step(2)
+    with pytest.raises(RuntimeError, match="released"):
+        s.net.blobs["conv1"].data                       # between iterations: not held
+    assert float(s.net.blobs["loss"].data) > 0          # a net output: resident
+    assert all(ex.residency[b.id] == FREED for b in ex.gmap.buffers
+               if b.id not in ex._resident)
+
+
+def test_forward_only_pass_and_partial_passes(make_solver):
+    s = make_solver("resnet")
+    ex = install(s, "naive", poison=True)
+    out = s.net.forward()                               # pycaffe's full forward
+    assert np.isfinite(out["loss"]).all()
+    assert ex.device.in_use == ex.plan.setup_bytes      # everything per-iteration dropped
+    s.step(1)                                           # and training goes on
+    with pytest.raises(RuntimeError, match="whole passes"):
+        s.net.forward_from_to(0, 3)
+    with pytest.raises(RuntimeError, match="whole passes"):
+        s.net.backward()
+
+
+def test_close_gives_the_net_its_arrays_back(make_solver):
+    base = train(make_solver, "resnet", iters=10)
+    s = make_solver("resnet")
+    ex = install(s, "vdnn", poison=True)
+    s.step(5)
+    ex.close()
+    assert s.net.executor is None
+    s.step(5)
+    assert same([np.array(p.data) for p in s.net.learnable_params], base[0])
+    assert not np.shares_memory(s.net.learnable_params[0].data, ex.device.buffer)
+
+
+def test_budget_too_small_fails_before_the_first_iteration(make_solver):
+    s = make_solver("resnet")
+    from swap.gmap import build_gmap
+    need = min_budget(build_gmap(s.net), "naive")
+    with pytest.raises(BudgetError) as e:
+        install(s, "naive", need - 4096)
+    assert e.value.min_budget == need
+    assert "smallest budget that works is" in str(e.value)
+    assert "largest minibatch that fits" in str(e.value) and 0 < e.value.max_k < 4
+    assert s.net.executor is None and s.iter == 0
+    ex = install(s, "naive", need)                      # the smallest budget works
+    s.step(2)
+    assert ex.high_water <= need
+
+
+def test_residency_transitions():
+    r = Residency(["a"])
+    assert r[0] == FREED
+    for event, state in [("allocate", ON_DEVICE), ("offload", OFFLOADING), ("release", ON_HOST),
+                         ("prefetch", PREFETCHING), ("ready", ON_DEVICE), ("release", FREED)]:
+        assert r.apply(0, event) == state
+    with pytest.raises(ResidencyError, match="cannot prefetch while FREED"):
+        r.apply(0, "prefetch")
+    with pytest.raises(ResidencyError, match="cannot offload while FREED"):
+        r.apply(0, "offload")
+    r.apply(0, "allocate")
+    with pytest.raises(ResidencyError, match="cannot allocate while ON_DEVICE"):
+        r.apply(0, "allocate")
+    r.apply(0, "offload")
+    with pytest.raises(ResidencyError, match="legal from OFFLOADING: release"):
+        r.apply(0, "prefetch")
+
+
+def _broken(plan, fn):
+    return dataclasses.replace(plan, ops=tuple(fn(i, op) for i, op in enumerate(plan.ops)))
+
+
+def test_a_plan_that_prefetches_too_late_is_caught(make_solver):
+    s = make_solver("lenet")
+    ex = install(s, "naive")
+    plan = ex.plan
+    ex.close()
+    victim = next(i for i, op in enumerate(plan.ops) if op.kind == PREFETCH)
+    late = _broken(plan, lambda i, op: dataclasses.replace(op, step=op.step + 1)
+                   if i == victim else op)
+    s.net.executor = Executor(s.net, late, solver=s)
+    name = plan.gmap.buffers[plan.ops[victim].buffer].name
+    with pytest.raises(ResidencyError, match=f"needs buffer '{name}', which is ON_HOST"):
+        s.step(1)
+
+
+def test_an_illegal_transition_in_a_plan_raises(make_solver):
+    s = make_solver("lenet")
+    ex = install(s, "naive")
+    plan = ex.plan
+    ex.close()
+    first_off = next(i for i, op in enumerate(plan.ops) if op.kind == OFFLOAD)
+    # offload the same buffer a second time, right after the first offload
+    twice = dataclasses.replace(plan, ops=plan.ops[:first_off + 1] + plan.ops[first_off:])
+    s.net.executor = Executor(s.net, twice, solver=s)
+    with pytest.raises(ResidencyError, match="cannot offload while OFFLOADING"):
+        s.step(1)
+
+
+def test_an_undeclared_backward_read_is_caught(make_solver):
+    """A layer whose backward reads a bottom it does not declare: the plan frees that bottom
+    after forward, and the read raises instead of using stale memory."""
+    s = make_solver("lenet")
+    conv2 = s.net.layers[s.net.layer_index("conv2")]
+    conv2.backward_reads = lambda: BackwardReads()        # a lie: it reads pool1 for dW
+    install(s, "naive", poison=True)
+    with pytest.raises(RuntimeError, match="pool1.*released"):
+        s.step(1)
+
+
+def test_memory_trace(make_solver, tmp_path):
+    path = tmp_path / "trace.csv"
+    s = make_solver("resnet")
+    ex = install(s, "naive", trace=str(path))
+    s.step(3)
+    ex.close()
+    rows = list(csv.DictReader(open(path)))
+    g = ex.gmap
+    assert len(rows) == 3 * g.n_steps
+    assert list(rows[0]) == list(ex.trace.FIELDS)
+    for it in range(3):
+        mine = [r for r in rows if int(r["iteration"]) == it]
+        assert [int(r["step"]) for r in mine] == list(range(g.n_steps))
+        alloc = sum(int(r["allocated_compute"]) + int(r["allocated_swap_in"]) for r in mine)
+        freed = sum(int(r["released_compute"]) + int(r["released_swap_out"]) for r in mine)
+        assert alloc == freed > 0                        # every iteration gives it all back
+        assert sum(int(r["offloaded"]) for r in mine) == \
+            sum(int(r["prefetched"]) for r in mine) == ex.plan.host_bytes
+        assert all(float(r["t_end_ms"]) >= float(r["t_start_ms"]) for r in mine)
+    assert max(int(r["in_use"]) for r in rows) <= ex.budget
+    assert int(rows[-1]["high_water"]) == ex.high_water
+
+
+def test_executor_refuses_a_plan_for_another_net(make_solver):
+    s = make_solver("lenet")
+    ex = install(s, "naive")
+    other = make_solver("resnet")
+    with pytest.raises(ValueError, match="was made for net 'lenet_like'"):
+        Executor(other.net, ex.plan)
+    with pytest.raises(BudgetError):
+        Executor(s.net, ex.plan, budget=ex.plan.arena_bytes - 1)

@@ -5,6 +5,10 @@
     minicaffe test --model M --weights W --iterations N
     minicaffe time --model M --iterations N
     minicaffe device_query
+    minicaffe mem --model M [--batch k] [--budget 12G]   (memory per swap strategy, swap/)
+    minicaffe train ... --swap {none,naive,vdnn} [--budget 12G] [--memory-trace out.csv]
+    minicaffe ps server|keys ...                         (parameter server, docs/PS.md)
+    minicaffe train --solver S --ps tcp://h:p,... --rank R --world-size W
 
 Caffe's single-dash spellings (``-solver``, ``-model`` ...) are accepted too.
 User mistakes (a bad prototxt, a missing file, a shape mismatch) end with one
@@ -71,6 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--snapshot-prefix", default="")
     t.add_argument("--random-seed", type=int, default=-1)
     t.add_argument("--quiet", action="store_true", help="only warnings and errors")
+    # --- swap/ options (begin): run the train net under a memory plan
+    t.add_argument("--swap", choices=["none", "naive", "vdnn"], default=None,
+                   help="run the train net under a memory plan inside one arena of --budget "
+                        "bytes: none (Caffe: all resident), naive (offload every feature map), "
+                        "vdnn (offload convolution inputs)")
+    t.add_argument("--budget", default=None,
+                   help="device memory budget for --swap, e.g. 12G (binary units); default: "
+                        "the smallest that works")
+    t.add_argument("--memory-trace", default=None, metavar="CSV",
+                   help="with --swap: write per-step allocated/released bytes per stream")
+    # --- swap/ options (end)
+    # --- data-parallel training (ps/): --ps, --rank, --world-size, --comm, --link-* ...
+    from ps.cli import add_train_options
+    add_train_options(t)
 
     te = sub.add_parser("test", help="score a model over a number of batches")
     _add(te, "--model", required=True)
@@ -87,6 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
     _mode_args(ti)
 
     sub.add_parser("device_query", help="show the CUDA devices")
+    # --- swap/ mem command (begin)
+    me = sub.add_parser("mem", help="memory breakdown per swap strategy and the largest "
+                                    "trainable minibatch under a budget")
+    _add(me, "--model", required=True, help="net prototxt (built in TRAIN phase to be sized)")
+    _add(me, "--batch", type=int, default=None,
+         help="minibatch to size for (default: the net's own)")
+    _add(me, "--budget", default=None, help="device memory budget, e.g. 12G (binary units)")
+    me.add_argument("--solver-type", default="SGD", choices=["SGD", "Nesterov", "Adam"],
+                    help="decides the solver history per parameter (Adam keeps two)")
+    me.add_argument("--strategies", default="none,naive,vdnn",
+                    help="comma-separated swap strategies to report")
+    # --- swap/ mem command (end)
+    # --- parameter server (ps/): minicaffe ps server|keys
+    from ps.cli import add_ps_parser
+    add_ps_parser(sub)
     return ap
 
 
@@ -122,6 +155,8 @@ def cmd_train(args):
         raise UsageError("train needs either --solver S or a net prototxt (not both)")
     if args.weights and args.snapshot:
         raise UsageError("give --weights or --snapshot, not both (Caffe's rule)")
+    from ps.cli import check_train_args
+    check_train_args(args)
     mode, dev = _mode(args)
     if args.solver:
         solver = Solver(args.solver, mode=mode, device_id=dev)
@@ -138,8 +173,58 @@ def cmd_train(args):
             solver.net.copy_from(w)
             for n in solver.test_nets:
                 n.share_trained_layers_with(solver.net)
+    executor = _install_swap(args, solver)  # --- swap/: --swap, --budget, --memory-trace
+    if args.ps:  # --- data-parallel (ps/): the worker takes over the update step
+        from ps.cli import wrap_solver
+        solver = wrap_solver(args, solver)
     solver.solve(resume_file=args.snapshot)
+    if executor is not None:  # --- swap/: the measured high-water mark
+        log(executor.report())
+        executor.close()
     return 0
+
+
+# --- swap/ (begin): train --swap/--budget/--memory-trace and the mem command
+def _install_swap(args, solver):
+    """Plan and install ``--swap`` on the train net; a budget too small fails here, before
+    the first iteration, naming the smallest budget that works and the largest minibatch."""
+    if args.swap is None:
+        if args.budget is not None or args.memory_trace is not None:
+            raise UsageError("--budget and --memory-trace need --swap {none,naive,vdnn}")
+        return None
+    from swap.memory import fmt_bytes, parse_bytes
+    from swap.runtime import install
+    budget = parse_bytes(args.budget) if args.budget is not None else None
+    ex = install(solver, args.swap, budget, trace=args.memory_trace)
+    log(f"Memory plan {args.swap!r} for net {solver.net.name!r} at minibatch {ex.plan.k}: "
+        f"peak {fmt_bytes(ex.plan.peak)} (eq. 4), arena {fmt_bytes(ex.budget)}, "
+        f"pinned host {fmt_bytes(ex.plan.host_bytes)}")
+    return ex
+
+
+def cmd_mem(args):
+    """Print the memory breakdown of every strategy and the max trainable minibatch."""
+    from .net import TRAIN, Net
+    from swap.gmap import build_gmap
+    from swap.memory import memory_report, parse_bytes
+    from swap.plan import STRATEGIES
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise UsageError(f"unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
+    if args.batch is not None and args.batch <= 0:
+        raise UsageError(f"--batch must be positive, got {args.batch}")
+    budget = parse_bytes(args.budget) if args.budget is not None else None
+    try:
+        net = Net(args.model, TRAIN, mode="CPU")
+    except (ValueError, FileNotFoundError) as e:
+        raise ValueError(f"{e} (mem builds the net to size it: give one whose inputs can "
+                         "be read, e.g. its DummyData version prototxt/<net>/dummy.prototxt)"
+                         ) from None
+    gmap = build_gmap(net, args.batch, solver_type=args.solver_type)
+    print(memory_report(gmap, budget, strategies))
+    return 0
+# --- swap/ (end)
 
 
 # ------------------------------------------------------------------ test
@@ -262,8 +347,15 @@ class UsageError(Exception):
     pass
 
 
+def cmd_ps(args):
+    """``minicaffe ps server|keys`` (the parameter server, ps/)."""
+    from ps.cli import cmd_ps as run
+    return run(args)
+
+
 COMMANDS = {"train": cmd_train, "test": cmd_test, "time": cmd_time,
-            "device_query": cmd_device_query}
+            "device_query": cmd_device_query, "ps": cmd_ps,
+            "mem": cmd_mem}  # mem: swap/
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,15 @@
+"""A ZeroMQ parameter server for bulk-synchronous data-parallel training (docs/PS.md).
+
+Layers by responsibility, as in ps-lite:
+
+* :mod:`ps.protocol`  the wire format: a fixed, validated header plus raw buffers
+* :mod:`ps.transport` ZeroMQ sockets with bounded waits, CURVE, link emulation
+* :mod:`ps.sharding`  which shard holds which parameter blob
+* :mod:`ps.update`    a shard's SGD update, by minicaffe's own Solver code
+* :mod:`ps.server`    one shard: join, BSP rounds, snapshots, failure reports
+* :mod:`ps.worker`    a Solver whose update step pushes gradients and pulls parameters
+* :mod:`ps.nccl`      the NCCL all-reduce alternative for the GPUs of one host
+* :mod:`ps.cli`       ``minicaffe ps server|keys`` and the data-parallel ``train`` options
+
+Only the light modules are imported here; ZeroMQ loads with the server or worker.
+"""

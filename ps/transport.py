@@ -1,0 +1,259 @@
+"""ZeroMQ plumbing: sockets with bounded sends, CURVE security, link emulation.
+
+Kept apart from the protocol (what bytes mean) and from the server and worker
+(what they do with messages), as ps-lite keeps its ``Van`` apart from
+``KVServer``/``KVWorker``.
+
+* Servers own one ROUTER; workers own one DEALER per shard.  Every send has a
+  timeout (``SNDTIMEO``) and every receive goes through a poller with a
+  deadline, so no call can block forever.
+* ``ROUTER_MANDATORY``: a reply to a worker that has gone raises instead of
+  vanishing silently, so the server can name the rank.
+* CURVE (``--curve-dir``): the server proves its identity with its secret key
+  and admits only clients whose public key sits in ``authorized/``
+  (pyzmq's ``zmq.auth``, the "ironhouse" pattern).
+* :class:`LinkModel` delays each message by latency + bytes / bandwidth on the
+  sending side, per link, to study a slower network on one host.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import zmq
+
+from .protocol import HEADER, frames_nbytes
+
+SERVER_KEY = "server"
+CLIENT_KEY = "client"
+AUTHORIZED = "authorized"
+
+
+# --------------------------------------------------------------------- CURVE
+def create_keys(curve_dir: str, clients=(CLIENT_KEY,)) -> dict:
+    """Make a server key pair and client key pairs in ``curve_dir``.
+
+    Layout (``zmq.auth`` certificate files)::
+
+        server.key  server.key_secret       the server's pair: the secret stays on server hosts
+        client.key  client.key_secret       a client pair: workers (and NCCL rank 0) load it
+        authorized/client.key               public keys the servers admit
+
+    Give the ``server.key`` and a client's pair to worker hosts; keep
+    ``server.key_secret`` off them.
+    """
+    import zmq.auth
+    if not zmq.has("curve"):
+        raise RuntimeError("this libzmq was built without CURVE support")
+    auth_dir = os.path.join(curve_dir, AUTHORIZED)
+    os.makedirs(auth_dir, exist_ok=True)
+    out = {}
+    out["server"] = zmq.auth.create_certificates(curve_dir, SERVER_KEY)
+    for name in clients:
+        public, secret = zmq.auth.create_certificates(curve_dir, name)
+        shutil.copy(public, os.path.join(auth_dir, os.path.basename(public)))
+        out[name] = (public, secret)
+    return out
+
+
+def _load(curve_dir, name, secret: bool):
+    import zmq.auth
+    path = os.path.join(curve_dir, name + (".key_secret" if secret else ".key"))
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"CURVE key {path} not found (make keys with "
+                                f"`minicaffe ps keys --curve-dir {curve_dir}`)")
+    return zmq.auth.load_certificate(path)
+
+
+class _AuthLog:
+    """A ``logging.Logger`` stand-in for the authenticator thread: refusals
+    and errors become warnings in the server's log, the rest is dropped."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def _emit(self, text):
+        from minicaffe.log import log
+        log(f"CURVE: {text}", level="W", where=self.where)
+
+    @staticmethod
+    def _format(fmt, args):
+        try:
+            return str(fmt) % args if args else str(fmt)
+        except (TypeError, ValueError):
+            return " ".join([str(fmt)] + [str(a) for a in args])
+
+    def debug(self, fmt, *args, **kw):
+        text = self._format(fmt, args)
+        if text.startswith("DENIED"):
+            self._emit(f"refused a client: {text}")
+
+    def info(self, fmt, *args, **kw):
+        pass
+
+    def warning(self, fmt, *args, **kw):
+        self._emit(self._format(fmt, args))
+
+    error = exception = critical = warn = warning
+
+
+class CurveServer:
+    """The authenticator thread of one context plus the server's key pair."""
+
+    def __init__(self, ctx, curve_dir: str, where: str = "ps.server"):
+        from zmq.auth.thread import ThreadAuthenticator
+        auth_dir = os.path.join(curve_dir, AUTHORIZED)
+        if not os.path.isdir(auth_dir):
+            raise FileNotFoundError(f"{auth_dir}: no authorized client keys (make keys with "
+                                    f"`minicaffe ps keys --curve-dir {curve_dir}`)")
+        self.public, self.secret = _load(curve_dir, SERVER_KEY, secret=True)
+        self.auth = ThreadAuthenticator(ctx, log=_AuthLog(where))
+        self.auth.start()
+        self.auth.configure_curve(domain="*", location=auth_dir)
+
+    def apply(self, sock):
+        sock.curve_secretkey = self.secret
+        sock.curve_publickey = self.public
+        sock.curve_server = True
+
+    def stop(self):
+        self.auth.stop()
+
+
+def apply_curve_client(sock, curve_dir: str, name: str = CLIENT_KEY):
+    public, secret = _load(curve_dir, name, secret=True)
+    server_public, _ = _load(curve_dir, SERVER_KEY, secret=False)
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_serverkey = server_public
+
+
+# ------------------------------------------------------------------- sockets
+def _common(sock, max_frame_bytes: int, send_timeout_s: float, linger_s: float):
+    # A memory guard: libzmq drops a peer that sends a frame above this before
+    # allocating it.  Frames between max_frame_bytes and the guard reach the
+    # protocol check, which rejects them with a logged reason.
+    sock.setsockopt(zmq.MAXMSGSIZE, 2 * max_frame_bytes + HEADER.size)
+    sock.setsockopt(zmq.SNDTIMEO, max(1, int(send_timeout_s * 1000)))
+    sock.setsockopt(zmq.LINGER, max(0, int(linger_s * 1000)))
+
+
+def router(ctx, bind: str, *, max_frame_bytes: int, send_timeout_s: float, curve=None):
+    """A bound ROUTER; returns (socket, the endpoint actually bound).
+
+    ``bind`` may end in ``:*`` (or ``:0``) for a free port; the endpoint read
+    back names it.
+    """
+    sock = ctx.socket(zmq.ROUTER)
+    _common(sock, max_frame_bytes, send_timeout_s, linger_s=send_timeout_s)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if curve is not None:
+        curve.apply(sock)
+    if bind.endswith(":0"):
+        bind = bind[:-2] + ":*"
+    try:
+        sock.bind(bind)
+    except zmq.ZMQError as e:
+        sock.close(0)
+        raise RuntimeError(f"cannot bind {bind}: {e}") from None
+    return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def dealer(ctx, endpoint: str, *, max_frame_bytes: int, send_timeout_s: float, curve_dir=None,
+           monitor_events: int = 0):
+    """A connected DEALER; with ``monitor_events``, returns (socket, monitor
+    socket), the monitor attached before connecting so that no event is missed."""
+    sock = ctx.socket(zmq.DEALER)
+    _common(sock, max_frame_bytes, send_timeout_s, linger_s=min(send_timeout_s, 1.0))
+    if curve_dir:
+        apply_curve_client(sock, curve_dir)
+    monitor = sock.get_monitor_socket(monitor_events) if monitor_events else None
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as e:
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close(0)
+        sock.close(0)
+        raise RuntimeError(f"cannot connect to {endpoint}: {e}") from None
+    return (sock, monitor) if monitor_events else sock
+
+
+def send(sock, frames, routing_id: bytes | None = None):
+    """Send one message without copying its buffers (raises zmq.Again on timeout)."""
+    if routing_id is not None:
+        frames = [routing_id] + list(frames)
+    sock.send_multipart(frames, copy=False)
+
+
+# ----------------------------------------------------------- link emulation
+class LinkModel:
+    """Emulated links: each message leaves ``latency + bytes / bandwidth``
+    after its link is free, measured on the sending side.
+
+    A link is one (sender, receiver) pair, keyed by the caller.  Messages on
+    one link queue behind each other (its bandwidth is shared); different
+    links run in parallel.  A sender's network card shared by several links
+    is not modelled: with S shards and W workers on separate hosts, one
+    server host sends W replies through one card, so real 10 GbE can be up
+    to W times slower than this model for the replies.
+
+    ``gbps`` None (or 0) disables the bandwidth term, ``latency_ms`` 0 the
+    latency; with both off, :meth:`send_all` sends at once.
+    """
+
+    def __init__(self, gbps: float | None = None, latency_ms: float = 0.0,
+                 clock=time.perf_counter, sleep=time.sleep):
+        if gbps is not None and gbps < 0:
+            raise ValueError(f"link bandwidth must be positive, got {gbps} Gb/s")
+        if latency_ms < 0:
+            raise ValueError(f"link latency must be >= 0, got {latency_ms} ms")
+        self.bytes_per_s = gbps * 1e9 / 8 if gbps else None
+        self.latency_s = latency_ms / 1e3
+        self._clock = clock
+        self._sleep = sleep
+        self._free_at: dict = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.bytes_per_s is not None or self.latency_s > 0
+
+    def busy_time(self, nbytes: int) -> float:
+        """Seconds a message of ``nbytes`` occupies its link (without latency)."""
+        return nbytes / self.bytes_per_s if self.bytes_per_s else 0.0
+
+    def schedule(self, sends):
+        """Departure times: ``sends`` are (link key, nbytes); returns the due
+        time of each, in order (pure bookkeeping, testable without sockets)."""
+        now = self._clock()
+        due = []
+        for key, nbytes in sends:
+            start = max(now, self._free_at.get(key, 0.0))
+            end = start + self.busy_time(nbytes)
+            self._free_at[key] = end
+            due.append(end + self.latency_s)
+        return due
+
+    def send_all(self, sends):
+        """Send every message of ``sends`` = [(link key, socket, frames, routing id)],
+        each at its emulated arrival time (earliest first)."""
+        if not self.enabled:
+            for _, sock, frames, rid in sends:
+                send(sock, frames, rid)
+            return
+        due = self.schedule([(key, frames_nbytes(frames)) for key, _, frames, _ in sends])
+        for t, (_, sock, frames, rid) in sorted(zip(due, sends), key=lambda x: x[0]):
+            wait = t - self._clock()
+            if wait > 0:
+                self._sleep(wait)
+            send(sock, frames, rid)
+
+
+def poll_until(poller, deadline: float) -> list:
+    """One poll bounded by ``deadline`` (time.monotonic()); [] once it is past."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return []
+    # Short slices keep signal handlers (SIGTERM) responsive.
+    return poller.poll(timeout=min(remaining, 0.2) * 1000)

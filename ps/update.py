@@ -1,0 +1,176 @@
+"""The SGD update of one shard, by minicaffe's own Solver code.
+
+A shard applies exactly the update a single-process :class:`minicaffe.solver.Solver`
+would apply to the same blobs: learning-rate policy (``learning_rate`` and the
+multistep bookkeeping of ``get_learning_rate``), ``iter_size`` normalisation,
+weight decay scaled by ``decay_mult``, the rate scaled by ``lr_mult``, the
+update rule's history (SGD momentum, Nesterov, Adam) and ``data -= diff``
+(Caffe's convention: after the rule, ``diff`` holds the update).
+
+Rather than restating that arithmetic, :class:`ShardSolver` *is* a Solver
+whose "net" is the shard's blobs: ``Solver.apply_update`` and the update rules
+run unchanged, so the parameter server cannot drift from the solver's
+semantics.  Only the construction differs (a shard has no layers to build).
+
+Gradient clipping needs the norm over *all* parameters, which no single shard
+sees; workers refuse it with several shards (one shard holds everything and
+clips exactly like the solver).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from minicaffe.blob import Blob
+from minicaffe.log import log
+from minicaffe.proto import caffe_pb2, read_binary, upgrade_solver, write_binary
+from minicaffe.solver import UPDATE_RULES, Solver
+
+SHARD_STATE_KIND = "minicaffe-ps-shard"
+SHARD_STATE_VERSION = 1
+
+# SolverParameter fields that decide the update; all workers must agree on them.
+UPDATE_FIELDS = ("type", "base_lr", "lr_policy", "gamma", "power", "stepsize", "stepvalue",
+                 "max_iter", "momentum", "momentum2", "delta", "rms_decay", "weight_decay",
+                 "regularization_type", "clip_gradients", "iter_size", "snapshot",
+                 "snapshot_after_train")
+
+
+def update_fields(p) -> dict:
+    """The update-relevant fields of a SolverParameter, for comparison and logs."""
+    out = {}
+    for f in UPDATE_FIELDS:
+        if f not in p.DESCRIPTOR.fields_by_name:
+            continue
+        v = getattr(p, f)
+        out[f] = list(v) if f == "stepvalue" else v
+    return out
+
+
+class _ShardNet:
+    """The slice of ``Net`` that ``Solver.apply_update`` reads."""
+
+    def __init__(self, blobs, lr_mult, decay_mult):
+        self.xp = np
+        self.learnable_params = blobs
+        self.param_lr_mult = list(lr_mult)
+        self.param_decay_mult = list(decay_mult)
+
+
+class ShardSolver(Solver):
+    """A Solver over a shard's parameter blobs instead of a net.
+
+    ``Solver.__init__`` is deliberately not called: it builds nets, seeds the
+    RNG and picks a device, none of which a shard has.  The attributes set
+    here are exactly those that ``apply_update``, ``get_learning_rate`` and
+    the update rules read.
+
+    Args:
+        param: the workers' SolverParameter.
+        shapes: shape of each blob of the shard, in shard order.
+        lr_mult, decay_mult: each blob's ParamSpec multipliers.
+        dtype: the blobs' dtype (the workers' net dtype).
+    """
+
+    def __init__(self, param, shapes, lr_mult, decay_mult, dtype=np.float32, verbose=True,
+                 log_where="ps.server"):
+        self.param = upgrade_solver(param)
+        self.source = None
+        self.source_dir = None
+        self.verbose = verbose
+        self.type = self.param.type or "SGD"
+        if self.type not in UPDATE_RULES:
+            raise ValueError(f"unknown solver type {self.type!r} "
+                             f"(known: {', '.join(sorted(UPDATE_RULES))})")
+        self.log_where = log_where
+        self.dtype = np.dtype(dtype)
+        self.iter = 0
+        self.current_step = 0
+        blobs = []
+        for i, shape in enumerate(shapes):
+            b = Blob(tuple(shape), xp=np, dtype=self.dtype, name=f"shard/param{i}")
+            b.data[...] = 0
+            b.diff[...] = 0
+            blobs.append(b)
+        self.net = _ShardNet(blobs, lr_mult, decay_mult)
+        self.history = [np.zeros_like(b.data) for b in blobs]
+        self.rule = UPDATE_RULES[self.type](self)
+
+    @property
+    def blobs(self):
+        return self.net.learnable_params
+
+    def _log(self, msg):
+        if self.verbose:
+            log(msg, where=self.log_where)
+
+    def update(self, display: bool = False):
+        """Apply the update for ``self.iter`` (the blobs' diffs hold the averaged
+        gradient) and move to the next iteration."""
+        self.apply_update(display)
+        self.iter += 1
+
+    # ------------------------------------------------------- shard state
+    def save_state(self, path: str, meta: dict):
+        """Parameters, solver history and position in one atomic write.
+
+        One file (a SolverState: ``history`` holds the parameter blobs, then
+        the rule's state blobs) so that a snapshot is either complete or
+        absent; ``minicaffe_state`` names the blobs and their owner shard.
+        """
+        state = caffe_pb2.SolverState(iter=self.iter, current_step=self.current_step)
+        for arr in [b.data for b in self.blobs] + list(self.rule.state_blobs()):
+            bp = state.history.add()
+            bp.shape.dim.extend(arr.shape)
+            if arr.dtype == np.float64:  # float64 nets (numerical checks) keep every bit
+                bp.double_data.extend(arr.ravel().tolist())
+            else:
+                bp.data.extend(np.asarray(arr, dtype=np.float32).ravel().tolist())
+        doc = {"kind": SHARD_STATE_KIND, "version": SHARD_STATE_VERSION,
+               "num_params": len(self.blobs), "solver_type": self.type, **meta}
+        state.minicaffe_state = json.dumps(doc).encode()
+        write_binary(state, path)
+
+    def load_state(self, state, path: str):
+        """Restore what :meth:`save_state` wrote (shapes must match)."""
+        doc = read_shard_meta(state, path)
+        blobs = [b.data for b in self.blobs] + list(self.rule.state_blobs())
+        if doc["num_params"] != len(self.blobs) or len(state.history) != len(blobs):
+            raise ValueError(f"{path}: holds {doc['num_params']} parameters and "
+                             f"{len(state.history)} blobs in all; this shard has {len(self.blobs)} "
+                             f"parameters and {len(blobs)} blobs with solver {self.type!r}")
+        if doc.get("solver_type") != self.type:
+            raise ValueError(f"{path}: written by a {doc.get('solver_type')!r} solver, the workers "
+                             f"run {self.type!r}")
+        for k, (arr, bp) in enumerate(zip(blobs, state.history)):
+            if tuple(bp.shape.dim) != arr.shape:
+                raise ValueError(f"{path}: blob {k} has shape {tuple(bp.shape.dim)}, expected "
+                                 f"{arr.shape}")
+            values = bp.double_data if len(bp.double_data) else bp.data
+            if len(values) != arr.size:
+                raise ValueError(f"{path}: blob {k} holds {len(values)} values, expected "
+                                 f"{arr.size}")
+            arr[...] = np.asarray(values, dtype=arr.dtype).reshape(arr.shape)
+        self.iter = state.iter
+        self.current_step = state.current_step
+
+
+def read_shard_state(path: str):
+    """A shard snapshot and its metadata (checked to be one)."""
+    state = read_binary(path, caffe_pb2.SolverState)
+    return state, read_shard_meta(state, path)
+
+
+def read_shard_meta(state, path: str) -> dict:
+    try:
+        doc = json.loads(state.minicaffe_state.decode() or "{}")
+    except ValueError:
+        doc = {}
+    if doc.get("kind") != SHARD_STATE_KIND:
+        raise ValueError(f"{path}: not a parameter-server shard snapshot (a worker's or a plain "
+                         "solver's .solverstate?)")
+    if doc.get("version") != SHARD_STATE_VERSION:
+        raise ValueError(f"{path}: shard snapshot version {doc.get('version')}, this server reads "
+                         f"{SHARD_STATE_VERSION}")
+    return doc

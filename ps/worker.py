@@ -1,0 +1,626 @@
+"""Workers of data-parallel training: a Solver whose update step is a BSP round.
+
+A worker runs the ordinary minicaffe :class:`~minicaffe.solver.Solver` loop
+(test, forward/backward ``iter_size`` times, display, snapshot) and replaces
+only its ``apply_update``: instead of updating locally it pushes the
+gradients to every server shard, then waits for the shards' new parameters
+and copies them into the net.  The update itself (learning rate, momentum,
+weight decay...) happens on the shards, with the solver's own code
+(:mod:`ps.update`).  Caffe's own multi-GPU ``P2PSync`` hooks the solver at the
+same place (``on_gradients_ready``).
+
+Data: worker ``r`` of ``W`` must see the ``r``-th slice of the big batch that
+one worker at batch ``W x k`` would see, so that W workers at batch k train
+like one worker at batch W x k (gradients are averaged).  :class:`RankSlicer`
+does that for every data layer: of each ``W`` consecutive batches the layer
+produces, worker ``r`` keeps the ``r``-th (Caffe's ``DataLayer::Skip`` rule,
+per batch).  The cost is that each worker reads W batches per iteration; a
+data layer with a cheap ``skip`` would remove it.  ``Input`` layers are fed
+by a data hook instead (``hook(solver, rank, world_size)`` before each
+iteration).
+
+Timing (AccUDNN eq. (3), ``t_whole = E m / k [t_iter(k) + Delta]``): the
+worker measures per iteration ``compute`` (from the end of one
+synchronisation to the start of the next: forward/backward, test, display)
+and ``Delta`` (the synchronisation: device-to-host copies, push, waiting for
+every shard, host-to-device copies).  Both go to ``stats`` (and to
+``stats_path`` as JSON lines); the display line reports their ratio.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from minicaffe.backend import is_gpu_array, to_numpy
+from minicaffe.log import log
+from minicaffe.proto import caffe_pb2
+
+from . import protocol as P
+from .protocol import Op, ProtocolError
+from .sharding import assign_shards, shard_bytes
+from .transport import LinkModel, dealer, poll_until
+
+
+class PSError(RuntimeError):
+    """A data-parallel round failed (a peer died, timed out, aborted or
+    rejected us); ``str()`` names the rank or shard."""
+
+
+@dataclass
+class PSConfig:
+    """How a worker reaches its servers (``minicaffe train --ps ...`` options).
+
+    endpoints: one ZeroMQ endpoint per shard, in shard order.
+    timeout: seconds the servers wait for the slowest worker; a worker waits
+        that long plus a grace period (so that a server's report naming the
+        missing rank arrives before the worker gives up on the server).
+    stats_path: optional JSON-lines file of per-iteration timings.
+    """
+
+    endpoints: list
+    rank: int = 0
+    world_size: int = 1
+    timeout: float = 120.0
+    link_gbps: float | None = None
+    link_latency_ms: float = 0.0
+    curve_dir: str | None = None
+    max_frame_bytes: int = P.DEFAULT_MAX_FRAME_BYTES
+    stats_path: str | None = None
+
+    def validate(self):
+        if self.world_size < 1:
+            raise ValueError(f"--world-size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"--rank {self.rank} out of range for --world-size {self.world_size}")
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {self.timeout}")
+        if not self.endpoints:
+            raise ValueError("--ps needs at least one endpoint (tcp://host:port)")
+
+    @property
+    def grace(self) -> float:
+        return max(1.0, 0.25 * self.timeout)
+
+
+def parse_endpoints(spec: str) -> list:
+    """``tcp://h1:p1,tcp://h2:p2`` -> list (a bare ``host:port`` means tcp)."""
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        out.append(part if "://" in part else f"tcp://{part}")
+    if not out:
+        raise ValueError(f"no endpoint in {spec!r} (expected tcp://host:port[,tcp://host:port...])")
+    return out
+
+
+# --------------------------------------------------------------- the client
+class ParameterClient:
+    """One DEALER per shard, and the two exchanges of BSP: join and push/pull.
+
+    Pushes to all shards go out first, then the replies are collected in
+    whatever order they come, so the shards' transfers and updates overlap.
+    """
+
+    def __init__(self, config: PSConfig, shards: list):
+        import zmq
+        self._zmq = zmq
+        self.config = config
+        self.shards = shards          # blob ids per shard
+        self.link = LinkModel(config.link_gbps, config.link_latency_ms)
+        self.ctx = zmq.Context()
+        self.socks = []
+        self.monitors = []
+        self.poller = zmq.Poller()
+        # Connection events per shard: a server that dies closes its TCP
+        # connections, and a CURVE refusal fails the handshake; both are
+        # reported at once instead of after the timeout.
+        self._lost: dict = {}     # shard -> (monotonic time, what happened, handshake failed)
+        events = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        try:
+            for ep in config.endpoints:
+                s, m = dealer(self.ctx, ep, max_frame_bytes=config.max_frame_bytes,
+                              send_timeout_s=config.timeout, curve_dir=config.curve_dir,
+                              monitor_events=events)
+                self.socks.append(s)
+                self.monitors.append(m)
+                self.poller.register(s, zmq.POLLIN)
+                self.poller.register(m, zmq.POLLIN)
+        except BaseException:
+            self.close()
+            raise
+        self.index = {s: i for i, s in enumerate(self.socks)}
+        self.monitor_index = {m: i for i, m in enumerate(self.monitors)}
+
+    def name(self, s: int) -> str:
+        return f"shard {s} ({self.config.endpoints[s]})"
+
+    def _send(self, op, iteration, payloads_by_shard):
+        """Send one message per shard; returns the bytes sent."""
+        c = self.config
+        sends = []
+        for s, payloads in payloads_by_shard:
+            frames = P.encode(op, iteration, c.rank, s, payloads)
+            if not self.link.enabled:  # no emulation: this shard's transfer starts now
+                self._send_one(s, frames)
+            sends.append((("push", s), self.socks[s], frames, None))
+        if self.link.enabled:
+            try:
+                self.link.send_all(sends)
+            except self._zmq.Again:
+                raise PSError(f"iteration {iteration}: sending to the servers timed out after "
+                              f"{c.timeout:g} s") from None
+        return sum(P.frames_nbytes(f) for _, _, f, _ in sends)
+
+    def _send_one(self, s, frames):
+        try:
+            self.socks[s].send_multipart(frames, copy=False)
+        except self._zmq.Again:
+            raise PSError(f"{self.name(s)}: sending timed out after {self.config.timeout:g} s "
+                          "(server down?)") from None
+
+    # A disconnect is only fatal once a shard's answer has had time to be read:
+    # at the end of training the servers close right after their last reply.
+    LOST_GRACE_S = 0.5
+
+    def _on_monitor_event(self, mon):
+        from zmq.utils.monitor import recv_monitor_message
+        ev = recv_monitor_message(mon)["event"]
+        s = self.monitor_index[mon]
+        zmq = self._zmq
+        if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._lost.pop(s, None)
+        elif ev == zmq.EVENT_DISCONNECTED:
+            # a refused handshake is followed by a disconnect: keep the first reason
+            if s not in self._lost or not self._lost[s][2]:
+                self._lost[s] = (time.monotonic(), "closed the connection (server process ended?)",
+                                 False)
+        elif s not in self._lost or not self._lost[s][2]:   # retries repeat it: keep the first
+            self._lost[s] = (time.monotonic(), "refused the connection handshake (CURVE: is this "
+                                               "client's key in the server's authorized/ folder, "
+                                               "and is server.key the server's?)", True)
+
+    def _waiting_note(self, waiting, exclude) -> str:
+        rest = sorted(set(waiting) - {exclude})
+        if not rest:
+            return ""
+        return "; still waiting for " + ", ".join(self.name(s) for s in rest)
+
+    def _collect(self, iteration: int, expect_iteration, timeout: float, on_params):
+        """Wait for PARAMS from every shard; returns (bytes received, iteration)."""
+        waiting = set(range(len(self.socks)))
+        deadline = time.monotonic() + timeout
+        received = 0
+        got_iter = None
+        while waiting:
+            events = poll_until(self.poller, deadline)
+            now = time.monotonic()
+            if not events and now >= deadline:
+                names = ", ".join(self.name(s) for s in sorted(waiting))
+                raise PSError(f"iteration {iteration}: no answer from {names} within "
+                              f"{timeout:g} s (server down, stopped or unreachable)")
+            for sock, _ in events:
+                if sock in self.monitor_index:
+                    self._on_monitor_event(sock)
+                    continue
+                s = self.index[sock]
+                frames = sock.recv_multipart(copy=False)
+                try:
+                    msg = P.decode(frames, self.config.max_frame_bytes)
+                except ProtocolError as e:
+                    raise PSError(f"{self.name(s)} sent a malformed answer: {e}") from None
+                if msg.op == Op.ABORT:
+                    raise PSError(f"{self.name(s)} aborted: {msg.text()}"
+                                  + self._waiting_note(waiting, s))
+                if msg.op == Op.ERROR:
+                    raise PSError(f"{self.name(s)} rejected rank {self.config.rank}'s message: "
+                                  f"{msg.text()}")
+                if msg.op != Op.PARAMS or s not in waiting or (
+                        expect_iteration is not None and msg.iteration != expect_iteration):
+                    awaited = "the join" if expect_iteration is None else expect_iteration
+                    raise PSError(f"{self.name(s)}: unexpected {msg.op.name} for iteration "
+                                  f"{msg.iteration} while waiting for PARAMS of {awaited}")
+                if got_iter is not None and msg.iteration != got_iter:
+                    raise PSError(f"{self.name(s)} is at iteration {msg.iteration}, other shards "
+                                  f"at {got_iter}: restart the servers from one snapshot iteration")
+                got_iter = msg.iteration
+                ids = [p.blob_id for p in msg.payloads if p.blob_id >= 0]
+                if ids != self.shards[s]:
+                    raise PSError(f"{self.name(s)} answered blobs {ids}, expected "
+                                  f"{self.shards[s]} (servers listed in another order?)")
+                for p in msg.payloads:
+                    if p.blob_id >= 0:
+                        on_params(p.blob_id, p.array)
+                received += P.frames_nbytes(frames)   # on the wire, headers included
+                waiting.discard(s)
+            for s in sorted(waiting):
+                lost = self._lost.get(s)
+                if lost is not None and now - lost[0] >= self.LOST_GRACE_S:
+                    raise PSError(f"iteration {iteration}: {self.name(s)} {lost[1]}")
+        return received, got_iter
+
+    def join(self, iteration, solver_bytes: bytes, values, specs, on_params) -> int:
+        """Register with every shard; returns the iteration the servers are at.
+
+        values[i], specs[i]: blob i's initial values (host array) and
+        (lr_mult, decay_mult).
+        """
+        solver_pl = (-1, np.frombuffer(solver_bytes, dtype=np.uint8))
+
+        def payloads(s):
+            out = [solver_pl]
+            for i in self.shards[s]:
+                out.append((i, values[i]))
+                out.append((i, np.asarray(specs[i], dtype=np.float64)))
+            return out
+
+        self._send(Op.INIT, iteration, ((s, payloads(s)) for s in range(len(self.socks))))
+        _, at = self._collect(iteration, None, self.config.timeout + self.config.grace, on_params)
+        return at
+
+    def push_pull(self, iteration: int, grads_of_shard, on_params) -> tuple:
+        """PUSH(iteration) to every shard, then PARAMS(iteration + 1) from each.
+
+        grads_of_shard(s) -> [(blob id, host array)] is called just before
+        shard s's message is sent, so that preparing one shard's gradients
+        (a device-to-host copy) overlaps the transfer of the previous one.
+        Returns (bytes pushed, bytes pulled).
+        """
+        sent = self._send(Op.PUSH, iteration,
+                          ((s, grads_of_shard(s)) for s in range(len(self.socks))))
+        got, _ = self._collect(iteration, iteration + 1, self.config.timeout + self.config.grace,
+                               on_params)
+        return sent, got
+
+    def abort(self, iteration: int, reason: str):
+        """Tell every shard this worker gives up (best effort, never raises)."""
+        for s, sock in enumerate(self.socks):
+            try:
+                sock.send_multipart(P.encode_text(Op.ABORT, iteration, self.config.rank, s, reason),
+                                    flags=self._zmq.NOBLOCK)
+            except Exception:
+                pass
+
+    def close(self):
+        for s, m in zip(self.socks, self.monitors):
+            s.disable_monitor()
+            m.close(linger=0)
+        for s in self.socks:
+            s.close(linger=1000)   # lets a final ABORT leave
+        self.socks = []
+        self.monitors = []
+        if self.ctx is not None:
+            self.ctx.term()
+            self.ctx = None
+
+
+# -------------------------------------------------------------- data slices
+class RankSlicer:
+    """Worker ``rank`` keeps the ``rank``-th of every ``world_size`` batches of
+    each data layer of the train net (layers with no bottoms but Input).
+
+    Underlying batch ``c * W + r`` is the c-th batch worker r keeps, so the
+    union of the workers' batches at iteration t is exactly the batch of W x k
+    that one worker would read.  The count of batches kept so far follows
+    from the solver's iteration, so a resumed worker (whose data layers
+    restored their read positions) skips correctly too.
+    """
+
+    def __init__(self, solver, rank: int, world_size: int):
+        self.solver = solver
+        self.rank = rank
+        self.world_size = world_size
+        self.layers = []
+        net = solver.net
+        for li, layer in enumerate(net.layers):
+            if not net.bottom_vecs[li] and layer.type != "Input":
+                self._wrap(layer)
+                self.layers.append(net.layer_names[li])
+
+    def _wrap(self, layer):
+        original = layer.forward
+        state = {"first": True}
+
+        def forward(bottom, top):
+            if state["first"]:
+                state["first"] = False
+                kept = self.solver.iter * max(1, self.solver.param.iter_size)
+                # A resumed layer that restored its read position stands just
+                # after the last batch this rank kept; one that cannot restore
+                # it starts from the beginning again (as in Caffe).
+                restored = kept > 0 and _restores_position(layer)
+                if kept > 0 and not restored:
+                    log(f"layer {layer.name!r} ({layer.type}) cannot restore its read position: "
+                        "the resumed run reads its data from the start", level="W",
+                        where="ps.worker")
+                skip = self.world_size - 1 if restored else self.rank
+            else:
+                skip = self.world_size - 1
+            for _ in range(skip):
+                original(bottom, top)
+            return original(bottom, top)
+
+        layer.forward = forward
+
+
+# Layers whose only "position" is the host RNG, which a solver snapshot restores.
+_RNG_FED = ("DummyData",)
+
+
+def _restores_position(layer) -> bool:
+    return layer.type in _RNG_FED or (hasattr(layer, "state_dict")
+                                      and hasattr(layer, "load_state_dict"))
+
+
+# ------------------------------------------------------------------- timing
+@dataclass
+class SyncRecord:
+    iteration: int
+    compute_s: float
+    delta_s: float
+    bytes_pushed: int
+    bytes_pulled: int
+
+
+class SyncStats:
+    """Per-iteration compute time and synchronisation time (Delta)."""
+
+    def __init__(self, path: str | None = None, keep: int = 100_000):
+        self.records: deque = deque(maxlen=keep)
+        self._file = open(path, "a") if path else None
+        self._since_display: deque = deque(maxlen=keep)   # bounded even without display
+
+    def add(self, rec: SyncRecord):
+        self.records.append(rec)
+        self._since_display.append(rec)
+        if self._file is not None:
+            self._file.write(json.dumps(rec.__dict__) + "\n")
+
+    def display_line(self) -> str:
+        """Means since the previous display, and compute/communication."""
+        recs = list(self._since_display) or list(self.records)[-1:]
+        self._since_display.clear()
+        if self._file is not None:
+            self._file.flush()
+        if not recs:
+            return "no synchronisation yet"
+        n = len(recs)
+        comp = sum(r.compute_s for r in recs) / n
+        delta = sum(r.delta_s for r in recs) / n
+        pushed = sum(r.bytes_pushed for r in recs) / n
+        pulled = sum(r.bytes_pulled for r in recs) / n
+        ratio = comp / delta if delta > 0 else float("inf")
+        return (f"Delta (sync) = {1e3 * delta:.4g} ms, compute = {1e3 * comp:.4g} ms, "
+                f"computation/communication = {ratio:.3g} (mean of {n} iteration(s); "
+                f"{pushed / 1e6:.3g} MB pushed, {pulled / 1e6:.3g} MB pulled per iteration)")
+
+    def mean_delta(self) -> float:
+        """Mean Delta (seconds) over the kept records: eq. (3)'s Delta for the tuner."""
+        return sum(r.delta_s for r in self.records) / max(1, len(self.records))
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+# --------------------------------------------------------------- the worker
+class _NoLocalHistory:
+    """The solver's update rule on a worker: the history lives on the shards,
+    so snapshots and restores of a worker hold none."""
+
+    def state_blobs(self):
+        return []
+
+    def compute_update(self, i, q, local_rate):  # pragma: no cover - never called
+        raise RuntimeError("a parameter-server worker does not update locally")
+
+
+def _terminate(signum, frame):
+    raise PSError(f"terminated by signal {signum}")
+
+
+class DataParallel:
+    """What every data-parallel worker shares: rank-aware snapshots and data,
+    rank-0-only testing, timing statistics, and the take-over of the
+    solver's ``apply_update`` by :meth:`_synchronize`.
+
+    Args:
+        solver: a built :class:`~minicaffe.solver.Solver` (weights loaded).
+        rank, world_size: this worker's place.
+        data_hook: ``hook(solver, rank, world_size)`` run before each
+            iteration's forward passes (to feed Input layers).
+        slice_data: apply :class:`RankSlicer` to the data layers.
+    """
+
+    where = "ps.worker"
+
+    def __init__(self, solver, rank: int, world_size: int, data_hook=None, slice_data=True,
+                 stats_path=None):
+        self.solver = solver
+        self.rank = rank
+        self.world_size = world_size
+        self.base_prefix = solver._prefix()
+        p = solver.param
+        if rank > 0:
+            # Only rank 0 tests (Caffe's root solver); each rank snapshots its
+            # own data positions, under its own name; rank 0's caffemodel is
+            # the model, under the usual name.
+            p.test_interval = 0
+            p.snapshot_prefix = f"{self.base_prefix}_rank{rank}"
+        self.slicer = (RankSlicer(solver, rank, world_size) if slice_data and world_size > 1
+                       else None)
+        if data_hook is not None:
+            solver.callbacks.append(_DataHook(data_hook, rank, world_size))
+        self.stats = SyncStats(stats_path)
+        self._t_sync_end = None
+        self._on_gpu = any(is_gpu_array(q.data) for q in solver.net.learnable_params)
+        solver.apply_update = self._apply_update   # the take-over
+
+    def _log(self, msg, level="I"):
+        if self.solver.verbose or level != "I":
+            log(msg, level=level, where=self.where)
+
+    # Subclasses provide _join() (before the first iteration), _synchronize(display)
+    # (returns bytes sent and received), _after_sync(display) (what follows the
+    # synchronisation, outside Delta), _abort(reason) and _close().
+    def _apply_update(self, display: bool = False):
+        s = self.solver
+        if self._on_gpu:
+            # Backward's kernels may still be queued: compute ends when they
+            # do, so that Delta measures synchronisation only (a sync point).
+            import cupy
+            cupy.cuda.get_current_stream().synchronize()
+        t0 = time.perf_counter()
+        compute = t0 - self._t_sync_end if self._t_sync_end is not None else 0.0
+        rate = s.get_learning_rate()       # keeps the multistep bookkeeping in step
+        if display:
+            s._log(f"Iteration {s.iter}, lr = {rate:.6g}")
+        pushed, pulled = self._synchronize(display)
+        t1 = time.perf_counter()
+        self.stats.add(SyncRecord(s.iter, compute, t1 - t0, pushed, pulled))
+        if display:
+            self._log(f"Iteration {s.iter}, rank {self.rank}/{self.world_size}: "
+                      + self.stats.display_line())
+        self._after_sync(display)
+        self._t_sync_end = time.perf_counter()
+
+    def _after_sync(self, display):
+        """Nothing by default: the parameter server has updated the parameters."""
+
+    def solve(self, resume_file: str | None = None):
+        """Caffe's Solver::Solve, data-parallel: restore, join, train, leave."""
+        s = self.solver
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGTERM, _terminate) if main else None
+        try:
+            if resume_file:
+                s._log(f"Restoring previous solver status from {resume_file}")
+                s.restore(resume_file)
+            self._join()
+            self._t_sync_end = time.perf_counter()
+            s.solve()
+        except BaseException as e:
+            self._abort(f"rank {self.rank}: {type(e).__name__}: {e}")
+            raise
+        finally:
+            if main and old is not None:
+                signal.signal(signal.SIGTERM, old)
+            self.stats.close()
+            self._close()
+
+    def step(self, iters: int):
+        """Solver.step, data-parallel (joins first when needed); for API use."""
+        try:
+            if self._t_sync_end is None:
+                self._join()
+                self._t_sync_end = time.perf_counter()
+            self.solver.step(iters)
+        except BaseException as e:
+            self._abort(f"rank {self.rank}: {type(e).__name__}: {e}")
+            self._close()
+            raise
+
+    def close(self):
+        self.stats.close()
+        self._close()
+
+
+class _DataHook:
+    def __init__(self, hook, rank, world_size):
+        self.hook, self.rank, self.world_size = hook, rank, world_size
+
+    def on_start(self, solver):
+        self.hook(solver, self.rank, self.world_size)
+
+
+class PSWorker(DataParallel):
+    """A worker of the ZeroMQ parameter server (``--comm ps``)."""
+
+    def __init__(self, solver, config: PSConfig, data_hook=None, slice_data=True):
+        config.validate()
+        p = solver.param
+        S = len(config.endpoints)
+        if S > 1 and p.HasField("clip_gradients") and p.clip_gradients >= 0:
+            raise ValueError("clip_gradients needs the norm over all parameters, which no shard "
+                             "sees alone: use one server shard, or drop clip_gradients")
+        super().__init__(solver, config.rank, config.world_size, data_hook, slice_data,
+                         config.stats_path)
+        self.config = config
+        self.params = solver.net.learnable_params
+        nbytes = [q.nbytes for q in self.params]
+        self.shards = assign_shards(nbytes, S)
+        # The history lives on the shards: free the solver's copy.
+        solver.rule = _NoLocalHistory()
+        solver.history = []
+        self._staging = self._make_staging() if self._on_gpu else None
+        self.client = None
+        loads = shard_bytes(nbytes, self.shards)
+        self._log(f"rank {config.rank} of {config.world_size}; {S} shard(s): "
+                  + ", ".join(f"{ep} holds {len(ids)} blob(s), {b:,} bytes"
+                              for ep, ids, b in zip(config.endpoints, self.shards, loads))
+                  + (f"; data layers sliced by rank: {', '.join(self.slicer.layers)}"
+                     if self.slicer and self.slicer.layers else ""))
+
+    def _make_staging(self):
+        """Pinned host buffers for the gradients (device-to-host copies)."""
+        try:
+            import cupyx
+            return [cupyx.empty_pinned(q.shape, dtype=q.dtype) for q in self.params]
+        except Exception:  # pragma: no cover - pinned memory unavailable
+            return [np.empty(q.shape, dtype=q.dtype) for q in self.params]
+
+    def _host_grad(self, i):
+        q = self.params[i]
+        if self._staging is None:
+            return np.ascontiguousarray(q.diff)     # CPU mode: the diff itself, no copy
+        q.diff.get(out=self._staging[i])             # device -> host; synchronises
+        return self._staging[i]
+
+    def _set_param(self, i, array):
+        q = self.params[i]
+        if self._on_gpu:
+            q.data.set(np.ascontiguousarray(array).reshape(q.shape))   # host -> device
+        else:
+            np.copyto(q.data, array.reshape(q.shape))
+
+    def _join(self):
+        c = self.config
+        s = self.solver
+        self.client = ParameterClient(c, self.shards)
+        sp = caffe_pb2.SolverParameter()
+        sp.CopyFrom(s.param)
+        for f in ("net_param", "train_net_param", "test_net_param"):
+            sp.ClearField(f)   # the servers need the update fields, not the nets
+        sp.snapshot_prefix = self.base_prefix
+        values = [np.ascontiguousarray(to_numpy(q.data)) for q in self.params]
+        specs = list(zip(s.net.param_lr_mult, s.net.param_decay_mult))
+        t0 = time.perf_counter()
+        at = self.client.join(s.iter, sp.SerializeToString(), values, specs, self._set_param)
+        if at != s.iter:  # the servers check this; a mismatch here is a server bug
+            raise PSError(f"the servers are at iteration {at}, this worker at {s.iter}")
+        self._log(f"joined {len(c.endpoints)} shard(s) at iteration {at} in "
+                  f"{time.perf_counter() - t0:.3g} s")
+
+    def _synchronize(self, display):
+        s = self.solver
+        return self.client.push_pull(
+            s.iter, lambda sh: [(i, self._host_grad(i)) for i in self.shards[sh]], self._set_param)
+
+    def _abort(self, reason):
+        if self.client is not None:
+            self.client.abort(self.solver.iter, reason)
+
+    def _close(self):
+        if self.client is not None:
+            self.client.close()
+            self.client = None

@@ -1,0 +1,63 @@
+"""scripts/launch_ps.py: shards and CPU workers on this node, and --resume auto."""
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import ROOT, caffemodel_params, env, write_solver
+
+# Random data drawn from the host RNG, which every worker's snapshot restores.
+DUMMY_NET = """
+name: "tiny_dummy"
+layer {{ name: "data" type: "DummyData" top: "data" top: "target"
+        dummy_data_param {{ shape {{ dim: {k} dim: 4 }} shape {{ dim: {k} dim: 2 }}
+                            data_filler {{ type: "gaussian" std: 1 }}
+                            data_filler {{ type: "uniform" min: -1 max: 1 }} }} }}
+layer {{ name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param {{ num_output: 6 weight_filler {{ type: "xavier" }} }} }}
+layer {{ name: "relu" type: "ReLU" bottom: "ip1" top: "ip1" }}
+layer {{ name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param {{ num_output: 2 weight_filler {{ type: "xavier" }} }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "ip2" bottom: "target" top: "loss" }}
+"""
+
+
+def launch(*args, timeout=60):
+    cmd = [sys.executable, str(ROOT / "scripts" / "launch_ps.py"), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_launch_then_resume_auto_reproduces_the_run(tmp_path):
+    solver = write_solver(tmp_path, "d", DUMMY_NET, k=4, max_iter=10, snapshot=5)
+    base = ["--solver", solver, "--shards", "2", "--cpu-workers", "2", "--timeout", "10",
+            "--log-dir", str(tmp_path / "logs")]
+    r = launch(*base)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("[shard0]", "[shard1]", "[rank0]", "[rank1]"):
+        assert name in r.stdout
+    snap = tmp_path / "snap"
+    first = caffemodel_params(snap / "d_iter_10.caffemodel")
+    for f in snap.glob("*_iter_10.*"):
+        f.unlink()
+    r = launch(*base, "--resume", "auto")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resuming every local process from iteration 5" in r.stdout
+    again = caffemodel_params(snap / "d_iter_10.caffemodel")
+    for layer in first:
+        for a, b in zip(first[layer], again[layer]):
+            np.testing.assert_array_equal(a, b)
+    assert (tmp_path / "logs" / "shard1.log").read_text().count("restored") == 1
+
+
+def test_launch_prints_the_other_nodes_commands(tmp_path):
+    solver = write_solver(tmp_path, "p", DUMMY_NET, k=4)
+    r = launch("--solver", solver, "--shards", "2", "--cpu-workers", "2", "--nodes", "3",
+               "--bind", "0.0.0.0", "--advertise", "node0", "--port-base", "7000", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "--bind tcp://0.0.0.0:7000" in out and "--world-size 6" in out
+    assert "# on node 2:" in out and "--rank 5 --world-size 6" in out
+    assert "--ps tcp://node0:7000,tcp://node0:7001" in out
+    r = launch("--solver", solver, "--cpu-workers", "2", "--nodes", "2", "--dry-run")
+    assert r.returncode != 0 and "loopback" in r.stderr

@@ -1,0 +1,125 @@
+"""Hostile and broken peers: malformed and oversized frames, CURVE authentication.
+
+A server must log why it refused a message, answer its sender, stay alive
+and go on serving well-behaved workers.
+"""
+import pytest
+import zmq
+
+from conftest import INPUT_NET, logs, write_solver
+from ps import protocol as P
+from ps.protocol import HEADER, MAGIC, PROTOCOL_VERSION, Op
+
+
+def header(op=Op.PUSH, iteration=0, rank=0, shard=0, blob=0, dtype=1, ndim=1, shape=(4,),
+           nbytes=16, magic=MAGIC, version=PROTOCOL_VERSION):
+    dims = list(shape) + [0] * (P.MAX_NDIM - len(shape))
+    return HEADER.pack(magic, version, int(op), iteration, rank, shard, blob, dtype, ndim, *dims,
+                       nbytes)
+
+
+BAD = [
+    ([b"garbage"], "a message is header/buffer pairs"),
+    ([b"short", b""], "header of 5 bytes, expected 104"),
+    ([header(magic=b"HTTP"), bytes(16)], "bad magic"),
+    ([header(version=99), bytes(16)], "protocol version 99"),
+    ([header(op=77), bytes(16)], "unknown op 77"),
+    ([header(dtype=42), bytes(16)], "unknown dtype code 42"),
+    ([header(ndim=9), bytes(16)], "ndim 9"),
+    ([header(nbytes=12), bytes(12)], "does not match shape"),
+    ([header(), bytes(15)], "buffer of 15 bytes, the header says 16"),
+    ([header(shape=(4096,), nbytes=16384), bytes(16384)], "exceeds the maximum of 8192 bytes"),
+    ([header(), bytes(16), header(iteration=3), bytes(16)], "differs from the message's first"),
+    ([header(rank=5), bytes(16)], "rank 5 out of range"),
+    ([header(shard=3), bytes(16)], "message for shard 3 reached shard 0"),
+    ([header(), bytes(16)], "PUSH before every rank has joined"),
+    ([header(op=Op.INIT, dtype=4, shape=(3,), nbytes=3, blob=-1), b"abc"],
+     "solver parameters do not parse"),
+]
+
+
+def raw_dealer(ctx, endpoint, **curve):
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    for k, v in curve.items():
+        setattr(d, k, v)
+    d.connect(endpoint)
+    return d
+
+
+def test_malformed_and_oversized_frames_are_rejected_and_the_server_serves_on(procs, tmp_path):
+    srv = procs.server(0, 1, timeout=10, extra=["--max-message-bytes", "8192"])
+    ctx = zmq.Context()
+    try:
+        d = raw_dealer(ctx, srv.endpoint)
+        for frames, reason in BAD:
+            d.send_multipart(frames)
+            assert d.poll(5000), f"no answer to a message that should fail with {reason!r}"
+            msg = P.decode(d.recv_multipart())
+            assert msg.op == Op.ERROR and reason in msg.text(), (reason, msg.text())
+            assert srv.popen.poll() is None, srv.log()
+        d.close()
+    finally:
+        ctx.term()
+    log = srv.log()
+    assert log.count("rejected a message") == len(BAD), log
+    # still alive, and a proper worker trains through it
+    solver = write_solver(tmp_path, "ok", INPUT_NET, k=4, max_iter=3)
+    w = procs.worker_api("ok_w0", solver, [srv.endpoint], 0, 1, tmp_path / "ok.npz", 10)
+    assert procs.wait_all([w, srv], 30) == [0, 0], logs(w, srv)
+
+
+def test_a_worker_with_a_different_net_is_refused(procs, tmp_path):
+    """Ranks must agree on blobs and solver: the join fails naming the rank."""
+    a = write_solver(tmp_path, "a", INPUT_NET, k=4)
+    b = write_solver(tmp_path, "b", INPUT_NET.replace("num_output: 6", "num_output: 5"), k=4)
+    srv = procs.server(0, 2, timeout=10)
+    w0 = procs.worker_api("w0", a, [srv.endpoint], 0, 2, tmp_path / "0.npz", 10)
+    w1 = procs.worker_api("w1", b, [srv.endpoint], 1, 2, tmp_path / "1.npz", 10)
+    assert procs.wait_all([w0, w1, srv], 30) == [1, 1, 1]
+    assert "rank 1: blob 0 is float32[5, 4], rank 0's is float32[6, 4]" in w0.log(), logs(w0, srv)
+
+
+@pytest.fixture
+def keys(tmp_path):
+    from ps.transport import create_keys
+    good = tmp_path / "keys"
+    create_keys(str(good))
+    # an outsider: a valid key pair that the server never authorized, and the server's public key
+    bad = tmp_path / "outsider"
+    create_keys(str(bad))
+    (bad / "server.key").write_bytes((good / "server.key").read_bytes())
+    return good, bad
+
+
+def test_curve_admits_authorized_clients_only(procs, tmp_path, keys):
+    import zmq.auth
+    good, bad = keys
+    srv = procs.server(0, 1, timeout=10, extra=["--curve-dir", str(good)])
+    server_public, _ = zmq.auth.load_certificate(str(good / "server.key"))
+    outsider_public, outsider_secret = zmq.auth.load_certificate(str(bad / "client.key_secret"))
+    probe = P.encode_text(Op.INIT, 0, 0, 0, "hello")
+    ctx = zmq.Context()
+    try:
+        plain = raw_dealer(ctx, srv.endpoint)               # no CURVE at all
+        outsider = raw_dealer(ctx, srv.endpoint, curve_serverkey=server_public,
+                              curve_publickey=outsider_public, curve_secretkey=outsider_secret)
+        for d in (plain, outsider):
+            d.send_multipart(probe, copy=True)
+        for d in (plain, outsider):
+            assert not d.poll(1000), "an unauthenticated client got an answer"
+            d.close()
+    finally:
+        ctx.term()
+    assert "rejected" not in srv.log()   # nothing reached the application
+    assert "CURVE: refused a client" in srv.log()
+    # a worker holding an unauthorized key is told so, quickly
+    solver = write_solver(tmp_path, "c", INPUT_NET, k=4, max_iter=3)
+    w = procs.worker_api("outsider", solver, [srv.endpoint], 0, 1, tmp_path / "o.npz", 10,
+                         extra=["--curve-dir", str(bad)])
+    assert procs.wait_all([w], 15) == [1]
+    assert "refused the connection handshake" in w.log(), w.log()
+    # the authorized worker trains
+    w = procs.worker_api("insider", solver, [srv.endpoint], 0, 1, tmp_path / "i.npz", 10,
+                         extra=["--curve-dir", str(good)])
+    assert procs.wait_all([w, srv], 30) == [0, 0], logs(w, srv)

@@ -1,0 +1,114 @@
+"""A shard's update is the Solver's update: same code, bit for bit."""
+import numpy as np
+import pytest
+
+from conftest import INPUT_NET, hook_batch
+from minicaffe.proto import caffe_pb2, parse_text
+from minicaffe.solver import Solver
+from ps.update import ShardSolver, read_shard_state, update_fields
+
+
+def solver_param(**kw):
+    p = caffe_pb2.SolverParameter()
+    p.net_param.CopyFrom(parse_text(INPUT_NET.format(k=6), caffe_pb2.NetParameter))
+    p.base_lr = 0.05
+    p.momentum = 0.9
+    p.weight_decay = 0.01
+    p.lr_policy = "multistep"
+    p.gamma = 0.5
+    p.stepvalue.extend([2, 4])
+    p.max_iter = 6
+    p.iter_size = 2
+    p.random_seed = 11
+    p.solver_mode = caffe_pb2.SolverParameter.CPU
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
+def gradients(solver):
+    """Caffe's loop up to the update: clear, then iter_size forward/backward passes."""
+    net = solver.net
+    net.clear_param_diffs()
+    for j in range(solver.param.iter_size):
+        data, target = hook_batch(10 * solver.iter + j, net.blobs["data"].shape[0])
+        net.blobs["data"].data[...] = data
+        net.blobs["target"].data[...] = target
+        net.forward_backward()
+
+
+def shard_of(solver, ids):
+    net = solver.net
+    shard = ShardSolver(solver.param, [net.learnable_params[i].shape for i in ids],
+                        [net.param_lr_mult[i] for i in ids],
+                        [net.param_decay_mult[i] for i in ids], verbose=False)
+    for b, i in zip(shard.blobs, ids):
+        b.data[...] = net.learnable_params[i].data
+    return shard
+
+
+@pytest.mark.parametrize("kind, extra", [("SGD", {}), ("Nesterov", {}),
+                                         ("Adam", {"momentum2": 0.99}),
+                                         ("SGD", {"regularization_type": "L1"})])
+def test_two_shards_update_exactly_like_the_solver(kind, extra):
+    solver = Solver(solver_param(type=kind, **extra), verbose=False)
+    params = solver.net.learnable_params
+    shards = [[0, 3], [1, 2]]
+    servers = [shard_of(solver, ids) for ids in shards]
+    for _ in range(6):
+        gradients(solver)
+        for srv, ids in zip(servers, shards):
+            for b, i in zip(srv.blobs, ids):
+                b.diff[...] = params[i].diff
+            srv.update()
+        solver.apply_update()
+        solver.iter += 1
+        for srv, ids in zip(servers, shards):
+            assert srv.iter == solver.iter and srv.current_step == solver.current_step
+            for b, i in zip(srv.blobs, ids):
+                np.testing.assert_array_equal(b.data, params[i].data)
+
+
+def test_shard_state_roundtrip_resumes_exactly(tmp_path):
+    solver = Solver(solver_param(type="Adam", momentum2=0.999), verbose=False)
+    params = solver.net.learnable_params
+    ids = list(range(len(params)))
+    a = shard_of(solver, ids)
+
+    def step(srv):
+        gradients(solver)
+        for b, i in zip(srv.blobs, ids):
+            b.diff[...] = params[i].diff
+        srv.update()
+        solver.iter = srv.iter
+
+    for _ in range(3):
+        step(a)
+    path = str(tmp_path / "s_iter_3.solverstate")
+    a.save_state(path, {"shard": 0, "blob_ids": ids, "world_size": 1})
+    state, meta = read_shard_state(path)
+    assert meta["blob_ids"] == ids and meta["solver_type"] == "Adam"
+    b = shard_of(solver, ids)
+    b.load_state(state, path)
+    assert (b.iter, b.current_step) == (a.iter, a.current_step)
+    saved_iter = solver.iter
+    for _ in range(3):
+        step(a)
+    solver.iter = saved_iter
+    for _ in range(3):
+        step(b)
+    for x, y in zip(a.blobs, b.blobs):
+        np.testing.assert_array_equal(x.data, y.data)
+
+
+def test_a_worker_snapshot_is_not_a_shard_snapshot(tmp_path):
+    solver = Solver(solver_param(snapshot_prefix=str(tmp_path / "plain")), verbose=False)
+    _, state = solver.snapshot()
+    with pytest.raises(ValueError, match="not a parameter-server shard snapshot"):
+        read_shard_state(state)
+
+
+def test_update_fields_name_what_workers_must_agree_on():
+    f = update_fields(solver_param())
+    assert f["base_lr"] == pytest.approx(0.05) and f["stepvalue"] == [2, 4] and f["iter_size"] == 2
+    assert "random_seed" not in f and "display" not in f

@@ -168,8 +168,9 @@ def test_snapshot_interval_and_solve(tmp_path):
     assert "tiny_iter_10.caffemodel" in files  # snapshot_after_train
 
 
-def test_test_nets_share_weights_and_test_at_init():
-    p = solver_param(test_interval=5, test_iter=[2], test_initialization=True, max_iter=5)
+def test_test_nets_share_weights_and_test_at_init(tmp_path):
+    p = solver_param(test_interval=5, test_iter=[2], test_initialization=True, max_iter=5,
+                     snapshot_prefix=str(tmp_path / "tiny"))
     s = Solver(p, verbose=False)
     assert len(s.test_nets) == 1
     assert np.shares_memory(s.test_nets[0].params["ip1"][0].data, s.net.params["ip1"][0].data)

@@ -33,13 +33,27 @@ def _add(p, *names, **kw):
 
 
 def _mode_args(p):
+    _engine_args(p)
     g = p.add_mutually_exclusive_group()
     _add(g, "--gpu", type=str, default=None,
          help="GPU device id (Caffe's -gpu; 'all' means device 0 here)")
     _add(g, "--cpu", action="store_true", help="force CPU mode")
 
 
+def _engine_args(p):
+    p.add_argument("--engine", choices=["CAFFE", "CUDNN"], default=None,
+                   help="engine of layers left on DEFAULT (default: CUDNN on the GPU when cuDNN "
+                        "loads, CAFFE otherwise); a layer's own engine field still wins")
+
+
+def _set_engine(args):
+    if getattr(args, "engine", None):
+        from .engine import set_default_engine
+        set_default_engine(args.engine)
+
+
 def _mode(args, default=None):
+    _set_engine(args)
     if getattr(args, "cpu", False):
         return "CPU", None
     if getattr(args, "gpu", None) is not None:

@@ -14,6 +14,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _caffe_engine_by_default():
+    """Tests exercise the CAFFE engine (the reference kernels) unless they ask for
+    another; on a GPU machine the automatic default would otherwise be CUDNN.
+    tests/layers/test_cudnn_engine.py sets the engine it tests itself."""
+    from minicaffe import engine
+    engine.set_default_engine("CAFFE")
+    yield
+    engine.set_default_engine(None)
+
+
 @pytest.fixture
 def cp():
     """The cupy module (only requested by tests marked gpu)."""

@@ -24,13 +24,28 @@ images is lowered at once (fewer, larger GEMMs), with the chunk bounded by
 ``col_buffer_bytes`` (at least one image).  With ``col_buffer_bytes = 0`` the
 scratch buffer has exactly Caffe's size.  On a GPU the lowering uses the CUDA
 kernels of :mod:`minicaffe.kernels.cuda_vision` and the GEMMs go to cuBLAS
-through ``cupy.matmul``; the engine field (DEFAULT, CAFFE, CUDNN) is accepted
-and computes the same thing.
+through ``cupy.matmul``.
+
+The CUDNN engine (``engine: CUDNN``, or DEFAULT in GPU mode with cuDNN; see
+:mod:`minicaffe.engine`) calls cuDNN's convolution forward, backward data,
+backward filter and backward bias on the same (N, C, H, W) views, with no
+column buffer.  Its scratch is the internal ``workspace`` (uint8, the largest
+need of the three algorithms chosen at reshape, at most the workspace limit),
+handed to every call so that cuDNN allocates nothing in the steady state.  The
+algorithms are chosen once per shape by cuDNN's heuristics under the limit (as
+Caffe's ``CuDNNConvolutionLayer``), or by timing with ``MINICAFFE_CUDNN_FIND=1``;
+float32 without TF32 unless ``MINICAFFE_TF32=1``; deterministic algorithms with
+``MINICAFFE_DETERMINISTIC=1``.  A shape that cuDNN cannot compute (no algorithm
+within the limit, more than 2^31-1 elements) makes the layer fall back to the
+CAFFE engine for good, at reshape.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .. import engine as engines
+from ..cudnn import lib as cudnn_lib
+from ..cudnn import ops as cudnn_ops
 from ..fillers import fill
 from ..kernels import cuda_vision
 from ..kernels import im2col as im2col_mod
@@ -78,6 +93,7 @@ class ConvolutionLayer(Layer):
     # Upper bound of the scratch column buffer (bytes); at least one image is
     # lowered at a time.  0 gives Caffe's one-image buffer.
     col_buffer_bytes = 64 << 20
+    engine = engines.CAFFE
 
     def layer_setup(self, bottom, top):
         p = self.param.convolution_param
@@ -127,6 +143,10 @@ class ConvolutionLayer(Layer):
             bias = self.make_param_blob((self.num_output,), 1)
             fill(bias, p.bias_filler, where)
             self.blobs.append(bias)
+        # Caffe's engine field, once (see minicaffe.engine)
+        self.engine = engines.resolve(self, "convolution_param")
+        if self.engine == engines.CUDNN:
+            self._cudnn = engines.cudnn_options()
 
     # ----------------------------------------------------------------- shape
     def reshape(self, bottom, top):
@@ -159,6 +179,8 @@ class ConvolutionLayer(Layer):
             t.reshape(x.shape[:ax] + (self.num_output, oh, ow))
         self.kdim = self.channels * self.kernel[0] * self.kernel[1]  # rows of col
         self.out_spatial = oh * ow
+        if self.engine == engines.CUDNN and self._reshape_cudnn():
+            return
         if not self.is_1x1:
             per_image = self.kdim * self.out_spatial * self.dtype.itemsize
             self.chunk = max(1, min(self.num, self.col_buffer_bytes // max(per_image, 1)))
@@ -214,6 +236,8 @@ class ConvolutionLayer(Layer):
 
     # ------------------------------------------------------- forward/backward
     def forward_impl(self, bottom, top):
+        if self.engine == engines.CUDNN:
+            return self._forward_cudnn(bottom, top)
         xp = self.xp
         g, mg, kg = self.group, self.num_output // self.group, self.kdim // self.group
         weight = self._grouped_weight(self.blobs[0].data)  # (G, M/G, C/G*kh*kw)
@@ -230,6 +254,8 @@ class ConvolutionLayer(Layer):
                 yv += self.blobs[1].data.reshape(1, self.num_output, 1)
 
     def backward_impl(self, top, propagate_down, bottom):
+        if self.engine == engines.CUDNN:
+            return self._backward_cudnn(top, propagate_down, bottom)
         need_w = bool(self.param_propagate_down[0])
         need_b = self.bias_term and bool(self.param_propagate_down[1])
         for i, (t_blob, b_blob) in enumerate(zip(top, bottom)):
@@ -286,6 +312,69 @@ class ConvolutionLayer(Layer):
         if dx is not None:
             weight_t = self._grouped_weight(self.blobs[0].data).transpose(0, 2, 1)
             xp.matmul(weight_t, dyg, out=dx.reshape(b, g, kg, L))
+
+    # ------------------------------------------------------------ CUDNN engine
+    def _conv_args(self):
+        """pad, stride, dilation, groups and the cuDNN keywords of every call."""
+        o = self._cudnn
+        return ((self.pad, self.stride, self.dilation, self.group),
+                {"workspace": self.internal("workspace").data, "tf32": o.tf32,
+                 "deterministic": o.deterministic, "find": o.find,
+                 "workspace_limit": o.workspace_limit})
+
+    def _reshape_cudnn(self) -> bool:
+        """Choose the three algorithms for this shape and size the workspace; False
+        (after falling back to CAFFE for good) when cuDNN cannot do this shape."""
+        o = self._cudnn
+        if self.dtype not in (np.float32, np.float64):
+            engines.fall_back(self, f"cuDNN convolutions take float32 or float64, not "
+                                    f"{self.dtype}")
+            return False
+        need = 0
+        if self.num > 0:
+            try:
+                # heuristics (or a timed search with find): cached per shape, so the
+                # calls of forward and backward use exactly these algorithms
+                ws = cudnn_ops.conv_workspace_bytes(
+                    (self.num, self.channels) + self.in_hw, self.blobs[0].shape, self.pad,
+                    self.stride, self.dilation, self.group, self.dtype, tf32=o.tf32,
+                    deterministic=o.deterministic, find=o.find,
+                    workspace_limit=o.workspace_limit)
+            except cudnn_lib.CudnnUnsupported as e:
+                engines.fall_back(self, f"cuDNN cannot run this convolution: {e}")
+                self.internals.pop("workspace", None)
+                return False
+            need = max(ws.values())
+        # (bytes,): the chosen algorithms' scratch, used within one forward or
+        # backward call; bounded by the limit, not linear in the batch
+        self.add_internal("workspace", (need,), saved=False, batch_scaled=False,
+                          dtype=np.uint8)
+        return True
+
+    def _forward_cudnn(self, bottom, top):
+        geo, kw = self._conv_args()
+        weight = self.blobs[0].data  # (M, C/G, kh, kw)
+        bias = self.blobs[1].data if self.bias_term else None
+        for b_blob, t_blob in zip(bottom, top):
+            x = self._images(b_blob.data)  # (N, C, H, W)
+            y = t_blob.data.reshape((self.num, self.num_output) + self.out_hw)
+            cudnn_ops.conv2d_forward(x, weight, bias, y, *geo, **kw)
+
+    def _backward_cudnn(self, top, propagate_down, bottom):
+        """Bias and weight diffs accumulate (cuDNN beta = 1), the bottom diff is overwritten."""
+        need_w = bool(self.param_propagate_down[0])
+        need_b = self.bias_term and bool(self.param_propagate_down[1])
+        geo, kw = self._conv_args()
+        for i, (t_blob, b_blob) in enumerate(zip(top, bottom)):
+            dy = t_blob.diff.reshape((self.num, self.num_output) + self.out_hw)
+            if need_b:
+                cudnn_ops.conv2d_backward_bias(dy, self.blobs[1].diff)
+            if need_w:
+                cudnn_ops.conv2d_backward_filter(self._images(b_blob.data), dy,
+                                                 self.blobs[0].diff, *geo, **kw)
+            if propagate_down[i]:
+                cudnn_ops.conv2d_backward_data(self.blobs[0].data, dy,
+                                               self._images(b_blob.diff), *geo, **kw)
 
     # ---------------------------------------------------------- declarations
     def backward_reads(self) -> BackwardReads:

@@ -21,9 +21,20 @@ used, so directly:
 ``scale`` is kept as the saved internal ``scale`` (Caffe's ``scale_``); backward
 reads the bottom data, the top data and ``scale``.  On a GPU both regions use
 the CUDA kernels of :mod:`minicaffe.kernels.cuda_vision`.
+
+The CUDNN engine (see :mod:`minicaffe.engine`) computes ACROSS_CHANNELS with
+cuDNN's cross-channel LRN (the same formula: cuDNN divides ``alpha`` by ``n``
+itself) when :func:`minicaffe.cudnn.ops.lrn_supported` accepts the parameters
+(``local_size`` <= 16, ``k`` >= 1e-5, ``beta`` >= 0.01); it keeps no ``scale``
+(its backward recomputes it from the bottom and top data, which it reads).
+WITHIN_CHANNEL, and parameters cuDNN refuses, run the CAFFE engine.
 """
 from __future__ import annotations
 
+import numpy as np
+
+from .. import engine as engines
+from ..cudnn import ops as cudnn_ops
 from ..kernels import cuda_vision
 from ..layer import Layer, register_layer
 
@@ -55,6 +66,7 @@ class LRNLayer(Layer):
     exact_num_top = 1
     backward_reads_bottom = (0,)
     backward_reads_top = (0,)
+    engine = engines.CAFFE
 
     def layer_setup(self, bottom, top):
         p = self.param.lrn_param
@@ -71,6 +83,16 @@ class LRNLayer(Layer):
         if self.region not in (ACROSS_CHANNELS, WITHIN_CHANNEL):
             raise ValueError(f"{self._where}unknown norm_region {self.region} "
                              "(known: ACROSS_CHANNELS, WITHIN_CHANNEL)")
+        # Caffe's engine field, once (see minicaffe.engine)
+        self.engine = engines.resolve(self, "lrn_param")
+        if self.engine == engines.CUDNN:
+            ok, why = cudnn_ops.lrn_supported(self.size, self.alpha, self.beta, self.k)
+            if self.region != ACROSS_CHANNELS:
+                engines.fall_back(self, "cuDNN's LRN binding covers ACROSS_CHANNELS only")
+            elif not ok:
+                engines.fall_back(self, f"cuDNN cannot take these LRN parameters: {why}")
+            elif self.dtype not in (np.float32, np.float64):
+                engines.fall_back(self, f"cuDNN LRN takes float32 or float64, not {self.dtype}")
 
     def reshape(self, bottom, top):
         x = bottom[0]
@@ -78,6 +100,8 @@ class LRNLayer(Layer):
             raise ValueError(f"{self._where}input must have 4 axes, corresponding to (num, "
                              f"channels, height, width); {x.name!r} has shape {x.shape}")
         top[0].reshape(x.shape)
+        if self.engine == engines.CUDNN:
+            return  # cuDNN keeps no scale
         # (N, C, H, W): written by forward, read by backward
         self.add_internal("scale", x.shape, saved=True)
 
@@ -90,6 +114,9 @@ class LRNLayer(Layer):
 
     def forward_impl(self, bottom, top):
         x = bottom[0].data
+        if self.engine == engines.CUDNN:
+            cudnn_ops.lrn_forward(x, top[0].data, self.size, self.alpha, self.beta, self.k)
+            return
         scale = self.internal("scale").data
         if cuda_vision.enabled_for(self.xp):
             if self.region == ACROSS_CHANNELS:
@@ -111,6 +138,10 @@ class LRNLayer(Layer):
         x = bottom[0].data
         y = top[0].data
         dy = top[0].diff
+        if self.engine == engines.CUDNN:
+            cudnn_ops.lrn_backward(y, dy, x, bottom[0].diff, self.size, self.alpha, self.beta,
+                                   self.k)
+            return
         scale = self.internal("scale").data
         n = self.size if self.region == ACROSS_CHANNELS else self.size * self.size
         if cuda_vision.enabled_for(self.xp):

@@ -24,11 +24,24 @@ so a window may overhang the padded input.  Window ``ph`` covers input rows
 
 The generic code works on strided views of a padded copy of the input; on a
 GPU, MAX and AVE use the CUDA kernels of :mod:`minicaffe.kernels.cuda_vision`.
+
+The CUDNN engine (see :mod:`minicaffe.engine`) runs MAX and AVE through
+cuDNN's pooling, with Caffe's output size given explicitly, where
+:func:`minicaffe.cudnn.ops.pool2d_supported` says that cuDNN computes exactly
+Caffe's numbers for the geometry (padding, ceil rounding, no empty windows:
+decided at reshape, probed once per process on the GPU).  Otherwise, and for
+STOCHASTIC or a second (mask) top, the layer runs the CAFFE engine, as Caffe's
+layer factory does for a mask top.  cuDNN keeps no mask: its MAX backward
+recomputes the argmax from the bottom and top data, which it therefore reads
+(a later layer must not work in place on the top; see
+:func:`minicaffe.engine.in_place_hazards`); AVE backward reads neither.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .. import engine as engines
+from ..cudnn import ops as cudnn_ops
 from ..kernels import cuda_vision
 from ..layer import BackwardReads, Layer, register_layer
 from ..rng import rng_for
@@ -74,6 +87,7 @@ class PoolingLayer(Layer):
     exact_num_bottom = 1
     min_num_top = 1
     max_num_top = 2  # the second (the mask) for MAX only; checked in layer_setup
+    engine = engines.CAFFE
 
     def layer_setup(self, bottom, top):
         p = self.param.pooling_param
@@ -132,6 +146,17 @@ class PoolingLayer(Layer):
             if self.pad[0] >= self.kernel[0] or self.pad[1] >= self.kernel[1]:
                 raise ValueError(f"{where}pad {self.pad} must be smaller than the kernel "
                                  f"{self.kernel}")
+        # Caffe's engine field, once (see minicaffe.engine); the geometry is checked at reshape
+        self.engine = engines.resolve(self, "pooling_param")
+        if self.engine == engines.CUDNN:
+            self._cudnn = engines.cudnn_options()
+            if self.method == STOCHASTIC:
+                engines.fall_back(self, "cuDNN has no STOCHASTIC pooling")
+            elif len(top) > 1:
+                engines.fall_back(self, "cuDNN keeps no mask, and this layer has a mask top")
+            elif self.dtype not in (np.float32, np.float64):
+                engines.fall_back(self, f"cuDNN pooling takes float32 or float64, not "
+                                        f"{self.dtype}")
 
     # ----------------------------------------------------------------- shape
     def reshape(self, bottom, top):
@@ -152,7 +177,12 @@ class PoolingLayer(Layer):
         self.in_hw, self.out_hw = (h, w), (ph, pw)
         for t in top:
             t.reshape(n, c, ph, pw)
-        if self.method == MAX and len(top) == 1:
+        if self.engine == engines.CUDNN:
+            ok, why = cudnn_ops.pool2d_supported(self.in_hw, self.out_hw, self.method,
+                                                 self.kernel, self.stride, self.pad)
+            if not ok:
+                engines.fall_back(self, f"cuDNN cannot pool this geometry as Caffe does: {why}")
+        if self.method == MAX and len(top) == 1 and self.engine == engines.CAFFE:
             self.add_internal("mask", (n, c, ph, pw), saved=True, dtype=np.int32)
         if self.method == STOCHASTIC:
             self.add_internal("rand_idx", (n, c, ph, pw), saved=True)
@@ -209,6 +239,10 @@ class PoolingLayer(Layer):
     # --------------------------------------------------------------- forward
     def forward_impl(self, bottom, top):
         x = bottom[0].data
+        if self.engine == engines.CUDNN:
+            cudnn_ops.pool2d_forward(x, top[0].data, self.method, self.kernel, self.stride,
+                                     self.pad, deterministic=self._cudnn.deterministic)
+            return
         if self.method == MAX:
             mask = top[1].data if len(top) > 1 else self.internal("mask").data
             if cuda_vision.enabled_for(self.xp):
@@ -273,6 +307,12 @@ class PoolingLayer(Layer):
             return
         dy = top[0].diff
         dx = bottom[0].diff
+        if self.engine == engines.CUDNN:
+            # MAX recomputes the argmax from x and y; AVE needs neither
+            x, y = (bottom[0].data, top[0].data) if self.method == MAX else (None, None)
+            cudnn_ops.pool2d_backward(y, dy, x, dx, self.method, self.kernel, self.stride,
+                                      self.pad, deterministic=self._cudnn.deterministic)
+            return
         if self.method == MAX:
             mask = top[1].data if len(top) > 1 else self.internal("mask").data
             if cuda_vision.enabled_for(self.xp):
@@ -309,7 +349,10 @@ class PoolingLayer(Layer):
     # ---------------------------------------------------------- declarations
     def backward_reads(self) -> BackwardReads:
         """MAX reads its mask (the internal or the second top), STOCHASTIC its
-        sampled positions; AVE needs nothing but the top diff."""
+        sampled positions; AVE needs nothing but the top diff.  With the CUDNN
+        engine MAX reads the bottom and top data instead of a mask."""
+        if self.engine == engines.CUDNN:
+            return BackwardReads(bottom=(0,), top=(0,)) if self.method == MAX else BackwardReads()
         if self.method == MAX:
             if "mask" in self.internals:
                 return BackwardReads(internals=("mask",))

@@ -3,6 +3,13 @@
 Both work on the bottom viewed as (outer, C, inner) around the softmax axis
 (default 1): an (N, C, H, W) bottom gives one distribution over C for each of
 the N*H*W positions.
+
+With the CUDNN engine (``softmax_param.engine``; see :mod:`minicaffe.engine`)
+the softmax of both layers, and the Softmax layer's backward, run through
+cuDNN (``CUDNN_SOFTMAX_ACCURATE``: the maximum is subtracted first, as here) on
+the (outer, C, inner, 1) view, which covers every axis; a view of more than
+2^31-1 elements (cuDNN's legacy limit) runs the CAFFE engine, decided at reshape.
+SoftmaxWithLoss's backward is the same elementwise formula for both engines.
 """
 from __future__ import annotations
 
@@ -10,6 +17,8 @@ from math import prod
 
 import numpy as np
 
+from .. import engine as engines
+from ..cudnn import ops as cudnn_ops
 from ..layer import Layer, register_layer
 from ..proto import caffe_pb2
 
@@ -28,6 +37,23 @@ def _axis_dims(layer, blob, axis: int) -> tuple:
             f"{blob.name!r} of shape {blob.shape}")
     axis = axis + n if axis < 0 else axis
     return axis, prod(blob.shape[:axis]), blob.shape[axis], prod(blob.shape[axis + 1:])
+
+
+_CUDNN_MAX_ELEMENTS = (1 << 31) - 1  # the legacy API's int tensor sizes
+
+
+def _setup_engine(layer):
+    """Resolve ``softmax_param.engine`` once (layer_setup)."""
+    layer.engine = engines.resolve(layer, "softmax_param")
+    if layer.engine == engines.CUDNN and layer.dtype not in (np.float32, np.float64):
+        engines.fall_back(layer, f"cuDNN softmax takes float32 or float64, not {layer.dtype}")
+
+
+def _check_cudnn_shape(layer):
+    """At reshape: the (outer, C, inner, 1) view must fit cuDNN's int sizes (else CAFFE)."""
+    if layer.engine == engines.CUDNN and layer.outer * layer.c * layer.inner > _CUDNN_MAX_ELEMENTS:
+        engines.fall_back(layer, f"the ({layer.outer}, {layer.c}, {layer.inner}) softmax view "
+                                 "exceeds cuDNN's 2^31-1 elements")
 
 
 def softmax(xp, x, out):
@@ -56,20 +82,32 @@ class SoftmaxLayer(Layer):
     exact_num_top = 1
     backward_reads_bottom = ()
     backward_reads_top = (0,)
+    engine = engines.CAFFE
+
+    def layer_setup(self, bottom, top):
+        _setup_engine(self)
 
     def reshape(self, bottom, top):
         _, self.outer, self.c, self.inner = _axis_dims(self, bottom[0],
                                                        self.param.softmax_param.axis)
         top[0].reshape_like(bottom[0])
+        _check_cudnn_shape(self)
 
     def _view(self, a):
         return a.reshape(self.outer, self.c, self.inner)
 
     def forward_impl(self, bottom, top):
+        if self.engine == engines.CUDNN:  # in place is fine (y may be x)
+            cudnn_ops.softmax_forward(self._view(bottom[0].data), self._view(top[0].data), 1)
+            return
         softmax(self.xp, self._view(bottom[0].data), self._view(top[0].data))
 
     def backward_impl(self, top, propagate_down, bottom):
         if not propagate_down[0]:
+            return
+        if self.engine == engines.CUDNN:  # dx may be dy (in place)
+            cudnn_ops.softmax_backward(self._view(top[0].data), self._view(top[0].diff),
+                                       self._view(bottom[0].diff), 1)
             return
         y = self._view(top[0].data)
         dy = self._view(top[0].diff)
@@ -131,8 +169,10 @@ class SoftmaxWithLossLayer(Layer):
     max_num_top = 2
     is_loss = True
     backward_reads_bottom = (1,)
+    engine = engines.CAFFE
 
     def layer_setup(self, bottom, top):
+        _setup_engine(self)  # of its softmax (Caffe builds it from the same softmax_param)
         lp = self.param.loss_param
         self.ignore_label = int(lp.ignore_label) if lp.HasField("ignore_label") else None
         self.normalization = normalization_mode(self)
@@ -161,6 +201,7 @@ class SoftmaxWithLossLayer(Layer):
         top[0].reshape(())
         # (N, C, H, W): the softmax of bottom[0], kept for backward.
         self.add_internal("prob", b.shape, saved=True)
+        _check_cudnn_shape(self)
         if len(top) > 1:
             top[1].reshape_like(b)
 
@@ -181,8 +222,13 @@ class SoftmaxWithLossLayer(Layer):
     def forward_impl(self, bottom, top):
         xp = self.xp
         prob_blob = self.internal("prob")
-        prob = softmax(xp, bottom[0].data.reshape(self.outer, self.c, self.inner),
-                       prob_blob.data.reshape(self.outer, self.c, self.inner))
+        if self.engine == engines.CUDNN:
+            prob = cudnn_ops.softmax_forward(
+                bottom[0].data.reshape(self.outer, self.c, self.inner),
+                prob_blob.data.reshape(self.outer, self.c, self.inner), 1)
+        else:
+            prob = softmax(xp, bottom[0].data.reshape(self.outer, self.c, self.inner),
+                           prob_blob.data.reshape(self.outer, self.c, self.inner))
         label, valid = self._labels(bottom)
         p = xp.take_along_axis(prob, label, axis=1)  # (outer, 1, inner)
         logp = xp.log(xp.maximum(p, self.dtype.type(FLT_MIN)))

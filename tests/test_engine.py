@@ -1,0 +1,282 @@
+"""Engine selection (Caffe's ``engine:`` field) on CPU: the resolution rules of
+minicaffe.engine, their warnings and errors, the layers' declarations under the
+CAFFE engine, and the in-place hazard check.  The CUDNN engine's numbers are
+checked on the GPU in tests/layers/test_cudnn_engine.py."""
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+import minicaffe.layers  # noqa: F401  (registers the layer types)
+from minicaffe import engine
+from minicaffe.blob import Blob
+from minicaffe.net import TRAIN, Net
+from minicaffe.proto import caffe_pb2, parse_text
+from minicaffe.testing.gradient_check import make_blob, make_layer
+
+FAKE_CUPY = types.SimpleNamespace(__name__="cupy")  # resolve() looks at the module's name
+
+LAYERS = {  # type: (prototxt, *_param field)
+    "Convolution": ('name: "c" type: "Convolution" convolution_param { num_output: 2 '
+                    'kernel_size: 3 %s }', "convolution_param"),
+    "Pooling": ('name: "p" type: "Pooling" pooling_param { pool: MAX kernel_size: 2 stride: 2 '
+                '%s }', "pooling_param"),
+    "LRN": ('name: "n" type: "LRN" lrn_param { local_size: 3 %s }', "lrn_param"),
+    "Softmax": ('name: "s" type: "Softmax" softmax_param { %s }', "softmax_param"),
+    "SoftmaxWithLoss": ('name: "l" type: "SoftmaxWithLoss" softmax_param { %s }',
+                        "softmax_param"),
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_engine_state(monkeypatch):
+    monkeypatch.delenv(engine.ENV_ENGINE, raising=False)
+    for name in (engine.ENV_DETERMINISTIC, engine.ENV_TF32, engine.ENV_FIND):
+        monkeypatch.delenv(name, raising=False)
+    engine.set_default_engine(None)
+    engine.reset_warnings()
+    yield
+    engine.set_default_engine(None)
+    engine.reset_warnings()
+
+
+def fake_layer(field="convolution_param", value=0, name="layer", xp=np):
+    """Just what resolve() reads: param.<field>.engine, name, type, xp."""
+    param = caffe_pb2.LayerParameter(name=name, type="Convolution")
+    getattr(param, field).engine = value
+    return types.SimpleNamespace(param=param, name=name, type="Convolution", xp=xp)
+
+
+def gpu_here(monkeypatch, cudnn: bool):
+    """Pretend cuDNN does (or does not) load; the layer's xp says GPU mode."""
+    monkeypatch.setattr(engine, "cudnn_available", lambda: cudnn)
+    monkeypatch.setattr(engine, "_cudnn_missing", lambda: "libcudnn.so.9 not found")
+
+
+def setup_layer(kind, engine_text=""):
+    text, _ = LAYERS[kind]
+    layer = make_layer(text % engine_text, dtype=np.float32)
+    x = np.random.default_rng(0).standard_normal((2, 4, 4, 4)).astype(np.float32)
+    bottom = [make_blob(x, dtype=np.float32, name="x")]
+    if kind == "SoftmaxWithLoss":
+        bottom.append(make_blob(np.zeros((2, 4, 4)), dtype=np.float32, name="label"))
+    top = [Blob(dtype=np.float32, name="y")]
+    layer.setup(bottom, top)
+    return layer, bottom, top
+
+
+def collect(fn):
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [w for w in got if issubclass(w.category, engine.EngineWarning)]
+
+
+# ------------------------------------------------------------ CPU nets
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_default_on_cpu_is_caffe_without_warning(kind):
+    (layer, _, _), warned = collect(lambda: setup_layer(kind))
+    assert layer.engine == engine.CAFFE
+    assert layer.engine_fallback is None
+    assert warned == []
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_explicit_caffe_on_cpu(kind):
+    (layer, _, _), warned = collect(lambda: setup_layer(kind, "engine: CAFFE"))
+    assert layer.engine == engine.CAFFE and warned == []
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_explicit_cudnn_on_cpu_falls_back_with_one_warning(kind):
+    (layer, _, _), warned = collect(lambda: setup_layer(kind, "engine: CUDNN"))
+    assert layer.engine == engine.CAFFE
+    assert "CPU mode" in layer.engine_fallback
+    assert len(warned) == 1
+    msg = str(warned[0].message)
+    assert repr(layer.name) in msg and "CUDNN" in msg and "CAFFE" in msg
+    # the same layer again (a test net beside the train net): no second warning
+    (again, _, _), warned = collect(lambda: setup_layer(kind, "engine: CUDNN"))
+    assert again.engine == engine.CAFFE and warned == []
+
+
+def test_warning_is_once_per_layer_name():
+    _, w1 = collect(lambda: engine.resolve(fake_layer(value=2, name="a"), "convolution_param"))
+    _, w2 = collect(lambda: engine.resolve(fake_layer(value=2, name="b"), "convolution_param"))
+    _, w3 = collect(lambda: engine.resolve(fake_layer(value=2, name="a"), "convolution_param"))
+    assert len(w1) == 1 and "'a'" in str(w1[0].message)
+    assert len(w2) == 1 and "'b'" in str(w2[0].message)
+    assert w3 == []
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_cudnn_requested_on_cpu_computes_what_caffe_computes(kind):
+    """The fallback is the CAFFE path itself: same numbers, same declarations."""
+    results = []
+    for text in ("", "engine: CUDNN"):
+        (layer, bottom, top), _ = collect(lambda: setup_layer(kind, text))
+        layer.forward(bottom, top)
+        top[0].diff[...] = np.linspace(-1, 1, top[0].count).reshape(top[0].shape)
+        if kind == "SoftmaxWithLoss":
+            top[0].diff[...] = 1.0
+        layer.backward(top, [True] + [False] * (len(bottom) - 1), bottom)
+        results.append((top[0].data.copy(), bottom[0].diff.copy(), layer.backward_reads(),
+                        sorted(layer.internals)))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    assert results[0][2:] == results[1][2:]
+
+
+# ------------------------------------------------------------ the default
+def test_automatic_default(monkeypatch):
+    gpu_here(monkeypatch, cudnn=True)
+    assert engine.resolve(fake_layer(xp=FAKE_CUPY), "convolution_param") == engine.CUDNN
+    assert engine.resolve(fake_layer(xp=np), "convolution_param") == engine.CAFFE
+    gpu_here(monkeypatch, cudnn=False)
+    (got, warned) = collect(lambda: engine.resolve(fake_layer(xp=FAKE_CUPY), "convolution_param"))
+    assert got == engine.CAFFE and warned == []  # automatic: no cuDNN is no surprise
+
+
+def test_explicit_cudnn_without_cudnn_warns(monkeypatch):
+    gpu_here(monkeypatch, cudnn=False)
+    layer = fake_layer(value=2, xp=FAKE_CUPY, name="conv9")
+    got, warned = collect(lambda: engine.resolve(layer, "convolution_param"))
+    assert got == engine.CAFFE
+    assert len(warned) == 1 and "'conv9'" in str(warned[0].message)
+    assert "cuDNN does not load" in str(warned[0].message)
+    assert "cuDNN does not load" in layer.engine_fallback
+
+
+def test_explicit_fields_on_gpu(monkeypatch):
+    gpu_here(monkeypatch, cudnn=True)
+    for field in ("convolution_param", "pooling_param", "lrn_param", "softmax_param"):
+        assert engine.resolve(fake_layer(field, 1, xp=FAKE_CUPY), field) == engine.CAFFE
+        assert engine.resolve(fake_layer(field, 2, xp=FAKE_CUPY), field) == engine.CUDNN
+
+
+def test_env_overrides_the_default(monkeypatch):
+    gpu_here(monkeypatch, cudnn=True)
+    monkeypatch.setenv(engine.ENV_ENGINE, "caffe")
+    assert engine.resolve(fake_layer(xp=FAKE_CUPY), "convolution_param") == engine.CAFFE
+    # an explicit field beats the default
+    assert engine.resolve(fake_layer(value=2, xp=FAKE_CUPY), "convolution_param") == engine.CUDNN
+    monkeypatch.setenv(engine.ENV_ENGINE, "CUDNN")
+    assert engine.resolve(fake_layer(xp=FAKE_CUPY), "convolution_param") == engine.CUDNN
+    assert engine.resolve(fake_layer(value=1, xp=FAKE_CUPY), "convolution_param") == engine.CAFFE
+    for auto in ("", "DEFAULT", "auto"):
+        monkeypatch.setenv(engine.ENV_ENGINE, auto)
+        assert engine.resolve(fake_layer(xp=FAKE_CUPY), "convolution_param") == engine.CUDNN
+        assert engine.requested_default() == (None, "automatic")
+
+
+def test_set_default_engine_beats_env(monkeypatch):
+    gpu_here(monkeypatch, cudnn=True)
+    monkeypatch.setenv(engine.ENV_ENGINE, "CUDNN")
+    engine.set_default_engine("CAFFE")
+    assert engine.get_default_engine() == engine.CAFFE
+    assert engine.requested_default() == (engine.CAFFE, "set_default_engine")
+    assert engine.resolve(fake_layer(xp=FAKE_CUPY), "convolution_param") == engine.CAFFE
+    assert engine.resolve(fake_layer(value=2, xp=FAKE_CUPY), "convolution_param") == engine.CUDNN
+    engine.set_default_engine(None)
+    assert engine.resolve(fake_layer(xp=FAKE_CUPY), "convolution_param") == engine.CUDNN
+    engine.set_default_engine("cudnn")
+    monkeypatch.setenv(engine.ENV_ENGINE, "CAFFE")
+    assert engine.resolve(fake_layer(xp=FAKE_CUPY), "convolution_param") == engine.CUDNN
+    engine.set_default_engine("DEFAULT")
+    assert engine.get_default_engine() is None
+
+
+def test_forced_cudnn_default_on_cpu_warns_once_for_the_whole_net():
+    engine.set_default_engine("CUDNN")
+    layers, warned = collect(lambda: [engine.resolve(fake_layer(name=f"l{i}"), "convolution_param")
+                                      for i in range(5)])
+    assert layers == [engine.CAFFE] * 5
+    assert len(warned) == 1
+    assert "set_default_engine" in str(warned[0].message) and "CPU mode" in str(warned[0].message)
+
+
+def test_forced_cudnn_default_without_cudnn_warns(monkeypatch):
+    gpu_here(monkeypatch, cudnn=False)
+    monkeypatch.setenv(engine.ENV_ENGINE, "CUDNN")
+    got, warned = collect(lambda: engine.resolve(fake_layer(xp=FAKE_CUPY), "convolution_param"))
+    assert got == engine.CAFFE
+    assert len(warned) == 1 and "$MINICAFFE_ENGINE" in str(warned[0].message)
+
+
+def test_unknown_engine_names_are_clear_errors(monkeypatch):
+    with pytest.raises(ValueError, match="set_default_engine.*'TENSORRT'.*CAFFE or CUDNN"):
+        engine.set_default_engine("TENSORRT")
+    assert engine.get_default_engine() is None
+    monkeypatch.setenv(engine.ENV_ENGINE, "cudnn8")
+    with pytest.raises(ValueError, match=r"\$MINICAFFE_ENGINE.*'cudnn8'.*CAFFE or CUDNN"):
+        engine.resolve(fake_layer(), "convolution_param")
+    # explicit fields do not consult the default, so they still resolve
+    assert engine.resolve(fake_layer(value=1), "convolution_param") == engine.CAFFE
+
+
+def test_unknown_env_engine_fails_the_net_build_naming_the_layer(monkeypatch):
+    monkeypatch.setenv(engine.ENV_ENGINE, "fast")
+    text = ('name: "n" layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 '
+            'dim: 2 dim: 4 dim: 4 } } } layer { name: "pool" type: "Pooling" bottom: "x" '
+            'top: "y" pooling_param { pool: MAX kernel_size: 2 } }')
+    with pytest.raises(ValueError, match="layer 'pool'.*MINICAFFE_ENGINE.*'fast'"):
+        Net(parse_text(text, caffe_pb2.NetParameter), TRAIN)
+
+
+# ------------------------------------------------------------ fall_back, options, reports
+def test_fall_back_records_the_reason(capsys):
+    layer, _, _ = setup_layer("LRN")
+    layer.engine = engine.CUDNN
+    engine.fall_back(layer, "a reason")
+    assert layer.engine == engine.CAFFE and layer.engine_fallback == "a reason"
+    assert "layer 'n' (LRN): a reason; using the CAFFE engine" in capsys.readouterr().err
+
+
+def test_cudnn_options(monkeypatch):
+    o = engine.cudnn_options()
+    assert (o.deterministic, o.tf32, o.find) == (False, False, False)
+    assert o.workspace_limit == 64 << 20
+    monkeypatch.setenv(engine.ENV_DETERMINISTIC, "1")
+    monkeypatch.setenv(engine.ENV_TF32, "true")
+    monkeypatch.setenv(engine.ENV_FIND, "0")
+    monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", "8M")
+    o = engine.cudnn_options()
+    assert (o.deterministic, o.tf32, o.find, o.workspace_limit) == (True, True, False, 8 << 20)
+    monkeypatch.setenv(engine.ENV_DETERMINISTIC, "maybe")
+    with pytest.raises(ValueError, match="MINICAFFE_DETERMINISTIC.*'maybe'"):
+        engine.cudnn_options()
+
+
+NET = '''name: "n"
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } shape { dim: 2 } } }
+layer { name: "conv" type: "Convolution" bottom: "x" top: "c"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 engine: CUDNN
+                            weight_filler { type: "xavier" } } }
+layer { name: "norm" type: "LRN" bottom: "c" top: "n" lrn_param { local_size: 3 } }
+layer { name: "relu" type: "ReLU" bottom: "n" top: "n" }
+layer { name: "pool" type: "Pooling" bottom: "n" top: "p" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "p" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+'''
+
+
+def test_layer_engines_and_in_place_hazards():
+    net, warned = collect(lambda: Net(parse_text(NET, caffe_pb2.NetParameter), TRAIN))
+    assert len(warned) == 1 and "'conv'" in str(warned[0].message)
+    report = engine.layer_engines(net)
+    assert [(n, t, e) for n, t, e, _ in report] == [
+        ("conv", "Convolution", "CAFFE"), ("norm", "LRN", "CAFFE"), ("pool", "Pooling", "CAFFE"),
+        ("loss", "SoftmaxWithLoss", "CAFFE")]
+    assert "CPU mode" in report[0][3] and report[1][3] is None
+    # LRN's backward reads its top data, which the in-place ReLU overwrites
+    hazards = engine.in_place_hazards(net)
+    assert len(hazards) == 1
+    assert "'relu'" in hazards[0] and "'norm'" in hazards[0] and "'n'" in hazards[0]
+    clean = Net(parse_text(NET.replace('top: "n" }\nlayer { name: "pool"',
+                                       'top: "r" }\nlayer { name: "pool"')
+                           .replace('bottom: "n" top: "p"', 'bottom: "r" top: "p"'),
+                           caffe_pb2.NetParameter), TRAIN)
+    assert engine.in_place_hazards(clean) == []

@@ -22,6 +22,7 @@ from collections import deque
 import numpy as np
 
 from .backend import gpu_available, normalize_mode, set_device, to_numpy, GPU, CPU
+from .kernels import cuda_fused
 from .log import log
 from .net import TEST, TRAIN, Net
 from .proto import (caffe_pb2, read_binary, read_net_param, read_solver_param, upgrade_solver,
@@ -108,6 +109,7 @@ class Solver:
         self.last_loss = None     # the last iteration's loss, a device scalar (float() syncs)
         self.callbacks = []       # objects with on_start(solver) / on_gradients_ready(solver)
         self.last_snapshot = None
+        self._sgd_fused = None    # kernels.cuda_fused.MultiTensorSGD, built on first update
 
     def _choose_mode(self, mode):
         if mode is not None:
@@ -285,7 +287,11 @@ class Solver:
         return learning_rate(p, self.iter, self.current_step)
 
     def apply_update(self, display: bool = False):
-        """Caffe's SGDSolver::ApplyUpdate, for every learnable parameter."""
+        """Caffe's SGDSolver::ApplyUpdate, for every learnable parameter.
+
+        GPU fast path: with the plain SGD rule and no gradient clipping, every
+        parameter is updated by one kernel launch (:meth:`fused_sgd`), with the
+        arithmetic of the loop below, one rounding per step."""
         p = self.param
         rate = self.get_learning_rate()
         if display:
@@ -293,7 +299,16 @@ class Solver:
         net = self.net
         xp = net.xp
         params = net.learnable_params
-        if p.HasField("clip_gradients") and p.clip_gradients >= 0:
+        reg = p.regularization_type or "L2"
+        if reg not in ("L1", "L2"):
+            raise ValueError(f"unknown regularization type {reg!r} (known: L1, L2)")
+        clipping = p.HasField("clip_gradients") and p.clip_gradients >= 0
+        if not clipping:
+            fused = self.fused_sgd()
+            if fused is not None:
+                fused.update(rate, p.momentum, p.weight_decay, max(1, p.iter_size), reg == "L1")
+                return
+        if clipping:
             sumsq = sum(xp.sum(q.diff * q.diff) for q in params)
             norm = xp.sqrt(sumsq)
             # Caffe reads the norm on the host; we keep it on the device.
@@ -305,9 +320,6 @@ class Solver:
                               f"{p.clip_gradients:g}) by scale factor {p.clip_gradients / n:.6g}")
             for q in params:
                 q.diff *= factor.astype(q.dtype)
-        reg = p.regularization_type or "L2"
-        if reg not in ("L1", "L2"):
-            raise ValueError(f"unknown regularization type {reg!r} (known: L1, L2)")
         for i, q in enumerate(params):
             if p.iter_size > 1:
                 q.diff *= 1.0 / p.iter_size
@@ -319,6 +331,30 @@ class Solver:
                     q.diff += decay * xp.sign(q.data)
             self.rule.compute_update(i, q, rate * net.param_lr_mult[i])
             q.data -= q.diff
+
+    def fused_sgd(self):
+        """The one-launch SGD update of every parameter, or None where it does not
+        apply: not GPU mode, fused kernels off or not compiled, a rule other than
+        plain SGD (Nesterov, Adam), parameters of mixed dtypes.  Its tables point at
+        the parameters' current storage and are rebuilt (a small synchronous
+        upload) whenever that storage moved."""
+        current = getattr(self, "_sgd_fused", None)  # subclasses may skip __init__ (ps/)
+        if current is False:
+            return None
+        net = self.net
+        params, history = net.learnable_params, self.history
+        if current is None:
+            ok = (type(self.rule) is SGDRule and bool(params)
+                  and cuda_fused.enabled_for(net.xp, params[0].dtype)
+                  and cuda_fused.MultiTensorSGD.supports(params, history))
+            if not ok:
+                self._sgd_fused = False
+                return None
+        elif current.matches(params, history):
+            return current
+        self._sgd_fused = cuda_fused.MultiTensorSGD(params, history, net.param_lr_mult,
+                                                    net.param_decay_mult, xp=net.xp)
+        return self._sgd_fused
 
     # ---------------------------------------------------- snapshots
     def _prefix(self) -> str:

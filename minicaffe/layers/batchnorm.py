@@ -12,9 +12,22 @@ updated in TRAIN as ``s <- maf * s + 1``, ``mean_sum <- maf * mean_sum + mean``,
 ``var_sum <- maf * var_sum + m / (m - 1) * var`` with ``m = N * H * W``; the
 estimates used in TEST are ``mean_sum / s`` and ``var_sum / s``. Caffe masks
 them from the solver by forcing ``lr_mult: 0`` on their ParamSpecs.
+
+GPU fast path (:mod:`minicaffe.kernels.cuda_fused`): in GPU mode, when the
+fused kernels compile, forward is two launches in TRAIN (per-channel partial
+sums in float64, then one pass that finishes the statistics, updates the three
+blobs and writes ``y`` and ``x_norm``) and one with global statistics; backward
+likewise two and one.  The generic code below stays the reference (CPU mode, or
+``MINICAFFE_FUSED=0``); the fast path computes the same function.  It needs a
+small float64 scratch internal ``fused_ws`` (C * (2P + 1) values) and leaves the
+declared ``temp`` untouched, so that buffer is never allocated outside a memory
+plan (it stays declared: Caffe allocates it, and the ``none`` baseline counts it).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ..kernels import cuda_fused
 from ..layer import BackwardReads, Layer, register_layer
 from ..proto import caffe_pb2
 
@@ -68,6 +81,9 @@ class BatchNormLayer(Layer):
                     f"{self.param.param[i].lr_mult}; batch normalization statistics cannot be "
                     "configured as layer parameters (lr_mult must be 0)")
         self.param_propagate_down = [False] * len(self.blobs)
+        # decided once: fused CUDA kernels in GPU mode when they compile
+        self._fused = (cuda_fused.enabled_for(self.xp, self.dtype)
+                       and cuda_fused.channel_grid_ok(self.channels))
 
     def reshape(self, bottom, top):
         b = bottom[0]
@@ -83,6 +99,15 @@ class BatchNormLayer(Layer):
             self.add_internal("temp", b.shape, saved=False)
             # (N, C, ...): the normalized output y (Caffe's x_norm_).
             self.add_internal("x_norm", b.shape, saved=True)
+        if self._fused:
+            # (P, L): P blocks of L elements per channel of the (N, C, S) view
+            self._chunks = cuda_fused.channel_chunks(b.count // self.channels, self.channels)
+            if not self.use_global_stats:
+                # (C * (2P + 1),) float64: the fused kernels' per-block partial sums and
+                # per-channel pivots; scratch within one forward or backward call.
+                self.add_internal("fused_ws", (cuda_fused.workspace_size(self.channels,
+                                                                         self._chunks[0]),),
+                                  saved=False, batch_scaled=False, dtype=np.float64)
 
     def backward_reads(self) -> BackwardReads:
         internals = ("std",) if self.use_global_stats else ("x_norm", "std")
@@ -94,6 +119,8 @@ class BatchNormLayer(Layer):
         return a.reshape(n, self.channels, -1)
 
     def forward_impl(self, bottom, top):
+        if self._fused:
+            return self._forward_fused(bottom, top)
         xp = self.xp
         dt = self.dtype.type
         x = self._ncs(bottom[0].data)
@@ -129,6 +156,8 @@ class BatchNormLayer(Layer):
     def backward_impl(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
+        if self._fused:
+            return self._backward_fused(top, bottom)
         xp = self.xp
         std = self.internal("std").data[None, :, None]
         dy = self._ncs(top[0].diff)
@@ -146,3 +175,34 @@ class BatchNormLayer(Layer):
         temp += mean_dy[None, :, None]
         xp.subtract(dy, temp, out=dx)
         dx /= std
+
+    # ------------------------------------------------------ GPU fast path
+    def _forward_fused(self, bottom, top):
+        """The forward above in one (global statistics) or two (TRAIN) launches."""
+        x = self._ncs(bottom[0].data)
+        y = self._ncs(top[0].data)          # may be x (in place)
+        std = self.internal("std").data     # (C,)
+        p, length = self._chunks
+        mean_sum, var_sum, factor = (b.data for b in self.blobs)
+        if self.use_global_stats:
+            cuda_fused.bn_forward_global(x, y, std, mean_sum, var_sum, factor, self.eps, p,
+                                         length)
+            return
+        m = bottom[0].count // self.channels
+        correction = m / (m - 1) if m > 1 else 1.0
+        cuda_fused.bn_forward_train(
+            x, y, self._ncs(self.internal("x_norm").data), self.internal("fused_ws").data, std,
+            mean_sum, var_sum, factor, self.eps, self.moving_average_fraction, correction, p,
+            length)
+
+    def _backward_fused(self, top, bottom):
+        """The backward above in one (global statistics) or two (TRAIN) launches."""
+        dy = self._ncs(top[0].diff)
+        dx = self._ncs(bottom[0].diff)      # the same array as dy when in place
+        std = self.internal("std").data
+        p, length = self._chunks
+        if self.use_global_stats:
+            cuda_fused.bn_backward_global(dy, std, dx, p, length)
+            return
+        cuda_fused.bn_backward_train(dy, self._ncs(self.internal("x_norm").data), std, dx,
+                                     self.internal("fused_ws").data, p, length)

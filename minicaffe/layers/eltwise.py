@@ -1,8 +1,15 @@
-"""Eltwise, as Caffe's ``eltwise_layer.cpp``: PROD, SUM (with coefficients) or MAX of bottoms."""
+"""Eltwise, as Caffe's ``eltwise_layer.cpp``: PROD, SUM (with coefficients) or MAX of bottoms.
+
+SUM has a GPU fast path (:mod:`minicaffe.kernels.cuda_fused`): one launch per
+pair of bottoms forward (the usual residual sum of two bottoms: one launch
+instead of two) and backward (both bottom diffs from one read of the top diff);
+the generic code stays the reference.
+"""
 from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import cuda_fused
 from ..layer import BackwardReads, Layer, register_layer
 from ..proto import caffe_pb2
 
@@ -43,6 +50,8 @@ class EltwiseLayer(Layer):
                 "(operation SUM), not for PROD")
         self.coeffs = [float(c) for c in p.coeff] if len(p.coeff) else [1.0] * len(bottom)
         self.stable_prod_grad = bool(p.stable_prod_grad)
+        # decided once: fused CUDA kernels for SUM in GPU mode when they compile
+        self._fused = self.op == _Op.SUM and cuda_fused.enabled_for(self.xp, self.dtype)
 
     def reshape(self, bottom, top):
         first = bottom[0]
@@ -68,7 +77,13 @@ class EltwiseLayer(Layer):
     def forward_impl(self, bottom, top):
         xp = self.xp
         y = top[0].data
-        if self.op == _Op.PROD:
+        if self._fused:
+            # y = c0*x0 + c1*x1, then y += c_i*x_i per further bottom, as below
+            cuda_fused.eltwise_sum2(bottom[0].data, self.coeffs[0], bottom[1].data,
+                                    self.coeffs[1], y)
+            for b, c in zip(bottom[2:], self.coeffs[2:]):
+                cuda_fused.eltwise_sum2(y, 1.0, b.data, c, y)
+        elif self.op == _Op.PROD:
             xp.multiply(bottom[0].data, bottom[1].data, out=y)
             for b in bottom[2:]:
                 y *= b.data
@@ -92,6 +107,17 @@ class EltwiseLayer(Layer):
     def backward_impl(self, top, propagate_down, bottom):
         xp = self.xp
         dy = top[0].diff
+        # In place with a coefficient other than 1 the loop below rescales dy itself
+        # before later bottoms read it (as Caffe's loop does): keep that order there.
+        if self._fused and (all(c == 1.0 for c in self.coeffs)
+                            or not any(b is top[0] for b in bottom)):
+            outs = [(b.diff, c) for b, c, prop in zip(bottom, self.coeffs, propagate_down)
+                    if prop]
+            for k in range(0, len(outs), 2):
+                (dx0, c0), (dx1, c1) = outs[k], (outs[k + 1] if k + 1 < len(outs)
+                                                 else (None, 1.0))
+                cuda_fused.eltwise_sum_backward2(dy, dx0, c0, dx1, c1)
+            return
         for i, (b, prop) in enumerate(zip(bottom, propagate_down)):
             if not prop:
                 continue

@@ -4,11 +4,16 @@ Each takes one bottom and gives one top of the same shape, and may run in
 place (top is the bottom Blob). In place, forward overwrites the bottom data,
 so backward must be written from what survives: the top data (which is the
 bottom blob's data after forward) or a saved mask.
+
+ReLU has a GPU fast path (:mod:`minicaffe.kernels.cuda_fused`): one launch
+forward and one backward, with no temporary (the generic backward makes a
+boolean mask first); the generic code stays the reference.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import cuda_fused
 from ..layer import BackwardReads, Layer, register_layer
 from ..proto import caffe_pb2
 from ..rng import rng_for
@@ -42,6 +47,7 @@ class ReLULayer(NeuronLayer):
 
     def layer_setup(self, bottom, top):
         self.negative_slope = float(self.param.relu_param.negative_slope)
+        self._fused = cuda_fused.enabled_for(self.xp, self.dtype)  # decided once
 
     def _mask_source_is_top(self) -> bool:
         return self.negative_slope >= 0
@@ -55,7 +61,9 @@ class ReLULayer(NeuronLayer):
         xp = self.xp
         x = bottom[0].data
         y = top[0].data
-        if self.negative_slope == 0:
+        if self._fused:
+            cuda_fused.relu_forward(x, y, self.negative_slope)
+        elif self.negative_slope == 0:
             xp.maximum(x, 0, out=y)
         else:
             # where() reads x fully before y (possibly x itself) is written.
@@ -68,7 +76,9 @@ class ReLULayer(NeuronLayer):
         ref = top[0].data if self._mask_source_is_top() else bottom[0].data
         dy = top[0].diff
         dx = bottom[0].diff
-        if self.negative_slope == 0:
+        if self._fused:
+            cuda_fused.relu_backward(ref, dy, dx, self.negative_slope)
+        elif self.negative_slope == 0:
             xp.multiply(dy, ref > 0, out=dx)
         else:
             dx[...] = xp.where(ref > 0, dy, dy * self.dtype.type(self.negative_slope))

@@ -9,12 +9,24 @@ operand is applied with axis 0, as Caffe does, whatever ``axis`` says.
 With one bottom the operand is a learned blob of shape
 ``bottom[0].shape[axis : axis + num_axes]`` (``num_axes: -1`` runs to the end);
 with two bottoms ``bottom[1]`` is the operand and receives the gradient.
+
+GPU fast path of Scale (:mod:`minicaffe.kernels.cuda_fused`): in GPU mode, when
+the fused kernels compile, forward is one launch (the in-place copy, the product
+and the bias together) and backward two (one pass over the top diff that writes
+the bottom diff and per-block partial sums of ``dy * x`` and ``dy``, then one
+thread per channel that finishes the parameter gradients), for every
+axis/num_axes and one or two bottoms, as long as the bias (if any) broadcasts
+like the scale (always so in Caffe) and the operand has at most 65535 elements.
+The generic code stays the reference.
 """
 from __future__ import annotations
 
 from math import prod
 
+import numpy as np
+
 from ..fillers import fill
+from ..kernels import cuda_fused
 from ..layer import BackwardReads, Layer, register_layer
 from ..proto import caffe_pb2
 
@@ -103,6 +115,8 @@ class ScaleLayer(Layer):
             fill(bias, p.bias_filler, where=f"layer {self.name!r}: ")
             self.blobs.append(bias)
         self.param_propagate_down = [True] * len(self.blobs)
+        self._fused_module = cuda_fused.enabled_for(self.xp, self.dtype)  # decided once
+        self._fused = False  # and per shape, at reshape
 
     def _scale_blob(self, bottom):
         return bottom[1] if len(bottom) > 1 else self.blobs[0]
@@ -120,6 +134,17 @@ class ScaleLayer(Layer):
             self.add_internal("bottom_copy", bottom[0].shape, saved=True)
         else:
             top[0].reshape_like(bottom[0])
+        self._fused = (getattr(self, "_fused_module", False)
+                       and cuda_fused.channel_grid_ok(self._dims[1])
+                       and (not self.bias_term or self._bias_dims == self._dims))
+        if self._fused:
+            outer, dim, inner = self._dims
+            # (P, L): P blocks of L elements per channel of the (outer, dim, inner) view
+            self._chunks = cuda_fused.channel_chunks(outer * inner, dim)
+            # (dim * (2P + 1),) float64: per-block partial sums of the parameter
+            # gradients; scratch within one backward call.
+            self.add_internal("fused_ws", (cuda_fused.workspace_size(dim, self._chunks[0]),),
+                              saved=False, batch_scaled=False, dtype=np.float64)
 
     def _scale_grad_needed(self) -> bool:
         # With two bottoms propagate_down[1] is only known at backward time.
@@ -140,6 +165,14 @@ class ScaleLayer(Layer):
         xp = self.xp
         outer, dim, inner = self._dims
         x = bottom[0].data.reshape(outer, dim, inner)
+        if self._fused:  # one launch: copy (in place), product and bias
+            copy = (self.internal("bottom_copy").data.reshape(outer, dim, inner)
+                    if self._in_place else None)
+            cuda_fused.scale_forward(
+                x, self._scale_blob(bottom).data,
+                self.blobs[-1].data if self.bias_term else None,
+                top[0].data.reshape(outer, dim, inner), copy, *self._chunks)
+            return
         if self._in_place:
             self.internal("bottom_copy").data.reshape(outer, dim, inner)[...] = x
         y = top[0].data.reshape(outer, dim, inner)
@@ -152,6 +185,8 @@ class ScaleLayer(Layer):
         xp = self.xp
         outer, dim, inner = self._dims
         dy = top[0].diff.reshape(outer, dim, inner)
+        if self._fused:
+            return self._backward_fused(dy, propagate_down, bottom)
         if self.bias_term and self.param_propagate_down[-1]:
             bo, bd, bi = self._bias_dims
             bias = self.blobs[-1]
@@ -169,6 +204,25 @@ class ScaleLayer(Layer):
         if propagate_down[0]:
             dx = bottom[0].diff.reshape(outer, dim, inner)
             xp.multiply(dy, scale.data.reshape(1, dim, 1), out=dx)
+
+    def _backward_fused(self, dy, propagate_down, bottom):
+        """The backward above in two launches: dx and the partial sums in one pass
+        over dy (safe in place: each element is read, then written, by one thread),
+        then the parameter gradients (``+=`` for learned blobs, ``=`` for bottom[1])."""
+        outer, dim, inner = self._dims
+        scale = self._scale_blob(bottom)
+        need_bias = self.bias_term and bool(self.param_propagate_down[-1])
+        need_scale = bool(propagate_down[1]) if self._two_bottoms else \
+            bool(self.param_propagate_down[0])
+        x = None
+        if need_scale:
+            x = (self.internal("bottom_copy") if self._in_place else bottom[0]).data
+            x = x.reshape(outer, dim, inner)
+        dx = bottom[0].diff.reshape(outer, dim, inner) if propagate_down[0] else None
+        cuda_fused.scale_backward(
+            dy, x, scale.data, dx, scale.diff if need_scale else None, not self._two_bottoms,
+            self.blobs[-1].diff if need_bias else None, self.internal("fused_ws").data,
+            *self._chunks)
 
 
 @register_layer

@@ -216,7 +216,9 @@ class SoftmaxWithLossLayer(Layer):
 
     def _valid_count(self, valid):
         if valid is None:
-            return self.xp.asarray(float(self.outer * self.inner), dtype=self.dtype)
+            # full(), not asarray(): a fill kernel, where asarray would copy a host value
+            # (a copy that a captured CUDA graph would replay from a stale staging buffer)
+            return self.xp.full((), float(self.outer * self.inner), dtype=self.dtype)
         return valid.sum().astype(self.dtype)
 
     def forward_impl(self, bottom, top):

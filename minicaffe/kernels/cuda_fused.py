@@ -1,0 +1,807 @@
+"""Fused CUDA kernels for the elementwise-heavy layers and the SGD update (GPU fast paths).
+
+Why: on a GPU, Caffe's BatchNorm, Scale, ReLU and Eltwise written as generic
+CuPy array expressions cost many small kernels per layer (BatchNorm TRAIN: about
+17 forward and 7 backward), each a full pass over the activation with a
+temporary, and each launched from Python (about 10 us of host time per launch).
+The kernels here compute the *same function* in few passes:
+
+=====================  =======================================  ===========================
+layer / step           fused launches (generic CuPy launches)   full-size passes, fused
+=====================  =======================================  ===========================
+BatchNorm TRAIN fwd    2: partial stats, normalize (~17)        read x twice, write y, x_norm
+BatchNorm TRAIN bwd    2: partial sums, apply (~7)              read dy, y twice; write dx
+BatchNorm global       1 forward, 1 backward (~8 / 1)           one pass each
+Scale (+bias) fwd      1 (2-3, plus the in-place copy)          read x; write y (and copy)
+Scale (+bias) bwd      2: partial sums + dx, finalize (~6)      read dy, x; write dx
+ReLU fwd / bwd         1 / 1 (1 / 2)                            one pass each
+Eltwise SUM, 2 bottoms 1 forward, 1 backward (2 / 2)            one pass each
+SGD update, all params 1 for the whole net (7 per param)        read/write data, diff, history
+=====================  =======================================  ===========================
+
+Per-channel reductions (BatchNorm's mean/variance and its backward sums, Scale's
+parameter gradients) work on the bottom viewed as (N, C, S): N outer items, C
+channels, S = H*W inner positions; channel c has m = N*S elements, at
+``(n*C + c)*S + s``.  A grid of (P, C) blocks covers it: block (p, c) sums
+elements ``j = n*S + s`` of channel c with ``j`` in ``[p*L, (p+1)*L)`` into a
+``float64`` partial written to a workspace of shape (C, P, 2); the next kernel's
+blocks each add their channel's P partials in a fixed order, so results are
+deterministic (no atomics) and accumulate in double precision.  The batch mean
+is taken around a pivot (the channel's first element) so the variance
+``E[(x-K)^2] - E[x-K]^2`` does not cancel catastrophically.
+
+Bit-level faithfulness: where the generic path does one rounding per CuPy op
+(``y = x * scale``, then ``y += bias``), the kernels use ``__fmul_rn``-style
+intrinsics, which the compiler never contracts into an FMA, so the elementwise
+results match the generic path bit for bit given the same per-channel
+statistics; the statistics themselves are more accurate here (double
+accumulation), so those outputs agree to float32 rounding of the sums (about
+1e-7 relative), not bit for bit.
+
+Dispatch: :func:`enabled_for` is true only when the layer's array module is CuPy,
+a CUDA device answers, the environment does not say ``MINICAFFE_FUSED=0``, and
+the module compiles (NVRTC, once per process, float and double instantiations).
+Layers decide once, at set-up; :func:`disabled` turns the fast paths off for the
+layers set up inside it (tests compare both paths on one GPU).  Every launch
+goes on CuPy's current stream; nothing here synchronizes the host or allocates
+device memory (workspaces are the layers' declared internals, or preallocated
+once for the SGD tables), so the iteration can be captured in a CUDA graph
+(:mod:`minicaffe.graph`).  Arrays must be C-contiguous (every Blob view is).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import warnings
+
+import numpy as np
+
+try:  # importing cupy needs no GPU; compiling and launching do.
+    import cupy as _cp
+except Exception:  # pragma: no cover - CuPy absent
+    _cp = None
+
+THREADS = 256            # threads per block of every kernel here (block_sum2 relies on it)
+_MAX_BLOCKS = 1 << 20    # elementwise kernels use grid-stride loops beyond this
+_MAX_GRID_Y = 65535      # CUDA's limit on gridDim.y: the channel count of (P, C) grids
+_TARGET_BLOCKS = 2048    # enough (P, C) blocks to fill an H100/H200 (132 SMs) several times
+_MIN_BLOCK_ELEMS = 1024  # ... but no fewer than 4 elements per thread in a block
+_SGD_CHUNK = 8192        # elements of one parameter handled by one block of the SGD update
+ENV_FUSED = "MINICAFFE_FUSED"
+
+_SOURCE = r"""
+#define FUSED_THREADS 256
+
+#define CUDA_KERNEL_LOOP(i, n) \
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+       i += (long long)blockDim.x * gridDim.x)
+
+// One rounding per operation, as CuPy's one-op kernels do: these intrinsics are
+// never contracted into fused multiply-adds.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float sqrt_rn(float a) { return __fsqrt_rn(a); }
+__device__ __forceinline__ double sqrt_rn(double a) { return __dsqrt_rn(a); }
+
+// Sum a and b over the block (blockDim.x == FUSED_THREADS) in a fixed order;
+// every thread gets the totals.  Called at most once per kernel.
+__device__ __forceinline__ void block_sum2(double& a, double& b) {
+  __shared__ double sa[FUSED_THREADS];
+  __shared__ double sb[FUSED_THREADS];
+  sa[threadIdx.x] = a;
+  sb[threadIdx.x] = b;
+  __syncthreads();
+  for (int k = FUSED_THREADS / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) {
+      sa[threadIdx.x] += sa[threadIdx.x + k];
+      sb[threadIdx.x] += sb[threadIdx.x + k];
+    }
+    __syncthreads();
+  }
+  a = sa[0];
+  b = sb[0];
+}
+
+// Walks the elements j = n*S + s of channel c of an (N, C, S) array that one
+// thread of block (p, c) owns: j = j0 + threadIdx.x, then steps of
+// FUSED_THREADS, without a division per element.
+struct ChannelCursor {
+  long long j, n, s, dn, ds;
+  __device__ ChannelCursor(long long j0, long long S) {
+    j = j0 + threadIdx.x;
+    n = j / S;
+    s = j - n * S;
+    dn = FUSED_THREADS / S;
+    ds = FUSED_THREADS - dn * S;
+  }
+  __device__ __forceinline__ void next(long long S) {
+    j += FUSED_THREADS;
+    n += dn;
+    s += ds;
+    if (s >= S) { s -= S; ++n; }
+  }
+  __device__ __forceinline__ long long offset(long long C, long long c, long long S) const {
+    return (n * C + c) * S + s;
+  }
+};
+
+__device__ __forceinline__ long long chunk_end(long long j0, long long L, long long m) {
+  return j0 + L < m ? j0 + L : m;
+}
+
+// ------------------------------------------------------------ BatchNorm
+// Workspace (double): ws[(c*P + p)*2 + {0, 1}] = partial sums of block (p, c);
+// ws[2*C*P + c] = the channel's pivot K (its element (0, c, 0)).
+
+// Block (p, c): sums of (x - K) and (x - K)^2 over its chunk of channel c.
+template <typename T>
+__global__ void bn_stats_partial(const T* __restrict__ x, const long long C, const long long S,
+    const long long m, const long long L, double* __restrict__ ws) {
+  const long long c = blockIdx.y, p = blockIdx.x, P = gridDim.x;
+  const double pivot = (double)x[c * S];
+  const long long j1 = chunk_end(p * L, L, m);
+  double a = 0.0, b = 0.0;
+  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
+    const double v = (double)x[it.offset(C, c, S)] - pivot;
+    a += v;
+    b += v * v;
+  }
+  block_sum2(a, b);
+  if (threadIdx.x == 0) {
+    ws[(c * P + p) * 2] = a;
+    ws[(c * P + p) * 2 + 1] = b;
+    if (p == 0) ws[2 * C * P + c] = pivot;
+  }
+}
+
+// y = (x - mean) / std per channel (y may be x: in place); x_norm (may be
+// null) gets a copy of y.  TRAIN (use_global 0): mean and biased variance from
+// the P partials of bn_stats_partial; block (0, c) writes std[c] and updates
+// Caffe's running sums (mean_sum <- maf*mean_sum + mean, var_sum <- maf*var_sum
+// + correction*var, and block (0, 0) the scale factor s <- maf*s + 1).  Global
+// statistics (use_global 1): mean = mean_sum / s, var = var_sum / s (0 while s
+// is 0), nothing is updated but std.
+template <typename T>
+__global__ void bn_forward_apply(const T* x, T* y, T* x_norm, const long long C,
+    const long long S, const long long m, const long long L, const int P,
+    const double* __restrict__ ws, const int use_global, T* mean_sum, T* var_sum, T* factor,
+    const T eps, const T maf, const T correction, T* std_out) {
+  __shared__ T s_mean, s_std;
+  const long long c = blockIdx.y, p = blockIdx.x;
+  if (threadIdx.x == 0) {
+    T mean_t, var_t;
+    if (use_global) {
+      const T s = factor[0];
+      const T f = s == T(0) ? T(0) : div_rn(T(1), s);
+      mean_t = mul_rn(mean_sum[c], f);
+      var_t = mul_rn(var_sum[c], f);
+    } else {
+      double a = 0.0, b = 0.0;
+      for (int q = 0; q < P; ++q) {
+        a += ws[(c * P + q) * 2];
+        b += ws[(c * P + q) * 2 + 1];
+      }
+      const double d = a / (double)m;
+      double var = b / (double)m - d * d;
+      if (var < 0.0) var = 0.0;
+      mean_t = (T)(ws[2 * C * P + c] + d);
+      var_t = (T)var;
+    }
+    const T sd = sqrt_rn(add_rn(var_t, eps));
+    s_mean = mean_t;
+    s_std = sd;
+    if (p == 0) {
+      std_out[c] = sd;
+      if (!use_global) {
+        mean_sum[c] = add_rn(mul_rn(mean_sum[c], maf), mean_t);
+        var_sum[c] = add_rn(mul_rn(var_sum[c], maf), mul_rn(var_t, correction));
+        if (c == 0) factor[0] = add_rn(mul_rn(factor[0], maf), T(1));
+      }
+    }
+  }
+  __syncthreads();
+  const T mean_t = s_mean, sd = s_std;
+  const long long j1 = chunk_end(p * L, L, m);
+  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
+    const long long o = it.offset(C, c, S);
+    const T v = div_rn(sub_rn(x[o], mean_t), sd);
+    y[o] = v;
+    if (x_norm) x_norm[o] = v;
+  }
+}
+
+// Block (p, c): sums of dy and dy * y over its chunk of channel c.
+template <typename T>
+__global__ void bn_backward_partial(const T* __restrict__ dy, const T* __restrict__ y,
+    const long long C, const long long S, const long long m, const long long L,
+    double* __restrict__ ws) {
+  const long long c = blockIdx.y, p = blockIdx.x, P = gridDim.x;
+  const long long j1 = chunk_end(p * L, L, m);
+  double a = 0.0, b = 0.0;
+  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
+    const long long o = it.offset(C, c, S);
+    const double g = (double)dy[o];
+    a += g;
+    b += g * (double)y[o];
+  }
+  block_sum2(a, b);
+  if (threadIdx.x == 0) {
+    ws[(c * P + p) * 2] = a;
+    ws[(c * P + p) * 2 + 1] = b;
+  }
+}
+
+// TRAIN: dx = (dy - (mean(dy * y) * y + mean(dy))) / std, the means from the P
+// partials of bn_backward_partial; global statistics: dx = dy / std.  dx may
+// be dy (in place): each element is read and written by one thread.
+template <typename T>
+__global__ void bn_backward_apply(const T* dy, const T* __restrict__ y,
+    const T* __restrict__ std_in, T* dx, const long long C, const long long S,
+    const long long m, const long long L, const int P, const double* __restrict__ ws,
+    const int use_global) {
+  __shared__ T s_mdy, s_mdyy, s_std;
+  const long long c = blockIdx.y, p = blockIdx.x;
+  if (threadIdx.x == 0) {
+    T mdy = T(0), mdyy = T(0);
+    if (!use_global) {
+      double a = 0.0, b = 0.0;
+      for (int q = 0; q < P; ++q) {
+        a += ws[(c * P + q) * 2];
+        b += ws[(c * P + q) * 2 + 1];
+      }
+      mdy = (T)(a / (double)m);
+      mdyy = (T)(b / (double)m);
+    }
+    s_mdy = mdy;
+    s_mdyy = mdyy;
+    s_std = std_in[c];
+  }
+  __syncthreads();
+  const T mdy = s_mdy, mdyy = s_mdyy, sd = s_std;
+  const long long j1 = chunk_end(p * L, L, m);
+  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
+    const long long o = it.offset(C, c, S);
+    const T g = dy[o];
+    if (use_global) {
+      dx[o] = div_rn(g, sd);
+    } else {
+      const T t = add_rn(mul_rn(y[o], mdyy), mdy);
+      dx[o] = div_rn(sub_rn(g, t), sd);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Scale
+// The bottom viewed as (outer, dim, inner) = (N, C, S) of the channel view.
+
+// y = x * scale[c] (+ bias[c]); y may be x (in place); x_copy (may be null)
+// receives x first (Caffe's temp_ of an in-place Scale).
+template <typename T>
+__global__ void scale_forward(const T* x, const T* __restrict__ scale,
+    const T* __restrict__ bias, T* y, T* x_copy, const long long C, const long long S,
+    const long long m, const long long L) {
+  const long long c = blockIdx.y, p = blockIdx.x;
+  const T sc = scale[c];
+  const T b = bias ? bias[c] : T(0);
+  const long long j1 = chunk_end(p * L, L, m);
+  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
+    const long long o = it.offset(C, c, S);
+    const T v = x[o];
+    if (x_copy) x_copy[o] = v;
+    T r = mul_rn(v, sc);
+    if (bias) r = add_rn(r, b);
+    y[o] = r;
+  }
+}
+
+// Block (p, c): partial sums of dy * x (when need_scale) and dy (when
+// need_bias), and dx = dy * scale[c] when dx is not null (dx may be dy).
+template <typename T>
+__global__ void scale_backward_partial(const T* dy, const T* __restrict__ x,
+    const T* __restrict__ scale, T* dx, const long long C, const long long S,
+    const long long m, const long long L, const int need_scale, const int need_bias,
+    double* __restrict__ ws) {
+  const long long c = blockIdx.y, p = blockIdx.x, P = gridDim.x;
+  const T sc = dx ? scale[c] : T(0);
+  const long long j1 = chunk_end(p * L, L, m);
+  double a = 0.0, b = 0.0;
+  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
+    const long long o = it.offset(C, c, S);
+    const T g = dy[o];
+    if (need_scale) a += (double)mul_rn(g, x[o]);
+    if (need_bias) b += (double)g;
+    if (dx) dx[o] = mul_rn(g, sc);
+  }
+  if (need_scale || need_bias) {
+    block_sum2(a, b);
+    if (threadIdx.x == 0) {
+      ws[(c * P + p) * 2] = a;
+      ws[(c * P + p) * 2 + 1] = b;
+    }
+  }
+}
+
+// One thread per channel: add the P partials in order; scale_diff (may be
+// null) += or = the dy*x sum; bias_diff (may be null) += the dy sum.
+template <typename T>
+__global__ void scale_backward_finalize(const double* __restrict__ ws, const long long C,
+    const int P, T* scale_diff, const int scale_accumulate, T* bias_diff) {
+  CUDA_KERNEL_LOOP(c, C) {
+    double a = 0.0, b = 0.0;
+    for (int q = 0; q < P; ++q) {
+      a += ws[(c * P + q) * 2];
+      b += ws[(c * P + q) * 2 + 1];
+    }
+    if (scale_diff) scale_diff[c] = scale_accumulate ? add_rn(scale_diff[c], (T)a) : (T)a;
+    if (bias_diff) bias_diff[c] = add_rn(bias_diff[c], (T)b);
+  }
+}
+
+// ----------------------------------------------------------------- ReLU
+// y = x > 0 ? x : slope * x (slope 0: max(x, 0), NaN kept); y may be x.
+template <typename T>
+__global__ void relu_forward(const long long n, const T* x, T* y, const T slope) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const T v = x[i];
+    T r;
+    if (v > T(0)) r = v;
+    else if (slope == T(0)) r = (v != v) ? v : T(0);
+    else r = mul_rn(v, slope);
+    y[i] = r;
+  }
+}
+
+// dx = ref > 0 ? dy : slope * dy, ref the top (slope >= 0) or bottom data;
+// dx may be dy.
+template <typename T>
+__global__ void relu_backward(const long long n, const T* __restrict__ ref, const T* dy, T* dx,
+    const T slope) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const T g = dy[i];
+    dx[i] = ref[i] > T(0) ? g : mul_rn(g, slope);
+  }
+}
+
+// -------------------------------------------------------------- Eltwise
+// y = ca * a + (cb == 1 ? b : cb * b); y may be a or b.
+template <typename T>
+__global__ void eltwise_sum2(const long long n, const T* a, const T ca, const T* b, const T cb,
+    T* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const T u = b[i];
+    const T t = cb == T(1) ? u : mul_rn(u, cb);
+    y[i] = add_rn(mul_rn(a[i], ca), t);
+  }
+}
+
+// dx0 = c0 * dy, dx1 = c1 * dy (a copy where the coefficient is 1); either
+// output may be null or be dy itself.
+template <typename T>
+__global__ void eltwise_sum_backward2(const long long n, const T* dy, T* dx0, const T c0,
+    T* dx1, const T c1) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const T g = dy[i];
+    if (dx0) dx0[i] = c0 == T(1) ? g : mul_rn(g, c0);
+    if (dx1) dx1[i] = c1 == T(1) ? g : mul_rn(g, c1);
+  }
+}
+
+// ------------------------------------------------------------------ SGD
+// Every parameter of the net in one launch.  Block b updates elements
+// [chunk_start[b], chunk_start[b] + chunk) of parameter q = chunk_param[b],
+// whose data, diff and history pointers are ptrs[3q .. 3q+2].  The arithmetic
+// is Caffe's SGDSolver::ApplyUpdate, one rounding per step as the generic path:
+//   diff *= 1/iter_size (when scale_diff); if decay != 0: diff += decay * (data
+//   or sign(data) for L1); h = momentum * h + local_rate * diff; diff = h;
+//   data -= h; local_rate = rate * lr_mult and decay = weight_decay *
+//   decay_mult are formed in double, then rounded, like the Python scalars.
+// rate comes from rate_ptr[0] when rate_ptr is not null (a CUDA graph reads
+// the current learning rate from device memory), else from rate_value.
+template <typename T>
+__global__ void sgd_update_multi(const long long* __restrict__ chunk_param,
+    const long long* __restrict__ chunk_start, const long long* __restrict__ ptrs,
+    const long long* __restrict__ counts, const double* __restrict__ lr_mult,
+    const double* __restrict__ decay_mult, const double* __restrict__ rate_ptr,
+    const double rate_value, const double weight_decay, const T momentum, const T iter_scale,
+    const int scale_diff, const int l1, const long long chunk) {
+  const long long q = chunk_param[blockIdx.x];
+  const long long start = chunk_start[blockIdx.x];
+  const long long end = start + chunk < counts[q] ? start + chunk : counts[q];
+  T* data = reinterpret_cast<T*>(ptrs[3 * q]);
+  T* diff = reinterpret_cast<T*>(ptrs[3 * q + 1]);
+  T* hist = reinterpret_cast<T*>(ptrs[3 * q + 2]);
+  const double rate = rate_ptr ? rate_ptr[0] : rate_value;
+  const T local_rate = (T)(rate * lr_mult[q]);
+  const double decay_d = weight_decay * decay_mult[q];
+  const T decay = (T)decay_d;
+  for (long long i = start + threadIdx.x; i < end; i += FUSED_THREADS) {
+    const T w = data[i];
+    T d = diff[i];
+    if (scale_diff) d = mul_rn(d, iter_scale);
+    if (decay_d != 0.0) {
+      T r = w;
+      if (l1) r = (w > T(0)) ? T(1) : ((w < T(0)) ? T(-1) : ((w != w) ? w : T(0)));
+      d = add_rn(d, mul_rn(decay, r));
+    }
+    T h = mul_rn(hist[i], momentum);
+    h = add_rn(h, mul_rn(local_rate, d));
+    hist[i] = h;
+    diff[i] = h;
+    data[i] = sub_rn(w, h);
+  }
+}
+
+// Zero array `which` (0 data, 1 diff, 2 history) of every parameter in the table.
+template <typename T>
+__global__ void zero_multi(const long long* __restrict__ chunk_param,
+    const long long* __restrict__ chunk_start, const long long* __restrict__ ptrs,
+    const long long* __restrict__ counts, const int which, const long long chunk) {
+  const long long q = chunk_param[blockIdx.x];
+  const long long start = chunk_start[blockIdx.x];
+  const long long end = start + chunk < counts[q] ? start + chunk : counts[q];
+  T* a = reinterpret_cast<T*>(ptrs[3 * q + which]);
+  for (long long i = start + threadIdx.x; i < end; i += FUSED_THREADS) a[i] = T(0);
+}
+"""
+
+_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+KERNELS = ("bn_stats_partial", "bn_forward_apply", "bn_backward_partial", "bn_backward_apply",
+           "scale_forward", "scale_backward_partial", "scale_backward_finalize",
+           "relu_forward", "relu_backward", "eltwise_sum2", "eltwise_sum_backward2",
+           "sgd_update_multi", "zero_multi")
+
+_state = {"enabled": os.environ.get(ENV_FUSED, "1").strip().lower() not in ("0", "false", "off",
+                                                                             "no")}
+_NULL = np.uint64(0)  # a null pointer argument (8 bytes, passed by value)
+_i32 = np.int32
+_i64 = np.int64
+_f64 = np.float64
+
+
+def source() -> str:
+    """The CUDA C++ source (for inspection and offline compile checks with nvcc)."""
+    return _SOURCE
+
+
+def _name(kernel: str, dtype) -> str:
+    return f"{kernel}<{_CTYPE[np.dtype(dtype)]}>"
+
+
+def _all_names():
+    return [_name(k, t) for t in _CTYPE for k in KERNELS]
+
+
+# ------------------------------------------------------------- dispatch
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """True when CuPy imports and a CUDA device answers."""
+    if _cp is None:
+        return False
+    try:
+        return _cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _module():
+    """The compiled module (NVRTC once per process); raises when it cannot compile."""
+    if not available():
+        raise RuntimeError("cuda_fused kernels need CuPy and a CUDA device")
+    mod = _cp.RawModule(code=_SOURCE, options=("--std=c++14",), name_expressions=_all_names())
+    mod.compile()
+    return mod
+
+
+@functools.lru_cache(maxsize=None)
+def compiles() -> bool:
+    """True when the kernels compiled here; a failure is reported once and the
+    layers keep their generic paths."""
+    try:
+        mod = _module()
+        for n in _all_names():
+            mod.get_function(n)
+        return True
+    except Exception as e:  # pragma: no cover - needs a GPU
+        warnings.warn(f"minicaffe fused CUDA kernels did not compile ({type(e).__name__}: {e}); "
+                      "BatchNorm, Scale, ReLU, Eltwise and the SGD update use their generic "
+                      "CuPy code", RuntimeWarning, stacklevel=2)
+        return False
+
+
+def enabled() -> bool:
+    """The switch alone: ``MINICAFFE_FUSED`` (default on) or :func:`set_enabled`."""
+    return _state["enabled"]
+
+
+def set_enabled(flag: bool) -> bool:
+    """Turn the fast paths on or off for layers set up afterwards; returns the old value."""
+    old = _state["enabled"]
+    _state["enabled"] = bool(flag)
+    return old
+
+
+@contextlib.contextmanager
+def disabled():
+    """Layers (and solvers) set up inside this block keep their generic paths."""
+    old = set_enabled(False)
+    try:
+        yield
+    finally:
+        set_enabled(old)
+
+
+def enabled_for(xp, dtype=None) -> bool:
+    """True when arrays of module ``xp`` (and element type ``dtype``) should take
+    these kernels: xp is CuPy on a GPU, the switch is on, the kernels compile."""
+    if not _state["enabled"] or _cp is None or xp is not _cp:
+        return False
+    if dtype is not None and np.dtype(dtype) not in _CTYPE:
+        return False
+    return available() and compiles()
+
+
+def _fn(kernel: str, dtype):
+    return _module().get_function(_name(kernel, dtype))
+
+
+def _elementwise_grid(n: int):
+    return (min((n + THREADS - 1) // THREADS, _MAX_BLOCKS),)
+
+
+# ------------------------------------------------------ channel geometry
+def channel_chunks(m: int, channels: int) -> tuple[int, int]:
+    """(P, L) for a (P, C) grid over (N, C, S) with m = N*S elements per channel:
+    P blocks per channel, each of L consecutive elements (the last may be short),
+    enough blocks in all to fill the GPU, at least ``_MIN_BLOCK_ELEMS`` each."""
+    if m <= 0:
+        return 1, 1
+    want = max(1, -(-_TARGET_BLOCKS // max(channels, 1)))
+    p = max(1, min(want, -(-m // _MIN_BLOCK_ELEMS)))
+    length = -(-m // p)
+    return -(-m // length), length
+
+
+def channel_grid_ok(channels: int) -> bool:
+    """A (P, C) grid can hold C channels (gridDim.y)."""
+    return 0 < channels <= _MAX_GRID_Y
+
+
+def workspace_size(channels: int, p: int) -> int:
+    """float64 elements of a (C, P, 2) partial-sum workspace plus C pivots."""
+    return channels * (2 * p + 1)
+
+
+# ------------------------------------------------------------ BatchNorm
+def bn_forward_train(x, y, x_norm, ws, std, mean_sum, var_sum, factor, eps, maf, correction,
+                     p: int, length: int):
+    """BatchNorm TRAIN forward on (N, C, S) views: y, x_norm (C-contiguous, y may
+    be x), std (C,) and the running sums updated in place; ws is the float64
+    workspace of :func:`workspace_size` elements.  Two launches."""
+    n, c, s = x.shape
+    m = n * s
+    if m == 0:
+        return
+    dt = x.dtype
+    T = dt.type
+    args = (_i64(c), _i64(s), _i64(m), _i64(length))
+    _fn("bn_stats_partial", dt)((p, c), (THREADS,), (x,) + args + (ws,))
+    _fn("bn_forward_apply", dt)(
+        (p, c), (THREADS,),
+        (x, y, x_norm if x_norm is not None else _NULL) + args
+        + (_i32(p), ws, _i32(0), mean_sum, var_sum, factor, T(eps), T(maf), T(correction), std))
+
+
+def bn_forward_global(x, y, std, mean_sum, var_sum, factor, eps, p: int, length: int):
+    """BatchNorm forward with the stored statistics (use_global_stats); one launch."""
+    n, c, s = x.shape
+    m = n * s
+    if m == 0:
+        return
+    dt = x.dtype
+    T = dt.type
+    _fn("bn_forward_apply", dt)(
+        (p, c), (THREADS,),
+        (x, y, _NULL, _i64(c), _i64(s), _i64(m), _i64(length), _i32(p), _NULL, _i32(1),
+         mean_sum, var_sum, factor, T(eps), T(0), T(0), std))
+
+
+def bn_backward_train(dy, y, std, dx, ws, p: int, length: int):
+    """BatchNorm TRAIN backward on (N, C, S) views (dx may be dy); two launches."""
+    n, c, s = dy.shape
+    m = n * s
+    if m == 0:
+        return
+    dt = dy.dtype
+    args = (_i64(c), _i64(s), _i64(m), _i64(length))
+    _fn("bn_backward_partial", dt)((p, c), (THREADS,), (dy, y) + args + (ws,))
+    _fn("bn_backward_apply", dt)((p, c), (THREADS,),
+                                 (dy, y, std, dx) + args + (_i32(p), ws, _i32(0)))
+
+
+def bn_backward_global(dy, std, dx, p: int, length: int):
+    """dx = dy / std per channel (use_global_stats); one launch."""
+    n, c, s = dy.shape
+    m = n * s
+    if m == 0:
+        return
+    _fn("bn_backward_apply", dy.dtype)(
+        (p, c), (THREADS,),
+        (dy, _NULL, std, dx, _i64(c), _i64(s), _i64(m), _i64(length), _i32(p), _NULL, _i32(1)))
+
+
+# ---------------------------------------------------------------- Scale
+def scale_forward(x, scale, bias, y, x_copy, p: int, length: int):
+    """y = x * scale (+ bias) on (outer, dim, inner) views; x_copy (or None)
+    receives x first.  One launch."""
+    n, c, s = x.shape
+    m = n * s
+    if m == 0:
+        return
+    _fn("scale_forward", x.dtype)(
+        (p, c), (THREADS,),
+        (x, scale, bias if bias is not None else _NULL, y,
+         x_copy if x_copy is not None else _NULL, _i64(c), _i64(s), _i64(m), _i64(length)))
+
+
+def scale_backward(dy, x, scale, dx, scale_diff, scale_accumulate, bias_diff, ws, p: int,
+                   length: int):
+    """Scale backward on (outer, dim, inner) views: dx = dy * scale (dx None: not
+    wanted; may be dy), scale_diff += (or =) sum(dy * x), bias_diff += sum(dy)
+    over the outer and inner axes (either None: not wanted).  One or two launches."""
+    n, c, s = dy.shape
+    m = n * s
+    need_scale = scale_diff is not None
+    need_bias = bias_diff is not None
+    if m == 0 or not (need_scale or need_bias or dx is not None):
+        return
+    dt = dy.dtype
+    _fn("scale_backward_partial", dt)(
+        (p, c), (THREADS,),
+        (dy, x if need_scale else _NULL, scale, dx if dx is not None else _NULL, _i64(c),
+         _i64(s), _i64(m), _i64(length), _i32(need_scale), _i32(need_bias), ws))
+    if need_scale or need_bias:
+        _fn("scale_backward_finalize", dt)(
+            _elementwise_grid(c), (THREADS,),
+            (ws, _i64(c), _i32(p), scale_diff if need_scale else _NULL,
+             _i32(bool(scale_accumulate)), bias_diff if need_bias else _NULL))
+
+
+# ----------------------------------------------------------------- ReLU
+def relu_forward(x, y, slope: float):
+    n = x.size
+    if n:
+        _fn("relu_forward", x.dtype)(_elementwise_grid(n), (THREADS,),
+                                     (_i64(n), x, y, x.dtype.type(slope)))
+
+
+def relu_backward(ref, dy, dx, slope: float):
+    n = dy.size
+    if n:
+        _fn("relu_backward", dy.dtype)(_elementwise_grid(n), (THREADS,),
+                                       (_i64(n), ref, dy, dx, dy.dtype.type(slope)))
+
+
+# -------------------------------------------------------------- Eltwise
+def eltwise_sum2(a, ca: float, b, cb: float, y):
+    """y = ca * a + cb * b (the second product skipped where cb is 1); one launch."""
+    n = y.size
+    if n:
+        T = y.dtype.type
+        _fn("eltwise_sum2", y.dtype)(_elementwise_grid(n), (THREADS,),
+                                     (_i64(n), a, T(ca), b, T(cb), y))
+
+
+def eltwise_sum_backward2(dy, dx0, c0: float, dx1, c1: float):
+    """dx0 = c0 * dy and dx1 = c1 * dy (either may be None); one launch."""
+    n = dy.size
+    if n and (dx0 is not None or dx1 is not None):
+        T = dy.dtype.type
+        _fn("eltwise_sum_backward2", dy.dtype)(
+            _elementwise_grid(n), (THREADS,),
+            (_i64(n), dy, dx0 if dx0 is not None else _NULL, T(c0),
+             dx1 if dx1 is not None else _NULL, T(c1)))
+
+
+# ------------------------------------------------------------------ SGD
+def _ptr(a) -> int:
+    """Device address of a CuPy array (host address of a NumPy one: tests/kernels
+    run these kernels through a CPU emulator)."""
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
+
+
+class MultiTensorSGD:
+    """Caffe's SGD update of every learnable parameter in one kernel launch.
+
+    Holds device tables built once from the parameters' current storage: per
+    parameter the (data, diff, history) pointers, its element count, lr_mult and
+    decay_mult; per block the parameter it updates and where its chunk starts.
+    :meth:`matches` tells whether the storage is still where the tables point
+    (the memory manager or a reshape may move it); the owner rebuilds when not.
+    Building synchronizes (small host-to-device copies); updating does not.
+    """
+
+    def __init__(self, params, history, lr_mult, decay_mult, chunk: int = _SGD_CHUNK, xp=None):
+        xp = _cp if xp is None else xp
+        self.dtype = np.dtype(params[0].dtype)
+        self.chunk = int(chunk)
+        self.key = self.storage_key(params, history)
+        ptrs = np.zeros((len(params), 3), dtype=np.int64)
+        counts = np.zeros(len(params), dtype=np.int64)
+        cparam, cstart = [], []
+        for i, (q, h) in enumerate(zip(params, history)):
+            ptrs[i] = (_ptr(q.data), _ptr(q.diff), _ptr(h))
+            counts[i] = q.count
+            starts = np.arange(0, q.count, self.chunk, dtype=np.int64)
+            cparam.append(np.full(len(starts), i, dtype=np.int64))
+            cstart.append(starts)
+        self.n_blocks = int(sum(len(s) for s in cstart))
+        self.ptrs = xp.asarray(ptrs.ravel())
+        self.counts = xp.asarray(counts)
+        self.chunk_param = xp.asarray(np.concatenate(cparam) if cparam else np.zeros(0, np.int64))
+        self.chunk_start = xp.asarray(np.concatenate(cstart) if cstart else np.zeros(0, np.int64))
+        self.lr_mult = xp.asarray(np.asarray(lr_mult, dtype=np.float64))
+        self.decay_mult = xp.asarray(np.asarray(decay_mult, dtype=np.float64))
+        # (1,) float64: the learning rate read by a captured graph (see update(rate_ptr=...))
+        self.rate = xp.zeros(1, dtype=np.float64)
+
+    @staticmethod
+    def supports(params, history) -> bool:
+        """Every parameter of one float dtype, C-contiguous, history alike."""
+        if not params:
+            return False
+        dt = np.dtype(params[0].dtype)
+        if dt not in _CTYPE:
+            return False
+        for q, h in zip(params, history):
+            if np.dtype(q.dtype) != dt or h.dtype != dt or h.size != q.count:
+                return False
+            if not (q.data.flags.c_contiguous and q.diff.flags.c_contiguous
+                    and h.flags.c_contiguous):
+                return False
+        return True
+
+    @staticmethod
+    def storage_key(params, history) -> tuple:
+        """Where every parameter's arrays live now (compared before each update)."""
+        return tuple((_ptr(q.data), _ptr(q.diff), _ptr(h), q.count)
+                     for q, h in zip(params, history))
+
+    def matches(self, params, history) -> bool:
+        return self.storage_key(params, history) == self.key
+
+    def update(self, rate: float, momentum: float, weight_decay: float, iter_size: int = 1,
+               l1: bool = False, rate_from_device: bool = False):
+        """One launch: weight decay, momentum, ``diff = history``, ``data -= diff``.
+
+        rate_from_device: read the learning rate from ``self.rate`` (a graph
+        replays this launch; the caller fills ``self.rate`` before each replay).
+        """
+        if not self.n_blocks:
+            return
+        T = self.dtype.type
+        scale = iter_size > 1
+        _fn("sgd_update_multi", self.dtype)(
+            (self.n_blocks,), (THREADS,),
+            (self.chunk_param, self.chunk_start, self.ptrs, self.counts, self.lr_mult,
+             self.decay_mult, self.rate if rate_from_device else _NULL, _f64(rate),
+             _f64(weight_decay), T(momentum), T(1.0 / iter_size if scale else 1.0),
+             _i32(scale), _i32(bool(l1)), _i64(self.chunk)))
+
+    def zero(self, which: str = "diff"):
+        """Zero every parameter's ``data``, ``diff`` or ``history`` in one launch
+        (``diff``: Net.clear_param_diffs for all learnable params at once)."""
+        if not self.n_blocks:
+            return
+        index = {"data": 0, "diff": 1, "history": 2}[which]
+        _fn("zero_multi", self.dtype)(
+            (self.n_blocks,), (THREADS,),
+            (self.chunk_param, self.chunk_start, self.ptrs, self.counts, _i32(index),
+             _i64(self.chunk)))

@@ -1,0 +1,642 @@
+"""The fused GPU fast paths (minicaffe.kernels.cuda_fused) against the generic layer code.
+
+Every fused kernel is checked against the generic NumPy/CuPy path of its layer
+(or of the solver), in float32 and float64, on odd shapes, in place and not:
+
+* on a GPU (tests marked ``gpu``): the fast path against the same layer built
+  under ``cuda_fused.disabled()``, both in CuPy;
+* everywhere else, through a CPU emulator of the *same CUDA source*: it is
+  compiled as C++ (g++) with one host thread per CUDA thread, a barrier for
+  ``__syncthreads``, blocks run one after another, and the layers' NumPy
+  arrays are handed to it by address, exactly as CuPy would hand device
+  pointers to the kernels (a numpy scalar of the wrong width in a wrapper shows
+  up here as wrong results, as it would on the GPU).  This checks the index
+  maths, the workspace layout, the in-place hazards and the argument packing
+  without a GPU; timing, NVRTC-specific issues and true concurrency between
+  blocks are left to the GPU tests.
+
+Also here, CPU-only: the dispatch conditions (the fast path is never taken on
+NumPy in normal use, and only where enabled, compiled and supported).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+
+import minicaffe.layers  # noqa: F401  (registers the layer types)
+from minicaffe.backend import to_numpy
+from minicaffe.blob import Blob
+from minicaffe.kernels import cuda_fused
+from minicaffe.proto import caffe_pb2, parse_text
+from minicaffe.testing import make_layer
+
+F32, F64 = np.float32, np.float64
+TOL = {F32: 1e-5, F64: 1e-10}
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b), initial=0.0) / max(np.max(np.abs(b), initial=0.0), 1e-30))
+
+
+# ------------------------------------------------------------- the emulator
+_PRELUDE = r"""
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <thread>
+#include <utility>
+#include <vector>
+
+struct EmuDim { unsigned int x = 0, y = 0, z = 0; };
+static thread_local EmuDim threadIdx, blockIdx;
+static EmuDim blockDim, gridDim;
+static std::barrier<>* emu_barrier = nullptr;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static  /* blocks run one at a time: a static is block-shared */
+#define __restrict__
+
+static inline void __syncthreads() { emu_barrier->arrive_and_wait(); }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+static inline double __dsqrt_rn(double a) { return std::sqrt(a); }
+"""
+
+_LAUNCHER = r"""
+template <typename... A, std::size_t... I>
+static void emu_call(void (*k)(A...), void** args, std::index_sequence<I...>) {
+  k(*reinterpret_cast<A*>(args[I])...);
+}
+
+template <typename... A>
+static void emu_launch(void (*k)(A...), unsigned gx, unsigned gy, unsigned threads, void** args) {
+  gridDim = EmuDim{gx, gy, 1};
+  blockDim = EmuDim{threads, 1, 1};
+  std::barrier<> bar(threads);
+  emu_barrier = &bar;
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([=, &bar] {
+      threadIdx = EmuDim{t, 0, 0};
+      for (unsigned by = 0; by < gy; ++by) {
+        for (unsigned bx = 0; bx < gx; ++bx) {
+          blockIdx = EmuDim{bx, by, 0};
+          emu_call(k, args, std::index_sequence_for<A...>{});
+          bar.arrive_and_wait();  // the block is done before the next one reuses "shared" memory
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+"""
+
+
+class Emulator:
+    """The cuda_fused source compiled for the CPU; ``fn(kernel, dtype)`` mimics
+    ``RawModule.get_function``: the result is called as ``f(grid, block, args)``."""
+
+    def __init__(self, lib):
+        self.lib = lib
+
+    def fn(self, kernel, dtype):
+        t = cuda_fused._CTYPE[np.dtype(dtype)]
+        entry = getattr(self.lib, f"emu_{kernel}_{t}")
+
+        def launch(grid, block, args):
+            keep, addrs = [], []
+            for a in args:
+                if isinstance(a, np.ndarray):
+                    assert a.flags.c_contiguous, f"{kernel}: non-contiguous array argument"
+                    buf = ctypes.c_uint64(a.ctypes.data)
+                elif isinstance(a, np.generic):
+                    buf = ctypes.create_string_buffer(a.tobytes(), a.nbytes)
+                else:  # CuPy would guess a width for a Python scalar: the wrappers must not
+                    raise TypeError(f"{kernel}: argument {a!r} is not a numpy scalar or array")
+                keep.append(buf)
+                addrs.append(ctypes.addressof(buf))
+            argv = (ctypes.c_void_p * len(addrs))(*addrs)
+            gx = int(grid[0])
+            gy = int(grid[1]) if len(grid) > 1 else 1
+            entry(ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_uint(int(block[0])), argv)
+
+        return launch
+
+
+@functools.lru_cache(maxsize=None)
+def _emulator():
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        return None
+    entries = []
+    for t in ("float", "double"):
+        for k in cuda_fused.KERNELS:
+            entries.append(f'extern "C" void emu_{k}_{t}(unsigned gx, unsigned gy, unsigned n, '
+                           f'void** a) {{ emu_launch(&{k}<{t}>, gx, gy, n, a); }}')
+    code = _PRELUDE + cuda_fused.source() + _LAUNCHER + "\n".join(entries) + "\n"
+    d = tempfile.mkdtemp(prefix="cuda_fused_emu_")
+    src, lib = os.path.join(d, "emu.cpp"), os.path.join(d, "emu.so")
+    with open(src, "w") as f:
+        f.write(code)
+    cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
+           src, "-o", lib]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail("the cuda_fused source does not compile in the CPU emulator:\n"
+                    + proc.stderr[-4000:])
+    return Emulator(ctypes.CDLL(lib))
+
+
+class Backend:
+    def __init__(self, xp, kind):
+        self.xp, self.kind = xp, kind
+
+
+@pytest.fixture
+def backend(request, monkeypatch):
+    """'emu': NumPy arrays through the emulated kernels; 'gpu': CuPy on the device."""
+    if request.param == "gpu":
+        import cupy
+        assert cuda_fused.enabled_for(cupy, F32), "fused kernels did not compile on this GPU"
+        return Backend(cupy, "gpu")
+    emu = _emulator()
+    if emu is None:
+        pytest.skip("no C++ compiler for the CPU emulator")
+    monkeypatch.setattr(cuda_fused, "enabled_for",
+                        lambda xp, dtype=None: cuda_fused.enabled() and xp is np and (
+                            dtype is None or np.dtype(dtype) in cuda_fused._CTYPE))
+    monkeypatch.setattr(cuda_fused, "_fn", emu.fn)
+    return Backend(np, "emu")
+
+
+BACKENDS = [pytest.param("emu", id="emu"), pytest.param("gpu", id="gpu", marks=pytest.mark.gpu)]
+with_backends = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+
+
+def fused_and_generic(run):
+    """run(fused: bool) under the matching switch; returns (fused result, generic result)."""
+    fused = run(True)
+    with cuda_fused.disabled():
+        generic = run(False)
+    return fused, generic
+
+
+def assert_close(fused, generic, dtype, what=""):
+    assert len(fused) == len(generic)
+    for i, (a, b) in enumerate(zip(fused, generic)):
+        assert np.shape(a) == np.shape(b), f"{what} output {i}: shape {np.shape(a)} vs {np.shape(b)}"
+        e = rel_err(a, b)
+        assert e <= TOL[dtype], f"{what} output {i}: relative error {e:.3g} > {TOL[dtype]:g}"
+
+
+# ---------------------------------------------------------------- BatchNorm
+BN_SHAPES = [(3, 5, 7, 11), (5, 3, 1, 1), (4, 6), (5, 4, 33, 9), (8, 3, 20, 20), (1, 2, 3, 300)]
+# (m = N*H*W >= 4 per channel: at m = 2 the TRAIN backward cancels exactly, dx is rounding noise)
+
+
+def run_bn(xp, dtype, shape, phase, in_place, fused, iters=2, text='name: "bn" type: "BatchNorm"'):
+    rng = np.random.default_rng(11)
+    layer = make_layer(text, xp=xp, dtype=dtype, phase=phase)
+    bottom = Blob(shape, xp=xp, dtype=dtype, name="x")
+    top = bottom if in_place else Blob(xp=xp, dtype=dtype, name="y")
+    layer.setup([bottom], [top])
+    assert layer._fused == fused
+    c = shape[1]
+    layer.blobs[0].data[...] = xp.asarray(rng.uniform(-1, 1, c), dtype=dtype)
+    layer.blobs[1].data[...] = xp.asarray(rng.uniform(0.5, 2, c), dtype=dtype)
+    layer.blobs[2].data[...] = xp.asarray([1.7], dtype=dtype)
+    out = []
+    for _ in range(iters):  # twice: the running sums are updated on top of the first update
+        x = rng.standard_normal(shape) * 3 + 2
+        dy = rng.standard_normal(shape)
+        bottom.data[...] = xp.asarray(x, dtype=dtype)
+        layer.forward([bottom], [top])
+        out.append(to_numpy(top.data).copy())
+        top.diff[...] = xp.asarray(dy, dtype=dtype)
+        layer.backward([top], [True], [bottom])
+        out.append(to_numpy(bottom.diff).copy())
+    out += [to_numpy(b.data).copy() for b in layer.blobs]
+    out.append(to_numpy(layer.internal("std").data).copy())
+    if "x_norm" in layer.internals:
+        out.append(to_numpy(layer.internal("x_norm").data).copy())
+    return out
+
+
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("shape", BN_SHAPES)
+@pytest.mark.parametrize("phase", [caffe_pb2.TRAIN, caffe_pb2.TEST])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_batchnorm_fused_matches_generic(backend, dtype, shape, phase, in_place):
+    fused, generic = fused_and_generic(
+        lambda f: run_bn(backend.xp, dtype, shape, phase, in_place, f))
+    assert_close(fused, generic, dtype, f"BatchNorm {shape}")
+
+
+@with_backends
+def test_batchnorm_use_global_stats_in_train_and_zero_factor(backend):
+    """use_global_stats forced in TRAIN, and a scale factor of 0 (mean = var = 0)."""
+    text = 'name: "bn" type: "BatchNorm" batch_norm_param { use_global_stats: true eps: 0.01 }'
+
+    def run(f):
+        out = run_bn(backend.xp, F32, (3, 4, 5, 2), caffe_pb2.TRAIN, True, f, iters=1, text=text)
+        return out
+
+    assert_close(*fused_and_generic(run), F32, "BatchNorm global")
+
+    def run_zero(f):
+        xp = backend.xp
+        layer = make_layer(text, xp=xp, dtype=F32, phase=caffe_pb2.TRAIN)
+        bottom, top = Blob((2, 3, 4, 4), xp=xp, dtype=F32), Blob(xp=xp, dtype=F32)
+        layer.setup([bottom], [top])
+        bottom.data[...] = xp.asarray(np.random.default_rng(1).standard_normal(bottom.shape),
+                                      dtype=F32)
+        layer.forward([bottom], [top])  # blobs all 0: y = x / sqrt(eps)
+        return [to_numpy(top.data)]
+
+    assert_close(*fused_and_generic(run_zero), F32, "BatchNorm zero factor")
+
+
+@with_backends
+def test_batchnorm_running_update_follows_caffe(backend):
+    """The fused TRAIN forward updates the three blobs with Caffe's formulas exactly."""
+    xp, shape, maf = backend.xp, (4, 3, 5, 5), 0.9
+    text = f'name: "bn" type: "BatchNorm" batch_norm_param {{ moving_average_fraction: {maf} }}'
+    layer = make_layer(text, xp=xp, dtype=F64, phase=caffe_pb2.TRAIN)
+    bottom, top = Blob(shape, xp=xp, dtype=F64), Blob(xp=xp, dtype=F64)
+    layer.setup([bottom], [top])
+    assert layer._fused
+    x = np.random.default_rng(3).standard_normal(shape) * 2 + 5  # a mean far from 0
+    bottom.data[...] = xp.asarray(x)
+    layer.forward([bottom], [top])
+    m = x.size // 3
+    mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    np.testing.assert_allclose(to_numpy(layer.blobs[0].data), mean, rtol=1e-12)
+    np.testing.assert_allclose(to_numpy(layer.blobs[1].data), var * m / (m - 1), rtol=1e-12)
+    np.testing.assert_allclose(to_numpy(layer.blobs[2].data), [1.0])
+    np.testing.assert_allclose(to_numpy(layer.internal("std").data),
+                               np.sqrt(var + float(np.float32(1e-5))), rtol=1e-12)
+
+
+# -------------------------------------------------------------------- Scale
+SCALE_CASES = [
+    ("bias_term: true", [(3, 5, 7, 11)]),
+    ("", [(2, 3, 4, 9)]),
+    ("axis: 0 bias_term: true", [(4, 3, 5, 2), (4, 3)]),
+    ("num_axes: 0 bias_term: true", [(3, 4, 5, 3)]),
+    ("axis: 1 num_axes: 2 bias_term: true", [(2, 3, 4, 5)]),
+    ("axis: -1", [(3, 2, 5, 7)]),
+    ("bias_term: true", [(6, 4)]),
+    ("bias_term: true", [(5, 3, 33, 9)]),
+    ("axis: 1", [(3, 4, 5, 6), (4, 5)]),
+]
+
+
+def run_scale(xp, dtype, params, shapes, in_place, fused, props=None):
+    rng = np.random.default_rng(5)
+    text = f'name: "s" type: "Scale" scale_param {{ {params} }}'
+    layer = make_layer(text, xp=xp, dtype=dtype)
+    bottom = [Blob(s, xp=xp, dtype=dtype, name=f"b{i}") for i, s in enumerate(shapes)]
+    top = [bottom[0] if in_place else Blob(xp=xp, dtype=dtype, name="t")]
+    layer.setup(bottom, top)
+    assert layer._fused == fused
+    for b in layer.blobs:
+        b.data[...] = xp.asarray(rng.standard_normal(b.shape), dtype=dtype)
+        b.diff[...] = xp.asarray(rng.standard_normal(b.shape), dtype=dtype)  # accumulates
+    for b in bottom:
+        b.data[...] = xp.asarray(rng.standard_normal(b.shape), dtype=dtype)
+    if len(bottom) > 1:
+        bottom[1].diff[...] = 7.0  # overwritten, not accumulated
+    layer.forward(bottom, top)
+    out = [to_numpy(top[0].data).copy()]
+    top[0].diff[...] = xp.asarray(rng.standard_normal(top[0].shape), dtype=dtype)
+    layer.backward(top, props or [True] * len(bottom), bottom)
+    if (props or [True])[0]:
+        out.append(to_numpy(bottom[0].diff).copy())
+    out += [to_numpy(b.diff).copy() for b in layer.blobs]
+    if len(bottom) > 1:
+        out.append(to_numpy(bottom[1].diff).copy())
+    return out
+
+
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("params,shapes", SCALE_CASES)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_scale_fused_matches_generic(backend, dtype, params, shapes, in_place):
+    fused, generic = fused_and_generic(
+        lambda f: run_scale(backend.xp, dtype, params, shapes, in_place, f))
+    assert_close(fused, generic, dtype, f"Scale {params} {shapes}")
+
+
+@with_backends
+@pytest.mark.parametrize("props", [[False], [True]])
+def test_scale_fused_partial_backward(backend, props):
+    """No bottom gradient, or frozen params (lr_mult 0 leaves param diffs untouched)."""
+    def run(f):
+        out = run_scale(backend.xp, F32, "bias_term: true", [(3, 4, 5, 5)], True, f, props=props)
+        return out
+
+    assert_close(*fused_and_generic(run), F32, "Scale partial")
+
+
+# --------------------------------------------------------------- ReLU/Eltwise
+def run_relu(xp, dtype, shape, slope, in_place, fused):
+    rng = np.random.default_rng(7)
+    layer = make_layer(f'name: "r" type: "ReLU" relu_param {{ negative_slope: {slope} }}',
+                       xp=xp, dtype=dtype)
+    bottom = Blob(shape, xp=xp, dtype=dtype)
+    top = bottom if in_place else Blob(xp=xp, dtype=dtype)
+    layer.setup([bottom], [top])
+    assert layer._fused == fused
+    x = rng.standard_normal(shape)
+    x.flat[::7] = 0.0  # exact zeros take the "not > 0" branch
+    bottom.data[...] = xp.asarray(x, dtype=dtype)
+    layer.forward([bottom], [top])
+    y = to_numpy(top.data).copy()
+    top.diff[...] = xp.asarray(rng.standard_normal(shape), dtype=dtype)
+    layer.backward([top], [True], [bottom])
+    return [y, to_numpy(bottom.diff).copy()]
+
+
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("slope", [0.0, 0.1, -0.5])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_relu_fused_is_bitwise_generic(backend, dtype, slope, in_place):
+    fused, generic = fused_and_generic(
+        lambda f: run_relu(backend.xp, dtype, (3, 5, 7, 11), slope, in_place, f))
+    for a, b in zip(fused, generic):
+        np.testing.assert_array_equal(a, b)
+
+
+def run_eltwise(xp, dtype, n_bottoms, coeffs, in_place, props, fused):
+    rng = np.random.default_rng(9)
+    shape = (3, 4, 5, 7)
+    c = " ".join(f"coeff: {v}" for v in coeffs)
+    layer = make_layer(f'name: "e" type: "Eltwise" eltwise_param {{ {c} }}', xp=xp, dtype=dtype)
+    bottom = [Blob(shape, xp=xp, dtype=dtype, name=f"b{i}") for i in range(n_bottoms)]
+    top = [bottom[0] if in_place else Blob(xp=xp, dtype=dtype)]
+    layer.setup(bottom, top)
+    assert layer._fused == fused
+    for b in bottom:
+        b.data[...] = xp.asarray(rng.standard_normal(shape), dtype=dtype)
+    layer.forward(bottom, top)
+    out = [to_numpy(top[0].data).copy()]
+    top[0].diff[...] = xp.asarray(rng.standard_normal(shape), dtype=dtype)
+    for b in bottom[1:]:
+        b.diff[...] = 5.0  # overwritten where propagated
+    layer.backward(top, props, bottom)
+    return out + [to_numpy(b.diff).copy() for b in bottom]
+
+
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("n,coeffs,props", [
+    (2, [], [True, True]), (2, [1.0, -1.0], [True, True]), (2, [0.5, 2.0], [False, True]),
+    (3, [1.0, 2.0, -0.5], [True, True, True]), (3, [], [True, False, True]),
+])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_eltwise_sum_fused_is_bitwise_generic(backend, dtype, n, coeffs, props, in_place):
+    fused, generic = fused_and_generic(
+        lambda f: run_eltwise(backend.xp, dtype, n, coeffs, in_place, props, f))
+    for a, b in zip(fused, generic):
+        np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------- SGD
+SGD_NET = """
+name: "sgd"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } shape { dim: 2 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 7 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "ip1" top: "ip1" }
+layer { name: "sc" type: "Scale" bottom: "ip1" top: "ip1" scale_param { bias_term: true } }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        param { lr_mult: 2 decay_mult: 0 } param { lr_mult: 0.5 decay_mult: 3 }
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+
+def run_sgd(xp, dtype, fields, fused, iters=3):
+    from minicaffe.solver import Solver
+    p = caffe_pb2.SolverParameter()
+    base = {"base_lr": "base_lr: 0.05", "momentum": "momentum: 0.9",
+            "weight_decay": "weight_decay: 0.01", "max_iter": "max_iter: 100"}
+    text = " ".join(v for k, v in base.items() if k + ":" not in fields) + " " + fields
+    p.MergeFrom(parse_text(text, caffe_pb2.SolverParameter))
+    p.net_param.CopyFrom(parse_text(SGD_NET, caffe_pb2.NetParameter))
+    mode = "CPU" if xp is np else "GPU"
+    ctx = contextlib.nullcontext() if fused else cuda_fused.disabled()
+    with ctx:
+        solver = Solver(p, mode=mode, dtype=dtype, verbose=False)
+        rng = np.random.default_rng(13)
+        params = solver.net.learnable_params
+        for q, h in zip(params, solver.history):
+            q.data[...] = xp.asarray(rng.standard_normal(q.shape), dtype=dtype)
+            h[...] = xp.asarray(rng.standard_normal(h.shape) * 0.1, dtype=dtype)
+        for _ in range(iters):
+            for q in params:  # gradients as a backward pass would leave them
+                q.diff[...] = xp.asarray(rng.standard_normal(q.shape), dtype=dtype)
+            solver.apply_update()
+            solver.iter += 1
+        assert (solver.fused_sgd() is not None) == fused
+        return ([to_numpy(q.data).copy() for q in params] + [to_numpy(q.diff).copy() for q in params]
+                + [to_numpy(h).copy() for h in solver.history])
+
+
+SGD_FIELDS = ["", 'regularization_type: "L1"', "iter_size: 2", 'lr_policy: "inv" gamma: 0.1 power: 0.75',
+              "momentum: 0", "weight_decay: 0"]
+
+
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("fields", SGD_FIELDS)
+def test_fused_sgd_matches_generic_update(backend, dtype, fields):
+    fused, generic = fused_and_generic(lambda f: run_sgd(backend.xp, dtype, fields, f))
+    for i, (a, b) in enumerate(zip(fused, generic)):
+        e = rel_err(a, b)
+        assert e <= (1e-6 if dtype == F32 else 1e-14), f"array {i}: relative error {e:.3g}"
+
+
+@with_backends
+def test_fused_sgd_rebuilds_when_storage_moves(backend):
+    """A parameter rebound to new storage (as a memory plan may do) rebuilds the tables."""
+    from minicaffe.solver import Solver
+    xp = backend.xp
+    p = caffe_pb2.SolverParameter(base_lr=0.1, momentum=0.5, max_iter=10)
+    p.net_param.CopyFrom(parse_text(SGD_NET, caffe_pb2.NetParameter))
+    solver = Solver(p, mode="CPU" if xp is np else "GPU", verbose=False)
+    first = solver.fused_sgd()
+    assert first is not None and solver.fused_sgd() is first
+    q = solver.net.learnable_params[0]
+    q.data_storage.array = q.data_storage.array.copy()
+    q._views.clear()
+    second = solver.fused_sgd()
+    assert second is not first and second.matches(solver.net.learnable_params, solver.history)
+
+
+def test_fused_sgd_refused_for_other_rules(monkeypatch):
+    """Nesterov and Adam keep the generic update even where the kernels would run."""
+    from minicaffe.solver import Solver
+    monkeypatch.setattr(cuda_fused, "enabled_for", lambda xp, dtype=None: True)
+    for kind in ("Nesterov", "Adam"):
+        p = caffe_pb2.SolverParameter(base_lr=0.1, momentum=0.9, type=kind, max_iter=1)
+        p.net_param.CopyFrom(parse_text(SGD_NET, caffe_pb2.NetParameter))
+        assert Solver(p, mode="CPU", verbose=False).fused_sgd() is None
+
+
+# ------------------------------------------------------ dispatch (CPU only)
+def test_module_imports_and_stays_off_without_a_gpu():
+    assert "bn_stats_partial" in cuda_fused.source()
+    assert not cuda_fused.enabled_for(np)
+    assert not cuda_fused.enabled_for(np, np.float32)
+
+
+def test_fast_path_not_taken_on_numpy():
+    from minicaffe.solver import Solver
+    layers = [make_layer('name: "bn" type: "BatchNorm"', phase=caffe_pb2.TRAIN),
+              make_layer('name: "s" type: "Scale" scale_param { bias_term: true }'),
+              make_layer('name: "r" type: "ReLU"'),
+              make_layer('name: "e" type: "Eltwise"')]
+    for layer in layers:
+        bottoms = [Blob((2, 3, 4, 4))] * (2 if layer.type == "Eltwise" else 1)
+        layer.setup(bottoms, [Blob()])
+        assert layer._fused is False, layer.type
+    assert "fused_ws" not in layers[0].internals and "fused_ws" not in layers[1].internals
+    p = caffe_pb2.SolverParameter(base_lr=0.1, momentum=0.9, max_iter=1)
+    p.net_param.CopyFrom(parse_text(SGD_NET, caffe_pb2.NetParameter))
+    assert Solver(p, mode="CPU", verbose=False).fused_sgd() is None
+
+
+def test_enabled_for_conditions(monkeypatch):
+    fake = object()  # stands for the cupy module
+    monkeypatch.setattr(cuda_fused, "_cp", fake)
+    monkeypatch.setattr(cuda_fused, "available", lambda: True)
+    monkeypatch.setattr(cuda_fused, "compiles", lambda: True)
+    assert cuda_fused.enabled_for(fake)
+    assert cuda_fused.enabled_for(fake, np.float32) and cuda_fused.enabled_for(fake, np.float64)
+    assert not cuda_fused.enabled_for(fake, np.float16)
+    assert not cuda_fused.enabled_for(np)
+    with cuda_fused.disabled():
+        assert not cuda_fused.enabled_for(fake)
+    assert cuda_fused.enabled_for(fake)
+    monkeypatch.setattr(cuda_fused, "compiles", lambda: False)  # NVRTC failed: generic paths
+    assert not cuda_fused.enabled_for(fake)
+    monkeypatch.setattr(cuda_fused, "compiles", lambda: True)
+    monkeypatch.setattr(cuda_fused, "available", lambda: False)  # no device answers
+    assert not cuda_fused.enabled_for(fake)
+
+
+def test_env_switch_is_read_at_import():
+    code = ("import os; os.environ['MINICAFFE_FUSED'] = '0'; "
+            "from minicaffe.kernels import cuda_fused as f; assert not f.enabled(); "
+            "f.set_enabled(True); assert f.enabled()")
+    subprocess.run([os.environ.get("PYTHON", "python3"), "-c", code], check=True,
+                   cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+
+
+def test_layers_dispatch_only_where_supported(monkeypatch):
+    """With the kernels 'available': Eltwise PROD/MAX and a Scale whose operand
+    exceeds the grid keep the generic path; float16 would too."""
+    monkeypatch.setattr(cuda_fused, "enabled_for",
+                        lambda xp, dtype=None: dtype is None or np.dtype(dtype) in cuda_fused._CTYPE)
+    for op, want in (("SUM", True), ("PROD", False), ("MAX", False)):
+        layer = make_layer(f'name: "e" type: "Eltwise" eltwise_param {{ operation: {op} }}')
+        layer.setup([Blob((2, 3)), Blob((2, 3))], [Blob()])
+        assert layer._fused is want, op
+    layer = make_layer('name: "s" type: "Scale" scale_param { axis: 0 num_axes: -1 }')
+    layer.setup([Blob((300, 300))], [Blob()])  # 90000 operand elements > 65535
+    assert layer._fused is False
+    layer = make_layer('name: "s" type: "Scale"')
+    layer.setup([Blob((2, 3, 4))], [Blob()])
+    assert layer._fused and "fused_ws" in layer.internals
+    assert not layer.internals["fused_ws"].saved
+
+
+@pytest.mark.parametrize("m,c", [(1, 1), (7, 3), (1024, 2), (1025, 2), (200704, 64), (3136, 2048),
+                                 (10 ** 7, 1), (5, 100000)])
+def test_channel_chunks_cover_each_channel(m, c):
+    p, length = cuda_fused.channel_chunks(m, c)
+    assert p >= 1 and length >= 1
+    assert p * length >= m and (p - 1) * length < m  # every element once, no empty block
+    assert cuda_fused.workspace_size(c, p) == c * (2 * p + 1)
+
+
+# --------------------------------------------------------------- GPU only
+@pytest.mark.gpu
+def test_fused_layers_allocate_nothing_in_the_steady_state(cp):
+    """After one warm-up iteration the fused forward/backward of BatchNorm, Scale,
+    ReLU, Eltwise and the SGD update take no memory from CuPy's pool."""
+    from cupy.cuda import memory_hook
+
+    class Count(memory_hook.MemoryHook):
+        name = "count"
+
+        def __init__(self):
+            self.n = 0
+
+        def malloc_preprocess(self, **kw):
+            self.n += 1
+
+    shape = (4, 8, 6, 6)
+    bn = make_layer('name: "bn" type: "BatchNorm"', xp=cp, dtype=F32, phase=caffe_pb2.TRAIN)
+    sc = make_layer('name: "s" type: "Scale" scale_param { bias_term: true }', xp=cp, dtype=F32)
+    relu = make_layer('name: "r" type: "ReLU"', xp=cp, dtype=F32)
+    elt = make_layer('name: "e" type: "Eltwise"', xp=cp, dtype=F32)
+    x, other, y = (Blob(shape, xp=cp, dtype=F32) for _ in range(3))
+    bn.setup([x], [x])
+    sc.setup([x], [x])
+    relu.setup([x], [x])
+    elt.setup([x, other], [y])
+
+    def iteration():
+        for layer, b, t in ((bn, [x], [x]), (sc, [x], [x]), (relu, [x], [x]), (elt, [x, other], [y])):
+            layer.forward(b, t)
+        for layer, b, t in ((elt, [x, other], [y]), (relu, [x], [x]), (sc, [x], [x]), (bn, [x], [x])):
+            layer.backward(t, [True] * len(b), b)
+
+    x.data[...] = cp.asarray(np.random.default_rng(0).standard_normal(shape), dtype=F32)
+    y.diff[...] = 1.0
+    iteration()
+    hook = Count()
+    with hook:
+        iteration()
+    cp.cuda.Device().synchronize()
+    assert hook.n == 0
+
+
+@pytest.mark.gpu
+def test_fused_kernels_run_on_the_current_stream(cp):
+    """A kernel queued behind a long one on a side stream sees that stream's order."""
+    s = cp.cuda.Stream(non_blocking=True)
+    layer = make_layer('name: "r" type: "ReLU"', xp=cp, dtype=F32)
+    b, t = Blob((1 << 20,), xp=cp, dtype=F32), Blob(xp=cp, dtype=F32)
+    layer.setup([b], [t])
+    with s:
+        b.data[...] = -1.0
+        layer.forward([b], [t])
+        b.data[...] = 2.0
+        layer.forward([b], [t])
+    s.synchronize()
+    assert float(t.data.min()) == 2.0

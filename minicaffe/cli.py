@@ -7,6 +7,8 @@
     minicaffe device_query
     minicaffe mem --model M [--batch k] [--budget 12G]   (memory per swap strategy, swap/)
     minicaffe train ... --swap {none,naive,vdnn} [--budget 12G] [--memory-trace out.csv]
+    minicaffe train ... --swap dynamic --budget 12G [--auto-batch | --batch k] [--lr-rule eq9]
+    minicaffe plan --model M --budget 12G [--batch k] [--profile P] [--plot out.png]
     minicaffe ps server|keys ...                         (parameter server, docs/PS.md)
     minicaffe train --solver S --ps tcp://h:p,... --rank R --world-size W
 
@@ -90,15 +92,35 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--random-seed", type=int, default=-1)
     t.add_argument("--quiet", action="store_true", help="only warnings and errors")
     # --- swap/ options (begin): run the train net under a memory plan
-    t.add_argument("--swap", choices=["none", "naive", "vdnn"], default=None,
+    t.add_argument("--swap", choices=["none", "naive", "vdnn", "dynamic"], default=None,
                    help="run the train net under a memory plan inside one arena of --budget "
                         "bytes: none (Caffe: all resident), naive (offload every feature map), "
-                        "vdnn (offload convolution inputs)")
+                        "vdnn (offload convolution inputs), dynamic (AccUDNN: profile, then pin "
+                        "the feature maps whose transfers would stall compute; docs/SWAP.md)")
     t.add_argument("--budget", default=None,
                    help="device memory budget for --swap, e.g. 12G (binary units); default: "
                         "the smallest that works")
     t.add_argument("--memory-trace", default=None, metavar="CSV",
                    help="with --swap: write per-step allocated/released bytes per stream")
+    # --swap dynamic (swap/profiler, model, planner, tuner, lr)
+    t.add_argument("--auto-batch", action="store_true",
+                   help="with --swap dynamic: profile the first iterations at 1/8..1 of the "
+                        "largest trainable minibatch, then train with the efficiency-optimal k* "
+                        "(Algorithm 2), its plan and learning rate, for the same number of images")
+    t.add_argument("--batch", type=int, default=None,
+                   help="with --swap dynamic: train at this minibatch (only the swaps are planned)")
+    t.add_argument("--lr-rule", choices=["eq9", "linear", "sqrt"], default=None,
+                   help="learning rate for k* (default eq9: (1-(1-lr*c)^q)/c, q = k*/k_base)")
+    t.add_argument("--convexity", type=float, default=None,
+                   help="c of eq. (9) (default 1.0, see docs/SWAP.md)")
+    t.add_argument("--profile", default=None, metavar="JSON",
+                   help="with --swap dynamic: use this saved profile instead of profiling")
+    t.add_argument("--save-profile", default=None, metavar="JSON",
+                   help="with --swap dynamic: write the measured profile")
+    t.add_argument("--search", choices=["linear", "bisect"], default="linear",
+                   help="Algorithm 2's search over k (linear: the paper's walk)")
+    t.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall",
+                   help="which feature maps to pin first (docs/SWAP.md)")
     # --- swap/ options (end)
     # --- data-parallel training (ps/): --ps, --rank, --world-size, --comm, --link-* ...
     from ps.cli import add_train_options
@@ -131,6 +153,38 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("--strategies", default="none,naive,vdnn",
                     help="comma-separated swap strategies to report")
     # --- swap/ mem command (end)
+    # --- swap/ plan command (begin)
+    pl = sub.add_parser("plan", help="plan the dynamic swap strategy (AccUDNN) without training: "
+                                     "k*, the plan, predicted time and memory, the timeline")
+    _add(pl, "--model", required=True, help="net prototxt (built in TRAIN phase to be sized)")
+    _add(pl, "--budget", required=True, help="device memory budget, e.g. 12G (binary units)")
+    _add(pl, "--batch", type=int, default=None,
+         help="plan the swaps at this minibatch (default: search k*, Algorithm 2)")
+    pl.add_argument("--profile", default=None, metavar="JSON",
+                    help="a profile saved by train --save-profile (default: a synthetic device, "
+                         "see --peak-flops, --bandwidth)")
+    pl.add_argument("--plot", default=None, metavar="PNG",
+                    help="draw the predicted timeline of the three streams (matplotlib)")
+    pl.add_argument("--trace", default=None, metavar="CSV",
+                    help="with --plot: a --memory-trace CSV to draw the observed iteration beside")
+    pl.add_argument("--search", choices=["linear", "bisect"], default="linear")
+    pl.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall")
+    pl.add_argument("--granularity", choices=["type", "step"], default="type",
+                    help="with --profile: one throughput curve per layer type (the paper) or "
+                         "per step")
+    pl.add_argument("--solver-type", default="SGD", choices=["SGD", "Nesterov", "Adam"])
+    pl.add_argument("--peak-flops", default="50T",
+                    help="synthetic device: saturated FLOP/s (decimal units, default 50T)")
+    pl.add_argument("--x-half", type=float, default=5e8,
+                    help="synthetic device: FLOPs at half the peak (default 5e8: 10 us per step)")
+    pl.add_argument("--bandwidth", default="55G",
+                    help="synthetic device: pinned copy bytes/s each way (default 55G)")
+    pl.add_argument("--both", default="101G",
+                    help="synthetic device: bytes/s of both directions at once (default 101G)")
+    pl.add_argument("--delta", type=float, default=0.0,
+                    help="seconds between iterations (eq. 3's Delta: parameter synchronization)")
+    pl.add_argument("--ops", action="store_true", help="print every op of the plan")
+    # --- swap/ plan command (end)
     # --- parameter server (ps/): minicaffe ps server|keys
     from ps.cli import add_ps_parser
     add_ps_parser(sub)
@@ -202,18 +256,115 @@ def cmd_train(args):
 def _install_swap(args, solver):
     """Plan and install ``--swap`` on the train net; a budget too small fails here, before
     the first iteration, naming the smallest budget that works and the largest minibatch."""
+    dynamic_only = [name for name, v in (
+        ("--auto-batch", args.auto_batch), ("--batch", args.batch is not None),
+        ("--lr-rule", args.lr_rule is not None), ("--convexity", args.convexity is not None),
+        ("--profile", args.profile), ("--save-profile", args.save_profile)) if v]
     if args.swap is None:
         if args.budget is not None or args.memory_trace is not None:
-            raise UsageError("--budget and --memory-trace need --swap {none,naive,vdnn}")
+            raise UsageError("--budget and --memory-trace need --swap {none,naive,vdnn,dynamic}")
+        if dynamic_only:
+            raise UsageError(f"{', '.join(dynamic_only)} need --swap dynamic")
         return None
+    if args.swap != "dynamic" and dynamic_only:
+        raise UsageError(f"{', '.join(dynamic_only)} need --swap dynamic")
     from swap.memory import fmt_bytes, parse_bytes
     from swap.runtime import install
     budget = parse_bytes(args.budget) if args.budget is not None else None
+    if args.swap == "dynamic":
+        return _install_dynamic(args, solver, budget)
     ex = install(solver, args.swap, budget, trace=args.memory_trace)
     log(f"Memory plan {args.swap!r} for net {solver.net.name!r} at minibatch {ex.plan.k}: "
         f"peak {fmt_bytes(ex.plan.peak)} (eq. 4), arena {fmt_bytes(ex.budget)}, "
         f"pinned host {fmt_bytes(ex.plan.host_bytes)}")
     return ex
+
+
+def _install_dynamic(args, solver, budget):
+    """``--swap dynamic``: the three stages (swap.tuner.train_dynamic): profile the first
+    iterations (they train), decide k*, the plan and the learning rate, install the plan."""
+    if budget is None:
+        raise UsageError("--swap dynamic needs --budget (the device memory to plan for, e.g. 12G)")
+    if args.auto_batch and args.batch is not None:
+        raise UsageError("give --auto-batch or --batch k, not both")
+    if args.batch is not None and args.batch <= 0:
+        raise UsageError(f"--batch must be positive, got {args.batch}")
+    if getattr(args, "ps", None) and (args.auto_batch or not args.profile):
+        raise UsageError("with --ps, --swap dynamic needs --profile P and a fixed --batch k: every "
+                         "worker must train the same k (choose it once with minicaffe plan "
+                         "--profile P)")
+    if args.snapshot:       # resume first: profiling iterations continue the restored run
+        log(f"Restoring previous solver status from {args.snapshot}")
+        solver.restore(args.snapshot)
+        args.snapshot = None
+    from swap.tuner import train_dynamic
+    ex, _ = train_dynamic(solver, budget, auto_batch=args.auto_batch, batch=args.batch,
+                          lr_rule=args.lr_rule or "eq9", convexity=args.convexity,
+                          method=args.search, rule=args.pin_rule, profile=args.profile,
+                          save_profile=args.save_profile, trace=args.memory_trace, log=log)
+    return ex
+
+
+def _parse_rate(text, what: str) -> float:
+    """``50T`` -> 5e13, ``55G`` -> 5.5e10: decimal units (FLOP/s, bytes/s)."""
+    import re
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]?)\s*(?:B/S|/S|FLOPS)?\s*",
+                     str(text).upper())
+    if not m:
+        raise UsageError(f"cannot read {text!r} as {what}: give a number with K, M, G or T "
+                         "(decimal units), e.g. 50T or 55G")
+    return float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[m.group(2)]
+
+
+def cmd_plan(args):
+    """Plan the dynamic strategy for a net without training (swap.tuner): k* by Algorithm 2 (or
+    the swaps at --batch k), the predicted iteration time and peak memory; --plot draws the
+    predicted timeline of the three streams (and the observed one of --trace beside it)."""
+    from .net import TRAIN, Net
+    from swap.gmap import build_gmap
+    from swap.memory import fmt_bytes, parse_bytes
+    from swap.tuner import device_models, plan_at, profile_models, tune
+    budget = parse_bytes(args.budget)
+    if args.batch is not None and args.batch <= 0:
+        raise UsageError(f"--batch must be positive, got {args.batch}")
+    if args.trace and not args.plot:
+        raise UsageError("--trace is drawn beside the predicted timeline: give --plot too")
+    try:
+        net = Net(args.model, TRAIN, mode="CPU")
+    except (ValueError, FileNotFoundError) as e:
+        raise ValueError(f"{e} (plan builds the net to size it: give one whose inputs can "
+                         "be read, e.g. its DummyData version prototxt/<net>/dummy.prototxt)"
+                         ) from None
+    gmap = build_gmap(net, solver_type=args.solver_type)
+    if args.profile:
+        from swap.profiler import Profile
+        prof = Profile.load(args.profile)
+        model, pcie = profile_models(prof, gmap, args.granularity)
+        source = (f"profile {args.profile} ({prof.device}, {prof.date}; h2d "
+                  f"{pcie.h2d / 1e9:.1f} GB/s, d2h {pcie.d2h / 1e9:.1f} GB/s)")
+    else:
+        peak = _parse_rate(args.peak_flops, "FLOP/s")
+        bw = _parse_rate(args.bandwidth, "bytes/s")
+        both = _parse_rate(args.both, "bytes/s")
+        model, pcie = device_models(peak_flops=peak, x_half=args.x_half, h2d=bw, both=both)
+        source = (f"synthetic device ({peak / 1e12:g} TFLOP/s saturating at x_half "
+                  f"{args.x_half:g} FLOPs, {bw / 1e9:g} GB/s each way, {both / 1e9:g} GB/s both)")
+    if args.batch is not None:
+        dec = plan_at(gmap, args.batch, budget, model, pcie, rule=args.pin_rule,
+                      delta=args.delta)
+    else:
+        dec = tune(gmap, budget, model, pcie, method=args.search, rule=args.pin_rule,
+                   delta=args.delta)
+    print(f"net {gmap.net_name!r}: {gmap.n_steps} steps, {len(gmap.feature_maps())} feature "
+          f"maps; budget {fmt_bytes(budget)}; model: {source}")
+    print(dec.describe())
+    if args.ops:
+        print(dec.plan.describe())
+    if args.plot:
+        from swap.planner import plot_timeline
+        plot_timeline(dec.timeline, args.plot, trace=args.trace)
+        print(f"timeline drawn to {args.plot}")
+    return 0
 
 
 def cmd_mem(args):
@@ -369,7 +520,7 @@ def cmd_ps(args):
 
 COMMANDS = {"train": cmd_train, "test": cmd_test, "time": cmd_time,
             "device_query": cmd_device_query, "ps": cmd_ps,
-            "mem": cmd_mem}  # mem: swap/
+            "mem": cmd_mem, "plan": cmd_plan}  # mem, plan: swap/
 
 
 def main(argv=None) -> int:

@@ -44,6 +44,10 @@ Strategies:
   section 3: "the extreme case is to swap all the feature maps out").
 * ``vdnn``: vDNN's policy: offload the inputs of convolution layers only, prefetch each one
   layer ahead of the backward step that reads it.
+* ``dynamic``: AccUDNN's strategy: ``naive`` with a set of pinned feature maps (never
+  offloaded) chosen by :mod:`swap.planner` (Algorithm 1's constraint (6)) at the minibatch
+  chosen by :mod:`swap.tuner` (Algorithm 2).  As a plan it is exactly ``naive(pinned)``; with
+  no pinned set it is the naive plan under another name.
 * Every strategy takes ``pinned``: buffer ids never offloaded (the dynamic strategy of
   Algorithm 2 pins feature maps in the spare memory).
 """
@@ -202,16 +206,21 @@ class BudgetError(ValueError):
 # A residency interval: (buffer, start, end, how, offload)
 #   start: SETUP or the step before whose computation it is allocated / prefetched
 #   end: the step after whose computation it is released (None: never, resident)
-#   how: ALLOCATE or PREFETCH;  offload: offloaded after ``end`` before the release
+#   how: ALLOCATE or PREFETCH;  offload: False, True (offloaded after ``end``, before the
+#   release) or ``(s,)`` (offloaded after step s < end; its region is held until ``end``: the
+#   dynamic strategy's ``hold``, so that no allocation waits for the copy to finish)
 
 
 def _sizes(gmap: GMAP) -> list[int]:
     return [align(b.nbytes(gmap.k)) for b in gmap.buffers]
 
 
-def _base_intervals(gmap: GMAP, swap: set) -> tuple[list, list]:
+def _base_intervals(gmap: GMAP, swap: set, hold=None) -> tuple[list, list]:
     """Intervals of everything but the returns of swapped buffers, and the swapped buffers'
-    (buffer, lo, first backward use, last use) still to be placed."""
+    (buffer, lo, first backward use, last use) still to be placed.
+
+    hold: optional {buffer: step}: keep an offloaded buffer's region until after that step
+    (at least its last forward use, at most the step before its first backward use)."""
     sizes = _sizes(gmap)
     out, pending = [], []
     for b in gmap.buffers:
@@ -225,8 +234,11 @@ def _base_intervals(gmap: GMAP, swap: set) -> tuple[list, list]:
             out.extend((b.id, s, s, ALLOCATE, False) for s in b.uses)
         elif b.id in swap:
             last_fwd = b.forward_uses[-1]
-            out.append((b.id, b.uses[0], last_fwd, ALLOCATE, True))
-            pending.append((b.id, last_fwd + 1, b.backward_uses[0], b.uses[-1]))
+            h = last_fwd
+            if hold and b.id in hold:
+                h = min(max(int(hold[b.id]), last_fwd), b.backward_uses[0] - 1)
+            out.append((b.id, b.uses[0], h, ALLOCATE, True if h == last_fwd else (last_fwd,)))
+            pending.append((b.id, h + 1, b.backward_uses[0], b.uses[-1]))
         else:
             out.append((b.id, b.uses[0], b.uses[-1], ALLOCATE, False))
     pending.sort(key=lambda p: (p[2], p[0]))
@@ -329,11 +341,14 @@ def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded) -> Pla
     layout = _layout(intervals, sizes, n)
     by_start = {}
     by_end = {}
+    by_off = {}             # step -> intervals offloaded after it
     for i, iv in enumerate(intervals):
         iv = iv + (layout[i],)
         by_start.setdefault(iv[1], []).append(iv)
         if iv[2] is not None:
             by_end.setdefault(iv[2], []).append(iv)
+        if iv[4]:
+            by_off.setdefault(iv[2] if iv[4] is True else iv[4][0], []).append(iv)
 
     # host regions: one per offloaded buffer, for the whole iteration (allocated once)
     host_off, host_total = {}, 0
@@ -389,7 +404,7 @@ def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded) -> Pla
         for iv in order(by_start.get(j, [])):
             place(iv, j, BEFORE)
         ending = sorted(by_end.get(j, []), key=lambda iv: iv[0])
-        for iv in ending:
+        for iv in sorted(by_off.get(j, []), key=lambda iv: iv[0]):
             if iv[4]:
                 bid = iv[0]
                 last_offload[bid] = len(ops)
@@ -435,14 +450,17 @@ def plan_none(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
     return plan
 
 
-def plan_naive(gmap: GMAP, budget: int | None = None, pinned=frozenset()) -> Plan:
-    """Offload every feature map but the pinned ones; prefetch as early as memory allows."""
+def plan_naive(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
+               strategy: str = "naive", hold=None) -> Plan:
+    """Offload every feature map but the pinned ones; prefetch as early as memory allows.
+
+    hold: {buffer: step} keeps offloaded regions reserved until after that step (dynamic)."""
     swap = set(gmap.feature_maps()) - set(pinned)
-    base, pending = _base_intervals(gmap, swap)
-    jit = _assemble("naive", gmap, _place_returns(gmap, base, pending, None, "jit"), budget,
+    base, pending = _base_intervals(gmap, swap, hold)
+    jit = _assemble(strategy, gmap, _place_returns(gmap, base, pending, None, "jit"), budget,
                     pinned, swap)
     if not _fits(jit, budget):
-        _fail("naive", gmap, budget, pinned, jit)
+        _fail(strategy, gmap, budget, pinned, jit)
     if budget is None:
         return jit
     # Timing by eq. (4) under the budget; if best fit then needs more than the budget
@@ -450,13 +468,30 @@ def plan_naive(gmap: GMAP, budget: int | None = None, pinned=frozenset()) -> Pla
     # just-in-time plan, which fits.
     eff = budget
     for _ in range(8):
-        plan = _assemble("naive", gmap, _place_returns(gmap, base, pending, eff, "early"),
+        plan = _assemble(strategy, gmap, _place_returns(gmap, base, pending, eff, "early"),
                          budget, pinned, swap)
         if plan.arena_bytes <= budget:
             return plan
         eff -= plan.arena_bytes - budget + ALIGN
         if eff < jit.peak:
             break
+    if strategy == "dynamic":
+        # The dynamic plan's timing matters more than the naive one's: rather than prefetching
+        # everything just in time, bisect the timing budget between the just-in-time usage and
+        # the budget for the largest one whose layout fits.
+        lo, hi, best = 0, eff, None
+        for _ in range(10):
+            mid = (lo + hi) // 2
+            plan = _assemble(strategy, gmap, _place_returns(gmap, base, pending, mid, "early"),
+                             budget, pinned, swap)
+            if plan.arena_bytes <= budget:
+                lo, best = mid, plan
+            else:
+                hi = mid
+            if hi - lo <= max(budget >> 12, ALIGN):
+                break
+        if best is not None:
+            return best
     return jit
 
 
@@ -475,20 +510,37 @@ def plan_vdnn(gmap: GMAP, budget: int | None = None, pinned=frozenset()) -> Plan
     return plan
 
 
-STRATEGIES = {"none": plan_none, "naive": plan_naive, "vdnn": plan_vdnn}
+# --- dynamic strategy (swap/planner, swap/tuner) (begin)
+def plan_dynamic(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
+                 hold=None) -> Plan:
+    """AccUDNN's dynamic strategy: ``naive`` with the feature maps in ``pinned`` kept on the
+    device (never offloaded).  The pinned set comes from :func:`swap.planner.choose_pins`
+    (constraint (6)) and the minibatch from :func:`swap.tuner.tune` (Algorithm 2); this
+    function only turns that decision into an executable plan.
+
+    hold: optional {buffer: step}: an offloaded buffer's region stays reserved until after
+    that step (the step during which its offload is predicted to complete), so that the fixed
+    layout never hands the region to an allocation that would then wait for the copy."""
+    return plan_naive(gmap, budget, pinned, strategy="dynamic", hold=hold)
+# --- dynamic strategy (end)
+
+
+STRATEGIES = {"none": plan_none, "naive": plan_naive, "vdnn": plan_vdnn,
+              "dynamic": plan_dynamic}
 
 
 def make_plan(gmap: GMAP, strategy: str, budget: int | None = None,
-              pinned=frozenset()) -> Plan:
+              pinned=frozenset(), **options) -> Plan:
     """The plan of ``strategy`` for ``gmap`` under ``budget`` (bytes; None: unbounded).
 
     Raises :class:`BudgetError` when the budget is too small, naming the smallest budget that
-    works and the largest minibatch that fits it.
+    works and the largest minibatch that fits it.  ``options`` go to the strategy (``hold``
+    for ``dynamic``).
     """
     fn = STRATEGIES.get(strategy)
     if fn is None:
         raise ValueError(f"unknown swap strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
-    return fn(gmap, budget, frozenset(pinned))
+    return fn(gmap, budget, frozenset(pinned), **options)
 
 
 # ------------------------------------------------------------- searches

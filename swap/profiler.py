@@ -1,0 +1,574 @@
+"""Dynamic information (paper, section 3.2): per-step compute and per-transfer times at several k.
+
+The paper profiles one iteration in each of the first five epochs, at k = 1/8, 1/4, 1/2, 2/3 and 1
+of the largest trainable minibatch, under the naive strategy, with nvprof; those iterations still
+train.  :func:`profile_solver` does the same inside real ``Solver.step`` iterations:
+
+* for each k: resize the train net to k (:func:`set_batch_size`), install the naive plan under
+  the budget (:func:`swap.runtime.install`), run ``warmup`` iterations (first-call costs: CuPy
+  kernel compilation, allocator warm-up) and ``iterations`` measured ones.  All of them are
+  ordinary training iterations (``solver.step(1)``: they update the weights and count in
+  ``solver.iter``);
+* compute: each step's forward or backward on the compute stream.  GPU: two timing CUDA events
+  around ``Net.forward_layer`` / ``backward_layer`` on the current (compute) stream, recorded
+  after the executor has made the compute stream wait for the step's prefetches, so a wait is not
+  counted as compute; read once per iteration after one synchronization.  CPU: ``perf_counter``
+  around the call (NumPy is synchronous);
+* transfers: each offload and prefetch.  GPU: two timing events on the copy's own stream
+  around the copy (after its waits were enqueued), so the time is the copy's; start times
+  relative to an event recorded at the start of the iteration tell which copies overlapped one
+  the other way (``concurrent``: both copy engines busy).  CPU: ``perf_counter`` around the
+  synchronous copy;
+* optionally (GPU, on by default there) a microbenchmark of the pinned copy bandwidth host to
+  device, device to host and both at once (:func:`measure_bandwidth`).
+
+Nothing here changes what the executor does: the hooks are instance attributes set on the net,
+the executor and its streams for the duration of the profile and removed afterwards.
+
+**Resizing the net** (:func:`set_batch_size`).  The net is not rebuilt: its parameters, the
+solver's history and the test nets that share the weights must stay the same objects.  The
+batch dimension lives in the source layers (no bottoms): ``Input`` tops are reshaped (the caller
+writes their data, new rows start at zero), ``DummyData`` tops are reshaped and its constant tops
+refilled, ``MemoryData`` uses its ``set_batch_size``, ``HDF5Data`` takes the new ``batch_size``,
+and ``Data`` gets the new batch size in the layer and its loader, with the prefetch thread
+restarted from the first record not yet consumed (the batches it had read ahead at the old size
+are dropped and read again).  A layer with a ``set_batch_size(k)`` method is always resized
+through it.  Then ``Net.reshape()`` propagates the shapes through every layer (internals
+included); storage is reallocated lazily.  Only tops whose first axis was the old batch size are
+resized.  The executor of the previous k must be closed first (``Executor.close``).
+
+Profiles are JSON (:meth:`Profile.save` / :meth:`Profile.load`), schema ``minicaffe.swap.profile``
+version 1: net, device, mode, date, k_base, the profiled ks, the steps (layer name, type, phase),
+compute samples (k, step, FLOPs, start, seconds), transfer samples (k, offload | prefetch,
+buffer, bytes, start, seconds, concurrent), wall time per iteration, measured bandwidths.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .gmap import BACKWARD, FORWARD, GMAP, build_gmap, net_batch_size
+from .plan import OFFLOAD, PREFETCH, SWAP_IN, SWAP_OUT
+
+SCHEMA = "minicaffe.swap.profile"
+VERSION = 1
+PROFILE_FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 2 / 3, 1.0)
+
+
+def profile_ks(k_max: int, fractions=PROFILE_FRACTIONS) -> tuple:
+    """The minibatches to profile: ``fractions`` of ``k_max``, rounded, at least 1, distinct."""
+    if k_max < 1:
+        raise ValueError(f"k_max must be at least 1, got {k_max}")
+    return tuple(sorted({max(1, min(k_max, int(round(f * k_max)))) for f in fractions}))
+
+
+# ------------------------------------------------------------------ records
+@dataclass(frozen=True)
+class StepInfo:
+    step: int
+    layer: str
+    type: str
+    phase: str
+
+    @property
+    def name(self) -> str:         # the ComputeModel keys steps like swap.gmap.Step
+        return self.layer
+
+
+@dataclass(frozen=True)
+class ComputeSample:
+    """One step's compute at minibatch k: FLOPs (eq. 1) and measured seconds; start: seconds
+    from the start of the iteration (for observed timelines)."""
+    k: int
+    step: int
+    flops: float
+    time: float
+    start: float = 0.0
+
+
+@dataclass(frozen=True)
+class TransferSample:
+    """One offload (device to host) or prefetch (host to device) at minibatch k."""
+    k: int
+    kind: str
+    buffer: str
+    nbytes: int
+    time: float
+    start: float = 0.0
+    concurrent: bool = False
+
+    @property
+    def bandwidth(self) -> float:
+        return self.nbytes / self.time if self.time > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Dynamic information of one net on one device (module doc for the JSON schema)."""
+    net: str
+    device: str
+    mode: str
+    k_base: int
+    ks: tuple
+    steps: tuple
+    compute: tuple
+    transfers: tuple
+    iterations: tuple = ()          # (k, seconds) per measured iteration
+    bandwidth: dict | None = None   # {"h2d": B/s, "d2h": B/s, "both": B/s}
+    date: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def step_times(self, k: int) -> np.ndarray:
+        """Mean measured seconds of every step at ``k`` (NaN where not measured)."""
+        out = np.full(len(self.steps), np.nan)
+        acc: dict = {}
+        for c in self.compute:
+            if c.k == k:
+                acc.setdefault(c.step, []).append(c.time)
+        for j, v in acc.items():
+            out[j] = float(np.mean(v))
+        return out
+
+    def transfers_at(self, k: int) -> tuple:
+        return tuple(t for t in self.transfers if t.k == k)
+
+    # ---- JSON
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA, "version": VERSION,
+            "net": self.net, "device": self.device, "mode": self.mode, "date": self.date,
+            "k_base": self.k_base, "ks": list(self.ks),
+            "steps": [asdict(s) for s in self.steps],
+            "compute": [asdict(c) for c in self.compute],
+            "transfers": [asdict(t) for t in self.transfers],
+            "iterations": [list(x) for x in self.iterations],
+            "bandwidth": self.bandwidth, "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d, where: str = "profile") -> "Profile":
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            found = d.get("schema") if isinstance(d, dict) else type(d).__name__
+            raise ValueError(f"{where}: not a minicaffe swap profile (schema {SCHEMA!r} expected, "
+                             f"found {found!r})")
+        if d.get("version") != VERSION:
+            raise ValueError(f"{where}: profile schema version {d.get('version')} is not supported "
+                             f"(this minicaffe reads version {VERSION}); profile again")
+        try:
+            return cls(net=d["net"], device=d["device"], mode=d["mode"], date=d.get("date", ""),
+                       k_base=int(d["k_base"]), ks=tuple(int(k) for k in d["ks"]),
+                       steps=tuple(StepInfo(**s) for s in d["steps"]),
+                       compute=tuple(ComputeSample(**c) for c in d["compute"]),
+                       transfers=tuple(TransferSample(**t) for t in d["transfers"]),
+                       iterations=tuple((int(k), float(s)) for k, s in d.get("iterations", [])),
+                       bandwidth=d.get("bandwidth"), meta=d.get("meta", {}))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{where}: malformed profile ({e})") from None
+
+    def save(self, path):
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path) -> "Profile":
+        with open(path) as f:
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not JSON ({e})") from None
+        return cls.from_dict(d, where=str(path))
+
+    def check_net(self, gmap: GMAP):
+        """Raise unless this profile's steps are ``gmap``'s (same layers, types and phases)."""
+        mine = [(s.layer, s.type, s.phase) for s in self.steps]
+        theirs = [(s.name, s.type, s.phase) for s in gmap.steps]
+        if mine != theirs:
+            diff = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
+                        min(len(mine), len(theirs)))
+            raise ValueError(f"the profile of net {self.net!r} ({len(mine)} steps) does not match "
+                             f"net {gmap.net_name!r} ({len(theirs)} steps): first difference at "
+                             f"step {diff}")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def step_infos(gmap: GMAP) -> tuple:
+    return tuple(StepInfo(s.index, s.name, s.type, s.phase) for s in gmap.steps)
+
+
+# --------------------------------------------------------------- synthetic
+def synthetic_profile(gmap: GMAP, ks, compute_model, pcie, *, noise: float = 0.0,
+                      seed: int = 0, device: str = "synthetic") -> Profile:
+    """A profile whose times come from a model instead of a device: step times from
+    ``compute_model`` (eq. 2), one offload and one prefetch per feature map from ``pcie``
+    (eq. 5), each multiplied by ``exp(noise * N(0, 1))``.  For tests, and for planning a device
+    one has not profiled (``minicaffe plan`` without ``--profile``)."""
+    from .arena import align
+    from .model import D2H, H2D
+    rng = np.random.default_rng(seed)
+
+    def jitter(x):
+        return x * float(np.exp(noise * rng.standard_normal())) if noise else x
+
+    compute, transfers, iters = [], [], []
+    for k in ks:
+        g = gmap.at(k)
+        t = compute_model.step_times(g)
+        start = 0.0
+        for s, tj in zip(g.steps, t):
+            tj = jitter(float(tj))
+            compute.append(ComputeSample(k, s.index, float(s.flops), tj, start))
+            start += tj
+        for b in g.feature_maps():
+            nb = align(g.nbytes(b))
+            name = g.buffers[b].name
+            for kind, direction in (("offload", D2H), ("prefetch", H2D)):
+                t_copy = jitter(pcie.seconds(nb, direction))
+                transfers.append(TransferSample(k, kind, name, nb, t_copy))
+        iters.append((k, start))
+    bw = {"h2d": pcie.h2d, "d2h": pcie.d2h, "both": pcie.both}
+    return Profile(net=gmap.net_name, device=device, mode="model", k_base=gmap.k0,
+                   ks=tuple(ks), steps=step_infos(gmap), compute=tuple(compute),
+                   transfers=tuple(transfers), iterations=tuple(iters), bandwidth=bw,
+                   date=_now(), meta={"synthetic": True, "noise": noise})
+
+
+# ------------------------------------------------------------- net resizing
+def set_batch_size(net, k: int):
+    """Resize ``net``'s minibatch to ``k`` in place (module doc) and reshape it.
+
+    The net must not run under an executor (close it first)."""
+    k = int(k)
+    if k <= 0:
+        raise ValueError(f"minibatch size must be positive, got {k}")
+    if getattr(net, "executor", None) is not None:
+        raise RuntimeError(f"net {net.name!r} runs under a memory plan: close its executor before "
+                           "resizing it")
+    old = net_batch_size(net)
+    if old == k:
+        return
+    for li, layer in enumerate(net.layers):
+        if net.bottom_vecs[li]:
+            continue
+        tops = net.top_vecs[li]
+        if hasattr(layer, "set_batch_size"):
+            layer.set_batch_size(k)
+        elif layer.type in ("Input", "DummyData"):
+            for t in tops:
+                if t.ndim >= 1 and t.shape[0] == old:
+                    t.reshape((k,) + tuple(t.shape[1:]))
+            if layer.type == "DummyData":
+                _refill_constant_tops(layer, tops)
+        elif layer.type == "HDF5Data":
+            layer.batch_size = k
+        elif layer.type == "Data":
+            _resize_data_layer(layer, k)
+        elif hasattr(layer, "batch_size"):
+            layer.batch_size = k
+        else:
+            raise ValueError(f"layer {net.layer_names[li]!r} ({layer.type}) makes the net's input "
+                             "but minicaffe does not know how to change its batch size (known: "
+                             "Input, DummyData, Data, HDF5Data, MemoryData, or any layer with "
+                             "set_batch_size(k))")
+    net.reshape()
+
+
+def _refill_constant_tops(layer, tops):
+    """DummyData fills its constant tops once, at setup: fill the resized ones again."""
+    from minicaffe.fillers import fill
+    for i in layer.persistent_tops(len(tops)):
+        fill(tops[i], layer.fillers[layer._filler_index(i)], where=f"{layer.where}: ")
+
+
+def _resize_data_layer(layer, k: int):
+    """Caffe's DataLayer has no batch-size setter.  Stop its prefetch thread (the batches it
+    read ahead have the old size), rewind to the first record not yet consumed, and start a new
+    thread at the new size; the layer's state_dict/load_state_dict make the rewind exact."""
+    import weakref
+
+    from minicaffe.layers import data as data_mod
+    resume = layer.state_dict()
+    pf = getattr(layer, "_prefetcher", None)
+    if pf is not None:
+        if getattr(layer, "_finalizer", None) is not None:
+            layer._finalizer.detach()
+        if not pf.stop():
+            raise RuntimeError(f"{layer.where}: the prefetch thread did not stop; cannot change "
+                               "the batch size")
+        layer._prefetcher = data_mod._Prefetcher(layer._loader, layer.prefetch_count, layer.where)
+        layer._finalizer = weakref.finalize(layer, data_mod._shutdown, layer._prefetcher,
+                                            layer._reader)
+    layer.batch_size = k
+    layer._loader.batch_size = k
+    layer._top_shape = (k,) + tuple(layer._top_shape[1:])
+    layer.load_state_dict(resume)
+
+
+# -------------------------------------------------------------- bandwidth
+def measure_bandwidth(xp, nbytes: int = 64 << 20, repeats: int = 5) -> dict | None:
+    """Pinned copy bandwidth (bytes/s): host to device, device to host, and both at once (total).
+
+    GPU only (None on the CPU, where copies are memcpy and synchronous).  Two non-blocking
+    streams, timing events around ``repeats`` copies of ``nbytes``; the median is kept."""
+    if getattr(xp, "__name__", "") != "cupy":
+        return None
+    cp = xp      # pragma: no cover - GPU machine only
+    pinned_a = cp.cuda.alloc_pinned_memory(nbytes)
+    pinned_b = cp.cuda.alloc_pinned_memory(nbytes)
+    host_a = np.frombuffer(pinned_a, dtype=np.uint8, count=nbytes)
+    host_b = np.frombuffer(pinned_b, dtype=np.uint8, count=nbytes)
+    dev_a = cp.empty(nbytes, dtype=cp.uint8)
+    dev_b = cp.empty(nbytes, dtype=cp.uint8)
+    s_in = cp.cuda.Stream(non_blocking=True)
+    s_out = cp.cuda.Stream(non_blocking=True)
+
+    def timed(fn_list):
+        times = []
+        for _ in range(repeats):
+            evs = []
+            for fn, s in fn_list:
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                e0.record(s)
+                fn(s)
+                e1.record(s)
+                evs.append((e0, e1))
+            for _, e1 in evs:
+                e1.synchronize()
+            # from the first start to the last end (the copies were issued back to back)
+            t0 = evs[0][0]
+            times.append(max(cp.cuda.get_elapsed_time(t0, e1) for _, e1 in evs) / 1e3)
+        return float(np.median(times))
+
+    def h2d(s):
+        dev_a.set(host_a, stream=s)
+
+    def d2h(s):
+        dev_b.get(stream=s, out=host_b, blocking=False)
+
+    t_in = timed([(h2d, s_in)])
+    t_out = timed([(d2h, s_out)])
+    t_both = timed([(h2d, s_in), (d2h, s_out)])
+    return {"h2d": nbytes / t_in, "d2h": nbytes / t_out, "both": 2 * nbytes / t_both}
+
+
+def device_name(net) -> str:
+    if getattr(net, "mode", "CPU") == "GPU":   # pragma: no cover - GPU machine only
+        import cupy
+        dev = cupy.cuda.Device()
+        props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+        name = props["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    return f"CPU ({platform.processor() or platform.machine()}, NumPy {np.__version__})"
+
+
+# ------------------------------------------------------------- instrument
+class _Instrument:
+    """Timing hooks on one executor for the duration of a profile (module doc)."""
+
+    def __init__(self, executor, k: int):
+        self.ex = executor
+        self.net = executor.net
+        self.g = executor.gmap
+        self.k = k
+        self.gpu = executor.streams.gpu
+        self.recording = False
+        self.compute: list = []
+        self.transfers: list = []
+        self.iterations: list = []
+        self._j = 0
+        self._cur = None
+        self._t0 = 0.0
+        self._pending = []          # GPU: (kind, payload, e0, e1) read after the iteration
+        self._ev0 = None
+        if self.gpu:                # pragma: no cover - GPU machine only
+            self.cp = executor.streams.cp
+        self._install()
+
+    # ---- hooks
+    def _install(self):
+        net, ex = self.net, self.ex
+        self._orig_fwd = net.forward_layer
+        self._orig_bwd = net.backward_layer
+        self._orig_run = ex._run
+        self._orig_do = ex._do
+        self._orig_copy = ex.streams.copy
+        net.forward_layer = self._wrap_layer(self._orig_fwd, FORWARD)
+        net.backward_layer = self._wrap_layer(self._orig_bwd, BACKWARD)
+        ex._run = self._run
+        ex._do = self._do
+        ex.streams.copy = self._copy
+
+    def remove(self):
+        for obj, name in ((self.net, "forward_layer"), (self.net, "backward_layer"),
+                          (self.ex, "_run"), (self.ex, "_do"), (self.ex.streams, "copy")):
+            obj.__dict__.pop(name, None)
+
+    def _now(self):
+        return time.perf_counter() - self._t0
+
+    def _event(self, stream=None):   # pragma: no cover - GPU machine only
+        e = self.cp.cuda.Event()
+        e.record(stream)
+        return e
+
+    def _run(self, last_step):
+        full = last_step == self.g.n_steps - 1
+        rec = self.recording and full
+        self._j = 0
+        self._active = rec
+        self._t0 = time.perf_counter()
+        if rec and self.gpu:         # pragma: no cover - GPU machine only
+            self._ev0 = self._event()
+        try:
+            return self._orig_run(last_step)
+        finally:
+            if rec:
+                self._finish_iteration()
+            self._active = False
+
+    def _wrap_layer(self, fn, phase):
+        def timed(li):
+            if not getattr(self, "_active", False):
+                return fn(li)
+            j = self._j
+            self._j += 1
+            if self.gpu:             # pragma: no cover - GPU machine only
+                e0 = self._event()
+                out = fn(li)
+                e1 = self._event()
+                self._pending.append(("compute", j, e0, e1))
+                return out
+            a = self._now()
+            out = fn(li)
+            self.compute.append(ComputeSample(self.k, j, float(self.g.steps[j].flops),
+                                              self._now() - a, a))
+            return out
+        return timed
+
+    def _do(self, i, setup=False):
+        if not getattr(self, "_active", False):
+            return self._orig_do(i, setup=setup)
+        op = self.ex.plan.ops[i]
+        if op.kind not in (OFFLOAD, PREFETCH):
+            return self._orig_do(i, setup=setup)
+        self._cur = i
+        try:
+            if self.gpu:             # pragma: no cover - GPU machine only
+                return self._orig_do(i, setup=setup)
+            a = self._now()
+            out = self._orig_do(i, setup=setup)
+            self._record_transfer(op, a, self._now() - a)
+            return out
+        finally:
+            self._cur = None
+
+    def _copy(self, dst, src, stream):
+        if not (self.gpu and self._cur is not None):
+            return self._orig_copy(dst, src, stream)
+        s = self.ex.streams.streams[stream]  # pragma: no cover - GPU machine only
+        e0 = self._event(s)
+        out = self._orig_copy(dst, src, stream)
+        e1 = self._event(s)
+        self._pending.append(("transfer", self._cur, e0, e1))
+        return out
+
+    def _record_transfer(self, op, start, seconds, concurrent=False):
+        kind = "offload" if op.kind == OFFLOAD else "prefetch"
+        self.transfers.append(TransferSample(self.k, kind, self.g.buffers[op.buffer].name,
+                                             int(op.nbytes), float(seconds), float(start),
+                                             bool(concurrent)))
+
+    def _finish_iteration(self):
+        if not self.gpu:
+            self.iterations.append((self.k, self._now()))
+            return
+        cp = self.cp                  # pragma: no cover - GPU machine only
+        end = self._event()
+        self.ex.streams.synchronize()     # one sync per profiled iteration (all three streams)
+        el = cp.cuda.get_elapsed_time
+        spans = []
+        for kind, x, e0, e1 in self._pending:
+            a, b = el(self._ev0, e0) / 1e3, el(self._ev0, e1) / 1e3
+            spans.append((kind, x, a, b))
+        self._pending = []
+        copies = [(self.ex.plan.ops[x], a, b) for kind, x, a, b in spans if kind == "transfer"]
+        for kind, x, a, b in spans:
+            if kind == "compute":
+                self.compute.append(ComputeSample(self.k, x, float(self.g.steps[x].flops),
+                                                  b - a, a))
+        for op, a, b in copies:
+            other = SWAP_OUT if op.stream == SWAP_IN else SWAP_IN
+            overlap = sum(max(0.0, min(b, b2) - max(a, a2)) for op2, a2, b2 in copies
+                          if op2.stream == other)
+            self._record_transfer(op, a, b - a, concurrent=overlap > 0.5 * (b - a))
+        self.iterations.append((self.k, el(self._ev0, end) / 1e3))
+
+
+# ---------------------------------------------------------------- profile
+def _install_naive(solver, budget, strategy="naive"):
+    from .runtime import install
+    return install(solver, strategy, budget)
+
+
+def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int = 1,
+                   strategy: str = "naive", bandwidth: bool | None = None,
+                   log=None) -> Profile:
+    """Profile real training iterations of ``solver`` at every k of ``ks`` (module doc).
+
+    Each k runs ``warmup + iterations`` iterations of ``solver.step(1)`` under ``strategy``
+    within ``budget`` bytes; the net is left at the last k, with no executor installed.
+    bandwidth: run :func:`measure_bandwidth` (default: in GPU mode only).
+    """
+    net = solver.net
+    k_base = net_batch_size(net)
+    if getattr(net, "executor", None) is not None:
+        net.executor.close()
+    compute, transfers, iters = [], [], []
+    steps = None
+    for k in ks:
+        set_batch_size(net, k)
+        ex = _install_naive(solver, budget, strategy)
+        if steps is None:
+            steps = step_infos(ex.gmap)
+        inst = _Instrument(ex, k)
+        try:
+            for it in range(warmup + iterations):
+                inst.recording = it >= warmup
+                solver.step(1)
+        finally:
+            inst.remove()
+            ex.close()
+        compute += inst.compute
+        transfers += inst.transfers
+        iters += inst.iterations
+        if log is not None:
+            t = [s for kk, s in inst.iterations if kk == k]
+            log(f"Profiled minibatch {k} under the {strategy} plan: "
+                f"{1e3 * float(np.mean(t)) if t else float('nan'):.3f} ms per iteration, "
+                f"{len(inst.transfers)} transfers")
+    if steps is None:
+        steps = step_infos(build_gmap(net))
+    bw = None
+    if bandwidth or (bandwidth is None and net.mode == "GPU"):
+        bw = measure_bandwidth(net.xp)
+    return Profile(net=net.name, device=device_name(net), mode=net.mode, k_base=k_base,
+                   ks=tuple(ks), steps=steps, compute=tuple(compute), transfers=tuple(transfers),
+                   iterations=tuple(iters), bandwidth=bw, date=_now(),
+                   meta={"warmup": warmup, "iterations": iterations, "strategy": strategy,
+                         "budget": budget})
+
+
+__all__ = ["SCHEMA", "VERSION", "PROFILE_FRACTIONS", "profile_ks", "StepInfo", "ComputeSample",
+           "TransferSample", "Profile", "synthetic_profile", "set_batch_size", "measure_bandwidth",
+           "device_name", "profile_solver", "step_infos"]

@@ -1,0 +1,630 @@
+"""Algorithm 2: the efficiency-optimal minibatch k*, its swap plan, and the three training stages
+(paper, sections 4 and 6).
+
+Problem (7): minimize ``t_whole(k)`` (eq. 3) subject to eq. (4) (the budget) and constraint (6)
+(no compute stall).  Under (6) the iteration time is the stall-free ``t_iter(k)`` of eq. (2), and
+with the saturating throughput curve of :mod:`swap.model` ``t_whole(k) / (E m) = sum_j t_j(k) / k +
+Delta / k`` decreases with k (each step's time per image, ``(FLOPs_j(1) + x_half / k) / P``, does),
+so the optimum is the **largest k at which (6) can be met**, which is what the paper's linear
+search returns.
+
+Algorithm 2 here:
+
+1. ``k_max``: the largest k whose naive plan (every feature map offloaded, the layer-wise peak)
+   fits the budget: ``swap.plan.max_batch(gmap, "naive", budget)``, exact with the arena layout
+   (the paper's closed form is :func:`swap.model.paper_k_max`).
+2. The question asked at each k, :meth:`Search.feasible`: does pinning feature maps
+   (:func:`swap.planner.choose_pins`, greedy from an empty pinned set) reach a plan where (6) holds
+   everywhere (:func:`swap.planner.algorithm1`)?  It depends on k only.  The paper's loop instead
+   carries the pinned set from k + 1 to k; starting afresh at every k makes the answer a function
+   of k, so that the two search methods below can be compared.
+3. ``method="linear"``: the paper's walk, k = k_max, k_max - 1, ... down to the first feasible k.
+   ``method="bisect"``: bisection on [1, k_max], valid where feasibility is monotone in k (true
+   when it holds at k it holds at every smaller k); it asks O(log k_max) questions instead of up to
+   k_max.  Both skip a k when a cheap necessary condition already proves it infeasible
+   (:meth:`Search.bound_ok`: even pinning the best feature maps that fit at the step where most of
+   them are off the device, the transfers left exceed the iteration time); that never changes the
+   answer, only the time to find it.
+4. The executable plan at k* (:func:`swap.planner.make_dynamic_plan`) is replayed op by op
+   (:func:`swap.planner.simulate`); if the replay stalls more than ``verify_tol`` of the iteration
+   (the arena layout can make a region wait where byte counting did not), k is lowered until it
+   does not (at most ``verify_steps`` times).
+5. If no k meets (6) (the link is too slow for this net even with all the memory pinned), the k of
+   ``k_max / 2^i`` with the best predicted images/s, stalls included, is returned with
+   ``stall_free = False``.
+
+The learning rate for k* is :func:`swap.lr.scale_lr` (eq. 9).  :func:`train_dynamic` runs the three
+stages of section 6 on a Solver: profile, decide, train the rest.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .arena import align
+from .gmap import GMAP, build_gmap, net_batch_size
+from .memory import fmt_bytes
+from .model import D2H, H2D, ComputeModel, PCIeModel
+from .plan import BudgetError, _base_intervals, _place_returns, make_plan, max_batch
+from .planner import (RULES, DynamicPlan, PinResult, algorithm1, choose_pins,
+                      make_dynamic_plan)
+
+METHODS = ("linear", "bisect")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One question of the search: is k feasible?  pruned: answered by the bound alone."""
+    k: int
+    feasible: bool
+    pruned: bool = False
+    pinned: int = 0
+    rounds: int = 0
+    stall: float = 0.0
+    t_iter: float = 0.0
+    reason: str = ""
+
+
+class Search:
+    """Feasibility of constraint (6) as a function of k, with a cache and a cheap bound.
+
+    gmap: at any k (sizes and FLOPs are rescaled).  times_fn: ``k -> t_j(k)`` (default from
+    ``model``).  margin: fraction of the budget kept out of the byte-level search for the
+    executable plan's layout (its arena is within about 1% of its peak, see swap.plan): pins and
+    prefetch timing are decided under ``budget * (1 - margin)``, the plan is made under
+    ``budget``.
+    """
+
+    def __init__(self, gmap: GMAP, budget: int, model: ComputeModel | None, pcie: PCIeModel, *,
+                 rule: str = "stall", prune: bool = True, times_fn=None, margin: float = 0.01):
+        if rule not in RULES:
+            raise ValueError(f"unknown pinning rule {rule!r} (known: {', '.join(RULES)})")
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin must be in [0, 1), got {margin}")
+        self.gmap = gmap
+        self.plan_budget = int(budget)
+        self.budget = int(budget * (1 - margin))
+        self.pcie = pcie
+        self.rule = rule
+        self.prune = prune
+        self.times = times_fn if times_fn is not None else model.times_fn(gmap)
+        self._cache: dict = {}
+        self.evaluations: list = []
+        self._prepare_bound()
+
+    # ---- the necessary condition
+    def _prepare_bound(self):
+        """Interval structure of the just-in-time naive plan (independent of k) and the
+        candidate steps where the bound is taken."""
+        g = self.gmap
+        n = g.n_steps
+        fms = [b for b in g.feature_maps()]
+        base, pending = _base_intervals(g, set(fms))
+        ivs = _place_returns(g, base, pending, None, "jit")
+        self._iv_bid = np.array([iv[0] for iv in ivs], dtype=np.int64)
+        self._iv_start = np.array([iv[1] for iv in ivs], dtype=np.int64)
+        self._iv_end = np.array([n - 1 if iv[2] is None else iv[2] for iv in ivs], dtype=np.int64)
+        bufs = g.buffers
+        self._item = np.array([b.size.item for b in bufs], dtype=np.int64)
+        self._scaled = np.array([b.size.scaled for b in bufs], dtype=bool)
+        self._cap = np.array([b.size.cap if b.size.cap is not None else -1 for b in bufs],
+                             dtype=np.int64)
+        sw = [p[0] for p in pending]
+        self._fm = np.array(sw, dtype=np.int64)
+        self._gap_lo = np.array([bufs[b].forward_uses[-1] + 1 for b in sw], dtype=np.int64)
+        self._gap_hi = np.array([bufs[b].backward_uses[0] - 1 for b in sw], dtype=np.int64)
+        cover = np.zeros(n + 1)
+        for b, lo, hi in zip(sw, self._gap_lo, self._gap_hi):
+            if hi >= lo:
+                cover[lo] += self._item[b]
+                cover[hi + 1] -= self._item[b]
+        cover = np.cumsum(cover)[:n]
+        cands = {int(np.argmax(cover)) if n else 0, max(g.n_forward - 1, 0),
+                 min(g.n_forward, n - 1)}
+        self._bound_steps = sorted(c for c in cands if 0 <= c < n)
+
+    def _sizes(self, k: int) -> np.ndarray:
+        kk = np.where(self._cap >= 0, np.minimum(k, self._cap), k)
+        raw = np.where(self._scaled, self._item * kk, self._item)
+        return -(-raw // 512) * 512          # swap.arena.align, vectorized
+
+    def bound_ok(self, k: int) -> tuple[bool, str]:
+        """A necessary condition for (6) at k (module doc, step 3); (ok, why not)."""
+        g = self.gmap
+        n = g.n_steps
+        s = self._sizes(k)
+        resident = self._iv_start < 0
+        setup = int(s[self._iv_bid[resident]].sum())
+        delta = np.zeros(n + 1, dtype=np.int64)
+        dyn = ~resident
+        np.add.at(delta, self._iv_start[dyn], s[self._iv_bid[dyn]])
+        np.add.at(delta, self._iv_end[dyn] + 1, -s[self._iv_bid[dyn]])
+        jit = setup + np.cumsum(delta[:n])
+        if int(jit.max(initial=setup)) > self.budget:
+            return False, "eq. (4): even the naive plan does not fit"
+        t_avail = float(np.sum(self.times(k)))
+        fs = s[self._fm].astype(np.float64)
+        for c in self._bound_steps:
+            in_gap = (self._gap_lo <= c) & (c <= self._gap_hi)
+            cap = float(self.budget - jit[c])
+            for direction in (H2D, D2H):
+                tt = np.asarray(self.pcie.time(fs, direction), dtype=np.float64)
+                total = float(tt.sum())
+                # pinning is free (optimistic) for feature maps resident at c anyway; the others
+                # compete for cap bytes: a fractional knapsack by time per byte
+                free = float(tt[~in_gap].sum())
+                ts, bs = tt[in_gap], fs[in_gap]
+                order = np.argsort(-(ts / np.maximum(bs, 1.0)), kind="stable")
+                cum = np.cumsum(bs[order])
+                full = int(np.searchsorted(cum, cap, side="right"))
+                removed = float(ts[order][:full].sum())
+                if full < len(order):
+                    before = float(cum[full - 1]) if full else 0.0
+                    removed += ts[order][full] * max(cap - before, 0.0) / max(bs[order][full], 1.0)
+                left = total - free - removed
+                if left > t_avail * (1 + 1e-9):
+                    return False, (f"bound: {left:.3g} s of {direction} transfers cannot hide in "
+                                   f"{t_avail:.3g} s of compute")
+        return True, ""
+
+    # ---- the question
+    def result(self, k: int) -> PinResult | None:
+        """choose_pins at k (None when the bound already rules k out)."""
+        if k in self._cache:
+            return self._cache[k]
+        res = None
+        if self.prune:
+            ok, why = self.bound_ok(k)
+            if not ok:
+                self._cache[k] = None
+                self.evaluations.append(Evaluation(k, False, pruned=True, reason=why))
+                return None
+        gk = self.gmap.at(k)
+        res = choose_pins(gk, self.budget, self.times(k), self.pcie, rule=self.rule)
+        self._cache[k] = res
+        r = res.readiness
+        self.evaluations.append(Evaluation(k, res.feasible, False, len(res.pinned), res.rounds,
+                                           r.total_stall, r.t_iter, res.reason))
+        return res
+
+    def feasible(self, k: int) -> bool:
+        r = self.result(k)
+        return r is not None and r.feasible
+
+
+# ------------------------------------------------------------------ searches
+def linear_search(search: Search, k_max: int, k_min: int = 1) -> int | None:
+    """The paper's walk: the first feasible k from k_max down (None if none)."""
+    for k in range(k_max, k_min - 1, -1):
+        if search.feasible(k):
+            return k
+    return None
+
+
+def bisect_search(search: Search, k_max: int, k_min: int = 1, band: float | None = 0.03,
+                  band_min: int = 8) -> int | None:
+    """The largest feasible k in [k_min, k_max] by bisection, for feasibility monotone in k.
+
+    The greedy pinning of :func:`swap.planner.choose_pins` is monotone in k except in a narrow
+    band at the boundary, where a slightly different lateness sends it down another path (on
+    ResNet-34 at 12 GiB: feasible at 298 and 293, not at 294-297).  So once bisection has found a
+    boundary (k feasible, k + 1 not), the ``max(band_min, band * k)`` values above it are asked
+    too, and again above any feasible one found: the answer is the linear walk's whenever the
+    feasible values of the band lie within that distance of each other.  ``band=None``: plain
+    bisection.
+    """
+    if search.feasible(k_max):
+        return k_max
+    if k_max == k_min or not search.feasible(k_min):
+        return None
+    lo, hi = k_min, k_max          # feasible(lo), not feasible(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if search.feasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    if band is None:
+        return lo
+    best = lo
+    top = min(k_max - 1, best + max(band_min, int(math.ceil(band * best))))
+    k = best + 1
+    while k <= top:
+        if search.feasible(k):
+            best = k
+            top = min(k_max - 1, best + max(band_min, int(math.ceil(band * best))))
+        k += 1
+    return best
+
+
+# ------------------------------------------------------------------ decision
+@dataclass(frozen=True)
+class Decision:
+    """Algorithm 2's answer: k*, its dynamic plan and predicted timeline, and how it was found."""
+    k_star: int
+    k_max: int
+    k_base: int
+    budget: int
+    method: str
+    rule: str
+    stall_free: bool
+    dynamic: DynamicPlan = field(repr=False)
+    evaluations: tuple = field(default=(), repr=False)
+    delta: float = 0.0
+
+    @property
+    def plan(self):
+        return self.dynamic.plan
+
+    @property
+    def timeline(self):
+        return self.dynamic.timeline
+
+    @property
+    def pinned(self) -> frozenset:
+        return self.dynamic.plan.pinned
+
+    @property
+    def t_iter(self) -> float:
+        """Predicted seconds per iteration (op-level replay, stalls included)."""
+        return self.timeline.t_iter
+
+    @property
+    def images_per_s(self) -> float:
+        return self.k_star / (self.t_iter + self.delta)
+
+    @property
+    def peak(self) -> int:
+        return self.plan.peak
+
+    def t_whole(self, epochs: float, dataset: int) -> float:
+        """eq. (3) at k* with the predicted iteration time."""
+        return epochs * dataset / self.k_star * (self.t_iter + self.delta)
+
+    def pinned_names(self) -> list:
+        g = self.plan.gmap
+        return [g.buffers[b].name for b in sorted(self.pinned)]
+
+    def describe(self, limit: int = 12) -> str:
+        """The decision for people (``minicaffe plan``, the training log)."""
+        p, tl = self.plan, self.timeline
+        g = p.gmap
+        fms = g.feature_maps()
+        pin_b = sum(align(g.nbytes(b)) for b in self.pinned)
+        off_b, pre_b = p.transfer_bytes()
+        n_eval = sum(1 for e in self.evaluations if not e.pruned)
+        n_pruned = sum(1 for e in self.evaluations if e.pruned)
+        lines = [
+            f"k* = {self.k_star} (k_max {self.k_max} from the naive plan's layer-wise peak, "
+            f"k_base {self.k_base}; {self.method} search, pinning rule {self.rule!r}: "
+            f"{n_eval} k evaluated, {n_pruned} ruled out by the bound)"
+            + ("" if self.stall_free else "  [no k meets constraint (6): best throughput]"),
+            f"predicted iteration {1e3 * self.t_iter:.3f} ms (compute {1e3 * tl.t_model:.3f} ms, "
+            f"stall {1e3 * tl.total_stall:.3f} ms), {self.images_per_s:.1f} images/s"
+            + (f" with {1e3 * self.delta:.3f} ms between iterations" if self.delta else ""),
+            f"peak memory {fmt_bytes(p.peak)} (eq. 4), arena {fmt_bytes(p.arena_bytes)} of budget "
+            f"{fmt_bytes(self.budget)}, pinned host {fmt_bytes(p.host_bytes)}",
+            f"feature maps: {len(self.pinned)} of {len(fms)} pinned ({fmt_bytes(pin_b)}), "
+            f"{len(p.offloaded)} offloaded ({fmt_bytes(off_b)} out, {fmt_bytes(pre_b)} in per "
+            "iteration)",
+        ]
+        names = self.pinned_names()
+        if names:
+            shown = ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)"
+                                                if len(names) > limit else "")
+            lines.append(f"pinned: {shown}")
+        return "\n".join(lines)
+
+
+def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
+         method: str = "linear", rule: str = "stall", k_max: int | None = None, k_min: int = 1,
+         prune: bool = True, delta: float = 0.0, verify_tol: float = 0.01,
+         verify_steps: int = 8, margin: float = 0.01, refits: int = 3,
+         times_fn=None) -> Decision:
+    """Algorithm 2 (module doc): the efficiency-optimal minibatch under ``budget`` bytes.
+
+    gmap: the net's GMAP (any k; ``gmap.k0`` is k_base).  model / pcie: the performance model.
+    method: "linear" (the paper) or "bisect".  rule: the pinning rule of
+    :func:`swap.planner.choose_pins`.  delta: seconds between iterations (eq. 3).
+    margin: the budget fraction kept for the layout (:class:`Search`); when the executable
+    plan at the k found stalls more than ``verify_tol`` of the iteration, the search is run
+    again below that k with the margin the plan's layout achieved (at least double), up to
+    ``refits`` times, then k is lowered one by one (``verify_steps``).
+    Raises :class:`swap.plan.BudgetError` when not even k = 1 fits the budget.
+    """
+    if budget is None:
+        raise ValueError("the dynamic strategy needs a budget (bytes)")
+    if method not in METHODS:
+        raise ValueError(f"unknown search method {method!r} (known: {', '.join(METHODS)})")
+    budget = int(budget)
+    km = max_batch(gmap, "naive", budget) if k_max is None else int(k_max)
+    if km < 1:
+        make_plan(gmap.at(1), "naive", budget)       # raises BudgetError with the details
+        raise BudgetError(f"not even minibatch 1 fits {fmt_bytes(budget)}", budget=budget)
+    k_min = max(1, min(k_min, km))
+    find = linear_search if method == "linear" else bisect_search
+    evaluations = []
+    upper = km
+    for attempt in range(refits + 1):
+        search = Search(gmap, budget, model, pcie, rule=rule, prune=prune, times_fn=times_fn,
+                        margin=margin)
+        k = find(search, upper, k_min)
+        evaluations += search.evaluations
+        search.evaluations = []
+        stall_free = k is not None
+        if k is None:
+            k = _best_throughput(search, upper, k_min, delta)
+            break
+        dyn = _replay(search, k)
+        if dyn is not None and dyn.timeline.total_stall <= verify_tol * dyn.timeline.t_model:
+            return _decision(dyn, km, gmap, budget, method, rule, True, evaluations, delta)
+        if attempt == refits:
+            break
+        # The layout could not realize the byte-level timing (large feature maps fragment the
+        # arena): search again below k with the margin the executable plan achieved.
+        achieved = 1.0 - (dyn.plan.peak / budget) if dyn is not None else 2 * margin
+        margin = min(max(2 * margin, achieved), 0.5)
+        upper = k
+    dyn = _verified(search, k, k_min, verify_tol, verify_steps, stall_free, delta)
+    evaluations += search.evaluations
+    return _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta)
+
+
+def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta) -> Decision:
+    return Decision(k_star=dyn.k, k_max=km, k_base=gmap.k0, budget=budget, method=method,
+                    rule=rule, stall_free=stall_free, dynamic=dyn,
+                    evaluations=tuple(evaluations), delta=delta)
+
+
+def _replay(search: Search, k: int) -> DynamicPlan | None:
+    """The executable plan at k and its replay (None when its layout exceeds the budget)."""
+    res = search.result(k)
+    try:
+        return make_dynamic_plan(search.gmap.at(k), search.plan_budget, search.times(k),
+                                 search.pcie, rule=search.rule, pins=res)
+    except BudgetError:
+        return None
+
+
+def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeModel, *,
+            rule: str = "stall", delta: float = 0.0) -> Decision:
+    """The dynamic plan at a fixed k (``--batch k``): only the swaps are planned."""
+    search = Search(gmap, int(budget), model, pcie, rule=rule, prune=False)
+    res = search.result(int(k))
+    dyn = make_dynamic_plan(gmap.at(k), search.plan_budget, search.times(k), pcie, rule=rule,
+                       pins=res)
+    km = max_batch(gmap, "naive", int(budget))
+    return Decision(k_star=int(k), k_max=km, k_base=gmap.k0, budget=int(budget), method="fixed",
+                    rule=rule, stall_free=dyn.feasible, dynamic=dyn,
+                    evaluations=tuple(search.evaluations), delta=delta)
+
+
+def _best_throughput(search: Search, k_max: int, k_min: int, delta: float) -> int:
+    """No k meets (6): the k among k_max / 2^i with the best predicted images/s."""
+    best, best_k = -1.0, k_min
+    k = k_max
+    while True:
+        res = search.result(k)
+        if res is None:           # pruned: evaluate anyway, stalls included
+            res = choose_pins(search.gmap.at(k), search.budget, search.times(k), search.pcie,
+                              rule=search.rule)
+        # predicted with the stalls (Algorithm 1 with the waits propagated)
+        t = algorithm1(res.sketch, search.times(k), search.pcie, propagate=True).t_iter
+        ips = k / (t + delta)
+        if ips > best:
+            best, best_k = ips, k
+        if k <= k_min:
+            return best_k
+        k = max(k_min, k // 2)
+
+
+def _verified(search: Search, k: int, k_min: int, tol: float, steps: int, stall_free: bool,
+              delta: float) -> DynamicPlan:
+    """Build the executable plan at k and replay it; lower k while the replay stalls more than
+    ``tol`` of the iteration or the layout does not fit (at most ``steps`` plans once one has
+    been built)."""
+    tried = []
+    attempts = 0
+    kk = k
+    while kk >= k_min and (attempts <= steps or not tried):
+        res = search.result(kk)
+        if stall_free and (res is None or not res.feasible):
+            kk -= 1
+            continue
+        if res is None:
+            res = choose_pins(search.gmap.at(kk), search.budget, search.times(kk), search.pcie,
+                              rule=search.rule)
+        attempts += 1
+        try:
+            dyn = make_dynamic_plan(search.gmap.at(kk), search.plan_budget, search.times(kk),
+                               search.pcie, rule=search.rule, pins=res)
+        except BudgetError:             # the layout needs more than the budget: lower k
+            kk -= 1
+            continue
+        tl = dyn.timeline
+        if not stall_free or tl.total_stall <= tol * tl.t_model:
+            return dyn
+        tried.append(dyn)
+        kk -= 1
+    if not tried:
+        raise RuntimeError(f"no plan could be made at or below k = {k}")
+    return max(tried, key=lambda d: d.k / (d.timeline.t_iter + delta))
+
+
+# ------------------------------------------------------------ device models
+# The synthetic device of ``minicaffe plan`` without --profile: the lent H200 as DESIGN.md measures
+# it (CuPy float32 GEMM about 51 TFLOP/s; pinned copies about 55 GB/s each way, 101 GB/s both at
+# once), with x_half = 5e8 FLOPs, i.e. 10 us of fixed cost per step (CuPy launches ~10 us each).
+DEFAULT_DEVICE = {"peak_flops": 50e12, "x_half": 5e8, "h2d": 55e9, "d2h": 55e9, "both": 101e9,
+                  "latency": 0.0}
+
+
+def device_models(peak_flops: float = DEFAULT_DEVICE["peak_flops"],
+                  x_half: float = DEFAULT_DEVICE["x_half"], h2d: float = DEFAULT_DEVICE["h2d"],
+                  d2h: float | None = None, both: float | None = DEFAULT_DEVICE["both"],
+                  latency: float = 0.0) -> tuple[ComputeModel, PCIeModel]:
+    """A compute and a PCIe model from nominal figures (one throughput curve for every layer)."""
+    from .model import ThroughputCurve
+    return (ComputeModel.uniform(ThroughputCurve(peak=peak_flops, x_half=x_half)),
+            PCIeModel(h2d=h2d, d2h=h2d if d2h is None else d2h, both=both, latency=latency))
+
+
+def profile_models(profile, gmap: GMAP | None = None,
+                   granularity: str = "type") -> tuple[ComputeModel, PCIeModel]:
+    """The fitted models of a profile (checked against ``gmap`` when given)."""
+    if gmap is not None:
+        profile.check_net(gmap)
+    return (ComputeModel.from_profile(profile, granularity=granularity),
+            PCIeModel.from_profile(profile))
+
+
+# ------------------------------------------------------ three training stages
+@dataclass(frozen=True)
+class TrainingDecision:
+    """What :func:`train_dynamic` decided: the tuner's decision and the learning rate."""
+    decision: Decision
+    base_lr: float
+    lr: float
+    lr_rule: str
+    convexity: float
+    max_iter: int
+    profile: object = field(default=None, repr=False)
+
+
+def _rescale_schedule(param, start_iter: int, images_done: int, k_base: int, k_star: int) -> int:
+    """Keep the epochs (images) of the solver's schedule: the iterations left at k_base become
+    ``ceil(images left / k*)`` at k*; iteration-based lr steps move accordingly.  Returns the new
+    max_iter."""
+    images_total = param.max_iter * k_base
+    left = max(images_total - images_done, 0)
+    new_max = start_iter + int(math.ceil(left / k_star))
+    q = k_base / k_star
+    if param.stepsize:
+        param.stepsize = max(1, int(round(param.stepsize * q)))
+    if len(param.stepvalue):
+        vals = [max(1, int(round(v * q))) for v in param.stepvalue]
+        del param.stepvalue[:]
+        param.stepvalue.extend(vals)
+    param.max_iter = new_max
+    return new_max
+
+
+def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | None = None,
+                  lr_rule: str = "eq9", convexity: float | None = None,
+                  method: str = "linear", rule: str = "stall", profile=None,
+                  save_profile: str | None = None, warmup: int = 1, iterations: int = 1,
+                  granularity: str = "type", keep_epochs: bool = True, delta: float = 0.0,
+                  trace: str | None = None, log=None):
+    """The three stages of section 6 on ``solver``: profile, decide, install the plan.
+
+    1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
+       iterations under the naive plan at k = 1/8 .. 1 of k_max (``auto_batch``) or at the
+       fixed ``batch`` (:func:`swap.profiler.profile_solver`).
+    2. **Decide**: fit the model (:mod:`swap.model`), run Algorithm 2 (``auto_batch``) or plan the
+       swaps at ``batch`` (:func:`plan_at`), scale the learning rate (:mod:`swap.lr`, only when k
+       changes), rescale the iteration schedule to keep the epochs (``keep_epochs``).
+    3. Resize the net to k*, install the dynamic plan with an Executor; the caller trains the
+       rest with ``solver.solve()``.
+
+    Returns ``(executor, TrainingDecision)``.  budget: bytes (required).
+    """
+    from .lr import DEFAULT_CONVEXITY, scale_lr
+    from .profiler import Profile, profile_ks, profile_solver, set_batch_size
+    from .runtime import Executor
+
+    def say(msg):
+        if log is not None:
+            log(msg)
+
+    if budget is None:
+        raise ValueError("--swap dynamic needs --budget")
+    budget = int(budget)
+    convexity = DEFAULT_CONVEXITY if convexity is None else convexity
+    net = solver.net
+    if getattr(net, "executor", None) is not None:
+        net.executor.close()
+    net.reshape()
+    k_base = net_batch_size(net)
+    g0 = build_gmap(net, solver_type=solver.type)
+    k_max = max_batch(g0, "naive", budget)
+    if k_max < 1:
+        make_plan(g0.at(1), "naive", budget)
+    if batch is not None and batch > k_max:
+        make_plan(g0.at(batch), "naive", budget)      # BudgetError naming the largest k
+    images = solver.iter * k_base          # images trained so far (at k_base)
+    # ---- stage 1: dynamic information
+    if profile is None:
+        ks = profile_ks(k_max) if auto_batch else (batch or k_base,)
+        say(f"AccUDNN stage 1: profiling minibatches {list(ks)} under the naive plan "
+            f"(k_max {k_max} at budget {fmt_bytes(budget)})")
+        it0 = solver.iter
+        profile = profile_solver(solver, budget, ks, warmup=warmup, iterations=iterations,
+                                 log=say)
+        images += sum(k * (warmup + iterations) for k in ks)
+        assert solver.iter - it0 == len(ks) * (warmup + iterations)
+        if save_profile:
+            profile.save(save_profile)
+            say(f"Profile saved to {save_profile}")
+    elif not isinstance(profile, Profile):
+        path = profile
+        profile = Profile.load(path)
+        say(f"AccUDNN stage 1: profile of {profile.net!r} on {profile.device} loaded from {path}")
+    # ---- stage 2: decision
+    model, pcie = profile_models(profile, g0, granularity)
+    say(f"AccUDNN stage 2: PCIe model h2d {pcie.h2d / 1e9:.2f} GB/s, d2h {pcie.d2h / 1e9:.2f} "
+        f"GB/s, latency {1e6 * pcie.latency:.1f} us")
+    if auto_batch:
+        dec = tune(g0, budget, model, pcie, method=method, rule=rule, k_max=k_max, delta=delta)
+    else:
+        dec = plan_at(g0, batch or k_base, budget, model, pcie, rule=rule, delta=delta)
+    k_star = dec.k_star
+    base_lr = float(solver.param.base_lr)
+    lr = base_lr if k_star == k_base else scale_lr(base_lr, k_star, k_base, lr_rule, convexity)
+    solver.param.base_lr = lr
+    max_iter = solver.param.max_iter
+    if keep_epochs and k_star != k_base:
+        max_iter = _rescale_schedule(solver.param, solver.iter, images, k_base, k_star)
+    for line in dec.describe().splitlines():
+        say("AccUDNN decision: " + line)
+    say(f"AccUDNN decision: learning rate {base_lr:g} at k_base {k_base} -> {lr:g} at k* "
+        f"{k_star} (rule {lr_rule}" + (f", convexity {convexity:g}" if lr_rule == "eq9" else "")
+        + f"); training to iteration {max_iter}"
+        + (" (same number of images)" if keep_epochs and k_star != k_base else ""))
+    # ---- stage 3: train the rest under the plan
+    set_batch_size(net, k_star)
+    g = build_gmap(net, solver_type=solver.type)
+    names = set(dec.pinned_names())
+    pinned = frozenset(b.id for b in g.buffers if b.name in names)
+    hold = _hold_by_name(dec, g)
+    plan = make_plan(g, "dynamic", budget, pinned, hold=hold)
+    if plan.arena_bytes > budget:
+        plan = make_plan(g, "dynamic", budget, pinned)
+    ex = Executor(net, plan, budget=budget, solver=solver, trace=trace)
+    net.executor = ex
+    say(f"AccUDNN stage 3: training from iteration {solver.iter} at minibatch {k_star} under the "
+        f"dynamic plan")
+    return ex, TrainingDecision(decision=dec, base_lr=base_lr, lr=lr, lr_rule=lr_rule,
+                                convexity=convexity, max_iter=max_iter, profile=profile)
+
+
+def _hold_by_name(dec: Decision, g: GMAP) -> dict:
+    """The decided plan's region holds (release step of each offloaded buffer), by name."""
+    p = dec.plan
+    src = p.gmap
+    rel = {}
+    off = {}
+    from .plan import OFFLOAD, RELEASE, SWAP_OUT
+    for op in p.ops:
+        if op.kind == OFFLOAD:
+            off[op.buffer] = op.step
+        elif op.kind == RELEASE and op.stream == SWAP_OUT:
+            rel[op.buffer] = op.step
+    by_name = {src.buffers[b].name: s for b, s in rel.items() if s > off.get(b, s)}
+    return {b.id: by_name[b.name] for b in g.buffers if b.name in by_name}
+
+
+__all__ = ["METHODS", "Evaluation", "Search", "linear_search", "bisect_search", "Decision",
+           "tune", "plan_at", "DEFAULT_DEVICE", "device_models", "profile_models",
+           "TrainingDecision", "train_dynamic"]

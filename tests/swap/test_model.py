@@ -1,0 +1,168 @@
+"""swap.model: the throughput curve (eq. 1-2), t_iter / t_whole (eq. 2-3), the PCIe model
+(eq. 5) and the memory model (eq. 4), fitted from profiles."""
+import math
+
+import numpy as np
+import pytest
+
+from swap.arena import align
+from swap.gmap import build_gmap
+from swap.model import (D2H, H2D, ComputeModel, PCIeModel, ThroughputCurve, fit_curve,
+                        images_per_second, paper_k_max, peak_memory, t_iter, t_whole)
+from swap.plan import make_plan, max_batch
+from swap.profiler import Profile, TransferSample, synthetic_profile
+
+
+def test_curve_rises_then_saturates():
+    c = ThroughputCurve(peak=50e12, x_half=5e8)
+    x = np.logspace(4, 14, 50)
+    f = c.flops_per_s(x)
+    assert np.all(np.diff(f) > 0) and f[-1] < 50e12
+    assert c.flops_per_s(5e8) == pytest.approx(25e12)              # half the peak at x_half
+    assert f[-1] == pytest.approx(50e12, rel=1e-5)
+    assert c.time(0.0) == pytest.approx(1e-5)                        # fixed cost x_half / P
+    assert c.time(1e12) == pytest.approx((1e12 + 5e8) / 50e12)
+    assert c.saturation(0.9) == pytest.approx(9 * 5e8)
+    k = ThroughputCurve.constant(3e-3)
+    assert k.time(1e9) == 3e-3 and k.time(np.array([0, 1e12])).tolist() == [3e-3, 3e-3]
+    assert ThroughputCurve.from_dict(c.to_dict()) == c
+    assert ThroughputCurve.from_dict(k.to_dict()) == k
+
+
+@pytest.mark.parametrize("peak,x_half", [(50e12, 5e8), (2e9, 3e6), (1e11, 0.0)])
+def test_fit_recovers_a_known_curve(peak, x_half):
+    """Noiseless samples give the curve back; 5% log-normal noise gives it within 10%."""
+    truth = ThroughputCurve(peak, x_half)
+    x = np.logspace(5, 12, 30)
+    fit = fit_curve(x, truth.time(x))
+    assert fit.peak == pytest.approx(peak, rel=1e-3)
+    assert fit.x_half == pytest.approx(x_half, rel=1e-2, abs=1e-6 * max(x_half, 1))
+    rng = np.random.default_rng(1)
+    noisy = truth.time(x) * np.exp(0.05 * rng.standard_normal(len(x)))
+    fit = fit_curve(x, noisy)
+    assert fit.peak == pytest.approx(peak, rel=0.1)
+    assert np.allclose(fit.time(x), truth.time(x), rtol=0.1)
+
+
+def test_fit_uses_zero_flop_samples_and_constants():
+    truth = ThroughputCurve(1e10, 1e5)
+    x = np.array([0.0, 0.0, 1e6, 1e7, 1e8])
+    fit = fit_curve(x, truth.time(x))
+    assert fit.time(0.0) == pytest.approx(truth.time(0.0), rel=1e-3)
+    only_zero = fit_curve([0, 0, 0], [1e-3, 2e-3, 3e-3])
+    assert not math.isfinite(only_zero.peak) and only_zero.time(123.0) == 2e-3
+    with pytest.raises(ValueError, match="at least one sample"):
+        fit_curve([1.0], [0.0])
+
+
+def test_compute_model_from_a_profile_reproduces_step_times(build_net):
+    """A synthetic profile made with per-type curves is fitted back per type (eq. 1, 2)."""
+    g = build_gmap(build_net("resnet", 4))
+    types = sorted({(s.type, s.phase) for s in g.steps})
+    curves = tuple(((t, ph), ThroughputCurve(1e9 * (1 + i), 1e4 * (1 + i % 3)))
+                   for i, (t, ph) in enumerate(types))
+    truth = ComputeModel(curves=curves)
+    prof = synthetic_profile(g, (2, 4, 8, 16, 24), truth, PCIeModel(1e9, 1e9))
+    fitted = ComputeModel.from_profile(prof)
+    for k in (3, 12, 40):
+        assert np.allclose(fitted.step_times(g.at(k)), truth.step_times(g.at(k)), rtol=1e-3)
+        assert fitted.t_iter(g, k) == pytest.approx(truth.t_iter(g, k), rel=1e-3)
+        assert np.allclose(fitted.times_fn(g)(k), truth.step_times(g.at(k)))
+    per_step = ComputeModel.from_profile(prof, granularity="step")
+    assert np.allclose(per_step.step_times(g.at(12)), truth.step_times(g.at(12)), rtol=1e-3)
+    # the dict form round-trips
+    again = ComputeModel.from_dict(fitted.to_dict())
+    assert np.allclose(again.step_times(g), fitted.step_times(g))
+    with pytest.raises(ValueError, match="granularity"):
+        ComputeModel.from_profile(prof, granularity="layer")
+
+
+def test_unseen_types_fall_back_to_the_pooled_curve(build_net):
+    g = build_gmap(build_net("lenet", 4))
+    m = ComputeModel(curves=((("*", "*"), ThroughputCurve(1e9, 0.0)),
+                             (("Convolution", "forward"), ThroughputCurve(2e9, 0.0))))
+    conv = next(s for s in g.steps if s.type == "Convolution" and s.phase == "forward")
+    pool = next(s for s in g.steps if s.type == "Pooling")
+    assert m.step_time(conv) == pytest.approx(conv.flops / 2e9)
+    assert m.step_time(pool) == pytest.approx(pool.flops / 1e9)
+    with pytest.raises(KeyError, match="no curve"):
+        ComputeModel(curves=(((("Convolution", "forward")), ThroughputCurve(1e9)),)).curve(pool)
+
+
+def test_eq1_to_eq3(build_net):
+    g = build_gmap(build_net("lenet", 4))
+    m = ComputeModel.uniform(ThroughputCurve(1e9, 2e5))
+    for k in (1, 4, 10):
+        gk = g.at(k)
+        # eq. (1): FLOPs linear in k; eq. (2): the sum of the steps' times
+        assert gk.flops() == pytest.approx(g.flops() * k / g.k)
+        expect = sum((s.flops + 2e5) / 1e9 for s in gk.steps)
+        assert t_iter(m, g, k) == pytest.approx(expect)
+        # eq. (3): E m / k (t_iter + Delta)
+        whole = 90 * 1000 / k * (expect + 0.5)
+        assert t_whole(m, g, k, 90, 1000, delta=0.5) == pytest.approx(whole)
+        assert images_per_second(m, g, k, 0.5) == pytest.approx(k / (expect + 0.5))
+    # time per image falls with k (the curve rises), so t_whole does too
+    tw = [t_whole(m, g, k, 1, 1000) for k in (1, 2, 4, 8, 16)]
+    assert all(a > b for a, b in zip(tw, tw[1:]))
+
+
+def test_pcie_model_eq5_and_sharing():
+    p = PCIeModel(h2d=55e9, d2h=50e9, both=101e9)
+    assert p.time(55e9, H2D) == pytest.approx(1.0)
+    assert p.seconds(50e6, D2H) == pytest.approx(1e-3)
+    # both at once: shares in proportion to the solo rates, never above them
+    assert p.bandwidth(H2D, True) == pytest.approx(101e9 * 55 / 105)
+    assert p.bandwidth(D2H, True) == pytest.approx(101e9 * 50 / 105)
+    assert PCIeModel(10, 10, both=None).bandwidth(H2D, True) == 10
+    # eq. (5): (k / k_base) T(k_base) / Bandwidth
+    assert p.eq5(1e9, 64, 32, H2D) == pytest.approx(2e9 / 55e9)
+    with pytest.raises(ValueError, match="direction"):
+        p.time(1, "sideways")
+    with pytest.raises(ValueError, match="positive"):
+        PCIeModel(0, 1)
+    assert PCIeModel.from_dict(p.to_dict()) == p
+
+
+def _transfers(kind, bw, latency, sizes, noise=0.0, concurrent=False, seed=0):
+    rng = np.random.default_rng(seed)
+    return [TransferSample(1, kind, f"b{i}", int(n),
+                           (latency + n / bw) * float(np.exp(noise * rng.standard_normal())),
+                           concurrent=concurrent) for i, n in enumerate(sizes)]
+
+
+def test_pcie_model_fits_bandwidth_and_latency():
+    sizes = np.logspace(3, 8, 20)
+    prof = Profile(net="n", device="d", mode="CPU", k_base=1, ks=(1,), steps=(), compute=(),
+                   transfers=tuple(_transfers("prefetch", 20e9, 5e-6, sizes)
+                                   + _transfers("offload", 12e9, 5e-6, sizes)
+                                   + _transfers("prefetch", 15e9, 0, [1e8], concurrent=True)
+                                   + _transfers("offload", 10e9, 0, [1e8], concurrent=True)))
+    p = PCIeModel.from_profile(prof)
+    assert p.h2d == pytest.approx(20e9, rel=1e-6) and p.d2h == pytest.approx(12e9, rel=1e-6)
+    assert p.latency == pytest.approx(5e-6, rel=1e-4)
+    assert p.both == pytest.approx(25e9)
+    # without the latency term: the byte-weighted mean rate
+    q = PCIeModel.from_profile(prof, fit_latency=False)
+    expect = sum(sizes) / sum(5e-6 + s / 20e9 for s in sizes)
+    assert q.latency == 0 and q.h2d == pytest.approx(expect)
+    # a measured both-at-once figure wins
+    prof2 = Profile(**{**prof.__dict__, "bandwidth": {"both": 99e9}})
+    assert PCIeModel.from_profile(prof2).both == 99e9
+    empty = Profile(**{**prof.__dict__, "transfers": ()})
+    with pytest.raises(ValueError, match="no prefetch samples"):
+        PCIeModel.from_profile(empty)
+
+
+def test_memory_model_eq4_and_the_papers_k_max(build_net):
+    """peak_memory is the plan's eq. (4) peak; Algorithm 2's closed-form k_max is within a few
+    percent of the exact naive max_batch (which the tuner uses)."""
+    for which in ("lenet", "resnet"):
+        g = build_gmap(build_net(which, 4))
+        assert peak_memory(g, 16) == make_plan(g.at(16), "naive").peak
+        assert peak_memory(g, 16, "none") == make_plan(g.at(16), "none").peak
+        budget = 40 * make_plan(g.at(16), "naive").peak
+        exact = max_batch(g, "naive", budget)
+        assert paper_k_max(g, budget) == pytest.approx(exact, rel=0.05)
+        per_image = sum(align(g.at(1).nbytes(b)) for b in g.feature_maps())
+        assert per_image > 0

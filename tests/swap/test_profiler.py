@@ -1,0 +1,210 @@
+"""swap.profiler: resizing a net's minibatch in place, profiling real training iterations, JSON
+profiles."""
+import json
+
+import numpy as np
+import pytest
+
+from minicaffe.net import TRAIN, Net
+from minicaffe.proto import caffe_pb2, parse_text
+from swap.gmap import build_gmap, net_batch_size
+from swap.model import ComputeModel, PCIeModel, ThroughputCurve
+from swap.plan import min_budget
+from swap.profiler import (SCHEMA, VERSION, Profile, profile_ks, profile_solver,
+                           set_batch_size, synthetic_profile)
+
+
+def test_profile_ks_are_the_papers_fractions():
+    assert profile_ks(48) == (6, 12, 24, 32, 48)
+    assert profile_ks(3) == (1, 2, 3)
+    assert profile_ks(1) == (1,)
+    with pytest.raises(ValueError):
+        profile_ks(0)
+
+
+# ----------------------------------------------------------------- resizing
+def _net(text):
+    return Net(parse_text(text, caffe_pb2.NetParameter), TRAIN, mode="CPU")
+
+
+TAIL = """
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def test_resize_dummy_data_refills_constant_tops(build_net):
+    net = _net("""
+layer { name: "d" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 4 dim: 2 dim: 3 } shape { dim: 4 }
+    data_filler { type: "constant" value: 2 } data_filler { type: "constant" value: 1 } } }
+""" + TAIL)
+    set_batch_size(net, 7)
+    assert net.blobs["data"].shape == (7, 2, 3) and net.blobs["label"].shape == (7,)
+    assert net.blobs["ip"].shape == (7, 3)
+    assert (net.blobs["data"].data == 2).all() and (net.blobs["label"].data == 1).all()
+    assert net_batch_size(net) == 7
+    assert np.isfinite(float(net.forward_from_to()))
+    # the conftest nets (random fillers) too, down and up
+    lenet = build_net("lenet", 4)
+    for k in (2, 9):
+        set_batch_size(lenet, k)
+        lenet.forward_backward()
+        assert lenet.blobs["ip2"].shape == (k, 5)
+        assert build_gmap(lenet).k == k
+
+
+def test_resize_input_and_memory_data():
+    net = _net("""
+layer { name: "in" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 4 dim: 5 } shape { dim: 4 } } }
+""" + TAIL)
+    set_batch_size(net, 6)
+    assert net.blobs["data"].shape == (6, 5) and net.blobs["ip"].shape == (6, 3)
+    mem = _net("""
+layer { name: "m" type: "MemoryData" top: "data" top: "label"
+  memory_data_param { batch_size: 2 channels: 1 height: 2 width: 2 } }
+""" + TAIL)
+    mem.layers[0].reset(np.arange(48, dtype=np.float32).reshape(12, 1, 2, 2), np.zeros(12))
+    set_batch_size(mem, 4)
+    mem.forward_from_to()
+    assert mem.blobs["data"].shape == (4, 1, 2, 2)
+    assert mem.blobs["data"].data[:, 0, 0, 0].tolist() == [0, 4, 8, 12]
+
+
+def test_resize_data_layer_continues_with_the_next_record(tmp_path):
+    """The prefetch thread read ahead at the old size; after the resize the next batch starts
+    at the first record not yet consumed."""
+    from minicaffe import io as mio
+    db = tmp_path / "db"
+    with mio.LMDBWriter(db) as w:
+        for i in range(40):
+            w.put(f"{i:08d}", mio.array_to_datum(np.full((1, 2, 2), i, np.uint8), i % 3)
+                  .SerializeToString())
+    net = _net(f"""
+layer {{ name: "d" type: "Data" top: "data" top: "label"
+  data_param {{ source: "{db}" batch_size: 4 backend: LMDB prefetch: 3 }} }}
+""" + TAIL)
+    seen = []
+    for _ in range(2):
+        net.forward_from_to()
+        seen += net.blobs["data"].data[:, 0, 0, 0].tolist()
+    set_batch_size(net, 6)
+    for _ in range(2):
+        net.forward_from_to()
+        assert net.blobs["data"].shape == (6, 1, 2, 2)
+        seen += net.blobs["data"].data[:, 0, 0, 0].tolist()
+    assert seen == list(range(20))
+    set_batch_size(net, 3)
+    net.forward_from_to()
+    assert net.blobs["data"].data[:, 0, 0, 0].tolist() == [20, 21, 22]
+    net.layers[0].close()
+
+
+def test_resize_refuses_unknown_sources_and_installed_plans(make_solver):
+    from swap.runtime import install
+    s = make_solver("lenet")
+    ex = install(s, "naive")
+    with pytest.raises(RuntimeError, match="close its executor"):
+        set_batch_size(s.net, 8)
+    ex.close()
+    set_batch_size(s.net, 8)
+    with pytest.raises(ValueError, match="must be positive"):
+        set_batch_size(s.net, 0)
+
+
+# ---------------------------------------------------------------- profiling
+def test_profile_solver_measures_real_training_iterations(make_solver, tmp_path):
+    s = make_solver("resnet", batch=4)
+    budget = 3 * min_budget(build_gmap(s.net).at(8), "naive")
+    before = [np.array(p.data) for p in s.net.learnable_params]
+    prof = profile_solver(s, budget, (2, 8), warmup=1, iterations=2)
+    # every profiled iteration trained
+    assert s.iter == 2 * 3
+    assert any(not np.array_equal(a, np.asarray(p.data))
+               for a, p in zip(before, s.net.learnable_params))
+    assert s.net.executor is None and net_batch_size(s.net) == 8
+    g = build_gmap(s.net)
+    n = g.n_steps
+    assert prof.ks == (2, 8) and prof.k_base == 4 and prof.mode == "CPU"
+    assert len(prof.steps) == n and [x.layer for x in prof.steps] == [x.name for x in g.steps]
+    for k in (2, 8):
+        cs = [c for c in prof.compute if c.k == k]
+        assert len(cs) == 2 * n and all(c.time > 0 for c in cs)
+        assert {c.step for c in cs} == set(range(n))
+        # the FLOPs of the net as built at k; eq. (1) up to the loss (one value per batch)
+        flops = sum(c.flops for c in cs) / 2
+        assert flops == pytest.approx(g.at(k).flops(), rel=1e-3)
+        tr = prof.transfers_at(k)
+        fms = len(g.feature_maps())
+        assert sum(t.kind == "offload" for t in tr) == 2 * fms
+        assert sum(t.kind == "prefetch" for t in tr) == 2 * fms
+        assert all(t.time > 0 and t.nbytes > 0 and not t.concurrent for t in tr)
+        assert np.isfinite(prof.step_times(k)).all()
+    assert [k for k, _ in prof.iterations] == [2, 2, 8, 8]
+    # the models fit on it
+    m = ComputeModel.from_profile(prof)
+    assert (m.step_times(g) > 0).all()
+    p = PCIeModel.from_profile(prof)
+    assert p.h2d > 0 and p.d2h > 0
+    # JSON round trip
+    path = tmp_path / "p.json"
+    prof.save(path)
+    again = Profile.load(path)
+    assert again == prof
+    d = json.loads(path.read_text())
+    assert d["schema"] == SCHEMA and d["version"] == VERSION and d["device"].startswith("CPU")
+
+
+def test_profiling_iterations_train_like_plain_iterations(make_solver):
+    """Profiled iterations at k are ordinary training iterations at k: two of them give the
+    weights of a solver built at batch k and trained for two iterations."""
+    s = make_solver("lenet", batch=4)
+    budget = 4 * min_budget(build_gmap(s.net).at(8), "naive")
+    profile_solver(s, budget, (8,), warmup=1, iterations=1)
+    ref = make_solver("lenet", batch=8)
+    ref.step(2)
+    for p, q in zip(s.net.learnable_params, ref.net.learnable_params):
+        assert np.array_equal(np.asarray(p.data), np.asarray(q.data))
+
+
+def test_profile_files_are_checked(build_net, tmp_path):
+    g = build_gmap(build_net("lenet", 4))
+    prof = synthetic_profile(g, (1, 2), ComputeModel.uniform(ThroughputCurve(1e9, 1e4)),
+                             PCIeModel(1e9, 1e9))
+    path = tmp_path / "p.json"
+    prof.save(path)
+    d = json.loads(path.read_text())
+    prof.check_net(g)
+    other = build_gmap(build_net("resnet", 4))
+    with pytest.raises(ValueError, match="does not match net 'resnet_like'"):
+        prof.check_net(other)
+    d["version"] = 99
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="version 99 is not supported"):
+        Profile.load(path)
+    path.write_text(json.dumps({"schema": "something else"}))
+    with pytest.raises(ValueError, match="not a minicaffe swap profile"):
+        Profile.load(path)
+    path.write_text("{")
+    with pytest.raises(ValueError, match="not JSON"):
+        Profile.load(path)
+    d["version"] = VERSION
+    del d["compute"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="malformed"):
+        Profile.load(path)
+
+
+def test_synthetic_profile(build_net):
+    g = build_gmap(build_net("resnet", 4))
+    m = ComputeModel.uniform(ThroughputCurve(1e9, 1e4))
+    pcie = PCIeModel(2e9, 1e9)
+    prof = synthetic_profile(g, (4, 8), m, pcie)
+    assert prof.meta["synthetic"] and prof.k_base == 4
+    assert np.allclose(prof.step_times(8), m.step_times(g.at(8)))
+    off = [t for t in prof.transfers if t.k == 8 and t.kind == "offload"]
+    assert all(t.time == pytest.approx(t.nbytes / 1e9) for t in off)
+    noisy = synthetic_profile(g, (4, 8), m, pcie, noise=0.1, seed=3)
+    assert not np.allclose(noisy.step_times(8), prof.step_times(8))

@@ -1,0 +1,334 @@
+"""swap.tuner (Algorithm 2: k*, linear walk and bisection), swap.lr (eq. 9), the three training
+stages and the `minicaffe plan` / `train --swap dynamic` commands."""
+import csv
+import importlib.util
+import math
+import time
+
+import numpy as np
+import pytest
+
+from minicaffe.cli import main
+from minicaffe.net import TRAIN, Net
+from swap.gmap import BACKWARD, DATA, FORWARD, GMAP, SCRATCH, Buffer, Size, Step, build_gmap
+from swap.lr import DEFAULT_CONVEXITY, eq9, scale_lr
+from swap.model import ComputeModel, PCIeModel, ThroughputCurve
+from swap.plan import BudgetError, max_batch, min_budget
+from swap.profiler import Profile, synthetic_profile
+from swap.tuner import (Search, bisect_search, device_models, linear_search, plan_at,
+                        train_dynamic, tune)
+
+
+# ------------------------------------------------------------------ eq. (9)
+def test_eq9_values():
+    # the paper's setting: ResNet-101, alpha_base 0.1 at 256, total minibatch 592 -> 0.22
+    assert eq9(0.1, 592 / 256, 1.0) == pytest.approx(0.216235, rel=1e-5)
+    assert scale_lr(0.1, 592, 256) == pytest.approx(0.216235, rel=1e-5)
+    assert DEFAULT_CONVEXITY == 1.0
+    assert eq9(0.05, 1.0, 3.0) == pytest.approx(0.05)                 # q = 1: unchanged
+    assert eq9(0.1, 4, 0.5) == pytest.approx((1 - 0.95 ** 4) / 0.5)
+    assert eq9(0.1, 1e6, 2.0) == pytest.approx(0.5)                   # saturates at 1/c
+    assert eq9(1e-4, 8, 1.0) == pytest.approx(8e-4, rel=1e-3)         # small alpha c: linear
+    assert eq9(0.1, 0.5, 1.0) < 0.1                                   # smaller k, smaller lr
+    assert scale_lr(0.1, 64, 16, "linear") == pytest.approx(0.4)
+    assert scale_lr(0.1, 64, 16, "sqrt") == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="0 < alpha_base \\* c < 1"):
+        eq9(0.5, 2, 3.0)
+    with pytest.raises(ValueError, match="positive"):
+        eq9(0.1, 2, 0.0)
+    with pytest.raises(ValueError, match="unknown learning-rate rule"):
+        scale_lr(0.1, 2, 1, "cubic")
+    with pytest.raises(ValueError, match="positive"):
+        scale_lr(0.1, 0, 1)
+
+
+# ------------------------------------------------------------------ searches
+class FakeSearch:
+    def __init__(self, pred):
+        self.pred = pred
+        self.asked = []
+
+    def feasible(self, k):
+        self.asked.append(k)
+        return self.pred(k)
+
+
+def test_linear_and_bisection_on_known_predicates():
+    mono = FakeSearch(lambda k: k <= 137)
+    assert linear_search(mono, 1000) == 137 and mono.asked[0] == 1000
+    b = FakeSearch(lambda k: k <= 137)
+    assert bisect_search(b, 1000) == 137 and len(b.asked) < 40
+    assert bisect_search(FakeSearch(lambda k: True), 50) == 50
+    assert bisect_search(FakeSearch(lambda k: False), 50) is None
+    assert linear_search(FakeSearch(lambda k: False), 50) is None
+    # a non-monotone band at the boundary (as the greedy pinning has): the band scan finds the
+    # linear walk's answer when the band is narrower than the scan
+    band = {298, 293, 290, 289}
+    pred = lambda k: k <= 287 or k in band       # noqa: E731
+    assert linear_search(FakeSearch(pred), 1310) == 298
+    assert bisect_search(FakeSearch(pred), 1310) == 298
+    assert bisect_search(FakeSearch(pred), 1310, band=None) in band | {287}
+
+
+def hand_gmap(steps, buffers):
+    n_fwd = sum(1 for _, ph in steps if ph == FORWARD)
+    bufs = tuple(Buffer(id=i, name=n, kind=kind, dtype="float32", size=Size(item, True),
+                        persistent=False, ref=(), uses=tuple(sorted(uses)), n_forward=n_fwd)
+                 for i, (n, kind, item, uses) in enumerate(buffers))
+    names = [layer for layer, ph in steps if ph == FORWARD]
+    st = tuple(Step(index=j, layer=names.index(layer), name=layer, type="X", phase=ph,
+                    reads=tuple(b.id for b in bufs if j in b.uses), writes=(), scratch=(),
+                    flops=0.0) for j, (layer, ph) in enumerate(steps))
+    return GMAP(net_name="hand", k=1, k0=1, n_layers=n_fwd, n_forward=n_fwd, buffers=bufs,
+                steps=st, layer_names=tuple(names))
+
+
+def analytic(scratch=4096):
+    """Feature map a (1 KiB per image) lives from step 0 to step 1 and again at step 6; a
+    scratch buffer w (4 KiB per image) at step 3 is the peak.  With a 400 KiB budget:
+    k_max = 100 (w alone), a can be pinned beside w up to k = 80; above that it must be
+    offloaded, and step 3 needs its bytes back before it starts: its offload (k KiB over the
+    link) must end within step 2 (c0 = 1 ms).  So k* = max(80, min(100, c0 bw / 1 KiB))."""
+    steps = [("L0", FORWARD), ("L1", FORWARD), ("L2", FORWARD), ("L3", FORWARD),
+             ("L3", BACKWARD), ("L2", BACKWARD), ("L1", BACKWARD)]
+    g = hand_gmap(steps, [("a", DATA, 1024, (0, 1, 6)), ("w", SCRATCH, scratch, (3,))])
+    model = ComputeModel.uniform(ThroughputCurve(peak=1e9, x_half=1e6))     # 1 ms per step
+    return g, 409600, model
+
+
+@pytest.mark.parametrize("ratio,expect,pinned", [(90.5, 90, False), (70.5, 80, True),
+                                                 (150.0, 100, False)])
+@pytest.mark.parametrize("method", ["linear", "bisect"])
+def test_algorithm2_known_answer(ratio, expect, pinned, method):
+    g, budget, model = analytic()
+    pcie = PCIeModel(h2d=ratio * 1024 / 1e-3, d2h=ratio * 1024 / 1e-3)
+    assert max_batch(g, "naive", budget) == 100
+    for prune in (True, False):
+        d = tune(g, budget, model, pcie, method=method, prune=prune, margin=0.0)
+        assert d.k_star == expect and d.k_max == 100 and d.stall_free
+        assert bool(d.pinned) == pinned
+        assert d.timeline.total_stall == 0
+        assert d.plan.arena_bytes <= budget
+    # just above k*, (6) fails whatever is pinned
+    if expect < 100:
+        s = Search(g, budget, model, pcie, prune=False, margin=0.0)
+        assert not s.feasible(expect + 1) and s.feasible(expect)
+
+
+def test_no_stall_free_k_falls_back_to_the_best_throughput():
+    g, _, model = analytic()
+    slow = PCIeModel(h2d=1024 / 1e-2, d2h=1024 / 1e-2)      # 10 ms per image each way
+    d = tune(g, 4608, model, slow, margin=0.0)               # k_max 1, no room to pin a
+    assert d.k_max == 1 and d.k_star == 1 and not d.stall_free
+    assert d.timeline.total_stall > 0
+    assert "no k meets constraint (6)" in d.describe()
+
+
+def test_budget_too_small_for_k1():
+    g, _, model = analytic()
+    with pytest.raises(BudgetError, match="too small"):
+        tune(g, 1024, model, PCIeModel(1e9, 1e9))
+    with pytest.raises(ValueError, match="needs a budget"):
+        tune(g, None, model, PCIeModel(1e9, 1e9))
+    with pytest.raises(ValueError, match="unknown search method"):
+        tune(g, 409600, model, PCIeModel(1e9, 1e9), method="random")
+
+
+def test_the_bound_never_rules_out_a_feasible_k(build_net):
+    """Pruning by the necessary condition changes nothing but the time: same k* with and
+    without it, and no k it rules out is feasible."""
+    g = build_gmap(build_net("resnet", 4))
+    model = ComputeModel.uniform(ThroughputCurve(5e9, 2e5))
+    pcie = PCIeModel(h2d=2e8, d2h=2e8)
+    budget = 3 * min_budget(g.at(24), "naive")
+    s = Search(g, budget, model, pcie, prune=False)
+    km = max_batch(g, "naive", budget)
+    answers = []
+    for k in np.unique(np.linspace(1, km, 25).astype(int)):
+        ok, _ = s.bound_ok(int(k))
+        answers.append(s.feasible(int(k)))
+        if not ok:
+            assert not answers[-1]
+    assert not all(answers)
+    lin = tune(g, budget, model, pcie, method="linear")
+    assert lin.k_star < km
+    lin_np = tune(g, budget, model, pcie, method="linear", prune=False)
+    bis = tune(g, budget, model, pcie, method="bisect")
+    assert lin.k_star == lin_np.k_star == bis.k_star
+
+
+def test_decision_and_fixed_k(build_net):
+    g = build_gmap(build_net("resnet", 4))
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9, both=1.8e9)
+    budget = 2 * min_budget(g.at(32), "naive")
+    d = tune(g, budget, model, pcie, delta=1e-3)
+    assert 1 <= d.k_star <= d.k_max and d.k_base == 4 and d.delta == 1e-3
+    assert d.images_per_s == pytest.approx(d.k_star / (d.t_iter + 1e-3))
+    assert d.t_whole(90, 1000) == pytest.approx(90 * 1000 / d.k_star * (d.t_iter + 1e-3))
+    assert d.peak == d.plan.peak <= budget and d.plan.strategy == "dynamic"
+    text = d.describe()
+    for part in ("k* = ", "k_max", "predicted iteration", "peak memory", "feature maps:"):
+        assert part in text
+    f = plan_at(g, 8, budget, model, pcie)
+    assert f.k_star == 8 and f.method == "fixed" and f.plan.k == 8
+
+
+NETS = ["alexnet", "googlenet", "vgg16", "resnet34", "resnet50", "resnet101", "resnet152"]
+
+
+@pytest.mark.slow
+def test_linear_walk_and_bisection_agree_on_the_seven_networks():
+    """Every net of prototxt/ built at batch 1, a synthetic H200-like device (50 TFLOP/s
+    saturating curve, 55 GB/s each way, 101 GB/s both), 12 GiB: the paper's linear walk and
+    the bisection find the same k*, stall-free, larger than Caffe's max trainable k (Table 1)."""
+    from minicaffe.proto import read_net_param
+    from swap.memory import caffe_max_batch
+    model, pcie = device_models()
+    budget = 12 << 30
+    t0 = time.perf_counter()
+    found = {}
+    for name in NETS:
+        p = read_net_param(f"prototxt/{name}/dummy.prototxt")
+        for shape in p.layer[0].dummy_data_param.shape:
+            shape.dim[0] = 1
+        g = build_gmap(Net(p, TRAIN, mode="CPU"))
+        lin = tune(g, budget, model, pcie, method="linear")
+        bis = tune(g, budget, model, pcie, method="bisect")
+        assert lin.k_star == bis.k_star, name
+        assert lin.stall_free and lin.timeline.total_stall <= 0.01 * lin.timeline.t_model
+        assert lin.plan.arena_bytes <= budget
+        assert lin.k_star > caffe_max_batch(g, budget), name
+        found[name] = lin.k_star
+    assert time.perf_counter() - t0 < 300
+    # the deeper the net, the smaller k* (feature maps per image grow with depth)
+    assert found["resnet34"] > found["resnet50"] > found["resnet101"] > found["resnet152"]
+
+
+# ------------------------------------------------------ three training stages
+def test_train_dynamic_with_a_given_profile(make_solver):
+    """Stage 2 and 3 from a profile: no profiling iterations, k* decided, learning rate by
+    eq. (9), schedule rescaled to the same number of images, the net trains at k*."""
+    s = make_solver("resnet", batch=4)
+    s.param.max_iter = 100
+    s.param.stepsize = 40
+    s.param.lr_policy = "step"
+    g = build_gmap(s.net)
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9)
+    prof = synthetic_profile(g, (2, 4, 8), model, pcie)
+    budget = 2 * min_budget(g.at(16), "naive")
+    lines = []
+    ex, td = train_dynamic(s, budget, profile=prof, log=lines.append)
+    k = td.decision.k_star
+    assert s.iter == 0 and ex.plan.k == k and s.net.executor is ex
+    assert ex.plan.strategy == "dynamic" and ex.budget == budget
+    assert td.lr == pytest.approx(eq9(0.05, k / 4, 1.0))
+    assert s.param.base_lr == pytest.approx(td.lr)
+    assert s.param.max_iter == math.ceil(100 * 4 / k) == td.max_iter
+    assert s.param.stepsize == max(1, round(40 * 4 / k))
+    assert any("AccUDNN decision: k* =" in x for x in lines)
+    s.step(3)
+    assert ex.iterations == 3
+    ex.close()
+    # a fixed k with the linear rule and no schedule change
+    s2 = make_solver("resnet", batch=4)
+    ex2, td2 = train_dynamic(s2, budget, auto_batch=False, batch=8, profile=prof,
+                             lr_rule="linear", keep_epochs=False)
+    assert td2.decision.k_star == 8 and td2.lr == pytest.approx(0.1)
+    assert s2.param.max_iter == 20
+    ex2.close()
+    with pytest.raises(ValueError, match="needs --budget"):
+        train_dynamic(make_solver("lenet"), None)
+
+
+# ----------------------------------------------------------------- the CLI
+def test_plan_command(net_file, tmp_path, capsys):
+    f = net_file("resnet", 4)
+    assert main(["plan", "--model", str(f), "--budget", "2M"]) == 0
+    out = capsys.readouterr().out
+    assert "net 'resnet_like'" in out and "synthetic device (50 TFLOP/s" in out
+    assert "k* = " in out and "predicted iteration" in out and "peak memory" in out
+    k_lin = int(out.split("k* = ")[1].split()[0])
+    assert main(["plan", "--model", str(f), "--budget", "2M", "--search", "bisect"]) == 0
+    assert f"k* = {k_lin} " in capsys.readouterr().out
+    # a fixed k, a profile, the ops, a plot
+    g = build_gmap(Net(str(f), TRAIN, mode="CPU"))
+    prof = synthetic_profile(g, (2, 4, 8), *device_models(peak_flops=1e9, x_half=1e5,
+                                                          h2d=5e8))
+    pj = tmp_path / "p.json"
+    prof.save(pj)
+    args = ["plan", "--model", str(f), "--budget", "2M", "--batch", "16", "--profile", str(pj),
+            "--ops"]
+    if importlib.util.find_spec("matplotlib"):
+        args += ["--plot", str(tmp_path / "t.png")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "k* = 16 " in out and f"profile {pj}" in out and " prefetch " in out
+    if "--plot" in args:
+        assert (tmp_path / "t.png").stat().st_size > 1000 and "timeline drawn to" in out
+
+
+def test_plan_command_errors(net_file, tmp_path, capsys):
+    f = net_file("lenet", 4)
+    assert main(["plan", "--model", str(f), "--budget", "2M", "--trace", "x.csv"]) == 2
+    assert "give --plot too" in capsys.readouterr().err
+    assert main(["plan", "--model", str(f), "--budget", "2M", "--peak-flops", "fast"]) == 2
+    assert "cannot read 'fast' as FLOP/s" in capsys.readouterr().err
+    assert main(["plan", "--model", str(f), "--budget", "1K"]) == 1
+    assert "too small" in capsys.readouterr().err
+    other = synthetic_profile(build_gmap(Net(str(net_file("resnet", 4)), TRAIN, mode="CPU")),
+                              (1,), *device_models())
+    pj = tmp_path / "other.json"
+    other.save(pj)
+    assert main(["plan", "--model", str(f), "--budget", "2M", "--profile", str(pj)]) == 1
+    assert "does not match net 'lenet_like'" in capsys.readouterr().err
+
+
+def test_train_auto_batch_end_to_end(net_file, tmp_path, capsys):
+    """`train --swap dynamic --auto-batch` on the CPU: profiles the first iterations (real
+    perf_counter timings, the budget applies to the host stand-in arena), decides k*, the plan
+    and the learning rate, logs the decision, and trains the rest under the dynamic plan."""
+    f = net_file("resnet", 8)
+    prof, trace = tmp_path / "prof.json", tmp_path / "trace.csv"
+    rc = main(["train", str(f), "--cpu", "--max-iter", "40", "--display", "0",
+               "--random-seed", "3", "--swap", "dynamic", "--budget", "512K", "--auto-batch",
+               "--save-profile", str(prof), "--memory-trace", str(trace)])
+    assert rc == 0
+    err = capsys.readouterr().err
+    for part in ("AccUDNN stage 1: profiling minibatches", "Profiled minibatch",
+                 "AccUDNN decision: k* =", "AccUDNN decision: predicted iteration",
+                 "AccUDNN decision: peak memory", "AccUDNN decision: feature maps:",
+                 "AccUDNN decision: learning rate 0.01 at k_base 8 ->",
+                 "AccUDNN stage 3: training from iteration 10", "Optimization Done.",
+                 "swap 'dynamic': budget 512.00 KiB"):
+        assert part in err, part
+    p = Profile.load(prof)
+    assert p.mode == "CPU" and len(p.ks) == 5 and p.k_base == 8
+    k = int(err.split("AccUDNN decision: k* = ")[1].split()[0])
+    rows = trace.read_text().splitlines()
+    assert len(rows) > 1                    # stage 3 trained (and traced) at k*
+    with open(trace, newline="") as fh:
+        in_use = [int(r["in_use"]) for r in csv.DictReader(fh)]
+    assert max(in_use) <= 512 << 10
+    assert k > 8
+
+
+def test_train_fixed_batch_and_usage_errors(net_file, tmp_path, capsys):
+    f = net_file("lenet", 4)
+    rc = main(["train", str(f), "--cpu", "--max-iter", "6", "--display", "0", "--swap",
+               "dynamic", "--budget", "1M", "--batch", "8", "--lr-rule", "sqrt"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "profiling minibatches [8]" in err and "k* = 8 " in err
+    assert "-> 0.0141421 at k* 8 (rule sqrt)" in err
+    for args, msg in [
+        (["--swap", "dynamic"], "--swap dynamic needs --budget"),
+        (["--auto-batch"], "--auto-batch need --swap dynamic"),
+        (["--swap", "naive", "--batch", "4"], "--batch need --swap dynamic"),
+        (["--swap", "dynamic", "--budget", "1M", "--auto-batch", "--batch", "4"],
+         "--auto-batch or --batch k, not both"),
+    ]:
+        assert main(["train", str(f), "--cpu", "--max-iter", "2"] + args) == 2, args
+        assert msg in capsys.readouterr().err
+    assert main(["train", str(f), "--cpu", "--max-iter", "2", "--swap", "dynamic", "--budget",
+                 "100K", "--batch", "4096"]) == 1
+    assert "the largest minibatch that fits" in capsys.readouterr().err

@@ -20,6 +20,17 @@ layers, so that the planner can use the very allocator that the runtime replays:
 * :class:`HostArena` is the pinned host buffer offloaded data lives in, allocated once
   (``cupy.cuda.alloc_pinned_memory``; pageable copies run at a fifth of the speed, see
   DESIGN.md), or plain NumPy in CPU mode.
+* :class:`ScratchReserve` is the bookkeeping of the arena's last region, from which
+  :mod:`swap.runtime` serves every CuPy allocation made while an executor runs (layer
+  temporaries, workspaces allocated through CuPy): the memory nobody declares still comes from
+  the budget.  Pure Python, so CPU tests drive it exactly as the GPU allocator does.
+
+GPU views are made as their own ``cupy.ndarray`` over a ``MemoryPointer`` into the arena, not
+as slices of one arena-sized array: CuPy gives a slice or ``view()`` the 32/64-bit indexing
+flag of its source (``_index_32_bits``), so slices of an arena larger than 2 GiB would make
+every elementwise kernel on a blob use 64-bit index arithmetic (integer division per
+dimension where an array is broadcast or strided), which can slow the unfused BatchNorm and
+Scale work of a ResNet.
 
 Sizes are rounded up to :data:`ALIGN` bytes, the alignment cuBLAS and the vision kernels like;
 the planner accounts in aligned bytes, so eq. (4) is checked on what the arena really reserves.
@@ -27,6 +38,7 @@ the planner accounts in aligned bytes, so eq. (4) is checked on what the arena r
 from __future__ import annotations
 
 import bisect
+import threading
 
 import numpy as np
 
@@ -163,31 +175,58 @@ class DeviceArena(Arena):
     def __init__(self, capacity: int, xp=np, backing_bytes: int | None = None):
         super().__init__(capacity)
         self.xp = xp
-        gpu = xp is not np
+        self.gpu = gpu = xp is not np
         n = self.capacity if (gpu or backing_bytes is None) else min(int(backing_bytes),
                                                                     self.capacity)
         self.backing_bytes = n
         if gpu:
-            # One cudaMalloc of the budget, outside CuPy's pool (section 5).
+            # One cudaMalloc of the budget, outside CuPy's pool (section 5).  256-byte aligned
+            # at least (cudaMalloc), and every region offset is a multiple of ALIGN = 512, so
+            # every region keeps the alignment cuBLAS and cuDNN want.
             self._memory = xp.cuda.Memory(max(n, 1))
-            ptr = xp.cuda.MemoryPointer(self._memory, 0)
-            self.buffer = xp.ndarray((n,), dtype=np.uint8, memptr=ptr)
+            self.ptr = int(self._memory.ptr)
+            self.buffer = xp.ndarray((n,), dtype=np.uint8,
+                                     memptr=xp.cuda.MemoryPointer(self._memory, 0))
         else:
             self._memory = None
+            self.ptr = 0
             self.buffer = np.empty(n, dtype=np.uint8)
 
     def view(self, offset: int, nbytes: int, dtype) -> "np.ndarray":
-        """A 1-d array of ``dtype`` over ``[offset, offset + nbytes)`` (no copy)."""
+        """A 1-d array of ``dtype`` over ``[offset, offset + nbytes)`` (no copy).
+
+        GPU: an ndarray of its own over a pointer into the arena (see the module doc: it keeps
+        32-bit indexing whatever the arena's size)."""
         dtype = np.dtype(dtype)
-        if offset + nbytes > self.backing_bytes:
+        if offset < 0 or offset + nbytes > self.backing_bytes:
             raise ArenaError(f"region [{offset}, {offset + nbytes}) beyond the arena's "
                              f"{self.backing_bytes} backed bytes")
         count = nbytes // dtype.itemsize
+        if self.gpu:
+            ptr = self.xp.cuda.MemoryPointer(self._memory, offset)
+            return self.xp.ndarray((count,), dtype=dtype, memptr=ptr)
         return self.buffer[offset:offset + count * dtype.itemsize].view(dtype)
 
+    def region(self, offset: int, nbytes: int):
+        """The bytes ``[offset, offset + nbytes)`` as a uint8 array (copies, poisoning)."""
+        return self.view(offset, nbytes, np.uint8)
+
     def fill(self, offset: int, nbytes: int, byte: int = 0xFF):
-        """Overwrite a region (debug poisoning: 0xFF bytes read as NaN or -1)."""
+        """Overwrite a region (debug poisoning: 0xFF bytes read as NaN or -1).  CPU: at once;
+        GPU: use :meth:`fill_async` on the stream that owns the region."""
+        if self.gpu:  # pragma: no cover - GPU machine only
+            self.fill_async(offset, nbytes, None, byte)
+            return
         self.buffer[offset:offset + nbytes] = byte
+
+    def fill_async(self, offset: int, nbytes: int, stream, byte: int = 0xFF):  # pragma: no cover
+        """GPU: ``cudaMemsetAsync`` of the region on ``stream`` (None: the current stream)."""
+        if offset < 0 or offset + nbytes > self.backing_bytes:
+            raise ArenaError(f"region [{offset}, {offset + nbytes}) beyond the arena's "
+                             f"{self.backing_bytes} backed bytes")
+        cp = self.xp
+        s = cp.cuda.get_current_stream() if stream is None else stream
+        cp.cuda.runtime.memsetAsync(self.ptr + offset, byte, nbytes, s.ptr)
 
 
 class HostArena:
@@ -213,3 +252,71 @@ class HostArena:
             raise ArenaError(f"host region [{offset}, {offset + nbytes}) beyond the host arena's "
                              f"{self.nbytes} bytes")
         return self.buffer[offset:offset + nbytes]
+
+
+class ScratchReserve:
+    """Bookkeeping of the scratch reserve: ``[base, base + capacity)`` of the device arena.
+
+    While an executor runs, every CuPy allocation (layer temporaries, workspaces made through
+    CuPy) is served from this region (:class:`swap.runtime.ScratchAllocator`), so that the
+    measured arena high-water mark includes it and nothing is allocated outside the budget.
+    The layout is the same in CPU mode, where nothing drives it (NumPy temporaries cannot be
+    redirected); tests drive it directly, as the GPU allocator does.
+
+    Offsets returned by :meth:`malloc` are relative to ``base``.  ``where`` is set by the
+    executor to what is running (a step index, or a label), so that the peak per step and an
+    overflow can name the layer.  Thread-safe: CuPy may free from another thread.
+    """
+
+    def __init__(self, base: int, capacity: int, alignment: int = ALIGN):
+        if base < 0 or capacity < 0:
+            raise ValueError(f"scratch reserve needs base, capacity >= 0, got {base}, {capacity}")
+        self.base = int(base)
+        self.capacity = int(capacity)
+        self.arena = Arena(self.capacity, alignment)
+        self.where = None
+        self.peak_by_where: dict = {}
+        self.overflows = 0              # requests that found no room
+        self._lock = threading.RLock()
+
+    @property
+    def in_use(self) -> int:
+        return self.arena.in_use
+
+    @property
+    def high_water(self) -> int:
+        """Highest reserve byte handed out, relative to ``base``."""
+        return self.arena.high_water
+
+    @property
+    def peak_in_use(self) -> int:
+        return self.arena.peak_in_use
+
+    @property
+    def live(self) -> int:
+        """Allocations not returned yet."""
+        return len(self.arena.live)
+
+    def malloc(self, nbytes: int) -> int | None:
+        """Offset (relative to ``base``) of ``nbytes`` (aligned), or None when no block fits."""
+        n = align(nbytes, self.arena.alignment)
+        if n == 0:
+            return None
+        with self._lock:
+            try:
+                off = self.arena.allocate(n)
+            except ArenaError:
+                self.overflows += 1
+                return None
+            w = self.where
+            if self.arena.in_use > self.peak_by_where.get(w, 0):
+                self.peak_by_where[w] = self.arena.in_use
+            return off
+
+    def free(self, offset: int) -> int:
+        with self._lock:
+            return self.arena.free(offset)
+
+    def __repr__(self):
+        return (f"<ScratchReserve {self.in_use}/{self.capacity} bytes at {self.base}, "
+                f"{self.live} live, high water {self.high_water}>")

@@ -17,28 +17,83 @@ bound just before the step that needs them and released after their last use; a 
 storage stays marked external, so a layer touching memory the plan did not bring raises instead
 of silently allocating outside the budget.
 
+Arena layout (:class:`ArenaLayout`).  Every device byte of training lives in the one arena::
+
+    [0, R)          the plan's resident buffers (parameters, diffs, history, outputs ...)
+    [R, E)          the plan's per-iteration regions (E = plan.arena_bytes)
+    [R, R + Td)     between iterations: the test nets' per-pass buffers (time-shared with the
+                    plan's per-iteration regions, which are all free then)
+    [P, P + Tp)     the test nets' persistent buffers (outputs, inputs, their own params);
+                    P = max(E, R + Td)
+    [S, capacity)   the scratch reserve: every CuPy allocation made while the executor is
+                    installed (layer temporaries, cuBLAS/cuDNN workspaces made through CuPy,
+                    the solver update's temporaries), S = P + Tp
+
+GPU mode installs a CuPy allocator (``cupy.cuda.set_allocator``; :class:`ScratchAllocator`): a
+CuPy memory pool whose chunks come from the reserve, so nothing allocates outside the budget
+and the arena's high-water mark counts the temporaries too.  An allocation that does not fit
+raises :class:`ScratchOverflow` naming the step, its layer and the reserve (``strict=False``:
+falls back to CuPy's own pool with a logged warning).  CPU mode has no allocator to redirect
+(NumPy temporaries), but the same layout, the same :class:`swap.arena.ScratchReserve` and the
+same measurement.
+
+The dry run.  The first ``measure`` iterations (default 1; they still train, like the paper's
+profiling iterations) count every transient allocation per step (:class:`TransientMeter`: a
+CuPy memory hook on the GPU, ``tracemalloc`` on the CPU), including the solver update and test
+passes between them (:data:`OUTSIDE`).  During the dry run an allocation that does not fit
+the reserve falls back to CuPy's pool and is counted; when it ends, a reserve smaller than the
+measured peak raises :class:`ScratchOverflow` (strict) with the budget that would work, or logs
+a warning.  :func:`measure_scratch` runs a dry run without a budget and returns the peak, which
+:func:`install` takes as ``scratch=`` (the plan then gets ``budget - scratch - test nets``).
+
+Test nets (the solver's) run their forward passes through the executor too
+(:class:`TestNetMemory`): their buffers are laid out once (liveness over the forward steps),
+bound to arena regions for a test pass and released when training resumes.
+
 Streams.  GPU mode runs three CUDA streams, as the paper: compute (the current stream, on which
 layers and the solver run), swap-out (offload, the release that follows it) and swap-in
 (prefetch), ordered only by events: an offload waits for the event of the step that last
 wrote its buffer, a prefetch for the offload that filled its host copy, every allocation and
 prefetch for the events of its region's previous occupant (last reader done, offload done), and
-a step for the prefetches of the buffers it reads.  One event per op and per step is created
-once and re-recorded every iteration.  CPU mode runs the same code with synchronous copies and
-no events: the accounting is identical.
+a step for the prefetches of the buffers it reads; each iteration starts with compute waiting
+on the tails of the previous iteration's swap streams.  Events are created once and re-recorded
+every iteration; a step records its event only if some operation waits on it.  CPU mode runs
+the same code with synchronous copies and no events: the accounting is identical.
+
+``poison=True`` fills every freshly allocated or released region with 0xFF bytes (NaN, -1): at
+once in CPU mode, with ``cudaMemsetAsync`` on the region's stream in GPU mode (after the
+offload on swap-out, with the release's own event as the region's free event), so that reading
+memory the plan does not guarantee shows up in the results.
+
+NVTX ranges (:mod:`swap.nvtx`; ``MINICAFFE_NVTX=1`` or ``nvtx=True``) mark every layer
+forward/backward and every memory operation.
+
+Host overhead per iteration is kept to what the plan needs: views of every region are made
+once and rebound (a blob sees the same view object every iteration, so its own view cache
+holds), waits are precomputed per operation, resident buffers are never touched after setup,
+and the arena bookkeeping replays (and so checks) the plan's offsets in the first iteration
+and in forward-only passes; later iterations, identical by construction, only count bytes.
 
 ``MemoryTrace`` (``--memory-trace out.csv``) records per step the bytes allocated and released on
 each stream, with timestamps (host clock in CPU mode; CUDA events, read once per iteration, in
-GPU mode).
+GPU mode); ``scripts/plot_memory_trace.py`` draws it as the paper's Figure 11.
 """
 from __future__ import annotations
 
 import csv
+import os
+import sys
 import time
+import tracemalloc
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .arena import DeviceArena, HostArena
-from .gmap import FORWARD, build_gmap, net_batch_size
+from . import nvtx as _nvtx
+from .arena import ALIGN, Arena, DeviceArena, HostArena, ScratchReserve, align
+from .gmap import DATA, FORWARD, PARAM, SAVED, SCRATCH, build_gmap, net_batch_size
 from .plan import (ALLOCATE, BEFORE, COMPUTE, OFFLOAD, PREFETCH, RELEASE, SETUP,
                    SWAP_IN, SWAP_OUT, BudgetError, Plan, make_plan)
 
@@ -59,9 +114,19 @@ TRANSITIONS = {
     (ON_HOST, "discard"): FREED,            # a host copy nobody will read
 }
 
+# labels of what runs when no step does (transient accounting, error messages)
+OUTSIDE = -1            # between steps: the solver update, user code between iterations
+ENV_SCRATCH = "MINICAFFE_SCRATCH"
+ENV_STRICT = "MINICAFFE_SCRATCH_STRICT"
+
 
 class ResidencyError(RuntimeError):
     """An operation illegal in a buffer's current residency state."""
+
+
+class ScratchOverflow(BudgetError):
+    """A CuPy allocation the scratch reserve cannot hold (or a dry run that measured more
+    transient memory than the reserve has).  ``min_budget`` is a budget that would work."""
 
 
 class Residency:
@@ -104,6 +169,9 @@ class HostStreams:
     def copy(self, dst, src, stream: str):
         dst[...] = src           # synchronous
 
+    def fill(self, device: DeviceArena, offset: int, nbytes: int, stream: str):
+        device.fill(offset, nbytes)
+
     def synchronize(self):
         pass
 
@@ -118,6 +186,10 @@ class CudaStreams:  # pragma: no cover - exercised on the GPU machine only
         self.streams = {COMPUTE: cupy.cuda.get_current_stream(),
                         SWAP_OUT: cupy.cuda.Stream(non_blocking=True),
                         SWAP_IN: cupy.cuda.Stream(non_blocking=True)}
+        rt = cupy.cuda.runtime
+        self._memcpy = rt.memcpyAsync
+        self._d2h = getattr(rt, "memcpyDeviceToHost", 2)      # cudaMemcpyKind values
+        self._h2d = getattr(rt, "memcpyHostToDevice", 1)
 
     def event(self, timing=False):
         return self.cp.cuda.Event(disable_timing=not timing)
@@ -132,12 +204,17 @@ class CudaStreams:  # pragma: no cover - exercised on the GPU machine only
                 s.wait_event(e)
 
     def copy(self, dst, src, stream: str):
-        """Asynchronous copy between a device region and a pinned host region (uint8)."""
+        """Asynchronous copy between a device region and a pinned host region (uint8 arrays,
+        both contiguous): one ``cudaMemcpyAsync`` on ``stream``, no synchronization."""
         s = self.streams[stream]
         if isinstance(dst, np.ndarray):          # device -> host, into pinned memory
-            src.get(stream=s, out=dst, blocking=False)
+            self._memcpy(dst.ctypes.data, src.data.ptr, src.nbytes, self._d2h, s.ptr)
         else:                                     # host -> device, from pinned memory
-            dst.set(src, stream=s)
+            self._memcpy(dst.data.ptr, src.ctypes.data, dst.nbytes, self._h2d, s.ptr)
+
+    def fill(self, device: DeviceArena, offset: int, nbytes: int, stream: str):
+        """Poison ``[offset, offset + nbytes)`` with 0xFF bytes, in order on ``stream``."""
+        device.fill_async(offset, nbytes, self.streams[stream])
 
     def synchronize(self):
         for s in self.streams.values():
@@ -167,25 +244,505 @@ class MemoryTrace:
             self._f.close()
 
 
+# ------------------------------------------------------------ transients
+class TransientMeter:
+    """Peak bytes of transient allocations per step: the dry run.
+
+    GPU: a CuPy memory hook counts every allocation and free made through CuPy's pools (ours
+    or CuPy's default), by pooled-memory identity.  CPU: ``tracemalloc`` (NumPy reports its
+    array data to it), reset at every label.  The value recorded for a label is the largest
+    number of bytes held, at any moment while that label ran, by allocations made since
+    :meth:`start`: what the scratch reserve must hold then.
+
+    ``label(key)`` switches what is running: a step index, :data:`OUTSIDE`, or ``("test", i)``.
+    """
+
+    def __init__(self, gpu: bool, cp=None):
+        self.gpu = gpu
+        self.cp = cp
+        self.active = False
+        self.peaks: dict = {}
+        self._key = OUTSIDE
+        self._hook = None
+        self._live: dict = {}
+        self._cur = 0
+        self._lpeak = 0
+        self._base = 0
+        self._started_tracing = False
+
+    def start(self):
+        if self.active:
+            return
+        if self.gpu:  # pragma: no cover - GPU machine only
+            self._hook = _transient_hook(self.cp, self)
+            self._hook.__enter__()
+        else:
+            self._started_tracing = not tracemalloc.is_tracing()
+            if self._started_tracing:
+                tracemalloc.start()
+            self._base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+        self.active = True
+
+    # GPU hook callbacks
+    def _alloc(self, key, nbytes):  # pragma: no cover - GPU machine only
+        self._live[key] = nbytes
+        self._cur += nbytes
+        if self._cur > self._lpeak:
+            self._lpeak = self._cur
+
+    def _free(self, key):  # pragma: no cover - GPU machine only
+        self._cur -= self._live.pop(key, 0)
+
+    def label(self, key):
+        if self.gpu:
+            p = self._lpeak
+            self._lpeak = self._cur
+        else:
+            p = max(0, tracemalloc.get_traced_memory()[1] - self._base)
+            tracemalloc.reset_peak()
+        k = self._key
+        if p > self.peaks.get(k, -1):
+            self.peaks[k] = p
+        self._key = key
+
+    def stop(self) -> dict:
+        if not self.active:
+            return dict(self.peaks)
+        self.label(self._key)
+        if self.gpu:  # pragma: no cover - GPU machine only
+            self._hook.__exit__(None, None, None)
+            self._hook = None
+            self._live.clear()
+        elif self._started_tracing:
+            tracemalloc.stop()
+        self.active = False
+        return dict(self.peaks)
+
+
+def _transient_hook(cp, meter):  # pragma: no cover - GPU machine only
+    """A CuPy MemoryHook feeding ``meter`` (allocations and frees of pooled memory)."""
+    base = getattr(cp.cuda, "MemoryHook", None)
+    if base is None:
+        import importlib
+        base = importlib.import_module("cupy.cuda.memory_hook").MemoryHook
+
+    class _Hook(base):
+        name = f"minicaffe.swap.transients.{id(meter)}"     # one per meter
+
+        def malloc_postprocess(self, **kw):
+            if kw.get("mem_ptr"):
+                meter._alloc(kw.get("pmem_id"), kw.get("mem_size", 0))
+
+        def free_postprocess(self, **kw):
+            meter._free(kw.get("pmem_id"))
+
+    return _Hook()
+
+
+@dataclass(frozen=True)
+class TransientProfile:
+    """What a dry run measured: bytes the scratch reserve must hold, per step and between.
+
+    per_step[j]: peak during step j; outside: between steps (solver update, user code);
+    tests: peak during each test net's passes; layout: the arena layout the run used.
+    """
+    per_step: tuple
+    outside: int
+    tests: tuple
+    layout: "ArenaLayout"
+    names: tuple = field(default=(), repr=False)
+
+    @property
+    def peak(self) -> int:
+        return max((*self.per_step, self.outside, *self.tests), default=0)
+
+    @property
+    def peak_where(self) -> str:
+        p = self.peak
+        for j, v in enumerate(self.per_step):
+            if v == p:
+                return self.names[j] if self.names else f"step {j}"
+        if self.outside == p:
+            return "between steps (solver update)"
+        return "a test net's forward pass"
+
+    def reserve(self, margin: float = 0.10, slack: int = 16 << 20) -> int:
+        """A scratch reserve for this need: the peak plus ``margin`` of it plus ``slack``
+        bytes (the pool that serves CuPy keeps chunks, which fragments a little)."""
+        return align(int(self.peak * (1 + margin)) + slack)
+
+    def budget(self, margin: float = 0.10, slack: int = 16 << 20) -> int:
+        """The smallest budget with this reserve: the plan, the test nets, then the reserve."""
+        return self.layout.scratch_base + self.reserve(margin, slack)
+
+
+# ------------------------------------------------------------- allocator
+_INSTALLED: list = []               # scratch allocators installed in CuPy now (at most one)
+
+
+class _NoRoom(Exception):
+    """The reserve has no block for a new pool chunk (caught by ScratchAllocator.malloc)."""
+
+
+class _RegionFunctions:  # pragma: no cover - GPU machine only
+    """malloc/free of raw pointers in the reserve, for ``PythonFunctionAllocator``.  Holds the
+    arena's memory, so chunks still alive after the executor is gone stay valid."""
+
+    def __init__(self, reserve: ScratchReserve, base_ptr: int, owner):
+        self.reserve = reserve
+        self.base_ptr = base_ptr
+        self.owner = owner
+
+    def malloc(self, nbytes, device_id):
+        off = self.reserve.malloc(nbytes)
+        if off is None:
+            raise _NoRoom(nbytes)
+        return self.base_ptr + off
+
+    def free(self, ptr, device_id):
+        self.reserve.free(ptr - self.base_ptr)
+
+
+class ScratchAllocator:  # pragma: no cover - exercised on the GPU machine only
+    """The CuPy allocator installed while an executor runs: a CuPy memory pool (per-stream
+    free lists, splitting, so most allocations never leave C) whose chunks are carved from the
+    scratch reserve of the arena.  When no chunk fits, the pool's cached free chunks go back to
+    the reserve and the allocation is retried once; then it overflows: :class:`ScratchOverflow`
+    in strict mode, else CuPy's default pool with a logged warning.  During the dry run
+    (``permissive``) an overflow always falls back and is counted.
+
+    ``describe(where)`` turns the reserve's ``where`` label into words for messages; it must
+    not hold the executor (this object outlives nothing, but CuPy holds it while installed).
+    """
+
+    def __init__(self, cp, device: DeviceArena, reserve: ScratchReserve, *, strict: bool,
+                 describe, budget_hint):
+        self.cp = cp
+        self.reserve = reserve
+        self.strict = strict
+        self.permissive = False
+        self.describe = describe
+        self.budget_hint = budget_hint
+        fns = _RegionFunctions(reserve, device.ptr + reserve.base, device._memory)
+        self._inner = cp.cuda.memory.PythonFunctionAllocator(fns.malloc, fns.free)
+        self.pool = cp.cuda.MemoryPool(self._inner.malloc)
+        self.fallbacks = 0
+        self.fallback_bytes = 0
+        self.fallback_where: dict = {}
+        self._prev = None
+        self.installed = False
+
+    def malloc(self, size):
+        try:
+            return self.pool.malloc(size)
+        except _NoRoom:
+            pass
+        # give the pool's cached free chunks back to the reserve (they merge there), retry
+        self.pool.free_all_blocks()
+        try:
+            return self.pool.malloc(size)
+        except _NoRoom:
+            return self._overflow(size)
+
+    def _overflow(self, size):
+        r = self.reserve
+        where = self.describe(r.where)
+        if self.strict and not self.permissive:
+            from .memory import fmt_bytes
+            need = r.base + r.in_use + align(size)
+            raise ScratchOverflow(
+                f"scratch reserve exhausted {where}: CuPy asked for {fmt_bytes(size)}, the "
+                f"reserve holds {fmt_bytes(r.capacity)} ({fmt_bytes(r.in_use)} in use in "
+                f"{r.live} chunks). Every device allocation of training comes from the budget: "
+                f"give a budget of at least {fmt_bytes(max(need, self.budget_hint()))} "
+                f"(or more scratch=), or strict=False to let such allocations fall back to "
+                f"CuPy's pool outside the budget", min_budget=need) from None
+        self.fallbacks += 1
+        self.fallback_bytes += int(size)
+        if r.where not in self.fallback_where and not self.permissive:
+            from .memory import fmt_bytes
+            from minicaffe.log import log
+            log(f"scratch reserve ({fmt_bytes(r.capacity)}) full {where}: {fmt_bytes(size)} "
+                f"from CuPy's pool, outside the budget", level="W", where="swap")
+        self.fallback_where[r.where] = self.fallback_where.get(r.where, 0) + int(size)
+        return self.cp.get_default_memory_pool().malloc(size)
+
+    def install(self):
+        if self.installed:
+            return
+        self._prev = self.cp.cuda.get_allocator()
+        self.cp.cuda.set_allocator(self.malloc)
+        self.installed = True
+        _INSTALLED.append(self)
+
+    def uninstall(self):
+        if not self.installed:
+            return
+        self.cp.cuda.set_allocator(self._prev)
+        self._prev = None
+        self.installed = False
+        if self in _INSTALLED:
+            _INSTALLED.remove(self)
+        self.pool.free_all_blocks()
+
+
+# ---------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class ArenaLayout:
+    """Where everything lives in the device arena (module doc).  All offsets in bytes."""
+    capacity: int
+    resident: int               # R: [0, R) holds the plan's resident buffers
+    plan_extent: int            # E: the plan's layout ends here (plan.arena_bytes)
+    test_dynamic: int           # Td: the test nets' per-pass buffers at [R, R + Td)
+    test_persistent_base: int   # P
+    test_persistent: int        # Tp
+    scratch_base: int           # S = P + Tp: the reserve starts here
+
+    @property
+    def scratch(self) -> int:
+        """Bytes of the scratch reserve."""
+        return self.capacity - self.scratch_base
+
+
+def arena_layout(plan: Plan, capacity: int | None = None, *, test_dynamic: int = 0,
+                 test_persistent: int = 0, scratch: int = 0) -> ArenaLayout:
+    """The arena layout of ``plan`` with the test nets' bytes and a scratch reserve; capacity
+    None: exactly what they need (``scratch_base + scratch``)."""
+    resident = max((op.offset + op.nbytes for op in plan.ops if op.step == SETUP), default=0)
+    e = plan.arena_bytes
+    p = align(max(e, resident + test_dynamic))
+    s = p + align(test_persistent)
+    cap = s + align(scratch) if capacity is None else int(capacity)
+    return ArenaLayout(capacity=cap, resident=resident, plan_extent=e,
+                       test_dynamic=int(test_dynamic), test_persistent_base=p,
+                       test_persistent=align(test_persistent), scratch_base=s)
+
+
+# ------------------------------------------------------------- test nets
+def _target(net, ref, solver=None):
+    """What a GMAP buffer backs in ``net``: (blob, "data"|"diff"), ("history", list, i), None."""
+    if not ref:
+        return None                                  # a Caffe reservation: backs nothing
+    if ref[0] in ("data", "diff"):
+        return (net.blobs[ref[1]], ref[0])
+    if ref[0] == "param":
+        return (net.learnable_params[ref[1]], "data")
+    if ref[0] == "param_diff":
+        return (net.learnable_params[ref[1]], "diff")
+    if ref[0] == "internal":
+        return (net.layers[ref[1]].internals[ref[2]].blob, "data")
+    if ref[0] == "history":
+        if solver is None:
+            return None
+        rule = solver.rule
+        lists = [rule.history] + ([rule.second] if hasattr(rule, "second") else [])
+        return ("history", lists[ref[2]], ref[1])
+    raise ValueError(f"unknown buffer reference {ref!r}")
+
+
+def _storage(target):
+    blob, which = target
+    return blob.data_storage if which == "data" else blob.diff_storage
+
+
+class TestNetMemory:
+    """A test net's forward passes inside the train executor's arena.
+
+    The test net's own buffers (blob data, forward internals, parameters it does not share
+    with the train net) come from its GMAP: persistent ones (outputs, Input and DummyData tops,
+    unshared parameters) get fixed regions at ``[P, P + Tp)`` for the whole run; the others
+    are laid out once by liveness over the forward steps (best fit, replayed through
+    :class:`swap.arena.Arena`) and bound to ``[R, R + Td)`` while a test pass runs: between
+    training iterations, when the plan's per-iteration regions are all free.  Training
+    releases them when it resumes; an access to them outside a test pass raises.
+
+    Set as the test net's ``executor``: ``Net.forward_from_to`` delegates whole forward passes
+    here (partial passes are refused, as for the train net).
+    """
+
+    __test__ = False                        # not a pytest class, despite its name
+
+    def __init__(self, ex: "Executor", net, index: int, shared: set):
+        self.ex = ex
+        self.net = net
+        self.index = index
+        self.plan = ex.plan                     # Net's error message names the strategy
+        net.reshape()
+        g = build_gmap(net)
+        self.n_layers = len(net.layers)
+        self.persistent = []                    # [target, nbytes(aligned), raw, dtype, offset]
+        self.dynamic = []
+        for b in g.buffers:
+            if b.kind not in (DATA, SAVED, SCRATCH, PARAM) or not b.ref:
+                continue
+            t = _target(net, b.ref)
+            if id(_storage(t)) in shared:
+                continue                        # the train net's (shared parameters)
+            raw = b.nbytes(g.k)
+            size = align(raw)
+            if size == 0:
+                continue
+            item = [t, size, raw, np.dtype(b.dtype), -1, b.name]
+            if b.persistent:
+                self.persistent.append(item)
+            elif b.forward_uses:
+                item.append((b.forward_uses[0], b.forward_uses[-1]))
+                self.dynamic.append(item)
+        off = 0
+        for item in self.persistent:
+            item[4] = off
+            off += item[1]
+        self.persistent_bytes = off
+        starts, ends = {}, {}
+        for item in self.dynamic:
+            starts.setdefault(item[6][0], []).append(item)
+            ends.setdefault(item[6][1], []).append(item)
+        a = Arena(sum(it[1] for it in self.dynamic) + ALIGN)
+        for j in range(self.n_layers):
+            for item in sorted(starts.get(j, []), key=lambda it: -it[1]):
+                item[4] = a.allocate(item[1])
+            for item in ends.get(j, []):
+                a.free(item[4])
+        self.dynamic_bytes = a.high_water
+        self._views = None
+        self.bound = False
+        self._names = tuple(f"test{index} fwd {n}" for n in net.layer_names)
+
+    # ---- called by the executor
+    def attach(self, dyn_base: int, pers_base: int):
+        """Bind the persistent buffers for good (contents copied in), detach the others."""
+        ex = self.ex
+        self.dyn_base = dyn_base
+        for item in self.persistent:
+            t, size, raw, dtype, off = item[:5]
+            off += pers_base
+            item[4] = off
+            ex.device.allocate(size, off)
+            view = ex.device.view(off, raw, dtype)
+            st = _storage(t)
+            if st.array is not None:
+                view[...] = st.array[:view.size]
+            else:
+                view[...] = 0
+            (t[0].bind_data if t[1] == "data" else t[0].bind_diff)(view)
+        for item in self.dynamic:
+            item[4] += dyn_base
+            st = _storage(item[0])
+            st.array = None
+            st.external = True
+        self.net.executor = self
+
+    def bind(self):
+        """Take ``[R, R + Td)`` for a test pass (one region: the buffers inside share it by
+        liveness) and bind the per-pass buffers to their places in it."""
+        ex = self.ex
+        if ex._bound_test is self:
+            return
+        if ex._bound_test is not None:
+            ex._bound_test.unbind()
+        st = ex.streams
+        st.wait(COMPUTE, ex._end_wait)          # the plan's swap streams are done with it
+        if self._views is None:
+            self._views = [ex.device.view(it[4], it[2], it[3]) for it in self.dynamic]
+        if self.dynamic_bytes:
+            ex.device.allocate(self.dynamic_bytes, self.dyn_base)
+            if ex.poison:
+                st.fill(ex.device, self.dyn_base, self.dynamic_bytes, COMPUTE)
+        for item, view in zip(self.dynamic, self._views):
+            t = item[0]
+            (t[0].bind_data if t[1] == "data" else t[0].bind_diff)(view)
+        ex._bound_test = self
+        self.bound = True
+
+    def unbind(self):
+        ex = self.ex
+        for item in self.dynamic:
+            t = item[0]
+            (t[0].release_data if t[1] == "data" else t[0].release_diff)()
+        if self.dynamic_bytes:
+            ex.device.free(self.dyn_base)
+        if ex._bound_test is self:
+            ex._bound_test = None
+        self.bound = False
+
+    def forward(self):
+        """One whole forward pass of the test net (Net.forward_from_to delegates here)."""
+        ex = self.ex
+        self.bind()
+        net = self.net
+        sc, meter, nv = ex._labels()
+        key = ("test", self.index)
+        if sc is not None:
+            sc.where = key
+        if meter is not None:
+            meter.label(key)
+        loss = 0.0
+        for li in range(self.n_layers):
+            if nv is not None:
+                nv.push(self._names[li])
+            loss = loss + net.forward_layer(li)
+            if nv is not None:
+                nv.pop()
+        if sc is not None:
+            sc.where = OUTSIDE
+        if meter is not None:
+            meter.label(OUTSIDE)
+        return loss
+
+    def close(self):
+        """Give the test net its own arrays back (persistent contents copied out)."""
+        if self.bound:
+            self.unbind()
+        xp = self.net.xp
+        for item in self.persistent:
+            st = _storage(item[0])
+            if st.array is not None:
+                st.array = xp.array(st.array, copy=True)
+            st.external = False
+        for item in self.dynamic:
+            st = _storage(item[0])
+            st.array = None
+            st.external = False
+        if getattr(self.net, "executor", None) is self:
+            self.net.executor = None
+
+
 # --------------------------------------------------------------- executor
+_OPEN = weakref.WeakSet()          # executors not closed yet (close_all, allocator hand-over)
+
+
 class Executor:
     """Runs ``net``'s forward and backward passes under ``plan`` inside a budget-sized arena.
 
     Args:
         net: the built Net the plan was made for (same layers, same minibatch).
         plan: a :class:`swap.plan.Plan`.
-        budget: arena capacity in bytes (default: the plan's budget, else its ``arena_bytes``).
+        budget: arena capacity in bytes (default: the plan's budget, else exactly what the
+            plan, the test nets and ``scratch`` need).
         solver: optional Solver whose history blobs move into the arena too.
         trace: optional path of a CSV memory trace.
-        poison: CPU mode: fill every freshly allocated or released region with 0xFF bytes (NaN,
-            -1), so that reading memory the plan does not guarantee shows up in the results.
+        poison: fill every freshly allocated or released region with 0xFF bytes (NaN, -1), on
+            the region's stream in GPU mode, so that reading memory the plan does not
+            guarantee shows up in the results.
+        scratch: bytes the scratch reserve must hold at least (default: whatever the budget
+            leaves; 0 without a budget).  In GPU mode without a budget and without scratch,
+            CuPy allocations stay in CuPy's pool and are only measured.
+        strict: GPU: an allocation the reserve cannot hold raises :class:`ScratchOverflow`;
+            False: it falls back to CuPy's pool with a logged warning (default:
+            ``$MINICAFFE_SCRATCH_STRICT``, else True).
+        measure: iterations of the dry run (transients counted per step); 0: none.
+        nvtx: NVTX ranges (default: ``MINICAFFE_NVTX``).
+        test_nets: nets whose forward passes share the arena (default: the solver's).
 
     Install with :func:`install` (or set ``net.executor``); ``Net.forward_backward`` then
     delegates here.
     """
 
     def __init__(self, net, plan: Plan, *, budget: int | None = None, solver=None,
-                 trace: str | None = None, poison: bool = False):
+                 trace: str | None = None, poison: bool = False, scratch: int | None = None,
+                 strict: bool | None = None, measure: int = 1, nvtx: bool | None = None,
+                 test_nets=None):
         g = plan.gmap
         if g.n_layers != len(net.layers) or g.layer_names != tuple(net.layer_names):
             raise ValueError(f"the plan was made for net {g.net_name!r} with {g.n_layers} layers, "
@@ -193,27 +750,88 @@ class Executor:
         if g.k != net_batch_size(net):
             raise ValueError(f"the plan is for minibatch {g.k}, net {net.name!r} has minibatch "
                              f"{net_batch_size(net)}")
-        budget = budget if budget is not None else (plan.budget or plan.arena_bytes)
-        if plan.arena_bytes > budget:
-            raise BudgetError(f"plan {plan.strategy!r} needs an arena of {plan.arena_bytes} "
-                              f"bytes, the budget is {budget}", budget=budget,
-                              min_budget=plan.arena_bytes, strategy=plan.strategy, k=g.k)
+        if budget is None:
+            budget = plan.budget
         self.net = net
         self.plan = plan
         self.gmap = g
-        self.budget = int(budget)
         self.solver = solver
-        self.poison = poison and net.mode != "GPU"
+        self.poison = bool(poison)
+        self.strict = default_strict() if strict is None else bool(strict)
+        self.measure = max(0, int(measure))
         xp = net.xp
-        self.streams = CudaStreams(xp) if net.mode == "GPU" else HostStreams()
-        # The two arenas, allocated once (section 5).
-        self.device = DeviceArena(self.budget, xp, backing_bytes=plan.arena_bytes)
+        gpu = net.mode == "GPU"
+        self._targets = [_target(net, b.ref, solver) for b in g.buffers]
+
+        # ---- the test nets and the layout of the arena
+        if test_nets is None:
+            test_nets = list(getattr(solver, "test_nets", ()) or ())
+        shared = {id(_storage(t)) for t in self._targets if t is not None and t[0] != "history"}
+        self.tests = [TestNetMemory(self, t, i, shared) for i, t in enumerate(test_nets)]
+        t_dyn = max((t.dynamic_bytes for t in self.tests), default=0)
+        t_pers = sum(t.persistent_bytes for t in self.tests)
+        need = arena_layout(plan, None, test_dynamic=t_dyn, test_persistent=t_pers,
+                            scratch=scratch or 0)
+        capacity = need.capacity if budget is None else int(budget)
+        if need.capacity > capacity:
+            what = f"plan {plan.strategy!r} needs an arena of {plan.arena_bytes} bytes"
+            if self.tests:
+                what += f", its test nets {need.scratch_base - plan.arena_bytes} more"
+            if scratch:
+                what += f", the scratch reserve {align(scratch)}"
+            raise BudgetError(f"{what}: {need.capacity} bytes in all, the budget is {capacity}",
+                              budget=capacity, min_budget=need.capacity,
+                              strategy=plan.strategy, k=g.k)
+        self.layout = arena_layout(plan, capacity, test_dynamic=t_dyn, test_persistent=t_pers)
+        self.budget = capacity
+        self.streams = CudaStreams(xp) if gpu else HostStreams()
+        # The two arenas, allocated once (section 5).  CPU mode backs what the plan and the
+        # test nets reach; GPU mode the whole budget (the reserve included).
+        self.device = DeviceArena(capacity, xp, backing_bytes=self.layout.scratch_base)
         self.host = HostArena(plan.host_bytes, xp)
+        self.scratch = ScratchReserve(self.layout.scratch_base, self.layout.scratch)
         self.residency = Residency(b.name for b in g.buffers)
         self.iterations = 0
         self.trace = MemoryTrace(trace) if trace else None
+        self._nv = _nvtx.ranges(nvtx)
 
-        ops = plan.ops
+        self._build_tables()
+        for i in self._setup:
+            self._do(i, setup=True)
+        self._bound_test = None
+        for t in self.tests:
+            t.attach(self.layout.resident, self.layout.test_persistent_base)
+
+        # ---- the scratch allocator (GPU) and the dry run
+        self._allocator = None
+        if gpu and (budget is not None or scratch is not None):  # pragma: no cover - GPU only
+            names = self._where_names()
+            self._allocator = ScratchAllocator(
+                xp, self.device, self.scratch, strict=self.strict,
+                describe=lambda w, names=names: _describe(names, w),
+                budget_hint=_weak_call(self._budget_hint, 0))
+            for other in list(_OPEN):
+                if other._allocator is not None and other._allocator.installed:
+                    from minicaffe.log import log
+                    log(f"executor of net {other.net.name!r} was not closed: closing it before "
+                        f"installing the scratch allocator of net {net.name!r}", level="W",
+                        where="swap")
+                    other.close()
+            for orphan in reversed(list(_INSTALLED)):   # of executors collected unclosed
+                orphan.uninstall()
+            self._allocator.permissive = self.measure > 0
+            self._allocator.install()
+        self.transients = None
+        self._meter = TransientMeter(gpu, xp if gpu else None) if self.measure else None
+        _OPEN.add(self)
+        if self._meter is not None:
+            self._meter.start()
+
+    # ------------------------------------------------------------ tables
+    def _build_tables(self):
+        """Everything the per-iteration loop needs, computed once (module doc)."""
+        g, plan, st = self.gmap, self.plan, self.streams
+        ops = self._ops = plan.ops
         n = g.n_steps
         self._setup = [i for i, op in enumerate(ops) if op.step == SETUP]
         # resident for the whole run: the setup allocations (parameters ..., or all for none)
@@ -224,47 +842,79 @@ class Executor:
             if op.step != SETUP:
                 (self._before if op.when == BEFORE else self._after)[op.step].append(i)
         self._touches = [s.touches for s in g.steps]
+        # a step checks the residency of what it touches, resident buffers excepted
+        self._check = [tuple(b for b in t if b not in self._resident) for t in self._touches]
+        self._dynamic = tuple(sorted({op.buffer for op in ops if op.step != SETUP}
+                                     - self._resident))
+        self._fwd = [s.phase == FORWARD for s in g.steps]
+        self._layer = [s.layer for s in g.steps]
         self._raw = [b.nbytes(g.k) for b in g.buffers]
         self._dtype = [np.dtype(b.dtype) for b in g.buffers]
+        self._binders = [None] * len(g.buffers)
+        self._releasers = [None] * len(g.buffers)
+        for bid, t in enumerate(self._targets):
+            if t is not None and t[0] != "history":
+                blob, which = t
+                self._binders[bid] = blob.bind_data if which == "data" else blob.bind_diff
+                self._releasers[bid] = (blob.release_data if which == "data"
+                                        else blob.release_diff)
+        self._views = [None] * len(ops)        # per op: the typed view of its region
+        self._copies = [None] * len(ops)       # per copy op: (dst, src)
         # events, created once and re-recorded every iteration (GPU); None in CPU mode
-        self._op_event = [self.streams.event() if op.kind in (OFFLOAD, PREFETCH) else None
+        gpu_poison = st.gpu and self.poison
+        self._op_event = [st.event() if (op.kind in (OFFLOAD, PREFETCH)
+                                         or (gpu_poison and op.kind == RELEASE)) else None
                           for op in ops]
-        self._step_event = [self.streams.event() for _ in range(n)]
-        self._start_event = self.streams.event()
+        self._step_event = [st.event() for _ in range(n)]
+        self._start_event = st.event()
+        self._end_events = [e for e in (st.event(), st.event()) if e is not None]
+        self._end_wait = []                # the end events, once recorded (GPU)
+        used = set()
+
+        def free_event(d):
+            o = ops[d]
+            if o.kind == OFFLOAD:
+                return self._op_event[d]
+            if gpu_poison:                       # after the poisoning of the region
+                return self._op_event[d]
+            if o.stream == SWAP_OUT:             # a release after an offload
+                return self._op_event[o.after[0]]
+            used.add(o.wait_step)
+            return self._step_event[o.wait_step]
+
+        self._waits = [()] * len(ops)
+        for i, op in enumerate(ops):
+            if op.kind == ALLOCATE:
+                # compute is in order with itself: wait only on regions freed by swap-out
+                deps = [d for d in op.after if ops[d].stream != COMPUTE]
+            elif op.kind == PREFETCH:
+                deps = list(op.after)
+            elif op.kind == OFFLOAD:
+                used.add(op.wait_step)
+                self._waits[i] = (self._step_event[op.wait_step],)
+                continue
+            else:
+                continue
+            self._waits[i] = tuple(e for e in (free_event(d) for d in deps) if e is not None)
+        self._record = [j in used for j in range(n)]
         self._prefetch_event = {}          # buffer -> event of its in-flight prefetch
         self._offset = {}                  # buffer -> offset of the region it holds now
-        self._targets = [self._resolve(b) for b in g.buffers]
+        self._replay = True                # replay the arena bookkeeping (first iteration)
+        self._force_replay = False
+        names = [b.name for b in g.buffers]
+        self._op_names = [f"{op.kind} {names[op.buffer]}" for op in ops]
+        self._step_names = [f"{'fwd' if s.phase == FORWARD else 'bwd'} {s.name}"
+                            for s in g.steps]
         self._detach_dynamic()
-        for i in self._setup:
-            self._do(i, setup=True)
 
     # ------------------------------------------------------------ binding
     def _resolve(self, b):
         """What a buffer backs in the net: (blob, "data"|"diff"), ("history", list, i), None."""
-        ref = b.ref
-        net = self.net
-        if not ref:
-            return None                                  # a Caffe reservation: backs nothing
-        if ref[0] in ("data", "diff"):
-            return (net.blobs[ref[1]], ref[0])
-        if ref[0] == "param":
-            return (net.learnable_params[ref[1]], "data")
-        if ref[0] == "param_diff":
-            return (net.learnable_params[ref[1]], "diff")
-        if ref[0] == "internal":
-            return (net.layers[ref[1]].internals[ref[2]].blob, "data")
-        if ref[0] == "history":
-            if self.solver is None:
-                return None
-            rule = self.solver.rule
-            lists = [rule.history] + ([rule.second] if hasattr(rule, "second") else [])
-            return ("history", lists[ref[2]], ref[1])
-        raise ValueError(f"unknown buffer reference {ref!r}")
+        return _target(self.net, b.ref, self.solver)
 
     @staticmethod
     def _storage(target):
-        blob, which = target
-        return blob.data_storage if which == "data" else blob.diff_storage
+        return _storage(target)
 
     def _detach_dynamic(self):
         """Drop the net's own arrays of every per-iteration buffer: from now on they exist only
@@ -298,111 +948,181 @@ class Executor:
                 view[...] = 0
         (blob.bind_data if which == "data" else blob.bind_diff)(view)
 
-    def _unbind(self, bid: int):
-        t = self._targets[bid]
-        if t is None or t[0] == "history":
+    def _bind_op(self, i: int, bid: int, offset: int):
+        """Bind buffer ``bid`` to the region of op ``i``: the same view object every
+        iteration (made on first use), so the blob's own view cache holds."""
+        binder = self._binders[bid]
+        if binder is None:
             return
-        blob, which = t
-        (blob.release_data if which == "data" else blob.release_diff)()
+        v = self._views[i]
+        if v is None:
+            v = self._views[i] = self.device.view(offset, self._raw[bid], self._dtype[bid])
+        binder(v)
+
+    def _unbind(self, bid: int):
+        r = self._releasers[bid]
+        if r is not None:
+            r()
+
+    def _copy_args(self, i: int, op):
+        c = self._copies[i]
+        if c is None:
+            dev = self.device.region(op.offset, op.nbytes)
+            host = self.host.view(op.host_offset, op.nbytes)
+            c = self._copies[i] = (dev, host) if op.kind == PREFETCH else (host, dev)
+        return c
 
     # ---------------------------------------------------------------- ops
     def _free_event(self, i: int):
         """The event after which the region released by op ``i`` may be reused."""
-        op = self.plan.ops[i]
-        if op.kind == OFFLOAD:
+        op = self._ops[i]
+        if op.kind == OFFLOAD or (self.streams.gpu and self.poison):
             return self._op_event[i]
         if op.stream == SWAP_OUT:                        # a release after an offload
             return self._op_event[op.after[0]]
         return self._step_event[op.wait_step]
 
     def _do(self, i: int, setup: bool = False):
-        op = self.plan.ops[i]
+        op = self._ops[i]
         bid = op.buffer
+        kind = op.kind
         st = self.streams
-        if op.kind == ALLOCATE:
-            self.device.allocate(op.nbytes, op.offset)
+        nv = self._nv
+        if nv is not None:
+            nv.push(self._op_names[i])
+        replay = self._replay or self._force_replay or setup
+        if kind == ALLOCATE:
+            if replay:
+                self.device.allocate(op.nbytes, op.offset)
+            else:
+                self.device.in_use += op.nbytes
             self._offset[bid] = op.offset
-            # compute is in order with itself: wait only on regions freed by swap-out
-            st.wait(COMPUTE, [self._free_event(d) for d in op.after
-                              if self.plan.ops[d].stream != COMPUTE])
+            w = self._waits[i]
+            if w:
+                st.wait(COMPUTE, w)
             self.residency.apply(bid, "allocate")
             if self.poison:
-                self.device.fill(op.offset, op.nbytes)
-            self._bind(bid, op.offset, copy_in=setup)
-        elif op.kind == PREFETCH:
-            self.device.allocate(op.nbytes, op.offset)
+                st.fill(self.device, op.offset, op.nbytes, COMPUTE)
+            if setup:
+                self._bind(bid, op.offset, copy_in=True)
+            else:
+                self._bind_op(i, bid, op.offset)
+        elif kind == PREFETCH:
+            if replay:
+                self.device.allocate(op.nbytes, op.offset)
+            else:
+                self.device.in_use += op.nbytes
             self._offset[bid] = op.offset
-            st.wait(SWAP_IN, [self._free_event(d) for d in op.after])
+            st.wait(SWAP_IN, self._waits[i])
             self.residency.apply(bid, "prefetch")
-            st.copy(self.device.buffer[op.offset:op.offset + op.nbytes],
-                    self.host.view(op.host_offset, op.nbytes), SWAP_IN)
+            dst, src = self._copy_args(i, op)
+            st.copy(dst, src, SWAP_IN)
             st.record(self._op_event[i], SWAP_IN)
             self._prefetch_event[bid] = self._op_event[i]
-            self._bind(bid, op.offset)
-        elif op.kind == OFFLOAD:
-            st.wait(SWAP_OUT, [self._step_event[op.wait_step]])
+            self._bind_op(i, bid, op.offset)
+        elif kind == OFFLOAD:
+            st.wait(SWAP_OUT, self._waits[i])
             self.residency.apply(bid, "offload")
-            st.copy(self.host.view(op.host_offset, op.nbytes),
-                    self.device.buffer[op.offset:op.offset + op.nbytes], SWAP_OUT)
+            dst, src = self._copy_args(i, op)
+            st.copy(dst, src, SWAP_OUT)
             st.record(self._op_event[i], SWAP_OUT)
-        elif op.kind == RELEASE:
-            self.device.free(op.offset)
+        elif kind == RELEASE:
+            if replay:
+                self.device.free(op.offset)
+            else:
+                self.device.in_use -= op.nbytes
             del self._offset[bid]
             self.residency.apply(bid, "release")
             self._unbind(bid)
             if self.poison:
-                self.device.fill(op.offset, op.nbytes)
+                # on the region's stream: after its last reader (compute) or its offload
+                st.fill(self.device, op.offset, op.nbytes, op.stream)
+                st.record(self._op_event[i], op.stream)
         else:
-            raise ValueError(f"unknown op kind {op.kind!r}")
+            raise ValueError(f"unknown op kind {kind!r}")
+        if nv is not None:
+            nv.pop()
 
     def _ready(self, j: int):
         """Before step j computes: its buffers are on the device (waiting on prefetches)."""
         res = self.residency
-        for bid in self._touches[j]:
-            s = res[bid]
+        state = res.state
+        for bid in self._check[j]:
+            s = state[bid]
+            if s == ON_DEVICE:
+                continue
             if s == PREFETCHING:
                 self.streams.wait(COMPUTE, [self._prefetch_event.pop(bid, None)])
                 res.apply(bid, "ready")
-            elif s != ON_DEVICE:
+            else:
                 raise ResidencyError(
                     f"{self.gmap.steps[j]} needs buffer {res.names[bid]!r}, which is {s}: the "
                     f"plan {self.plan.strategy!r} did not bring it onto the device")
 
+    def _labels(self):
+        """(scratch reserve, meter, nvtx ranges) to update per step, or None each."""
+        sc = self.scratch if self._allocator is not None else None
+        m = self._meter if (self._meter is not None and self._meter.active) else None
+        return sc, m, self._nv
+
     # ------------------------------------------------------------ passes
     def _run(self, last_step: int):
-        g = self.gmap
         net = self.net
         st = self.streams
+        if self._bound_test is not None:          # training resumes: the test nets let go
+            self._bound_test.unbind()
+        st.wait(COMPUTE, self._end_wait)          # previous iteration's swap-stream tails
         st.record(self._start_event, COMPUTE)
-        st.wait(SWAP_IN, [self._start_event])       # the previous iteration is done with
-        st.wait(SWAP_OUT, [self._start_event])      # every region (solver update included)
+        st.wait(SWAP_IN, [self._start_event])     # the previous iteration is done with
+        st.wait(SWAP_OUT, [self._start_event])    # every region (solver update included)
         tracing = self.trace is not None
         rows, t_events = [], []
         t0 = time.perf_counter()
+        sc, meter, nv = self._labels()
+        before, after, check, record = self._before, self._after, self._check, self._record
+        fwd, layer, step_event = self._fwd, self._layer, self._step_event
+        do = self._do
         loss = 0.0
         for j in range(last_step + 1):
-            step = g.steps[j]
+            if sc is not None:
+                sc.where = j
+            if meter is not None:
+                meter.label(j)
             if tracing:
                 a = time.perf_counter()
                 if st.gpu:
                     ev0 = st.event(timing=True)
                     st.record(ev0, COMPUTE)
-            for i in self._before[j]:
-                self._do(i)
-            self._ready(j)
-            if step.phase == FORWARD:
-                loss = loss + net.forward_layer(step.layer)
+            for i in before[j]:
+                do(i)
+            if check[j]:
+                self._ready(j)
+            if nv is not None:
+                nv.push(self._step_names[j])
+            if fwd[j]:
+                loss = loss + net.forward_layer(layer[j])
             else:
-                net.backward_layer(step.layer)
-            st.record(self._step_event[j], COMPUTE)
-            for i in self._after[j]:
-                self._do(i)
+                net.backward_layer(layer[j])
+            if nv is not None:
+                nv.pop()
+            if record[j]:
+                st.record(step_event[j], COMPUTE)
+            for i in after[j]:
+                do(i)
             if tracing:
                 if st.gpu:
                     ev1 = st.event(timing=True)
                     st.record(ev1, COMPUTE)
                     t_events.append((ev0, ev1))
                 rows.append(self._trace_row(j, (a - t0) * 1e3, (time.perf_counter() - t0) * 1e3))
+        if self._end_events:
+            st.record(self._end_events[0], SWAP_OUT)
+            st.record(self._end_events[1], SWAP_IN)
+            self._end_wait = self._end_events
+        if sc is not None:
+            sc.where = OUTSIDE
+        if meter is not None:
+            meter.label(OUTSIDE)
         if tracing:
             if st.gpu:                                  # one sync per traced iteration
                 t_events[-1][1].synchronize()
@@ -413,7 +1133,7 @@ class Executor:
         return loss
 
     def _trace_row(self, j, t_start, t_end):
-        ops = self.plan.ops
+        ops = self._ops
         by = {"allocated_compute": 0, "allocated_swap_in": 0, "released_compute": 0,
               "released_swap_out": 0, "offloaded": 0, "prefetched": 0}
         for i in self._before[j] + self._after[j]:
@@ -434,15 +1154,24 @@ class Executor:
 
     def forward_backward(self):
         """One training pass under the plan; returns the loss (a device scalar)."""
+        if self._meter is not None and self._meter.active and self.iterations >= self.measure:
+            self.end_dry_run()
         loss = self._run(self.gmap.n_steps - 1)
         self._check_all_freed()
         self.iterations += 1
+        # the layout was replayed (checked) through the arena once; every later iteration
+        # issues the same operations, so it only counts bytes (forward passes still replay)
+        self._replay = False
         return loss
 
     def forward(self):
         """A forward-only pass (Solver.solve's last display, pycaffe's ``net.forward()``):
         the forward steps of the plan, then everything per-iteration is dropped."""
-        loss = self._run(self.gmap.n_forward - 1)
+        self._force_replay = True
+        try:
+            loss = self._run(self.gmap.n_forward - 1)
+        finally:
+            self._force_replay = False
         self.streams.synchronize()     # nothing may still read or write a region we drop
         res = self.residency
         for b in self.gmap.buffers:
@@ -463,36 +1192,123 @@ class Executor:
         return loss
 
     def _check_all_freed(self):
-        res = self.residency
-        stray = [res.names[b.id] for b in self.gmap.buffers
-                 if b.id not in self._resident and res[b.id] != FREED]
+        state = self.residency.state
+        stray = [self.residency.names[b] for b in self._dynamic if state[b] != FREED]
         if stray:
             raise ResidencyError(f"plan {self.plan.strategy!r} left buffers held after the "
                                  f"iteration: {', '.join(stray[:5])}")
 
+    # ------------------------------------------------------------ dry run
+    def end_dry_run(self, check: bool = True) -> "TransientProfile | None":
+        """End the measurement of transients (normally at the start of iteration
+        ``measure + 1``); check the reserve against it.  Returns the :class:`TransientProfile`.
+
+        Raises :class:`ScratchOverflow` in strict GPU mode when the dry run needed more than
+        the reserve holds (or had to fall back to CuPy's pool)."""
+        if self._meter is None:
+            return self.transients
+        if self._meter.active:
+            peaks = self._meter.stop()
+            n = self.gmap.n_steps
+            self.transients = TransientProfile(
+                per_step=tuple(int(peaks.get(j, 0)) for j in range(n)),
+                outside=int(peaks.get(OUTSIDE, 0)),
+                tests=tuple(int(peaks.get(("test", i), 0)) for i in range(len(self.tests))),
+                layout=self.layout, names=tuple(self._where_names()[:n]))
+        a = self._allocator
+        if a is not None and a.permissive:  # pragma: no cover - GPU machine only
+            a.permissive = False
+            tp = self.transients
+            if not check:
+                return tp
+            if a.fallbacks:
+                from .memory import fmt_bytes
+                need = tp.budget()
+                msg = (f"the dry run measured {fmt_bytes(tp.peak)} of transient allocations "
+                       f"(peak at {tp.peak_where}), and the scratch reserve holds "
+                       f"{fmt_bytes(self.scratch.capacity)}"
+                       + (f" ({a.fallbacks} allocations, {fmt_bytes(a.fallback_bytes)}, fell "
+                          "back to CuPy's pool)" if a.fallbacks else "")
+                       + f". A budget of {fmt_bytes(need)} would hold the plan "
+                       f"({fmt_bytes(self.layout.scratch_base)} with the test nets) and a "
+                       f"reserve of {fmt_bytes(tp.reserve())} (install(..., scratch=) or "
+                       f"${ENV_SCRATCH})")
+                if self.strict:
+                    raise ScratchOverflow(msg, budget=self.budget, min_budget=need,
+                                          strategy=self.plan.strategy, k=self.gmap.k)
+                from minicaffe.log import log
+                log(msg, level="W", where="swap")
+        return self.transients
+
+    def _budget_hint(self) -> int:
+        tp = self.transients
+        return tp.budget() if tp is not None else 0
+
+    def _where_names(self) -> list:
+        """Words for the steps, as labels of the scratch reserve and the meter name them."""
+        return [f"{s}, a {s.type} layer" for s in self.gmap.steps]
+
     # ------------------------------------------------------------ reports
     @property
     def high_water(self) -> int:
-        """Highest arena byte ever handed out (measured)."""
-        return self.device.high_water
+        """Highest arena byte ever handed out (measured): plan, test nets and, when the
+        scratch reserve serves CuPy (GPU), the reserve's own high-water mark."""
+        hw = self.device.high_water
+        if self.scratch.high_water:
+            hw = max(hw, self.scratch.base + self.scratch.high_water)
+        return hw
 
     @property
     def peak_in_use(self) -> int:
         return self.device.peak_in_use
 
+    @property
+    def needed_budget(self) -> int | None:
+        """The smallest budget that holds the plan, the test nets and the transients the dry
+        run measured (None before it ends)."""
+        return None if self.transients is None else self.transients.budget()
+
     def report(self) -> str:
         from .memory import fmt_bytes
         p = self.plan
         off, pre = p.transfer_bytes()
-        return (f"swap {p.strategy!r}: budget {fmt_bytes(self.budget)}, arena high-water mark "
+        text = (f"swap {p.strategy!r}: budget {fmt_bytes(self.budget)}, arena high-water mark "
                 f"{fmt_bytes(self.high_water)} (peak in use {fmt_bytes(self.peak_in_use)}; "
                 f"planned peak {fmt_bytes(p.peak)}), host {fmt_bytes(p.host_bytes)}"
                 + (", pinned" if self.host.pinned else "")
                 + f"; per iteration offload {fmt_bytes(off)}, prefetch {fmt_bytes(pre)}")
+        lay = self.layout
+        text += f"; scratch reserve {fmt_bytes(lay.scratch)}"
+        if self.scratch.high_water:
+            text += f" (high-water {fmt_bytes(self.scratch.high_water)})"
+        if self.tests:
+            text += (f"; test nets {fmt_bytes(lay.test_dynamic)} per pass + "
+                     f"{fmt_bytes(lay.test_persistent)} resident")
+        tp = self.transients
+        if tp is not None:
+            text += (f"; transients measured {fmt_bytes(tp.peak)} (peak {tp.peak_where}), "
+                     f"smallest budget with them {fmt_bytes(tp.budget())}")
+        a = self._allocator
+        if a is not None and a.fallbacks:
+            text += (f"; {a.fallbacks} allocations ({fmt_bytes(a.fallback_bytes)}) fell back "
+                     "to CuPy's pool")
+        return text
 
     def close(self):
-        """Give the net back its own arrays (persistent contents copied out of the arena)."""
+        """Give the net back its own arrays (persistent contents copied out of the arena) and
+        CuPy its own allocator."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        _OPEN.discard(self)
         self.streams.synchronize()
+        self.end_dry_run(check=False)
+        if self._allocator is not None:         # pragma: no cover - GPU machine only
+            self._allocator.uninstall()         # before any copy below allocates
+            self._rehome_solver_scalars()
+            ops = sys.modules.get("minicaffe.cudnn.ops")
+            if ops is not None and hasattr(ops, "release_workspaces"):
+                ops.release_workspaces()        # cached cuDNN workspaces made in the reserve
         xp = self.net.xp
         for b, t in zip(self.gmap.buffers, self._targets):
             if t is None:
@@ -507,26 +1323,179 @@ class Executor:
             else:
                 st.array = None
             st.external = False
+        for t in self.tests:
+            t.close()
+        self._bound_test = None
+        if self._allocator is not None:         # pragma: no cover - GPU machine only
+            self._allocator.pool.free_all_blocks()
+            self.scratch_live_at_close = self.scratch.live
         if getattr(self.net, "executor", None) is self:
             self.net.executor = None
         if self.trace is not None:
             self.trace.close()
 
+    def _rehome_solver_scalars(self):  # pragma: no cover - GPU machine only
+        """The solver's recent losses are device scalars made in the reserve: copy them into
+        CuPy's own pool, so that they do not keep the closed arena alive."""
+        s = self.solver
+        if s is None:
+            return
+        if getattr(s, "last_loss", None) is not None and hasattr(s.last_loss, "copy"):
+            s.last_loss = s.last_loss.copy()
+        losses = getattr(s, "_losses", None)
+        if isinstance(losses, deque):
+            s._losses = deque((x.copy() if hasattr(x, "copy") else x for x in losses),
+                              maxlen=losses.maxlen)
+
+
+def _describe(names, where) -> str:
+    if isinstance(where, int) and 0 <= where < len(names):
+        return f"at {names[where]}"
+    if where == OUTSIDE or where is None:
+        return "between steps (solver update or code outside the plan)"
+    if isinstance(where, tuple) and where and where[0] == "test":
+        return f"in a forward pass of test net #{where[1]}"
+    return f"at {where!r}"
+
+
+def _weak_call(method, default):
+    """A callable that calls a bound ``method`` without keeping its object alive."""
+    ref = weakref.WeakMethod(method)
+
+    def call():
+        m = ref()
+        return default if m is None else m()
+    return call
+
+
+def close_all():
+    """Close every executor not closed yet and give CuPy its own allocator back (tests'
+    teardown)."""
+    for ex in list(_OPEN):
+        ex.close()
+    for orphan in reversed(list(_INSTALLED)):  # pragma: no cover - GPU machine only
+        orphan.uninstall()
+
+
+def default_strict() -> bool:
+    """``MINICAFFE_SCRATCH_STRICT`` (1/0), default 1: overflowing the reserve raises."""
+    v = os.environ.get(ENV_STRICT, "").strip().lower()
+    if v in ("", "1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{ENV_STRICT}={os.environ[ENV_STRICT]!r}: give 1 or 0")
+
+
+def default_scratch() -> int | None:
+    """``MINICAFFE_SCRATCH`` (bytes, or 512M, 2G ...) if set, else None."""
+    v = os.environ.get(ENV_SCRATCH, "").strip()
+    if not v:
+        return None
+    from .memory import parse_bytes
+    return parse_bytes(v)
+
 
 def install(target, strategy: str = "naive", budget: int | None = None, *,
-            trace: str | None = None, poison: bool = False, pinned=frozenset()) -> Executor:
+            trace: str | None = None, poison: bool = False, pinned=frozenset(),
+            scratch: int | None = None, strict: bool | None = None, measure: int = 1,
+            nvtx: bool | None = None, test_nets=None) -> Executor:
     """Plan ``strategy`` for a Solver's train net (or a Net) and make it run under the plan.
 
-    Builds the GMAP at the net's minibatch, the plan under ``budget`` (bytes; None: the
-    smallest that works), and an Executor, and sets ``net.executor``.  A budget too small fails
-    here, before the first iteration, with :class:`swap.plan.BudgetError` naming the smallest
-    budget that works and the largest minibatch that fits.
+    Builds the GMAP at the net's minibatch, the plan, and an Executor, and sets
+    ``net.executor`` (and each test net's).  The plan gets ``budget`` less the scratch reserve
+    (``scratch``, default ``$MINICAFFE_SCRATCH`` or none) and less the test nets' persistent
+    buffers; None: the smallest plan.  A budget too small fails here, before the first
+    iteration, with :class:`swap.plan.BudgetError` naming the smallest budget that works and
+    the largest minibatch that fits.  The other options are the Executor's.
     """
     solver = target if hasattr(target, "net") and hasattr(target, "rule") else None
-    net = solver.net if solver is not None else target
+    net = target.net if solver is not None else target
     net.reshape()                         # every layer's internals exist at their sizes
+    if scratch is None:
+        scratch = default_scratch()
     g = build_gmap(net, solver_type=solver.type if solver is not None else "SGD")
-    plan = make_plan(g, strategy, budget, pinned)
-    ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, poison=poison)
+    if test_nets is None:
+        test_nets = list(getattr(solver, "test_nets", ()) or ())
+    plan_budget = budget
+    extra = 0
+    if budget is not None:
+        plan_budget = budget_for_plan(target, budget, scratch=scratch, test_nets=test_nets,
+                                      gmap=g)
+        extra = budget - plan_budget
+    try:
+        plan = make_plan(g, strategy, plan_budget, pinned)
+    except BudgetError as e:
+        if not extra:
+            raise
+        from .memory import fmt_bytes
+        need = (e.min_budget or 0) + extra
+        raise BudgetError(
+            f"budget {fmt_bytes(budget)} less {fmt_bytes(extra)} for the scratch reserve and "
+            f"the test nets leaves {fmt_bytes(plan_budget)} for the plan: {e} The smallest "
+            f"budget that works is {fmt_bytes(need)} ({need} bytes) with these.",
+            budget=budget, min_budget=need, max_k=e.max_k, strategy=strategy, k=g.k) from None
+    ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, poison=poison,
+                  scratch=scratch, strict=strict, measure=measure, nvtx=nvtx,
+                  test_nets=test_nets)
     net.executor = ex
     return ex
+
+
+def budget_for_plan(target, budget: int, *, scratch: int | None = None, test_nets=None,
+                    gmap=None) -> int:
+    """The part of ``budget`` a plan may lay out: the budget less the scratch reserve
+    (``scratch``, default ``$MINICAFFE_SCRATCH`` or none) and less the test nets' persistent
+    buffers.  What :func:`install` gives the planner; a tuner choosing k under a budget
+    (Algorithm 2: M_budget - M_ws - ...) should plan within it too.  (The test nets' per-pass
+    buffers share the plan's per-iteration regions; the executor checks that they fit.)"""
+    solver = target if hasattr(target, "net") and hasattr(target, "rule") else None
+    net = target.net if solver is not None else target
+    if scratch is None:
+        scratch = default_scratch()
+    if test_nets is None:
+        test_nets = list(getattr(solver, "test_nets", ()) or ())
+    if gmap is None:
+        net.reshape()
+        gmap = build_gmap(net, solver_type=solver.type if solver is not None else "SGD")
+    return int(budget) - align(scratch or 0) - _test_persistent_bytes(net, gmap, solver,
+                                                                      test_nets)
+
+
+def _test_persistent_bytes(net, g, solver, test_nets) -> int:
+    """Bytes the test nets keep for the whole run (laid out after the plan)."""
+    if not test_nets:
+        return 0
+    targets = [_target(net, b.ref, solver) for b in g.buffers]
+    shared = {id(_storage(t)) for t in targets if t is not None and t[0] != "history"}
+    total = 0
+    for t in test_nets:
+        t.reshape()
+        tg = build_gmap(t)
+        for b in tg.buffers:
+            if not b.persistent or b.kind not in (DATA, SAVED, SCRATCH, PARAM) or not b.ref:
+                continue
+            if id(_storage(_target(t, b.ref))) in shared:
+                continue
+            total += align(b.nbytes(tg.k))
+    return align(total)
+
+
+def measure_scratch(target, strategy: str = "naive", iterations: int = 1,
+                    **options) -> TransientProfile:
+    """The dry run on its own: run ``iterations`` training iterations of a Solver (they train)
+    under ``strategy`` without a budget, counting transient allocations per step; close the
+    executor and return what it measured (:meth:`TransientProfile.budget` is the smallest
+    budget that holds the plan, the test nets and the transients)."""
+    solver = target if hasattr(target, "net") and hasattr(target, "rule") else None
+    ex = install(target, strategy, None, measure=iterations, scratch=options.pop("scratch", None),
+                 **options)
+    try:
+        for _ in range(iterations):
+            if solver is not None:
+                solver.step(1)
+            else:
+                target.forward_backward()
+        return ex.end_dry_run()
+    finally:
+        ex.close()

@@ -57,6 +57,8 @@ import warnings
 
 import numpy as np
 
+from ..backend import gpu_available
+
 try:  # importing cupy needs no GPU; compiling and launching do.
     import cupy as _cp
 except Exception:  # pragma: no cover - CuPy absent
@@ -481,13 +483,8 @@ def _all_names():
 # ------------------------------------------------------------- dispatch
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """True when CuPy imports and a CUDA device answers."""
-    if _cp is None:
-        return False
-    try:
-        return _cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    """True when CuPy imports and a CUDA device answers (kernels can run here)."""
+    return gpu_available()
 
 
 @functools.lru_cache(maxsize=None)

@@ -26,6 +26,8 @@ import functools
 
 import numpy as np
 
+from ..backend import gpu_available
+
 try:  # importing cupy needs no GPU; compiling and launching do.
     import cupy as _cp
 except Exception:  # pragma: no cover - CuPy absent
@@ -372,12 +374,7 @@ def _all_names():
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
     """True when CuPy imports and a CUDA device answers (kernels can run here)."""
-    if _cp is None:
-        return False
-    try:
-        return _cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    return gpu_available()
 
 
 def enabled_for(xp) -> bool:

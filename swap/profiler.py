@@ -515,60 +515,272 @@ class _Instrument:
         self.iterations.append((self.k, el(self._ev0, end) / 1e3))
 
 
+# ---------------------------------------------------------------- scratch
+def scratch_estimate(gmap: GMAP):
+    """``k -> bytes``: a conservative guess of the transient allocations (CuPy temporaries)
+    at minibatch k before any is measured: the most batch-scaled bytes one step touches (its
+    declared scratch, the internals with ``saved=False`` that scale with ``min(k, cap)``,
+    included).  Layer temporaries are chunks of what the layer reads and writes (im2col and
+    top-diff chunks, BatchNorm/Scale temporaries linear in k).  On the H200, ResNet-50 CAFFE
+    engine at k = 122: 1.10 GiB estimated, 938 MiB measured."""
+    steps = []
+    for s in gmap.steps:
+        steps.append([gmap.buffers[b] for b in s.touches if gmap.buffers[b].size.scaled])
+
+    def estimate(k: int) -> int:
+        return max((sum(b.nbytes(int(k)) for b in bs) for bs in steps), default=0)
+    return estimate
+
+
+class ScratchModel:
+    """S(k): the scratch reserve planned at minibatch k (Algorithm 2's M_ws).
+
+    Before any measurement: ``estimate(k)`` (:func:`scratch_estimate`).  Once transient peaks
+    have been measured (:meth:`add`; the profiler's dry runs), the line ``a + b k`` above every
+    measured point, with the slope of a least-squares fit (one point: through the origin):
+    conservative for larger k, where per-layer chunks stop growing at their cap.  Then
+    ``margin`` of it plus ``slack`` bytes, and at least ``floor`` (``$MINICAFFE_SCRATCH``)."""
+
+    def __init__(self, estimate=None, *, margin: float = 0.10, slack: int = 64 << 20,
+                 floor: int = 0):
+        self.estimate = estimate if estimate is not None else (lambda k: 0)
+        self.margin = float(margin)
+        self.slack = int(slack)
+        self.floor = int(floor or 0)
+        self.points: dict = {}
+
+    @classmethod
+    def from_gmap(cls, gmap: GMAP, **kw) -> "ScratchModel":
+        return cls(scratch_estimate(gmap), **kw)
+
+    def add(self, k: int, peak: int):
+        """A measured transient peak (bytes) at minibatch k."""
+        k, peak = int(k), int(peak)
+        self.points[k] = max(self.points.get(k, 0), peak)
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.points)
+
+    def fit(self) -> tuple | None:
+        """(a, b) of the line above the measured points, None before any."""
+        if not self.points:
+            return None
+        ks = np.array(sorted(self.points), dtype=np.float64)
+        ys = np.array([self.points[int(k)] for k in ks], dtype=np.float64)
+        if len(ks) == 1:
+            b = ys[0] / ks[0]
+        else:
+            b = max(0.0, float(np.polyfit(ks, ys, 1)[0]))
+        a = max(0.0, float(np.max(ys - b * ks)))
+        return a, float(b)
+
+    def need(self, k: int) -> int:
+        """Transient bytes expected at k (before the margin)."""
+        f = self.fit()
+        if f is None:
+            return int(self.estimate(int(k)))
+        return int(math.ceil(f[0] + f[1] * int(k)))
+
+    def __call__(self, k: int) -> int:
+        from .arena import align
+        return align(max(self.floor, int(self.need(k) * (1 + self.margin)) + self.slack))
+
+    def describe(self) -> str:
+        from .memory import fmt_bytes
+        f = self.fit()
+        if f is None:
+            base = "estimated from the declared scratch"
+        else:
+            base = (f"{fmt_bytes(int(f[0]))} + {fmt_bytes(int(f[1]))} x k fitted to the "
+                    f"transients measured at k = {', '.join(map(str, sorted(self.points)))}")
+        return (base + f", plus {100 * self.margin:g}% and {fmt_bytes(self.slack)}"
+                + (f", at least {fmt_bytes(self.floor)}" if self.floor else ""))
+
+
+def max_batch_scratch(gmap: GMAP, budget: int, scratch=None, strategy: str = "naive",
+                      k_limit: int = 1 << 20) -> int:
+    """The largest k whose ``strategy`` plan fits ``budget - scratch(k)`` (0 if not even
+    k = 1); scratch None: :func:`swap.plan.max_batch` on the whole budget."""
+    from .plan import max_batch, min_budget
+    if scratch is None:
+        return max_batch(gmap, strategy, budget, k_limit=k_limit)
+
+    def fits(k):
+        return min_budget(gmap.at(k), strategy) <= budget - scratch(k)
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= k_limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > k_limit:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 # ---------------------------------------------------------------- profile
-def _install_naive(solver, budget, strategy="naive"):
+def _install_naive(solver, budget, strategy="naive", scratch=None):
     from .runtime import install
-    return install(solver, strategy, budget)
+    if scratch is None:
+        return install(solver, strategy, budget)
+    return install(solver, strategy, budget, scratch=scratch)
 
 
 def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int = 1,
                    strategy: str = "naive", bandwidth: bool | None = None,
-                   log=None) -> Profile:
+                   log=None, scratch: ScratchModel | None = None,
+                   plan_budget: int | None = None, fractions=None) -> Profile:
     """Profile real training iterations of ``solver`` at every k of ``ks`` (module doc).
 
     Each k runs ``warmup + iterations`` iterations of ``solver.step(1)`` under ``strategy``
     within ``budget`` bytes; the net is left at the last k, with no executor installed.
     bandwidth: run :func:`measure_bandwidth` (default: in GPU mode only).
+
+    scratch: a :class:`ScratchModel`: each k is installed with a scratch reserve of
+    ``scratch(k)`` and the transients its dry run measures are added to the model.  A
+    :class:`swap.runtime.ScratchOverflow` adds what it measured and retries that k once with
+    the reserve it names; with ``fractions`` (the automatic minibatch), k_max is then computed
+    again (:func:`max_batch_scratch` on ``plan_budget``, the budget less the test nets) and the
+    ks still to profile become ``profile_ks(k_max, fractions)`` above the last one profiled.
+    ``meta`` records the ks, reserves, measured transients and iterations run.
     """
+    from .runtime import ScratchOverflow
     net = solver.net
     k_base = net_batch_size(net)
     if getattr(net, "executor", None) is not None:
         net.executor.close()
     compute, transfers, iters = [], [], []
     steps = None
-    for k in ks:
+    g0 = None
+    reserves, measured, runs = [], [], []
+    k_max = None
+    todo = list(ks)
+    done = []
+
+    def say(msg):
+        if log is not None:
+            log(msg)
+
+    def slots(km):
+        """The ks still to profile at k_max ``km``: the fractions not used yet, above the
+        last k profiled (as many points in all as fractions)."""
+        last = max(done, default=0)
+        left = fractions[len(done):]
+        return sorted({max(1, min(km, int(round(f * km)))) for f in left} - set(range(last + 1)))
+
+    def new_k_max(why) -> bool:
+        nonlocal k_max, todo
+        if scratch is None or fractions is None:
+            return False
+        km = max_batch_scratch(g0, plan_budget, scratch, strategy)
+        if km == k_max:
+            return False
+        k_max = km
+        todo = slots(km)
+        say(f"k_max is now {km} ({why}; scratch reserve {scratch.describe()}); minibatches "
+            f"left to profile: {todo}")
+        return True
+
+    while todo:
+        k = todo.pop(0)
         set_batch_size(net, k)
-        ex = _install_naive(solver, budget, strategy)
-        if steps is None:
-            steps = step_infos(ex.gmap)
-        inst = _Instrument(ex, k)
-        try:
-            for it in range(warmup + iterations):
-                inst.recording = it >= warmup
-                solver.step(1)
-        finally:
+        if scratch is not None and g0 is None:
+            g0 = build_gmap(net, solver_type=solver.type)
+            if plan_budget is None:
+                from .runtime import budget_for_plan
+                plan_budget = budget_for_plan(solver, budget, scratch=0, gmap=g0)
+            if fractions is not None:
+                k_max = max_batch_scratch(g0, plan_budget, scratch, strategy)
+        reserve = scratch(k) if scratch is not None else None
+        inst = None
+        for attempt in (0, 1):
+            it0 = solver.iter
+            ex = _install_naive(solver, budget, strategy, reserve)
+            if steps is None:
+                steps = step_infos(ex.gmap)
+            inst = _Instrument(ex, k)
+            try:
+                for it in range(warmup + iterations):
+                    inst.recording = it >= warmup
+                    solver.step(1)
+            except ScratchOverflow as e:
+                inst.remove()
+                ex.close()
+                runs.append([k, solver.iter - it0])
+                if scratch is None or attempt or (e.scratch is None and e.peak is None):
+                    raise
+                peak = e.peak if e.peak is not None else e.scratch
+                scratch.add(k, peak)
+                measured.append([k, int(peak)])
+                old, k_old = reserve, k
+                new_k_max(f"overflow at minibatch {k}")
+                if k_max is not None and k > k_max:
+                    if not todo:
+                        raise
+                    k = todo.pop(0)          # this profile point, at the lower k_max
+                    set_batch_size(net, k)
+                    reserve = scratch(k)
+                else:
+                    todo = [x for x in todo if x > k]
+                    reserve = max(int(e.scratch or 0), scratch(k))
+                from .memory import fmt_bytes
+                say(f"Scratch reserve of {fmt_bytes(old)} too small at minibatch {k_old} "
+                    f"(transients {fmt_bytes(int(peak))}): profiling "
+                    + (f"minibatch {k} again" if k == k_old else f"minibatch {k} instead")
+                    + f" with a reserve of {fmt_bytes(reserve)}")
+                continue
+            except BaseException:
+                inst.remove()
+                ex.close()
+                raise
             inst.remove()
             ex.close()
+            runs.append([k, solver.iter - it0])
+            break
+        done.append(k)
         compute += inst.compute
         transfers += inst.transfers
         iters += inst.iterations
-        if log is not None:
-            t = [s for kk, s in inst.iterations if kk == k]
-            log(f"Profiled minibatch {k} under the {strategy} plan: "
-                f"{1e3 * float(np.mean(t)) if t else float('nan'):.3f} ms per iteration, "
-                f"{len(inst.transfers)} transfers")
+        tp = ex.transients
+        if tp is not None:
+            measured.append([k, int(tp.peak)])
+        if reserve is not None:
+            reserves.append([k, int(reserve)])
+        t = [s for kk, s in inst.iterations if kk == k]
+        extra = ""
+        if reserve is not None:
+            from .memory import fmt_bytes
+            extra = (f", scratch reserve {fmt_bytes(reserve)}"
+                     + (f", transients measured {fmt_bytes(tp.peak)}" if tp is not None else ""))
+        say(f"Profiled minibatch {k} under the {strategy} plan: "
+            f"{1e3 * float(np.mean(t)) if t else float('nan'):.3f} ms per iteration, "
+            f"{len(inst.transfers)} transfers" + extra)
+        if scratch is not None and tp is not None:
+            scratch.add(k, tp.peak)
+            new_k_max(f"transients measured at minibatch {k}")
     if steps is None:
         steps = step_infos(build_gmap(net))
     bw = None
     if bandwidth or (bandwidth is None and net.mode == "GPU"):
         bw = measure_bandwidth(net.xp)
+    meta = {"warmup": warmup, "iterations": iterations, "strategy": strategy, "budget": budget}
+    if scratch is not None:
+        meta.update(scratch=reserves, transients=measured, runs=runs)
+        if k_max is not None:
+            meta["k_max"] = k_max
     return Profile(net=net.name, device=device_name(net), mode=net.mode, k_base=k_base,
-                   ks=tuple(ks), steps=steps, compute=tuple(compute), transfers=tuple(transfers),
-                   iterations=tuple(iters), bandwidth=bw, date=_now(),
-                   meta={"warmup": warmup, "iterations": iterations, "strategy": strategy,
-                         "budget": budget})
+                   ks=tuple(done), steps=steps, compute=tuple(compute), transfers=tuple(transfers),
+                   iterations=tuple(iters), bandwidth=bw, date=_now(), meta=meta)
 
 
 __all__ = ["SCHEMA", "VERSION", "PROFILE_FRACTIONS", "profile_ks", "StepInfo", "ComputeSample",
            "TransferSample", "Profile", "synthetic_profile", "set_batch_size", "measure_bandwidth",
-           "device_name", "profile_solver", "step_infos"]
+           "device_name", "profile_solver", "step_infos", "ScratchModel", "scratch_estimate",
+           "max_batch_scratch"]

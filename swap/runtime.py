@@ -126,7 +126,14 @@ class ResidencyError(RuntimeError):
 
 class ScratchOverflow(BudgetError):
     """A CuPy allocation the scratch reserve cannot hold (or a dry run that measured more
-    transient memory than the reserve has).  ``min_budget`` is a budget that would work."""
+    transient memory than the reserve has).  ``min_budget`` is a budget that would work;
+    ``scratch`` a reserve that would (bytes, None if unknown); ``peak`` the transient peak the
+    dry run measured (None when the overflow happened after it)."""
+
+    def __init__(self, message, *, scratch=None, peak=None, **kw):
+        super().__init__(message, **kw)
+        self.scratch = scratch
+        self.peak = peak
 
 
 class Residency:
@@ -457,7 +464,8 @@ class ScratchAllocator:  # pragma: no cover - exercised on the GPU machine only
                 f"{r.live} chunks). Every device allocation of training comes from the budget: "
                 f"give a budget of at least {fmt_bytes(max(need, self.budget_hint()))} "
                 f"(or more scratch=), or strict=False to let such allocations fall back to "
-                f"CuPy's pool outside the budget", min_budget=need) from None
+                f"CuPy's pool outside the budget", min_budget=need,
+                scratch=align(r.in_use + align(size))) from None
         self.fallbacks += 1
         self.fallback_bytes += int(size)
         if r.where not in self.fallback_where and not self.permissive:
@@ -1235,7 +1243,8 @@ class Executor:
                        f"${ENV_SCRATCH})")
                 if self.strict:
                     raise ScratchOverflow(msg, budget=self.budget, min_budget=need,
-                                          strategy=self.plan.strategy, k=self.gmap.k)
+                                          strategy=self.plan.strategy, k=self.gmap.k,
+                                          scratch=tp.reserve(), peak=tp.peak)
                 from minicaffe.log import log
                 log(msg, level="W", where="swap")
         return self.transients

@@ -47,7 +47,7 @@ from .arena import align
 from .gmap import GMAP, build_gmap, net_batch_size
 from .memory import fmt_bytes
 from .model import D2H, H2D, ComputeModel, PCIeModel
-from .plan import BudgetError, _base_intervals, _place_returns, make_plan, max_batch
+from .plan import BudgetError, _base_intervals, _place_returns, make_plan
 from .planner import (RULES, DynamicPlan, PinResult, algorithm1, choose_pins,
                       make_dynamic_plan)
 
@@ -74,11 +74,14 @@ class Search:
     ``model``).  margin: fraction of the budget kept out of the byte-level search for the
     executable plan's layout (its arena is within about 1% of its peak, see swap.plan): pins and
     prefetch timing are decided under ``budget * (1 - margin)``, the plan is made under
-    ``budget``.
+    ``budget``.  scratch: ``k -> bytes`` of the scratch reserve at k (Algorithm 2's M_ws, a
+    :class:`swap.profiler.ScratchModel`); at k everything above is asked of ``budget -
+    scratch(k)`` (None: no reserve, the whole budget).
     """
 
     def __init__(self, gmap: GMAP, budget: int, model: ComputeModel | None, pcie: PCIeModel, *,
-                 rule: str = "stall", prune: bool = True, times_fn=None, margin: float = 0.01):
+                 rule: str = "stall", prune: bool = True, times_fn=None, margin: float = 0.01,
+                 scratch=None):
         if rule not in RULES:
             raise ValueError(f"unknown pinning rule {rule!r} (known: {', '.join(RULES)})")
         if not 0 <= margin < 1:
@@ -86,6 +89,8 @@ class Search:
         self.gmap = gmap
         self.plan_budget = int(budget)
         self.budget = int(budget * (1 - margin))
+        self.margin = margin
+        self.scratch = scratch
         self.pcie = pcie
         self.rule = rule
         self.prune = prune
@@ -125,6 +130,18 @@ class Search:
                  min(g.n_forward, n - 1)}
         self._bound_steps = sorted(c for c in cands if 0 <= c < n)
 
+    def plan_budget_at(self, k: int) -> int:
+        """The budget a plan at k may lay out: the budget less the scratch reserve at k."""
+        if self.scratch is None:
+            return self.plan_budget
+        return self.plan_budget - int(self.scratch(k))
+
+    def budget_at(self, k: int) -> int:
+        """The budget pins and prefetch timing are decided under at k (less the margin)."""
+        if self.scratch is None:
+            return self.budget
+        return int(self.plan_budget_at(k) * (1 - self.margin))
+
     def _sizes(self, k: int) -> np.ndarray:
         kk = np.where(self._cap >= 0, np.minimum(k, self._cap), k)
         raw = np.where(self._scaled, self._item * kk, self._item)
@@ -142,13 +159,14 @@ class Search:
         np.add.at(delta, self._iv_start[dyn], s[self._iv_bid[dyn]])
         np.add.at(delta, self._iv_end[dyn] + 1, -s[self._iv_bid[dyn]])
         jit = setup + np.cumsum(delta[:n])
-        if int(jit.max(initial=setup)) > self.budget:
+        budget = self.budget_at(k)
+        if int(jit.max(initial=setup)) > budget:
             return False, "eq. (4): even the naive plan does not fit"
         t_avail = float(np.sum(self.times(k)))
         fs = s[self._fm].astype(np.float64)
         for c in self._bound_steps:
             in_gap = (self._gap_lo <= c) & (c <= self._gap_hi)
-            cap = float(self.budget - jit[c])
+            cap = float(budget - jit[c])
             for direction in (H2D, D2H):
                 tt = np.asarray(self.pcie.time(fs, direction), dtype=np.float64)
                 total = float(tt.sum())
@@ -182,7 +200,7 @@ class Search:
                 self.evaluations.append(Evaluation(k, False, pruned=True, reason=why))
                 return None
         gk = self.gmap.at(k)
-        res = choose_pins(gk, self.budget, self.times(k), self.pcie, rule=self.rule)
+        res = choose_pins(gk, self.budget_at(k), self.times(k), self.pcie, rule=self.rule)
         self._cache[k] = res
         r = res.readiness
         self.evaluations.append(Evaluation(k, res.feasible, False, len(res.pinned), res.rounds,
@@ -253,6 +271,7 @@ class Decision:
     dynamic: DynamicPlan = field(repr=False)
     evaluations: tuple = field(default=(), repr=False)
     delta: float = 0.0
+    scratch: int = 0            # the scratch reserve at k* (Algorithm 2's M_ws), bytes
 
     @property
     def plan(self):
@@ -304,8 +323,10 @@ class Decision:
             f"predicted iteration {1e3 * self.t_iter:.3f} ms (compute {1e3 * tl.t_model:.3f} ms, "
             f"stall {1e3 * tl.total_stall:.3f} ms), {self.images_per_s:.1f} images/s"
             + (f" with {1e3 * self.delta:.3f} ms between iterations" if self.delta else ""),
-            f"peak memory {fmt_bytes(p.peak)} (eq. 4), arena {fmt_bytes(p.arena_bytes)} of budget "
-            f"{fmt_bytes(self.budget)}, pinned host {fmt_bytes(p.host_bytes)}",
+            (f"peak memory {fmt_bytes(p.peak)} (eq. 4), arena {fmt_bytes(p.arena_bytes)} of "
+             f"budget {fmt_bytes(self.budget)}"
+             + (f" less a scratch reserve of {fmt_bytes(self.scratch)}" if self.scratch else "")
+             + f", pinned host {fmt_bytes(p.host_bytes)}"),
             f"feature maps: {len(self.pinned)} of {len(fms)} pinned ({fmt_bytes(pin_b)}), "
             f"{len(p.offloaded)} offloaded ({fmt_bytes(off_b)} out, {fmt_bytes(pre_b)} in per "
             "iteration)",
@@ -321,7 +342,7 @@ class Decision:
 def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
          method: str = "linear", rule: str = "stall", k_max: int | None = None, k_min: int = 1,
          prune: bool = True, delta: float = 0.0, verify_tol: float = 0.01,
-         verify_steps: int = 8, margin: float = 0.01, refits: int = 3,
+         verify_steps: int = 8, margin: float = 0.01, refits: int = 3, scratch=None,
          times_fn=None) -> Decision:
     """Algorithm 2 (module doc): the efficiency-optimal minibatch under ``budget`` bytes.
 
@@ -332,6 +353,10 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     plan at the k found stalls more than ``verify_tol`` of the iteration, the search is run
     again below that k with the margin the plan's layout achieved (at least double), up to
     ``refits`` times, then k is lowered one by one (``verify_steps``).
+    scratch: ``k -> bytes`` of the scratch reserve at k (:class:`swap.profiler.ScratchModel`):
+    k_max and the feasibility at every k are decided under ``budget - scratch(k)`` (Algorithm
+    2's M_ws; ``budget`` is then what the plan and the reserve share, the test nets' persistent
+    buffers already taken off).  None: the whole budget.
     Raises :class:`swap.plan.BudgetError` when not even k = 1 fits the budget.
     """
     if budget is None:
@@ -339,9 +364,10 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     if method not in METHODS:
         raise ValueError(f"unknown search method {method!r} (known: {', '.join(METHODS)})")
     budget = int(budget)
-    km = max_batch(gmap, "naive", budget) if k_max is None else int(k_max)
+    from .profiler import max_batch_scratch
+    km = max_batch_scratch(gmap, budget, scratch) if k_max is None else int(k_max)
     if km < 1:
-        make_plan(gmap.at(1), "naive", budget)       # raises BudgetError with the details
+        make_plan(gmap.at(1), "naive", budget - (scratch(1) if scratch is not None else 0))
         raise BudgetError(f"not even minibatch 1 fits {fmt_bytes(budget)}", budget=budget)
     k_min = max(1, min(k_min, km))
     find = linear_search if method == "linear" else bisect_search
@@ -349,7 +375,7 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     upper = km
     for attempt in range(refits + 1):
         search = Search(gmap, budget, model, pcie, rule=rule, prune=prune, times_fn=times_fn,
-                        margin=margin)
+                        margin=margin, scratch=scratch)
         k = find(search, upper, k_min)
         evaluations += search.evaluations
         search.evaluations = []
@@ -359,46 +385,53 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
             break
         dyn = _replay(search, k)
         if dyn is not None and dyn.timeline.total_stall <= verify_tol * dyn.timeline.t_model:
-            return _decision(dyn, km, gmap, budget, method, rule, True, evaluations, delta)
+            return _decision(dyn, km, gmap, budget, method, rule, True, evaluations, delta,
+                             search)
         if attempt == refits:
             break
         # The layout could not realize the byte-level timing (large feature maps fragment the
         # arena): search again below k with the margin the executable plan achieved.
-        achieved = 1.0 - (dyn.plan.peak / budget) if dyn is not None else 2 * margin
+        achieved = (1.0 - (dyn.plan.peak / search.plan_budget_at(k)) if dyn is not None
+                    else 2 * margin)
         margin = min(max(2 * margin, achieved), 0.5)
         upper = k
     dyn = _verified(search, k, k_min, verify_tol, verify_steps, stall_free, delta)
     evaluations += search.evaluations
-    return _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta)
+    return _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta, search)
 
 
-def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta) -> Decision:
+def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta,
+              search) -> Decision:
     return Decision(k_star=dyn.k, k_max=km, k_base=gmap.k0, budget=budget, method=method,
                     rule=rule, stall_free=stall_free, dynamic=dyn,
-                    evaluations=tuple(evaluations), delta=delta)
+                    evaluations=tuple(evaluations), delta=delta,
+                    scratch=search.plan_budget - search.plan_budget_at(dyn.k))
 
 
 def _replay(search: Search, k: int) -> DynamicPlan | None:
     """The executable plan at k and its replay (None when its layout exceeds the budget)."""
     res = search.result(k)
     try:
-        return make_dynamic_plan(search.gmap.at(k), search.plan_budget, search.times(k),
+        return make_dynamic_plan(search.gmap.at(k), search.plan_budget_at(k), search.times(k),
                                  search.pcie, rule=search.rule, pins=res)
     except BudgetError:
         return None
 
 
 def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeModel, *,
-            rule: str = "stall", delta: float = 0.0) -> Decision:
-    """The dynamic plan at a fixed k (``--batch k``): only the swaps are planned."""
-    search = Search(gmap, int(budget), model, pcie, rule=rule, prune=False)
+            rule: str = "stall", delta: float = 0.0, scratch=None) -> Decision:
+    """The dynamic plan at a fixed k (``--batch k``): only the swaps are planned (under
+    ``budget - scratch(k)``, as :func:`tune`)."""
+    from .profiler import max_batch_scratch
+    search = Search(gmap, int(budget), model, pcie, rule=rule, prune=False, scratch=scratch)
     res = search.result(int(k))
-    dyn = make_dynamic_plan(gmap.at(k), search.plan_budget, search.times(k), pcie, rule=rule,
-                       pins=res)
-    km = max_batch(gmap, "naive", int(budget))
+    dyn = make_dynamic_plan(gmap.at(k), search.plan_budget_at(int(k)), search.times(k), pcie,
+                            rule=rule, pins=res)
+    km = max_batch_scratch(gmap, int(budget), scratch)
     return Decision(k_star=int(k), k_max=km, k_base=gmap.k0, budget=int(budget), method="fixed",
                     rule=rule, stall_free=dyn.feasible, dynamic=dyn,
-                    evaluations=tuple(search.evaluations), delta=delta)
+                    evaluations=tuple(search.evaluations), delta=delta,
+                    scratch=search.plan_budget - search.plan_budget_at(int(k)))
 
 
 def _best_throughput(search: Search, k_max: int, k_min: int, delta: float) -> int:
@@ -408,8 +441,8 @@ def _best_throughput(search: Search, k_max: int, k_min: int, delta: float) -> in
     while True:
         res = search.result(k)
         if res is None:           # pruned: evaluate anyway, stalls included
-            res = choose_pins(search.gmap.at(k), search.budget, search.times(k), search.pcie,
-                              rule=search.rule)
+            res = choose_pins(search.gmap.at(k), search.budget_at(k), search.times(k),
+                              search.pcie, rule=search.rule)
         # predicted with the stalls (Algorithm 1 with the waits propagated)
         t = algorithm1(res.sketch, search.times(k), search.pcie, propagate=True).t_iter
         ips = k / (t + delta)
@@ -434,11 +467,11 @@ def _verified(search: Search, k: int, k_min: int, tol: float, steps: int, stall_
             kk -= 1
             continue
         if res is None:
-            res = choose_pins(search.gmap.at(kk), search.budget, search.times(kk), search.pcie,
-                              rule=search.rule)
+            res = choose_pins(search.gmap.at(kk), search.budget_at(kk), search.times(kk),
+                              search.pcie, rule=search.rule)
         attempts += 1
         try:
-            dyn = make_dynamic_plan(search.gmap.at(kk), search.plan_budget, search.times(kk),
+            dyn = make_dynamic_plan(search.gmap.at(kk), search.plan_budget_at(kk), search.times(kk),
                                search.pcie, rule=search.rule, pins=res)
         except BudgetError:             # the layout needs more than the budget: lower k
             kk -= 1
@@ -516,7 +549,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                   method: str = "linear", rule: str = "stall", profile=None,
                   save_profile: str | None = None, warmup: int = 1, iterations: int = 1,
                   granularity: str = "type", keep_epochs: bool = True, delta: float = 0.0,
-                  trace: str | None = None, log=None):
+                  trace: str | None = None, log=None, scratch="auto"):
     """The three stages of section 6 on ``solver``: profile, decide, install the plan.
 
     1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
@@ -529,10 +562,26 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
        rest with ``solver.solve()``.
 
     Returns ``(executor, TrainingDecision)``.  budget: bytes (required).
+
+    scratch: the scratch reserve M_ws of Algorithm 2 (CuPy's transient allocations must fit in
+    it, inside the budget): a :class:`swap.profiler.ScratchModel`, None (no reserve: the whole
+    budget is planned, as before the arena allocator), or "auto": a model in GPU mode (first
+    the estimate from the declared scratch, then the transients the profiling dry runs
+    measure, fitted as a + b k; at least ``$MINICAFFE_SCRATCH``), None in CPU mode.  With a
+    model, k_max, every profiled plan, the search and the final plan get ``budget - test nets'
+    persistent buffers - S(k)``, and the executor a reserve of S(k*).
     """
     from .lr import DEFAULT_CONVEXITY, scale_lr
-    from .profiler import Profile, profile_ks, profile_solver, set_batch_size
-    from .runtime import Executor
+    from .profiler import (
+        PROFILE_FRACTIONS,
+        Profile,
+        ScratchModel,
+        max_batch_scratch,
+        profile_ks,
+        profile_solver,
+        set_batch_size,
+    )
+    from .runtime import Executor, budget_for_plan, default_scratch
 
     def say(msg):
         if log is not None:
@@ -548,22 +597,50 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     net.reshape()
     k_base = net_batch_size(net)
     g0 = build_gmap(net, solver_type=solver.type)
-    k_max = max_batch(g0, "naive", budget)
+    if isinstance(scratch, str):
+        if scratch != "auto":
+            raise ValueError(f"scratch: a ScratchModel, None or 'auto', not {scratch!r}")
+        scratch = (ScratchModel.from_gmap(g0, floor=default_scratch() or 0)
+                   if net.mode == "GPU" else None)
+    # what the plan and the scratch reserve share: the budget less the test nets' buffers
+    base = budget if scratch is None else budget_for_plan(solver, budget, scratch=0, gmap=g0)
+
+    def reserve_at(k):
+        return 0 if scratch is None else scratch(k)
+
+    def reserve_words(k):
+        if scratch is None:
+            return ""
+        return (f", scratch reserve {fmt_bytes(scratch(k))} at k = {k} "
+                f"({scratch.describe()})")
+
+    k_max = max_batch_scratch(g0, base, scratch)
     if k_max < 1:
-        make_plan(g0.at(1), "naive", budget)
+        make_plan(g0.at(1), "naive", base - reserve_at(1))
+        raise BudgetError(f"not even minibatch 1 fits {fmt_bytes(budget)} with a scratch "
+                          f"reserve of {fmt_bytes(reserve_at(1))}", budget=budget)
     if batch is not None and batch > k_max:
-        make_plan(g0.at(batch), "naive", budget)      # BudgetError naming the largest k
+        make_plan(g0.at(batch), "naive", base - reserve_at(batch))   # BudgetError: largest k
+        raise BudgetError(f"minibatch {batch} does not fit {fmt_bytes(budget)} with a scratch "
+                          f"reserve of {fmt_bytes(reserve_at(batch))}; the largest that fits "
+                          f"is {k_max}", budget=budget, max_k=k_max)
     images = solver.iter * k_base          # images trained so far (at k_base)
     # ---- stage 1: dynamic information
     if profile is None:
         ks = profile_ks(k_max) if auto_batch else (batch or k_base,)
         say(f"AccUDNN stage 1: profiling minibatches {list(ks)} under the naive plan "
-            f"(k_max {k_max} at budget {fmt_bytes(budget)})")
+            f"(k_max {k_max} at budget {fmt_bytes(budget)}{reserve_words(k_max)})")
         it0 = solver.iter
         profile = profile_solver(solver, budget, ks, warmup=warmup, iterations=iterations,
-                                 log=say)
-        images += sum(k * (warmup + iterations) for k in ks)
-        assert solver.iter - it0 == len(ks) * (warmup + iterations)
+                                 log=say, scratch=scratch, plan_budget=base,
+                                 fractions=PROFILE_FRACTIONS if auto_batch else None)
+        if scratch is None:
+            images += sum(k * (warmup + iterations) for k in ks)
+            assert solver.iter - it0 == len(ks) * (warmup + iterations)
+        else:
+            images += sum(k * n for k, n in profile.meta["runs"])
+            assert solver.iter - it0 == sum(n for _, n in profile.meta["runs"])
+            k_max = int(profile.meta.get("k_max", k_max))
         if save_profile:
             profile.save(save_profile)
             say(f"Profile saved to {save_profile}")
@@ -571,14 +648,22 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         path = profile
         profile = Profile.load(path)
         say(f"AccUDNN stage 1: profile of {profile.net!r} on {profile.device} loaded from {path}")
+    if scratch is not None and profile.mode == net.mode and profile.meta.get("transients"):
+        for k, peak in profile.meta["transients"]:
+            scratch.add(k, peak)
+        k_max = max_batch_scratch(g0, base, scratch)
     # ---- stage 2: decision
     model, pcie = profile_models(profile, g0, granularity)
     say(f"AccUDNN stage 2: PCIe model h2d {pcie.h2d / 1e9:.2f} GB/s, d2h {pcie.d2h / 1e9:.2f} "
         f"GB/s, latency {1e6 * pcie.latency:.1f} us")
+    if scratch is not None:
+        say(f"AccUDNN stage 2: k_max {k_max}{reserve_words(k_max)}")
     if auto_batch:
-        dec = tune(g0, budget, model, pcie, method=method, rule=rule, k_max=k_max, delta=delta)
+        dec = tune(g0, base, model, pcie, method=method, rule=rule, k_max=k_max, delta=delta,
+                   scratch=scratch)
     else:
-        dec = plan_at(g0, batch or k_base, budget, model, pcie, rule=rule, delta=delta)
+        dec = plan_at(g0, batch or k_base, base, model, pcie, rule=rule, delta=delta,
+                      scratch=scratch)
     k_star = dec.k_star
     base_lr = float(solver.param.base_lr)
     lr = base_lr if k_star == k_base else scale_lr(base_lr, k_star, k_base, lr_rule, convexity)
@@ -598,13 +683,17 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     names = set(dec.pinned_names())
     pinned = frozenset(b.id for b in g.buffers if b.name in names)
     hold = _hold_by_name(dec, g)
-    plan = make_plan(g, "dynamic", budget, pinned, hold=hold)
-    if plan.arena_bytes > budget:
-        plan = make_plan(g, "dynamic", budget, pinned)
-    ex = Executor(net, plan, budget=budget, solver=solver, trace=trace)
+    plan_budget = base - reserve_at(k_star)
+    plan = make_plan(g, "dynamic", plan_budget, pinned, hold=hold)
+    if plan.arena_bytes > plan_budget:
+        plan = make_plan(g, "dynamic", plan_budget, pinned)
+    ex = Executor(net, plan, budget=budget, solver=solver, trace=trace,
+                  scratch=None if scratch is None else reserve_at(k_star))
     net.executor = ex
     say(f"AccUDNN stage 3: training from iteration {solver.iter} at minibatch {k_star} under the "
-        f"dynamic plan")
+        f"dynamic plan"
+        + (f" with a scratch reserve of {fmt_bytes(reserve_at(k_star))}"
+           if scratch is not None else ""))
     return ex, TrainingDecision(decision=dec, base_lr=base_lr, lr=lr, lr_rule=lr_rule,
                                 convexity=convexity, max_iter=max_iter, profile=profile)
 

@@ -208,3 +208,118 @@ def test_synthetic_profile(build_net):
     assert all(t.time == pytest.approx(t.nbytes / 1e9) for t in off)
     noisy = synthetic_profile(g, (4, 8), m, pcie, noise=0.1, seed=3)
     assert not np.allclose(noisy.step_times(8), prof.step_times(8))
+
+
+# ------------------------------------------------------------ scratch reserve
+def test_profiling_with_a_scratch_model_retries_an_overflow_and_lowers_k_max(make_solver,
+                                                                           monkeypatch):
+    """Algorithm 2's M_ws on the CPU with a fake device: every dry run 'measures' T bytes of
+    transients per image and overflows like the GPU's strict reserve when the reserve (what
+    the budget leaves, at least S(k)) is smaller.  The ks come from k_max under the (too small)
+    estimate; the first k that overflows is retried once with the reserve the error names,
+    and k_max shrinks to what the measured transients leave."""
+    from swap.arena import align
+    from swap.profiler import ScratchModel, max_batch_scratch
+    from swap.runtime import Executor, ScratchOverflow, TransientProfile
+
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    T = min_budget(g.at(2), "naive") - min_budget(g.at(1), "naive")   # bytes per image
+    budget = min_budget(g.at(32), "naive")
+    orig = Executor.end_dry_run
+
+    def fake(self, check=True):
+        first = self._meter is not None and self._meter.active
+        tp = orig(self, check)
+        if not first:
+            return tp
+        peak = T * self.gmap.k
+        tp = self.transients = TransientProfile((peak,), 0, (), self.layout)
+        if check and self.layout.scratch < peak:
+            raise ScratchOverflow("fake overflow", budget=self.budget, k=self.gmap.k,
+                                  min_budget=tp.budget(0, 0), scratch=tp.reserve(0, 0),
+                                  peak=peak)
+        return tp
+    monkeypatch.setattr(Executor, "end_dry_run", fake)
+
+    model = ScratchModel(lambda k: T * k // 4, margin=0.0, slack=0)
+    fractions = (0.9, 1.0)
+    k0 = max_batch_scratch(g, budget, model)
+    ks = profile_ks(k0, fractions)
+    true_k_max = max_batch_scratch(g, budget, lambda k: align(T * k))
+    assert true_k_max < ks[0] < k0 < 32
+    lines = []
+    prof = profile_solver(s, budget, ks, scratch=model, plan_budget=budget,
+                          fractions=fractions, log=lines.append)
+    k_max = prof.meta["k_max"]             # the fit rounds up: a byte more can cost one k
+    assert k_max == max_batch_scratch(g, budget, model) and true_k_max - 1 <= k_max <= true_k_max
+    assert len(prof.ks) == 2 and prof.ks[-1] == k_max < ks[0]
+    # the first k: one dry-run iteration, the overflow, then the point again at the new k_max
+    assert prof.meta["runs"] == [[ks[0], 1]] + [[k, 2] for k in prof.ks]
+    assert s.iter == 1 + 2 * len(prof.ks)
+    assert any("too small at minibatch" in x and "instead with a reserve" in x for x in lines)
+    assert any(x.startswith("k_max is now") for x in lines)
+    # every profiled k ran with a reserve holding its transients, inside the budget
+    for k, reserve in prof.meta["scratch"]:
+        assert reserve >= T * k
+        assert min_budget(g.at(k), "naive") + reserve <= budget
+    a, b = model.fit()
+    assert a == pytest.approx(0.0, abs=1.0) and b == pytest.approx(T)
+
+
+def test_an_overflow_within_k_max_retries_the_same_k(make_solver, monkeypatch):
+    """An overflow at a k that still fits is retried once at that k, with the reserve the
+    error names; a second overflow there is raised (and so is the first, without a model)."""
+    from swap.profiler import ScratchModel
+    from swap.runtime import Executor, ScratchOverflow
+
+    calls = []
+
+    def once(self, check=True):
+        if check and self._meter is not None and self._meter.active:
+            self._meter.stop()
+            calls.append(self.layout.scratch)
+            if len(calls) == 1:
+                raise ScratchOverflow("fake", k=self.gmap.k, scratch=1 << 20, peak=1 << 10)
+    monkeypatch.setattr(Executor, "end_dry_run", once)
+    s = make_solver("lenet", batch=4)
+    budget = 4 * min_budget(build_gmap(s.net).at(8), "naive") + (1 << 20)
+    lines = []
+    prof = profile_solver(s, budget, (4,), scratch=ScratchModel(margin=0, slack=0),
+                          log=lines.append)
+    assert prof.ks == (4,) and prof.meta["runs"] == [[4, 1], [4, 2]] and s.iter == 3
+    assert calls[1] >= 1 << 20 and "minibatch 4 again" in lines[0]
+
+
+def test_a_second_overflow_at_the_same_k_is_raised(make_solver, monkeypatch):
+    from swap.profiler import ScratchModel
+    from swap.runtime import Executor, ScratchOverflow
+
+    def always(self, check=True):
+        if check and self._meter is not None and self._meter.active:
+            self._meter.stop()
+            raise ScratchOverflow("fake", k=self.gmap.k, scratch=1 << 10, peak=1 << 10)
+    monkeypatch.setattr(Executor, "end_dry_run", always)
+    s = make_solver("lenet", batch=4)
+    budget = 4 * min_budget(build_gmap(s.net).at(8), "naive")
+    with pytest.raises(ScratchOverflow):
+        profile_solver(s, budget, (4,), scratch=ScratchModel(margin=0, slack=0))
+    assert s.net.executor is None
+    with pytest.raises(ScratchOverflow):      # no model: raised at once, as before
+        profile_solver(s, budget, (4,))
+
+
+def test_scratch_model_fit_and_estimate(build_net):
+    from swap.profiler import ScratchModel, scratch_estimate
+    g = build_gmap(build_net("resnet", 4))
+    est = scratch_estimate(g)
+    assert 0 < est(1) < est(8) <= 8 * est(1)
+    m = ScratchModel.from_gmap(g, margin=0.1, slack=512)
+    assert m.fit() is None and m(8) >= int(est(8) * 1.1) + 512
+    m.add(10, 1000)
+    m.add(20, 1500)
+    m.add(30, 2100)
+    a, b = m.fit()
+    assert b == pytest.approx(55.0)
+    assert all(a + b * k >= y - 1e-6 for k, y in m.points.items())
+    assert "fitted to the transients measured at k = 10, 20, 30" in m.describe()

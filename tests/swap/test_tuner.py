@@ -173,6 +173,54 @@ def test_decision_and_fixed_k(build_net):
     assert f.k_star == 8 and f.method == "fixed" and f.plan.k == 8
 
 
+def test_the_scratch_reserve_is_taken_off_the_budget_at_every_k(build_net):
+    """Algorithm 2's M_ws: with a scratch model S(k), k_max and the feasibility at each k are
+    decided under budget - S(k); the plan at k* and the reserve S(k*) fit the budget together."""
+    from swap.profiler import ScratchModel, max_batch_scratch
+    g = build_gmap(build_net("resnet", 4))
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9, both=1.8e9)
+    budget = 2 * min_budget(g.at(32), "naive")
+    per_image = min_budget(g.at(2), "naive") - min_budget(g.at(1), "naive")
+    S = ScratchModel(lambda k: per_image * k, margin=0.0, slack=0)
+    plain = tune(g, budget, model, pcie)
+    d = tune(g, budget, model, pcie, scratch=S)
+    assert d.k_max == max_batch_scratch(g, budget, S) < plain.k_max
+    assert all(min_budget(g.at(k), "naive") + S(k) > budget for k in (d.k_max + 1,))
+    assert d.k_star <= d.k_max and d.k_star < plain.k_star
+    assert d.scratch == S(d.k_star) and d.plan.arena_bytes + d.scratch <= budget
+    assert all(e.k <= d.k_max for e in d.evaluations)
+    assert "less a scratch reserve of" in d.describe()
+    srch = Search(g, budget, model, pcie, scratch=S, margin=0.01)
+    assert srch.plan_budget_at(8) == budget - S(8)
+    assert srch.budget_at(8) == int((budget - S(8)) * 0.99)
+    assert Search(g, budget, model, pcie).budget_at(8) == int(budget * 0.99)
+    f = plan_at(g, 8, budget, model, pcie, scratch=S)
+    assert f.scratch == S(8) and f.plan.arena_bytes <= budget - S(8)
+
+
+def test_train_dynamic_with_a_scratch_model(make_solver):
+    """Stage 2 and 3 with a scratch model (the GPU default, injected on the CPU): the decision
+    and the executor keep S(k*) for the reserve, and the log says so."""
+    from swap.profiler import ScratchModel
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9)
+    prof = synthetic_profile(g, (2, 4, 8), model, pcie)
+    budget = 2 * min_budget(g.at(16), "naive")
+    per_image = min_budget(g.at(2), "naive") - min_budget(g.at(1), "naive")
+    S = ScratchModel(lambda k: per_image * k, margin=0.0, slack=0)
+    lines = []
+    ex, td = train_dynamic(s, budget, profile=prof, log=lines.append, scratch=S)
+    k = td.decision.k_star
+    assert ex.budget == budget and ex.layout.scratch >= S(k) == td.decision.scratch
+    assert any("AccUDNN stage 2: k_max" in x and "scratch reserve" in x for x in lines)
+    assert any("with a scratch reserve of" in x for x in lines)
+    s.step(2)
+    ex.close()
+    _, td0 = train_dynamic(make_solver("resnet", batch=4), budget, profile=prof)
+    assert td0.decision.scratch == 0 and k < td0.decision.k_star
+
+
 NETS = ["alexnet", "googlenet", "vgg16", "resnet34", "resnet50", "resnet101", "resnet152"]
 
 

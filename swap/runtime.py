@@ -1342,6 +1342,9 @@ class Executor:
             self.net.executor = None
         if self.trace is not None:
             self.trace.close()
+        # Page-locked host memory is scarce: free it with the executor, not at garbage collection
+        # (the profiler builds one executor per minibatch size in a row).
+        self.host.release()
 
     def _rehome_solver_scalars(self):  # pragma: no cover - GPU machine only
         """The solver's recent losses are device scalars made in the reserve: copy them into

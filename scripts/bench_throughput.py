@@ -22,13 +22,14 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from scripts._child import run_child  # noqa: E402
 
 DEFAULT_NETS = "alexnet:256,googlenet:128,vgg16:64,resnet34:128,resnet50:64,resnet101:32,resnet152:32"
 INPUT_SIZE = {"alexnet": 227}
@@ -71,7 +72,6 @@ def minicaffe_net_param(name: str, batch: int, engine: str):
 
 def run_minicaffe(name, batch, engine, iters, warmup):
     import cupy as cp
-    import numpy as np
     from minicaffe.proto import caffe_pb2
     from minicaffe.solver import Solver
     p = caffe_pb2.SolverParameter(base_lr=1e-4, momentum=0.9, weight_decay=5e-4,
@@ -198,17 +198,9 @@ def main() -> int:
             t0 = time.time()
             cmd = [sys.executable, __file__, "--one", spec, "--iters", str(args.iters),
                    "--warmup", str(args.warmup)]
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                print(f"{spec}: timed out after {args.timeout}s", flush=True)
+            res = run_child(cmd, spec, args.timeout)
+            if res is None:
                 break
-            line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-            if proc.returncode != 0 or not line:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-                print(f"{spec}: failed: {' | '.join(tail)}", flush=True)
-                break
-            res = json.loads(line[0][7:])
             runs.append(res)
             print(f"{spec} run {r}: {res['ms']:.1f} ms/iter, {res['images_per_s']:.0f} img/s, "
                   f"peak {res['peak_bytes'] / 2**30:.2f} GiB ({time.time() - t0:.0f}s)", flush=True)

@@ -35,13 +35,14 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from scripts._child import run_child  # noqa: E402
 
 DEFAULT_NETS = ("alexnet:256,googlenet:128,vgg16:64,resnet34:128,resnet50:64,resnet101:32,"
                 "resnet152:32")
@@ -267,18 +268,9 @@ def main(argv=None) -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", spec, "--iters",
                str(args.iters), "--warmup", str(args.warmup), "--engine", args.engine,
                "--margin", str(args.margin), "--mode", mode]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                                  cwd=REPO)
-        except subprocess.TimeoutExpired:
-            print(f"{spec}: timed out after {args.timeout}s", flush=True)
+        r = run_child(cmd, spec, args.timeout, cwd=REPO, tail_lines=4)
+        if r is None:
             continue
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode != 0 or not line:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
-            print(f"{spec}: failed: {' | '.join(tail)}", flush=True)
-            continue
-        r = json.loads(line[0][7:])
         rows.append(r)
         t = _row(r)
         print(f"{spec}: budget {t['budget_gib']} GiB (plan {t['plan_gib']}, transients "

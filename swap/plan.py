@@ -549,15 +549,9 @@ def min_budget(gmap: GMAP, strategy: str, pinned=frozenset()) -> int:
     return make_plan(gmap, strategy, None, pinned).arena_bytes
 
 
-def max_batch(gmap: GMAP, strategy: str, budget: int, pinned=frozenset(),
-              k_limit: int = 1 << 20) -> int:
-    """The largest minibatch k whose plan fits ``budget`` (0 if not even k = 1 does).
-
-    Sizes are linear in k (section 3), so the smallest budget grows with k: bisection on k.
-    """
-    def fits(k):
-        return min_budget(gmap.at(k), strategy, pinned) <= budget
-
+def largest_k(fits, k_limit: int = 1 << 20) -> int:
+    """The largest k <= k_limit with ``fits(k)``, for a ``fits`` that holds up to some k and
+    fails beyond it (0 if not even k = 1 fits): doubling, then bisection."""
     if not fits(1):
         return 0
     lo, hi = 1, 2
@@ -572,6 +566,15 @@ def max_batch(gmap: GMAP, strategy: str, budget: int, pinned=frozenset(),
         else:
             hi = mid
     return lo
+
+
+def max_batch(gmap: GMAP, strategy: str, budget: int, pinned=frozenset(),
+              k_limit: int = 1 << 20) -> int:
+    """The largest minibatch k whose plan fits ``budget`` (0 if not even k = 1 does).
+
+    Sizes are linear in k (section 3), so the smallest budget grows with k: bisection on k.
+    """
+    return largest_k(lambda k: min_budget(gmap.at(k), strategy, pinned) <= budget, k_limit)
 
 
 def _budget_error(strategy, gmap, budget, pinned, plan) -> BudgetError:

@@ -602,27 +602,10 @@ def max_batch_scratch(gmap: GMAP, budget: int, scratch=None, strategy: str = "na
                       k_limit: int = 1 << 20) -> int:
     """The largest k whose ``strategy`` plan fits ``budget - scratch(k)`` (0 if not even
     k = 1); scratch None: :func:`swap.plan.max_batch` on the whole budget."""
-    from .plan import max_batch, min_budget
+    from .plan import largest_k, max_batch, min_budget
     if scratch is None:
         return max_batch(gmap, strategy, budget, k_limit=k_limit)
-
-    def fits(k):
-        return min_budget(gmap.at(k), strategy) <= budget - scratch(k)
-
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= k_limit and fits(hi):
-        lo, hi = hi, hi * 2
-    if hi > k_limit:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return largest_k(lambda k: min_budget(gmap.at(k), strategy) <= budget - scratch(k), k_limit)
 
 
 # ---------------------------------------------------------------- profile

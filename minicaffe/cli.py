@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Algorithm 2's search over k (linear: the paper's walk)")
     t.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall",
                    help="which feature maps to pin first (docs/SWAP.md)")
+    t.add_argument("--host-budget", default=None,
+                   help="with --swap dynamic: pinned host memory the plans may offload to, "
+                        "which bounds k_max too (default $MINICAFFE_HOST_BUDGET or half the "
+                        "machine's memory)")
     # --- swap/ options (end)
     # --- data-parallel training (ps/): --ps, --rank, --world-size, --comm, --link-* ...
     from ps.cli import add_train_options
@@ -259,7 +263,8 @@ def _install_swap(args, solver):
     dynamic_only = [name for name, v in (
         ("--auto-batch", args.auto_batch), ("--batch", args.batch is not None),
         ("--lr-rule", args.lr_rule is not None), ("--convexity", args.convexity is not None),
-        ("--profile", args.profile), ("--save-profile", args.save_profile)) if v]
+        ("--profile", args.profile), ("--save-profile", args.save_profile),
+        ("--host-budget", args.host_budget)) if v]
     if args.swap is None:
         if args.budget is not None or args.memory_trace is not None:
             raise UsageError("--budget and --memory-trace need --swap {none,naive,vdnn,dynamic}")
@@ -297,11 +302,14 @@ def _install_dynamic(args, solver, budget):
         log(f"Restoring previous solver status from {args.snapshot}")
         solver.restore(args.snapshot)
         args.snapshot = None
+    from swap.memory import parse_bytes
     from swap.tuner import train_dynamic
     ex, _ = train_dynamic(solver, budget, auto_batch=args.auto_batch, batch=args.batch,
                           lr_rule=args.lr_rule or "eq9", convexity=args.convexity,
                           method=args.search, rule=args.pin_rule, profile=args.profile,
-                          save_profile=args.save_profile, trace=args.memory_trace, log=log)
+                          save_profile=args.save_profile, trace=args.memory_trace, log=log,
+                          host_budget=("auto" if args.host_budget is None
+                                       else parse_bytes(args.host_budget)))
     return ex
 
 

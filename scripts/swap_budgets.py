@@ -90,24 +90,28 @@ def _timed_steps(solver, iters, gpu):
 
 
 def run_one(spec: str, iters: int, warmup: int, engine: str, margin: float, mode: str,
-            retries: int = 3) -> dict:
+            retries: int = 3, lowering: str | None = None) -> dict:
     """Everything for one net:batch:strategy in this process (module doc, steps 1-5)."""
     name, batch, strategy = spec.split(":")
     batch = int(batch)
     from swap.gmap import build_gmap
     from swap.memory import caffe_total
     from swap.plan import make_plan
-    from swap.runtime import ScratchOverflow, install, measure_scratch
+    from swap.runtime import (ScratchOverflow, install, lowering_for, measure_scratch,
+                              set_lowering)
     gpu = mode == "GPU"
     t0 = time.time()
     solver = _solver(name, batch, engine, mode)
     if strategy == "plain":
         return _run_plain(solver, name, batch, iters, warmup, engine, mode, t0)
+    lowering = lowering_for(strategy, lowering)
+    set_lowering(solver.net, lowering)
     solver.net.reshape()
     g = build_gmap(solver.net)
     plan = make_plan(g, strategy)
-    tp = measure_scratch(solver, strategy, iterations=1)
+    tp = measure_scratch(solver, strategy, iterations=1, lowering=lowering)
     out = {"net": name, "batch": batch, "strategy": strategy, "mode": mode, "engine": engine,
+           "lowering": lowering,
            "plan_bytes": plan.arena_bytes, "plan_peak": plan.peak,
            "caffe_bytes": caffe_total(g), "transient_bytes": tp.peak,
            "transient_where": tp.peak_where, "base_bytes": tp.layout.scratch_base,
@@ -116,7 +120,7 @@ def run_one(spec: str, iters: int, warmup: int, engine: str, margin: float, mode
     m = margin
     for attempt in range(retries + 1):
         budget = tp.budget(margin=m)
-        ex = install(solver, strategy, budget, scratch=tp.reserve(margin=m))
+        ex = install(solver, strategy, budget, scratch=tp.reserve(margin=m), lowering=lowering)
         try:
             for _ in range(warmup):
                 solver.step(1)
@@ -189,7 +193,10 @@ COLUMNS = [("net", "net"), ("batch", "batch"), ("strategy", "strategy"),
 
 
 def _row(r):
-    return {"net": r["net"], "batch": r["batch"], "strategy": r["strategy"],
+    label = r["strategy"]
+    if r.get("lowering") and r["lowering"] != ("caffe" if label == "none" else "chunked"):
+        label += f" ({r['lowering']} im2col)"
+    return {"net": r["net"], "batch": r["batch"], "strategy": label,
             "budget_gib": _gib(r.get("budget_bytes")), "plan_gib": _gib(r.get("plan_bytes")),
             "transient_gib": _gib(r.get("transient_bytes")),
             "high_water_gib": _gib(r.get("high_water")), "host_gib": _gib(r.get("host_bytes")),
@@ -203,7 +210,7 @@ def write_outputs(rows, csv_path, md_path, header):
     table = [_row(r) for r in rows]
     if csv_path:
         os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
-        keys = ["net", "batch", "strategy", "mode", "engine", "device", "budget_bytes",
+        keys = ["net", "batch", "strategy", "lowering", "mode", "engine", "device", "budget_bytes",
                 "plan_bytes", "transient_bytes", "transient_where", "high_water",
                 "scratch_bytes", "scratch_high_water", "host_bytes", "offload_bytes",
                 "prefetch_bytes", "caffe_bytes", "ms", "images_per_s", "fallbacks", "attempts"]
@@ -241,6 +248,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2,
                     help="iterations before timing (the executor's dry run is the first)")
     ap.add_argument("--engine", default="CAFFE", choices=("CAFFE", "CUDNN"))
+    ap.add_argument("--lowering", default=None, choices=("caffe", "chunked"),
+                    help="the CAFFE-engine convolutions' im2col (default: Caffe's one image "
+                         "for none, chunks of up to 64 MiB for the others)")
     ap.add_argument("--margin", type=float, default=0.10,
                     help="reserve = transients x (1 + margin) + 16 MiB")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per process")
@@ -252,7 +262,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     mode = args.mode or ("CPU" if args.quick else "GPU")
     if args.one:
-        r = run_one(args.one, args.iters, args.warmup, args.engine, args.margin, mode)
+        r = run_one(args.one, args.iters, args.warmup, args.engine, args.margin, mode,
+                    lowering=args.lowering)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
 
@@ -268,6 +279,8 @@ def main(argv=None) -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", spec, "--iters",
                str(args.iters), "--warmup", str(args.warmup), "--engine", args.engine,
                "--margin", str(args.margin), "--mode", mode]
+        if args.lowering:
+            cmd += ["--lowering", args.lowering]
         r = run_child(cmd, spec, args.timeout, cwd=REPO, tail_lines=4)
         if r is None:
             continue

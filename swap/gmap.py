@@ -56,6 +56,8 @@ KINDS = (DATA, DIFF, CONST_DIFF, PARAM, PARAM_DIFF, HISTORY, SAVED, SCRATCH, CAF
 CUDNN_WORKSPACE_LIMIT = 8 << 20
 CUDNN_STREAMS_PER_GROUP = 3
 HISTORY_SLOTS = {"SGD": 1, "Nesterov": 1, "Adam": 2}
+# the CAFFE-engine convolution's lowering scratch (buffer-name suffixes), one image in Caffe
+LOWERING_SCRATCH = ("/col", "/top_diff_t")
 
 
 # ------------------------------------------------------------------ sizes
@@ -212,6 +214,21 @@ class GMAP:
 
     def flops(self) -> float:
         return sum(s.flops for s in self.steps)
+
+    def caffe_lowering(self) -> "GMAP":
+        """The same net with Caffe's one-image im2col: every CAFFE-engine convolution's
+        lowering scratch (``col``, ``top_diff_t``) at the size Caffe gives it (one image, and
+        nothing for the transposed top diff), as the net would analyse after
+        :func:`swap.runtime.set_lowering` ``(net, "caffe")``.  The ``none`` baseline's plan is
+        made on this GMAP, so that it allocates what Caffe allocates."""
+        def lowered(b):
+            if b.kind != SCRATCH or b.caffe is None or not b.name.endswith(LOWERING_SCRATCH):
+                return b
+            return replace(b, size=b.caffe)
+        buffers = tuple(lowered(b) for b in self.buffers)
+        if all(a is b for a, b in zip(buffers, self.buffers)):
+            return self
+        return replace(self, buffers=buffers)
 
 
 # --------------------------------------------------------------- analysis

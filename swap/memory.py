@@ -10,9 +10,9 @@ CAFFE-engine convolution instead of minicaffe's chunk of images) plus what Caffe
 minicaffe does not (the Data layer's prefetched batches, BatchNorm's extra full-size copies, the
 data blob's diff under a CAFFE convolution, cuDNN workspaces).  Scaled to a 12 GiB budget it
 gives the paper's "Caffe max trainable minibatch" within a few percent.  The ``none`` plan holds
-minicaffe's own buffers plus those reservations, so it equals this total when convolutions lower
-one image at a time (``ConvolutionLayer.col_buffer_bytes = 0``) and exceeds it by the larger
-im2col chunks otherwise.
+minicaffe's own buffers plus those reservations; ``swap.runtime.install`` runs it with Caffe's
+one-image lowering (``GMAP.caffe_lowering``), so it equals this total (up to alignment).  With
+the chunked lowering of the other strategies it would exceed it by the larger im2col chunks.
 """
 from __future__ import annotations
 
@@ -132,14 +132,15 @@ def memory_report(gmap: GMAP, budget: int | None = None,
         row.append(str(caffe_max_batch(gmap, budget)))
     rows.append(row)
     for s in strategies:
-        plan = make_plan(gmap, s, None)
+        g = gmap.caffe_lowering() if s == "none" else gmap    # as swap.runtime.install runs it
+        plan = make_plan(g, s, None)
         br = breakdown(plan)
         j = plan.peak_step
-        at = "setup" if j == SETUP else f"{gmap.steps[j].phase[:3]} {gmap.steps[j].name}"
+        at = "setup" if j == SETUP else f"{g.steps[j].phase[:3]} {g.steps[j].name}"
         row = [s] + [fmt_bytes(br[n]) for n in names] + [fmt_bytes(plan.peak),
                                                           fmt_bytes(plan.arena_bytes), at]
         if budget is not None:
-            row.append(str(max_batch(gmap, s, budget)))
+            row.append(str(max_batch(g, s, budget)))
         rows.append(row)
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     text_cols = (0, head.index("peak at"))          # left-aligned; numbers right-aligned
@@ -151,6 +152,7 @@ def memory_report(gmap: GMAP, budget: int | None = None,
              f"{len(gmap.buffers)} buffers, {gmap.flops() / 1e9:.1f} GFLOP per iteration)",
              fmt(head)] + [fmt(r) for r in rows]
     lines.append("caffe: what Caffe allocates (CAFFE_FACTS; the paper's baseline). none: "
-                 "minicaffe with everything resident, plus Caffe's extra reservations. "
+                 "minicaffe with everything resident and Caffe's one-image im2col, plus "
+                 "Caffe's extra reservations. "
                  "Breakdowns at each plan's peak step; arena = smallest budget that works.")
     return "\n".join(lines)

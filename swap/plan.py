@@ -552,13 +552,15 @@ def min_budget(gmap: GMAP, strategy: str, pinned=frozenset()) -> int:
 def largest_k(fits, k_limit: int = 1 << 20) -> int:
     """The largest k <= k_limit with ``fits(k)``, for a ``fits`` that holds up to some k and
     fails beyond it (0 if not even k = 1 fits): doubling, then bisection."""
-    if not fits(1):
+    if k_limit < 1 or not fits(1):
         return 0
     lo, hi = 1, 2
     while hi <= k_limit and fits(hi):
         lo, hi = hi, hi * 2
-    if hi > k_limit:
-        return lo
+    if hi > k_limit:             # every power of two up to k_limit fits: try k_limit itself
+        if lo == k_limit or fits(k_limit):
+            return k_limit
+        hi = k_limit
     while hi - lo > 1:           # fits(lo), not fits(hi)
         mid = (lo + hi) // 2
         if fits(mid):

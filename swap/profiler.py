@@ -599,13 +599,40 @@ class ScratchModel:
 
 
 def max_batch_scratch(gmap: GMAP, budget: int, scratch=None, strategy: str = "naive",
-                      k_limit: int = 1 << 20) -> int:
+                      k_limit: int = 1 << 20, host_budget: int | None = None) -> int:
     """The largest k whose ``strategy`` plan fits ``budget - scratch(k)`` (0 if not even
-    k = 1); scratch None: :func:`swap.plan.max_batch` on the whole budget."""
-    from .plan import largest_k, max_batch, min_budget
+    k = 1); scratch None: :func:`swap.plan.max_batch` on the whole budget.
+
+    host_budget: bytes of pinned host memory the plan's offloaded buffers may take (None: no
+    bound).  The paper's k_max is bounded by the GPU alone; on a GPU with a small per-image
+    footprint under a 12 GB budget, naive swapping at that k would pin more than the host has
+    (ResNet-152: about 0.24 GiB per image), so k is bounded by both."""
+    from .plan import largest_k, make_plan, max_batch, min_budget
+    if host_budget is not None:
+        k_limit = min(k_limit, largest_k(
+            lambda k: make_plan(gmap.at(k), strategy, None).host_bytes <= host_budget, k_limit))
+        if k_limit < 1:
+            return 0
     if scratch is None:
         return max_batch(gmap, strategy, budget, k_limit=k_limit)
     return largest_k(lambda k: min_budget(gmap.at(k), strategy) <= budget - scratch(k), k_limit)
+
+
+ENV_HOST_BUDGET = "MINICAFFE_HOST_BUDGET"
+
+
+def default_host_budget() -> int | None:
+    """Pinned host memory the swap plans may take: ``$MINICAFFE_HOST_BUDGET`` (bytes, 64G ...)
+    if set, else half of the machine's physical memory (None where it cannot be read)."""
+    import os
+    v = os.environ.get(ENV_HOST_BUDGET, "").strip()
+    if v:
+        from .memory import parse_bytes
+        return parse_bytes(v)
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 # ---------------------------------------------------------------- profile
@@ -619,7 +646,8 @@ def _install_naive(solver, budget, strategy="naive", scratch=None):
 def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int = 1,
                    strategy: str = "naive", bandwidth: bool | None = None,
                    log=None, scratch: ScratchModel | None = None,
-                   plan_budget: int | None = None, fractions=None) -> Profile:
+                   plan_budget: int | None = None, fractions=None,
+                   host_budget: int | None = None) -> Profile:
     """Profile real training iterations of ``solver`` at every k of ``ks`` (module doc).
 
     Each k runs ``warmup + iterations`` iterations of ``solver.step(1)`` under ``strategy``
@@ -662,7 +690,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
         nonlocal k_max, todo
         if scratch is None or fractions is None:
             return False
-        km = max_batch_scratch(g0, plan_budget, scratch, strategy)
+        km = max_batch_scratch(g0, plan_budget, scratch, strategy, host_budget=host_budget)
         if km == k_max:
             return False
         k_max = km
@@ -680,7 +708,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                 from .runtime import budget_for_plan
                 plan_budget = budget_for_plan(solver, budget, scratch=0, gmap=g0)
             if fractions is not None:
-                k_max = max_batch_scratch(g0, plan_budget, scratch, strategy)
+                k_max = max_batch_scratch(g0, plan_budget, scratch, strategy,
+                                          host_budget=host_budget)
         reserve = scratch(k) if scratch is not None else None
         inst = None
         for attempt in (0, 1):
@@ -766,4 +795,4 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
 __all__ = ["SCHEMA", "VERSION", "PROFILE_FRACTIONS", "profile_ks", "StepInfo", "ComputeSample",
            "TransferSample", "Profile", "synthetic_profile", "set_batch_size", "measure_bandwidth",
            "device_name", "profile_solver", "step_infos", "ScratchModel", "scratch_estimate",
-           "max_batch_scratch"]
+           "max_batch_scratch", "default_host_budget"]

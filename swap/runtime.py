@@ -1408,10 +1408,46 @@ def default_scratch() -> int | None:
     return parse_bytes(v)
 
 
+LOWERINGS = ("caffe", "chunked")
+
+
+def lowering_for(strategy: str, lowering: str | None = None) -> str:
+    """The convolution lowering a strategy runs with: ``lowering`` if given, else
+    ``$MINICAFFE_LOWERING`` if set, else "caffe" for ``none`` (the Caffe baseline allocates
+    exactly what Caffe does: one image of im2col per layer) and "chunked" for the others."""
+    if lowering is None:
+        lowering = os.environ.get("MINICAFFE_LOWERING") or None
+    if lowering is None:
+        lowering = "caffe" if strategy == "none" else "chunked"
+    if lowering not in LOWERINGS:
+        raise ValueError(f"convolution lowering {lowering!r}: use one of {', '.join(LOWERINGS)}")
+    return lowering
+
+
+def set_lowering(net, lowering: str) -> int:
+    """Make every CAFFE-engine convolution of ``net`` lower one image at a time into a
+    one-image column buffer, as Caffe does ("caffe"), or chunks of images up to
+    ``ConvolutionLayer.col_buffer_bytes`` ("chunked", minicaffe's default: fewer, larger
+    GEMMs, more scratch).  Takes effect at the next ``net.reshape()``; returns the number of
+    layers it applies to."""
+    if lowering not in LOWERINGS:
+        raise ValueError(f"convolution lowering {lowering!r}: use one of {', '.join(LOWERINGS)}")
+    n = 0
+    for layer in net.layers:
+        if not hasattr(type(layer), "col_buffer_bytes"):
+            continue
+        if lowering == "caffe":
+            layer.col_buffer_bytes = 0
+        else:
+            layer.__dict__.pop("col_buffer_bytes", None)
+        n += 1
+    return n
+
+
 def install(target, strategy: str = "naive", budget: int | None = None, *,
             trace: str | None = None, poison: bool = False, pinned=frozenset(),
             scratch: int | None = None, strict: bool | None = None, measure: int = 1,
-            nvtx: bool | None = None, test_nets=None) -> Executor:
+            nvtx: bool | None = None, test_nets=None, lowering: str | None = None) -> Executor:
     """Plan ``strategy`` for a Solver's train net (or a Net) and make it run under the plan.
 
     Builds the GMAP at the net's minibatch, the plan, and an Executor, and sets
@@ -1419,10 +1455,16 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     (``scratch``, default ``$MINICAFFE_SCRATCH`` or none) and less the test nets' persistent
     buffers; None: the smallest plan.  A budget too small fails here, before the first
     iteration, with :class:`swap.plan.BudgetError` naming the smallest budget that works and
-    the largest minibatch that fits.  The other options are the Executor's.
+    the largest minibatch that fits.  ``lowering``: the convolutions' im2col
+    (:func:`lowering_for`; ``none`` defaults to Caffe's one image, so that its memory is
+    Caffe's).  The other options are the Executor's.
     """
     solver = target if hasattr(target, "net") and hasattr(target, "rule") else None
     net = target.net if solver is not None else target
+    lowering = lowering_for(strategy, lowering)
+    for n in [net] + list(test_nets if test_nets is not None
+                          else getattr(solver, "test_nets", ()) or ()):
+        set_lowering(n, lowering)
     net.reshape()                         # every layer's internals exist at their sizes
     if scratch is None:
         scratch = default_scratch()

@@ -549,7 +549,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                   method: str = "linear", rule: str = "stall", profile=None,
                   save_profile: str | None = None, warmup: int = 1, iterations: int = 1,
                   granularity: str = "type", keep_epochs: bool = True, delta: float = 0.0,
-                  trace: str | None = None, log=None, scratch="auto"):
+                  trace: str | None = None, log=None, scratch="auto", host_budget="auto"):
     """The three stages of section 6 on ``solver``: profile, decide, install the plan.
 
     1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
@@ -567,7 +567,10 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     it, inside the budget): a :class:`swap.profiler.ScratchModel`, None (no reserve: the whole
     budget is planned, as before the arena allocator), or "auto": a model in GPU mode (first
     the estimate from the declared scratch, then the transients the profiling dry runs
-    measure, fitted as a + b k; at least ``$MINICAFFE_SCRATCH``), None in CPU mode.  With a
+    measure, fitted as a + b k; at least ``$MINICAFFE_SCRATCH``), None in CPU mode.
+    host_budget: pinned host bytes the plans may offload to (k_max is bounded by it too, see
+    :func:`swap.profiler.max_batch_scratch`); "auto": :func:`swap.profiler.default_host_budget`
+    in GPU mode, None (no bound) in CPU mode.  With a
     model, k_max, every profiled plan, the search and the final plan get ``budget - test nets'
     persistent buffers - S(k)``, and the executor a reserve of S(k*).
     """
@@ -576,6 +579,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         PROFILE_FRACTIONS,
         Profile,
         ScratchModel,
+        default_host_budget,
         max_batch_scratch,
         profile_ks,
         profile_solver,
@@ -602,6 +606,10 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
             raise ValueError(f"scratch: a ScratchModel, None or 'auto', not {scratch!r}")
         scratch = (ScratchModel.from_gmap(g0, floor=default_scratch() or 0)
                    if net.mode == "GPU" else None)
+    if isinstance(host_budget, str):
+        if host_budget != "auto":
+            raise ValueError(f"host_budget: bytes, None or 'auto', not {host_budget!r}")
+        host_budget = default_host_budget() if net.mode == "GPU" else None
     # what the plan and the scratch reserve share: the budget less the test nets' buffers
     base = budget if scratch is None else budget_for_plan(solver, budget, scratch=0, gmap=g0)
 
@@ -614,7 +622,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         return (f", scratch reserve {fmt_bytes(scratch(k))} at k = {k} "
                 f"({scratch.describe()})")
 
-    k_max = max_batch_scratch(g0, base, scratch)
+    k_max = max_batch_scratch(g0, base, scratch, host_budget=host_budget)
     if k_max < 1:
         make_plan(g0.at(1), "naive", base - reserve_at(1))
         raise BudgetError(f"not even minibatch 1 fits {fmt_bytes(budget)} with a scratch "
@@ -629,11 +637,14 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     if profile is None:
         ks = profile_ks(k_max) if auto_batch else (batch or k_base,)
         say(f"AccUDNN stage 1: profiling minibatches {list(ks)} under the naive plan "
-            f"(k_max {k_max} at budget {fmt_bytes(budget)}{reserve_words(k_max)})")
+            f"(k_max {k_max} at budget {fmt_bytes(budget)}{reserve_words(k_max)}"
+            + (f"; pinned host memory at most {fmt_bytes(host_budget)}" if host_budget else "")
+            + ")")
         it0 = solver.iter
         profile = profile_solver(solver, budget, ks, warmup=warmup, iterations=iterations,
                                  log=say, scratch=scratch, plan_budget=base,
-                                 fractions=PROFILE_FRACTIONS if auto_batch else None)
+                                 fractions=PROFILE_FRACTIONS if auto_batch else None,
+                                 host_budget=host_budget)
         if scratch is None:
             images += sum(k * (warmup + iterations) for k in ks)
             assert solver.iter - it0 == len(ks) * (warmup + iterations)
@@ -651,7 +662,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     if scratch is not None and profile.mode == net.mode and profile.meta.get("transients"):
         for k, peak in profile.meta["transients"]:
             scratch.add(k, peak)
-        k_max = max_batch_scratch(g0, base, scratch)
+        k_max = max_batch_scratch(g0, base, scratch, host_budget=host_budget)
     # ---- stage 2: decision
     model, pcie = profile_models(profile, g0, granularity)
     say(f"AccUDNN stage 2: PCIe model h2d {pcie.h2d / 1e9:.2f} GB/s, d2h {pcie.d2h / 1e9:.2f} "

@@ -323,3 +323,32 @@ def test_scratch_model_fit_and_estimate(build_net):
     assert b == pytest.approx(55.0)
     assert all(a + b * k >= y - 1e-6 for k, y in m.points.items())
     assert "fitted to the transients measured at k = 10, 20, 30" in m.describe()
+
+
+def test_k_max_is_bounded_by_pinned_host_memory(make_solver, monkeypatch):
+    """The naive plans' offloaded bytes must fit the host budget: k_max is the largest k whose
+    plan fits both the device budget and the pinned host memory."""
+    from swap.plan import make_plan
+    from swap.profiler import default_host_budget, max_batch_scratch
+    g = build_gmap(make_solver("resnet", batch=4).net)
+    budget = min_budget(g.at(64), "naive")
+    free = max_batch_scratch(g, budget)
+    assert free >= 64
+    host = make_plan(g.at(20), "naive", None).host_bytes
+    k = max_batch_scratch(g, budget, host_budget=host)
+    assert k == 20 < free
+    assert make_plan(g.at(k + 1), "naive", None).host_bytes > host
+    assert max_batch_scratch(g, budget, lambda k: 0, host_budget=host) == 20
+    assert max_batch_scratch(g, budget, host_budget=1) == 0
+    monkeypatch.setenv("MINICAFFE_HOST_BUDGET", "3G")
+    assert default_host_budget() == 3 << 30
+    monkeypatch.delenv("MINICAFFE_HOST_BUDGET")
+    assert default_host_budget() > 0
+
+
+def test_largest_k_reaches_its_limit():
+    from swap.plan import largest_k
+    for limit in (1, 2, 5, 20, 31, 32, 33, 1000):
+        for edge in (1, 3, 16, 19, 20, 21, 40, 999, 5000):
+            assert largest_k(lambda k: k <= edge, limit) == min(edge, limit), (limit, edge)
+    assert largest_k(lambda k: False, 10) == 0 and largest_k(lambda k: True, 0) == 0

@@ -503,7 +503,12 @@ def test_swap_budgets_quick(tmp_path):
         assert plan < budget and int(r["high_water"]) <= budget
         assert int(r["transient_bytes"]) > 0 and float(r["ms"]) > 0
     by = {r["strategy"]: r for r in rows}
-    assert int(by["naive"]["plan_bytes"]) < int(by["none"]["plan_bytes"])
+    # none lowers one image at a time, as Caffe: its plan is Caffe's figure (up to alignment);
+    # cifar10_quick's 5x5 im2col chunks are larger than its feature maps, so naive (chunked)
+    # is not smaller here
+    assert by["none"]["lowering"] == "caffe" and by["naive"]["lowering"] == "chunked"
+    caffe = int(by["none"]["caffe_bytes"])
+    assert caffe <= int(by["none"]["plan_bytes"]) <= caffe + 512 * 200
     assert int(by["naive"]["offload_bytes"]) > 0 == int(by["none"]["offload_bytes"])
     md = out_md.read_text()
     assert "| net | batch | strategy | smallest budget GiB |" in md

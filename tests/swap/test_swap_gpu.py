@@ -31,6 +31,14 @@ def _close_executors():
     runtime.close_all()
 
 
+@pytest.fixture(autouse=True)
+def _chunked_lowering(monkeypatch):
+    """Every strategy, `none` included, lowers convolutions in chunks here, so that the
+    strategies are compared with the same GEMMs; `none`'s default (Caffe's one-image
+    lowering) has a test of its own."""
+    monkeypatch.setenv("MINICAFFE_LOWERING", "chunked")
+
+
 def params_of(s):
     from minicaffe.backend import to_numpy
     return [to_numpy(p.data) for p in s.net.learnable_params]
@@ -340,3 +348,25 @@ def test_real_nets_naive_is_bit_identical_to_none(name, monkeypatch):
     assert ex.high_water <= ex.budget == budget
     assert ex._allocator.fallbacks == 0 and ex.scratch.high_water > 0
     assert ex.plan.arena_bytes < ex_none.plan.arena_bytes
+
+
+def test_gpu_none_lowers_like_caffe(make_solver, monkeypatch):
+    """`none` by default: one image of im2col per convolution, Caffe's allocation; it trains
+    exactly like the plain net with the same lowering, and `naive` with that lowering
+    reproduces it."""
+    monkeypatch.delenv("MINICAFFE_LOWERING")
+    s = make_solver("resnet", mode="GPU")
+    runtime.set_lowering(s.net, "caffe")
+    s.net.reshape()
+    plain = []
+    for _ in range(5):
+        s.step(1)
+        plain.append(float(s._losses[-1]))
+    ref, losses, ex = gpu_train(make_solver, "resnet", "none", iters=5)
+    assert losses == plain and same(ref, params_of(s))
+    assert all(layer.col_buffer_bytes == 0 for layer in ex.net.layers
+               if layer.type == "Convolution")
+    chunked = build_gmap(make_solver("resnet").net)
+    assert ex.plan.arena_bytes == make_plan(chunked.caffe_lowering(), "none").arena_bytes
+    params, losses2, _ = gpu_train(make_solver, "resnet", "naive", iters=5, lowering="caffe")
+    assert same(params, ref) and losses2 == losses

@@ -8,13 +8,21 @@ import pytest
 from minicaffe.layer import BackwardReads
 from swap.plan import OFFLOAD, PREFETCH, BudgetError, min_budget
 from swap.runtime import (FREED, OFFLOADING, ON_DEVICE, ON_HOST, PREFETCHING, Executor,
-                          Residency, ResidencyError, install)
+                          Residency, ResidencyError, install, set_lowering)
 
 
-def train(make_solver, which, iters=20, strategy=None, budget=None, type="SGD", **kw):
-    """Train ``iters`` iterations; return (params, history, losses, executor)."""
+def train(make_solver, which, iters=20, strategy=None, budget=None, type="SGD", lowering=None,
+          **kw):
+    """Train ``iters`` iterations; return (params, history, losses, executor).  lowering: the
+    convolutions' im2col ("caffe" or "chunked"; None: the strategy's default)."""
     s = make_solver(which, type=type)
-    ex = install(s, strategy, budget, poison=True, **kw) if strategy else None
+    if strategy:
+        ex = install(s, strategy, budget, poison=True, lowering=lowering, **kw)
+    else:
+        ex = None
+        if lowering:
+            set_lowering(s.net, lowering)
+            s.net.reshape()
     losses = []
     for _ in range(iters):
         s.step(1)
@@ -28,17 +36,19 @@ def same(a, b):
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("lowering", ["chunked", "caffe"])
 @pytest.mark.parametrize("which", ["lenet", "resnet"])
-def test_swapping_trains_bit_identically(make_solver, which):
+def test_swapping_trains_bit_identically(make_solver, which, lowering):
     """20 iterations under none, naive (just in time and with room to prefetch early) and vdnn
-    give exactly the parameters, solver history and losses of the plain run, with every fresh
-    or released region poisoned with NaN."""
-    base = train(make_solver, which)
+    give exactly the parameters, solver history and losses of the plain run with the same
+    convolution lowering, with every fresh or released region poisoned with NaN."""
+    base = train(make_solver, which, lowering=lowering)
     from swap.gmap import build_gmap
     need = min_budget(build_gmap(make_solver(which).net), "naive")
     for strategy, budget in [("none", None), ("naive", None), ("naive", 3 * need),
                              ("vdnn", None)]:
-        params, history, losses, ex = train(make_solver, which, strategy=strategy, budget=budget)
+        params, history, losses, ex = train(make_solver, which, strategy=strategy, budget=budget,
+                                            lowering=lowering)
         assert same(params, base[0]), (strategy, budget)
         assert same(history, base[1]), (strategy, budget)
         assert losses == base[2], (strategy, budget)
@@ -207,3 +217,27 @@ def test_executor_refuses_a_plan_for_another_net(make_solver):
         Executor(other.net, ex.plan)
     with pytest.raises(BudgetError):
         Executor(s.net, ex.plan, budget=ex.plan.arena_bytes - 1)
+
+
+def test_none_allocates_what_caffe_allocates(make_solver):
+    """`none` lowers one image at a time by default, as Caffe does: its arena is the Caffe
+    accounting of the net, and the plain net trained with Caffe's lowering is reproduced bit
+    for bit.  The chunked lowering of the other strategies needs more for `none`."""
+    from swap.gmap import build_gmap
+    from swap.memory import caffe_breakdown
+    from swap.plan import make_plan
+    base = train(make_solver, "resnet", iters=4, lowering="caffe")
+    params, history, losses, ex = train(make_solver, "resnet", iters=4, strategy="none")
+    assert same(params, base[0]) and losses == base[2]
+    assert all(layer.col_buffer_bytes == 0 for layer in ex.net.layers
+               if layer.type == "Convolution")
+    caffe = sum(caffe_breakdown(ex.gmap).values())
+    assert ex.plan.arena_bytes == make_plan(ex.gmap, "none").arena_bytes
+    chunked = build_gmap(make_solver("resnet").net)
+    assert make_plan(chunked.caffe_lowering(), "none").arena_bytes == ex.plan.arena_bytes
+    assert make_plan(chunked, "none").arena_bytes > ex.plan.arena_bytes
+    from swap.gmap import CAFFE
+    assert ex.gmap.total() + ex.gmap.total((CAFFE,)) == caffe
+    from swap.arena import ALIGN
+    # the plan aligns every buffer; nothing else separates it from Caffe's figure
+    assert caffe <= ex.plan.peak <= caffe + ALIGN * len(ex.gmap.buffers)

@@ -100,7 +100,12 @@ def run_minicaffe(name, batch, engine, iters, warmup):
 
 
 # ---------------------------------------------------------------- torch
-def run_torch(name, batch, iters, warmup):
+def run_torch(name, batch, iters, warmup, save_on_cpu=False):
+    """PyTorch eager on the GPU; ``save_on_cpu``: every tensor autograd saves for backward goes
+    to pinned host memory (``torch.autograd.graph.save_on_cpu(pin_memory=True)``), PyTorch's
+    own offloading, the peer of minicaffe's swap strategies."""
+    import contextlib
+
     import torch
     import torchvision
     torch.backends.cudnn.benchmark = True
@@ -115,13 +120,19 @@ def run_torch(name, batch, iters, warmup):
     y = torch.randint(0, 1000, (batch,), device=dev)
     lossf = torch.nn.CrossEntropyLoss()
 
+    def saving():
+        return (torch.autograd.graph.save_on_cpu(pin_memory=True) if save_on_cpu
+                else contextlib.nullcontext())
+
     def step():
         opt.zero_grad(set_to_none=True)
-        out = model(x)
-        if name == "googlenet":
-            loss = lossf(out.logits, y) + 0.3 * (lossf(out.aux_logits1, y) + lossf(out.aux_logits2, y))
-        else:
-            loss = lossf(out, y)
+        with saving():
+            out = model(x)
+            if name == "googlenet":
+                loss = (lossf(out.logits, y)
+                        + 0.3 * (lossf(out.aux_logits1, y) + lossf(out.aux_logits2, y)))
+            else:
+                loss = lossf(out, y)
         loss.backward()
         opt.step()
         return loss

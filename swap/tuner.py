@@ -524,6 +524,9 @@ class TrainingDecision:
     convexity: float
     max_iter: int
     profile: object = field(default=None, repr=False)
+    plan_budget: int | None = None      # what the plans and the scratch reserve share (bytes)
+    scratch: object = field(default=None, repr=False)    # the ScratchModel S(k), or None
+    host_budget: int | None = None
 
 
 def _rescale_schedule(param, start_iter: int, images_done: int, k_base: int, k_star: int) -> int:
@@ -583,9 +586,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         max_batch_scratch,
         profile_ks,
         profile_solver,
-        set_batch_size,
     )
-    from .runtime import Executor, budget_for_plan, default_scratch
+    from .runtime import budget_for_plan, default_scratch
 
     def say(msg):
         if log is not None:
@@ -598,6 +600,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     net = solver.net
     if getattr(net, "executor", None) is not None:
         net.executor.close()
+    from .runtime import set_lowering
+    set_lowering(net, "chunked")          # what the naive and dynamic plans run with
     net.reshape()
     k_base = net_batch_size(net)
     g0 = build_gmap(net, solver_type=solver.type)
@@ -689,24 +693,40 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         + f"); training to iteration {max_iter}"
         + (" (same number of images)" if keep_epochs and k_star != k_base else ""))
     # ---- stage 3: train the rest under the plan
-    set_batch_size(net, k_star)
-    g = build_gmap(net, solver_type=solver.type)
-    names = set(dec.pinned_names())
-    pinned = frozenset(b.id for b in g.buffers if b.name in names)
-    hold = _hold_by_name(dec, g)
-    plan_budget = base - reserve_at(k_star)
-    plan = make_plan(g, "dynamic", plan_budget, pinned, hold=hold)
-    if plan.arena_bytes > plan_budget:
-        plan = make_plan(g, "dynamic", plan_budget, pinned)
-    ex = Executor(net, plan, budget=budget, solver=solver, trace=trace,
-                  scratch=None if scratch is None else reserve_at(k_star))
-    net.executor = ex
+    ex = install_decision(solver, dec, budget, base - reserve_at(k_star),
+                          scratch=None if scratch is None else reserve_at(k_star), trace=trace)
     say(f"AccUDNN stage 3: training from iteration {solver.iter} at minibatch {k_star} under the "
         f"dynamic plan"
         + (f" with a scratch reserve of {fmt_bytes(reserve_at(k_star))}"
            if scratch is not None else ""))
     return ex, TrainingDecision(decision=dec, base_lr=base_lr, lr=lr, lr_rule=lr_rule,
-                                convexity=convexity, max_iter=max_iter, profile=profile)
+                                convexity=convexity, max_iter=max_iter, profile=profile,
+                                plan_budget=base, scratch=scratch, host_budget=host_budget)
+
+
+def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
+                     scratch: int | None = None, trace: str | None = None):
+    """Resize the solver's net to the decision's k and run it under the decided dynamic plan
+    (its pins and region holds, laid out within ``plan_budget``) in an arena of ``budget``
+    with a scratch reserve of ``scratch`` bytes; returns the Executor (``net.executor``)."""
+    from .profiler import set_batch_size
+    from .runtime import Executor, set_lowering
+    net = solver.net
+    if getattr(net, "executor", None) is not None:
+        net.executor.close()
+    set_lowering(net, "chunked")
+    set_batch_size(net, dec.k_star)
+    net.reshape()
+    g = build_gmap(net, solver_type=solver.type)
+    names = set(dec.pinned_names())
+    pinned = frozenset(b.id for b in g.buffers if b.name in names)
+    hold = _hold_by_name(dec, g)
+    plan = make_plan(g, "dynamic", plan_budget, pinned, hold=hold)
+    if plan.arena_bytes > plan_budget:
+        plan = make_plan(g, "dynamic", plan_budget, pinned)
+    ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, scratch=scratch)
+    net.executor = ex
+    return ex
 
 
 def _hold_by_name(dec: Decision, g: GMAP) -> dict:
@@ -727,4 +747,4 @@ def _hold_by_name(dec: Decision, g: GMAP) -> dict:
 
 __all__ = ["METHODS", "Evaluation", "Search", "linear_search", "bisect_search", "Decision",
            "tune", "plan_at", "DEFAULT_DEVICE", "device_models", "profile_models",
-           "TrainingDecision", "train_dynamic"]
+           "TrainingDecision", "train_dynamic", "install_decision"]

@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+"""Issue 5 on the GPU: Table 1 at a 12 GB budget, the model's errors, no stall, and the peers.
+
+For each network (a child process per network, on its own GPU when ``--gpus`` names several):
+
+1. **Caffe mode.**  The largest minibatch ``none`` trains within the budget: the plan with
+   Caffe's one-image im2col (its memory is Caffe's allocation), plus the CuPy temporaries a dry
+   run measures, verified by training at it; its iteration time.  ``k_caffe`` is Caffe's own
+   accounting (``minicaffe mem``'s caffe row) for comparison.
+2. **AccUDNN.**  ``swap.tuner.train_dynamic`` from the paper's batch: profile (real training
+   iterations), Algorithm 2, the plan at k*; the tuner's run time (profiling, then the decision
+   alone, timed again on the same profile).
+3. **Model error.**  At k* and two other k (k_none and k*/2): the dynamic plan from the same
+   model, the predicted iteration time and memory against the measured ones (CUDA events
+   around each iteration, median; the executor's peak bytes in use, the arena's high-water mark
+   and the scratch reserve's high-water mark).
+4. **No stall.**  At each of those k where ``none`` fits the device's whole memory, ``none``
+   with the same (chunked) convolution lowering, so that the ratio is the cost of swapping.
+5. **ResNet-152 at batch 32**: the smallest budget whose dynamic plan is predicted within 3 %
+   of the compute-only time, measured against ``none``, and the fraction of feature-map bytes
+   offloaded (the paper: 8.3 GB, about 64 %).
+6. **Peers** (a child process of its own): PyTorch eager and PyTorch with
+   ``save_on_cpu(pin_memory=True)`` at k* (torchvision's architectures, as
+   ``scripts/bench_throughput.py``).
+
+    python3 scripts/tuner_table.py --gpus 0,1,2,3          # the 7 networks on 4 GPUs
+    python3 scripts/tuner_table.py --quick                 # CPU, a tiny net (the test suite)
+
+Results: ``docs/results/tuner_table.{csv,md}`` and one JSON per network (with its profile)
+under ``docs/results/tuner/``.  Networks that run side by side on different GPUs of one host
+share its PCIe root complexes and host memory; ``--gpus 0`` runs them one at a time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+DEFAULT_NETS = ("resnet152:32,resnet101:32,resnet50:64,vgg16:64,googlenet:128,resnet34:128,"
+                "alexnet:256")
+QUICK_NETS = "cifar10_quick:4"
+# Table 1 of the paper (M40, 12 GB): k*/k_caffe
+PAPER_RATIO = {"alexnet": 1.22, "googlenet": 1.91, "vgg16": 2.4, "resnet34": 3.03,
+               "resnet50": 3.39, "resnet101": 3.7, "resnet152": 4.15}
+SLOWDOWN = 1.03
+
+
+# ------------------------------------------------------------------ child
+def _sync(gpu):
+    if gpu:
+        import cupy as cp
+        cp.cuda.Device().synchronize()
+
+
+def _timed(solver, iters, warmup, gpu):
+    """Median ms of ``iters`` solver steps after ``warmup`` (the executor's dry run is the
+    first warm-up step)."""
+    from scripts.swap_budgets import _timed_steps
+    for _ in range(warmup):
+        solver.step(1)
+    _sync(gpu)
+    times = _timed_steps(solver, iters, gpu)
+    return statistics.median(times), times
+
+
+def _close(net):
+    if getattr(net, "executor", None) is not None:
+        net.executor.close()
+        net.executor = None
+
+
+def _mem(ex) -> dict:
+    sc = getattr(ex, "scratch", None)
+    return {"peak_in_use": int(ex.peak_in_use), "high_water": int(ex.high_water),
+            "scratch_high_water": int(getattr(sc, "high_water", 0) or 0),
+            "scratch_capacity": int(getattr(sc, "capacity", 0) or 0)}
+
+
+def _none_max_k(solver, budget, gpu, log):
+    """The largest k whose ``none`` plan (Caffe's lowering) and measured temporaries fit the
+    budget, found from the plan's k and lowered until the dry run's budget fits."""
+    from swap.gmap import build_gmap
+    from swap.plan import max_batch, min_budget
+    from swap.profiler import set_batch_size
+    from swap.runtime import measure_scratch, set_lowering
+    net = solver.net
+    set_lowering(net, "caffe")
+    net.reshape()
+    g = build_gmap(net)
+    k = max_batch(g, "none", budget)
+    if k < 1:
+        return 0, None
+    for _ in range(12):
+        set_batch_size(net, k)
+        tp = measure_scratch(solver, "none", lowering="caffe")
+        need = tp.budget(margin=0.10)
+        log(f"none at k = {k}: plan + transients need {need / 2**30:.2f} GiB")
+        if need <= budget:
+            return k, tp
+        if k == 1:
+            break
+        per_image = max(1, min_budget(g.at(k), "none") - min_budget(g.at(k - 1), "none"))
+        k = max(1, k - max(1, math.ceil((need - budget) / per_image)))
+    raise RuntimeError("none: no minibatch fits the budget with its temporaries")
+
+
+def _time_none(solver, k, budget, lowering, tp, iters, warmup, gpu):
+    from swap.profiler import set_batch_size
+    from swap.runtime import install
+    _close(solver.net)
+    set_batch_size(solver.net, k)
+    reserve = tp.reserve(margin=0.10) if tp is not None else None
+    ex = install(solver, "none", budget, lowering=lowering, scratch=reserve)
+    try:
+        ms, times = _timed(solver, iters, warmup, gpu)
+        return {"k": k, "ms": ms, "times": times, "images_per_s": k * 1e3 / ms,
+                "arena": int(ex.budget), "lowering": lowering, **_mem(ex)}
+    finally:
+        ex.close()
+        solver.net.executor = None
+
+
+def _offload_fraction(plan) -> float:
+    from swap.arena import align
+    g = plan.gmap
+    fms = g.feature_maps()
+    total = sum(align(g.nbytes(b)) for b in fms)
+    off = sum(align(g.nbytes(b)) for b in plan.offloaded if b in set(fms))
+    return off / total if total else 0.0
+
+
+def _measure_dynamic(solver, dec, budget, plan_budget, reserve, iters, warmup, gpu):
+    """Install the decision's plan and time it; predicted beside measured."""
+    from swap.tuner import install_decision
+    ex = install_decision(solver, dec, budget, plan_budget - (reserve or 0), scratch=reserve)
+    try:
+        ms, times = _timed(solver, iters, warmup, gpu)
+        m = _mem(ex)
+        p = ex.plan
+        off, pre = p.transfer_bytes()
+        return {"k": dec.k_star, "ms": ms, "times": times, "images_per_s": dec.k_star * 1e3 / ms,
+                "pred_ms": 1e3 * dec.t_iter, "pred_compute_ms": 1e3 * dec.timeline.t_model,
+                "time_err": (1e3 * dec.t_iter - ms) / ms,
+                "pred_peak": int(dec.peak), "pred_arena": int(p.arena_bytes),
+                "peak_err": (dec.peak - m["peak_in_use"]) / max(1, m["peak_in_use"]),
+                "pred_total": int(p.arena_bytes + (reserve or 0)),
+                "budget": int(budget), "reserve": int(reserve or 0),
+                "offload_bytes": int(off), "host_bytes": int(p.host_bytes),
+                "offload_fraction": _offload_fraction(p), "pinned": len(p.pinned),
+                "stall_free": bool(dec.stall_free), **m}
+    finally:
+        ex.close()
+        solver.net.executor = None
+
+
+def _fits_device(g, k, reserve, gpu) -> bool:
+    from swap.plan import min_budget
+    if not gpu:
+        return True
+    import cupy as cp
+    free, _ = cp.cuda.runtime.memGetInfo()
+    return min_budget(g.at(k), "none") + (reserve or 0) + (2 << 30) <= 0.92 * free
+
+
+def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, search,
+            out_dir, r152_batch) -> dict:
+    from scripts.swap_budgets import _device, _solver
+    from swap.gmap import build_gmap
+    from swap.memory import caffe_max_batch
+    from swap.profiler import set_batch_size
+    from swap.tuner import plan_at, profile_models, train_dynamic, tune
+    gpu = mode == "GPU"
+    lines = []
+
+    def log(msg):
+        lines.append(msg)
+        print(msg, file=sys.stderr, flush=True)
+
+    t_start = time.time()
+    solver = _solver(name, k_base, engine, mode)
+    net = solver.net
+    out = {"net": name, "k_base": k_base, "budget": budget, "host_budget": host_budget,
+           "device": _device(gpu), "mode": mode, "engine": engine, "search": search,
+           "date": time.strftime("%Y-%m-%d")}
+    out["k_caffe"] = caffe_max_batch(build_gmap(net), budget)
+    # ---- 1. Caffe mode
+    k_none, tp_none = _none_max_k(solver, budget, gpu, log)
+    out["none"] = _time_none(solver, k_none, budget, "caffe", tp_none, iters, warmup, gpu)
+    log(f"none at k_none = {k_none}: {out['none']['ms']:.1f} ms")
+    # ---- 2. the tuner
+    _close(net)
+    set_batch_size(net, k_base)
+    t0 = time.perf_counter()
+    ex, td = train_dynamic(solver, budget, auto_batch=True, method=search, log=log,
+                           host_budget=host_budget if gpu else None, keep_epochs=False)
+    t_tuner = time.perf_counter() - t0
+    dec = td.decision
+    g = ex.gmap
+    model, pcie = profile_models(td.profile, g)
+    t0 = time.perf_counter()
+    again = tune(g, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
+                 scratch=td.scratch)
+    t_decide = time.perf_counter() - t0
+    ex.close()
+    net.executor = None
+    S = td.scratch
+    out["tuner"] = {"k_star": dec.k_star, "k_max": dec.k_max, "seconds": t_tuner,
+                    "decision_seconds": t_decide, "repeat_k_star": again.k_star,
+                    "profiled_ks": list(td.profile.ks), "pcie_h2d": pcie.h2d, "pcie_d2h": pcie.d2h,
+                    "describe": dec.describe(limit=6), "log": lines[-40:]}
+    prof_path = os.path.join(out_dir, f"{name}_profile.json")
+    td.profile.save(prof_path)
+    out["profile"] = os.path.relpath(prof_path, REPO)
+    # ---- 3. model error at k*, k_none, k*/2 (each plan from the same model)
+    ks = [dec.k_star] + sorted({k for k in (k_none, max(1, dec.k_star // 2))
+                                if k != dec.k_star}, reverse=True)
+    out["dynamic"] = []
+    for k in ks:
+        try:
+            d = dec if k == dec.k_star else plan_at(g, k, td.plan_budget, model, pcie,
+                                                    scratch=S)
+            r = _measure_dynamic(solver, d, budget, td.plan_budget,
+                                 S(k) if S is not None else None, iters, warmup, gpu)
+            log(f"dynamic at k = {k}: measured {r['ms']:.1f} ms, predicted {r['pred_ms']:.1f} ms"
+                f" ({100 * r['time_err']:+.1f} %); peak in use {r['peak_in_use'] / 2**30:.2f} "
+                f"GiB, predicted {r['pred_peak'] / 2**30:.2f} GiB")
+        except Exception as e:            # recorded, the other points still run
+            r = {"k": k, "error": f"{type(e).__name__}: {e}"[:400]}
+            log(f"dynamic at k = {k}: {r['error']}")
+        # ---- 4. none at the same k, same lowering, where it fits the device
+        if "error" not in r and _fits_device(g, k, S(k) if S is not None else None, gpu):
+            try:
+                n = _time_none(solver, k, None, "chunked", None, iters, warmup, gpu)
+                r["none_ms"] = n["ms"]
+                r["slowdown"] = r["ms"] / n["ms"]
+            except Exception as e:
+                r["none_error"] = f"{type(e).__name__}: {e}"[:400]
+        out["dynamic"].append(r)
+    # ---- 5. the paper's ResNet-152 point: least memory at <= 3 % slowdown
+    if r152_batch and name == "resnet152":
+        out["at_batch"] = _least_memory(solver, g, r152_batch, model, pcie, S, iters, warmup,
+                                        gpu, log)
+    out["seconds"] = time.time() - t_start
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    return out
+
+
+def _least_memory(solver, g, k, model, pcie, S, iters, warmup, gpu, log) -> dict:
+    """The smallest budget whose dynamic plan at k is predicted within SLOWDOWN of the compute
+    alone; measured against `none` at k (chunked lowering), stepping up the budget when the
+    measurement is slower than SLOWDOWN."""
+    from swap.plan import BudgetError, min_budget
+    from swap.tuner import plan_at
+    reserve = S(k) if S is not None else 0
+    hi = min_budget(g.at(k), "none") + reserve
+    lo = min_budget(g.at(k), "naive") + reserve
+    n = _time_none(solver, k, None, "chunked", None, iters, warmup, gpu)
+    grid = [int(lo * (hi / lo) ** (i / 24)) for i in range(25)]
+    ok = []
+    for b in grid:
+        try:
+            d = plan_at(g, k, b, model, pcie, scratch=S)
+        except BudgetError:
+            continue
+        if d.t_iter <= SLOWDOWN * d.timeline.t_model and d.plan.arena_bytes + reserve <= b:
+            ok.append((b, d))
+    res = {"k": k, "none_ms": n["ms"], "none_arena": n["arena"], "tries": []}
+    for b, d in ok[:4]:
+        r = _measure_dynamic(solver, d, b, b, reserve or None, iters, warmup, gpu)
+        r["slowdown"] = r["ms"] / n["ms"]
+        res["tries"].append(r)
+        log(f"resnet152 k = {k}: budget {b / 2**30:.2f} GiB: {r['ms']:.1f} ms against none "
+            f"{n['ms']:.1f} ms ({r['slowdown']:.3f}x), offloaded "
+            f"{100 * r['offload_fraction']:.0f} % of the feature-map bytes")
+        if r["slowdown"] <= SLOWDOWN:
+            res["chosen"] = r
+            break
+    return res
+
+
+def run_torch_peers(name, k, iters, warmup) -> dict:
+    from scripts.bench_throughput import run_torch
+    out = {"net": name, "k": k}
+    for key, flag in (("eager", False), ("save_on_cpu", True)):
+        try:
+            r = run_torch(name, k, iters, warmup, save_on_cpu=flag)
+            out[key] = {"ms": r["ms"], "images_per_s": k * 1e3 / r["ms"],
+                        "peak_bytes": r["peak_bytes"]}
+        except Exception as e:
+            out[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            try:
+                import torch
+                torch.cuda.empty_cache()
+            except Exception:
+                pass
+    return out
+
+
+# ----------------------------------------------------------------- parent
+def _child(args, extra, gpu_id, timeout, tag):
+    env = dict(os.environ)
+    if gpu_id is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
+    cmd = [sys.executable, os.path.abspath(__file__)] + extra
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                           env=env)
+    except subprocess.TimeoutExpired as e:
+        err = (e.stderr or b"")
+        err = err.decode(errors="replace") if isinstance(err, bytes) else err
+        return None, f"timed out after {timeout}s; last lines: " + " | ".join(
+            err.strip().splitlines()[-4:])
+    res = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode != 0 or not res:
+        return None, " | ".join((p.stderr or p.stdout).strip().splitlines()[-6:])
+    print(f"{tag}: done in {time.time() - t0:.0f}s", flush=True)
+    return json.loads(res[0][len("RESULT "):]), None
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def write_tables(results, peers, csv_path, md_path, header):
+    import csv
+    rows = []
+    for r in results:
+        t = r["tuner"]
+        dyn = {d["k"]: d for d in r["dynamic"]}
+        star = dyn.get(t["k_star"], {})
+        p = peers.get(r["net"], {})
+        soc = p.get("save_on_cpu", {}).get("images_per_s")
+        eag = p.get("eager", {}).get("images_per_s")
+        rows.append({
+            "net": r["net"], "k_caffe": r["k_caffe"], "k_none": r["none"]["k"],
+            "none_img_s": r["none"]["images_per_s"], "k_star": t["k_star"], "k_max": t["k_max"],
+            "dyn_img_s": star.get("images_per_s"),
+            "ratio": t["k_star"] / r["none"]["k"], "paper_ratio": PAPER_RATIO.get(r["net"]),
+            "speed_ratio": (star["images_per_s"] / r["none"]["images_per_s"]
+                            if "images_per_s" in star else None),
+            "torch_eager_img_s": eag, "torch_save_on_cpu_img_s": soc,
+            "vs_save_on_cpu": (star["images_per_s"] / soc if soc and "images_per_s" in star
+                               else None),
+            "tuner_s": t["seconds"], "decision_s": t["decision_seconds"]})
+    if csv_path:
+        os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
+        with open(csv_path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["net"])
+            w.writeheader()
+            w.writerows(rows)
+    md = [header, "", "**Table 1**: `none` = Caffe's allocation (one-image "
+          "im2col) at its largest verified k; `dynamic` = the tuner's k*.", "",
+          "| net | k Caffe accounting | k none | none img/s | k* | dynamic img/s | k*/k_none "
+          "| paper | img/s ratio | PyTorch eager img/s | save_on_cpu img/s | dynamic/save_on_cpu "
+          "| tuner s (decision s) |", "|" + "---|" * 13]
+    for x in rows:
+        md.append(f"| {x['net']} | {x['k_caffe']} | {x['k_none']} | {x['none_img_s']:.0f} | "
+                  f"{x['k_star']} | {_fmt(x['dyn_img_s'], '.0f')} | {x['ratio']:.2f} | "
+                  f"{_fmt(x['paper_ratio'], '.2f')} | {_fmt(x['speed_ratio'], '.2f')} | "
+                  f"{_fmt(x['torch_eager_img_s'], '.0f')} | "
+                  f"{_fmt(x['torch_save_on_cpu_img_s'], '.0f')} | "
+                  f"{_fmt(x['vs_save_on_cpu'], '.1f')} | {x['tuner_s']:.0f} "
+                  f"({x['decision_s']:.1f}) |")
+    md += ["", "**Model error and no stall** (dynamic plans from the same profile; `none` at the "
+           "same k with the same chunked im2col where it fits the whole device):", "",
+           "| net | k | measured ms | predicted ms | time error | peak in use GiB | predicted "
+           "peak GiB | peak error | arena high-water + scratch GiB | budget GiB | offloaded "
+           "| none ms | dynamic/none |", "|" + "---|" * 13]
+    for r in results:
+        for d in r["dynamic"]:
+            if "error" in d:
+                md.append(f"| {r['net']} | {d['k']} | failed: {d['error'][:120]} |" + " |" * 10)
+                continue
+            md.append(
+                f"| {r['net']} | {d['k']} | {d['ms']:.1f} | {d['pred_ms']:.1f} | "
+                f"{100 * d['time_err']:+.1f} % | {d['peak_in_use'] / 2**30:.2f} | "
+                f"{d['pred_peak'] / 2**30:.2f} | {100 * d['peak_err']:+.1f} % | "
+                f"{(d['high_water'] + d['scratch_high_water']) / 2**30:.2f} | "
+                f"{d['budget'] / 2**30:.2f} | {100 * d['offload_fraction']:.0f} % | "
+                f"{_fmt(d.get('none_ms'), '.1f')} | {_fmt(d.get('slowdown'), '.3f')} |")
+    for r in results:
+        a = r.get("at_batch")
+        if not a:
+            continue
+        md += ["", f"**{r['net']} at batch {a['k']}**: `none` {a['none_ms']:.1f} ms in "
+               f"{a['none_arena'] / 2**30:.2f} GiB (chunked im2col); the smallest budgets "
+               f"predicted within {SLOWDOWN:.2f}x, measured:", "",
+               "| budget GiB | high-water + scratch GiB | ms | slowdown | feature-map bytes "
+               "offloaded |", "|---|---|---|---|---|"]
+        for t in a["tries"]:
+            md.append(f"| {t['budget'] / 2**30:.2f} | "
+                      f"{(t['high_water'] + t['scratch_high_water']) / 2**30:.2f} | "
+                      f"{t['ms']:.1f} | {t['slowdown']:.3f} | {100 * t['offload_fraction']:.0f} % |")
+    if md_path:
+        with open(md_path, "w") as f:
+            f.write("\n".join(md) + "\n")
+    return rows, "\n".join(md)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nets", default=None, help=f"name:k_base,... (default {DEFAULT_NETS})")
+    ap.add_argument("--budget", default="12G")
+    ap.add_argument("--host-budget", default=None,
+                    help="pinned host memory per network (default: half the RAM shared by the "
+                         "GPUs running at once)")
+    ap.add_argument("--gpus", default="0", help="GPU ids to run networks on side by side")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--engine", default="CAFFE", choices=("CAFFE", "CUDNN"))
+    ap.add_argument("--search", default="bisect", choices=("linear", "bisect"))
+    ap.add_argument("--r152-batch", type=int, default=32)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--timeout", type=int, default=560, help="seconds per network")
+    ap.add_argument("--quick", action="store_true", help="CPU, a tiny net (the test suite)")
+    ap.add_argument("--out", default=os.path.join(REPO, "docs", "results"))
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--torch-one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    from swap.memory import parse_bytes
+    mode = args.mode or ("CPU" if args.quick else "GPU")
+    if args.quick and args.budget == "12G":
+        args.budget = "40M"         # a budget the tiny net outgrows at a few dozen images
+    out_dir = os.path.join(args.out, "tuner")
+    os.makedirs(out_dir, exist_ok=True)
+    budget = parse_bytes(args.budget)
+    if args.one:
+        name, k = args.one.split(":")
+        hb = parse_bytes(args.host_budget) if args.host_budget else None
+        r = run_net(name, int(k), budget, hb, args.iters, args.warmup, args.engine, mode,
+                    args.search, out_dir, args.r152_batch)
+        print("RESULT " + json.dumps(r), flush=True)
+        return 0
+    if args.torch_one:
+        name, k = args.torch_one.split(":")
+        print("RESULT " + json.dumps(run_torch_peers(name, int(k), args.iters, args.warmup)),
+              flush=True)
+        return 0
+    nets = [s.split(":") for s in (args.nets or (QUICK_NETS if args.quick else DEFAULT_NETS)
+                                   ).split(",") if s.strip()]
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if mode == "GPU" else [None]
+    hb = args.host_budget
+    if hb is None and mode == "GPU":
+        hb = str(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+                 // min(len(gpus), len(nets)))
+    torch_ok = not args.no_torch and mode == "GPU"
+    if torch_ok:
+        from scripts.bench_throughput import torch_available
+        torch_ok = torch_available()
+    free = queue.Queue()
+    for g in gpus:
+        free.put(g)
+    results, peers, failures = {}, {}, []
+    lock = threading.Lock()
+
+    def work(name, k):
+        gpu_id = free.get()
+        try:
+            extra = ["--one", f"{name}:{k}", "--budget", args.budget, "--iters", str(args.iters),
+                     "--warmup", str(args.warmup), "--engine", args.engine, "--search",
+                     args.search, "--r152-batch", str(args.r152_batch), "--mode", mode,
+                     "--out", args.out]
+            if hb:
+                extra += ["--host-budget", hb]
+            r, err = _child(args, extra, gpu_id, args.timeout, f"{name} (GPU {gpu_id})")
+            with lock:
+                if r is None:
+                    failures.append((name, err))
+                    print(f"{name}: failed: {err}", flush=True)
+                    return
+                results[name] = r
+            if torch_ok:
+                p, err = _child(args, ["--torch-one", f"{name}:{r['tuner']['k_star']}",
+                                       "--iters", "3", "--warmup", "2"], gpu_id, 300,
+                                f"{name} PyTorch at k* (GPU {gpu_id})")
+                with lock:
+                    peers[name] = p if p is not None else {"error": err}
+        finally:
+            free.put(gpu_id)
+
+    t0 = time.time()
+    threads = [threading.Thread(target=work, args=(n, k)) for n, k in nets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ordered = [results[n] for n, _ in nets if n in results]
+    device = ordered[0]["device"] if ordered else "?"
+    cmd = "python3 scripts/tuner_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = (f"Tuner table, {device}, {mode} mode, engine {args.engine}, budget {args.budget}, "
+              f"{args.search} search, {args.iters} timed iterations after {args.warmup}; "
+              f"{len(gpus)} GPU(s) side by side (`{cmd.strip()}`, {time.strftime('%Y-%m-%d')})")
+    _, md = write_tables(ordered, peers, os.path.join(args.out, "tuner_table.csv"),
+                         os.path.join(args.out, "tuner_table.md"), header)
+    print(md)
+    for name, err in failures:
+        print(f"FAILED {name}: {err}")
+    print(f"{len(ordered)}/{len(nets)} networks in {time.time() - t0:.0f}s")
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -491,8 +491,10 @@ class DataParallel:
         if display:
             self._log(f"Iteration {s.iter}, rank {self.rank}/{self.world_size}: "
                       + self.stats.display_line())
-        self._after_sync(display)
+        # What follows the synchronisation (NCCL: the local update) is computation: it
+        # counts in the next iteration's compute, so that compute + Delta is the period.
         self._t_sync_end = time.perf_counter()
+        self._after_sync(display)
 
     def _after_sync(self, display):
         """Nothing by default: the parameter server has updated the parameters."""

@@ -1,0 +1,230 @@
+"""scripts/ps_scaling.py (issue 6): the --quick CPU run end to end, a failed
+configuration recorded, and the statistics it derives from the workers'
+--ps-stats records."""
+import csv
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, env, write_solver
+
+sys.path.insert(0, str(ROOT))
+from scripts import ps_scaling  # noqa: E402
+
+SCRIPT = str(ROOT / "scripts" / "ps_scaling.py")
+
+
+def run_script(tmp_path, *extra, timeout=120):
+    out = {"csv": tmp_path / "out.csv", "md": tmp_path / "out.md"}
+    cmd = [sys.executable, SCRIPT, "--quick", "--csv", str(out["csv"]), "--md", str(out["md"]),
+           "--work-dir", str(tmp_path / "work"), *extra]
+    r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+    rows = list(csv.DictReader(open(out["csv"]))) if out["csv"].exists() else []
+    md = out["md"].read_text() if out["md"].exists() else ""
+    return r, rows, md
+
+
+def close(a, b, rel=2e-3):
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def test_quick_run_measures_every_configuration(tmp_path):
+    t0 = time.monotonic()
+    r, rows, md = run_script(tmp_path)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert took < 60, f"--quick took {took:.0f} s"
+    assert list(rows[0]) == ps_scaling.CSV_COLUMNS
+    # 2 modes x (ZeroMQ on loopback, ZeroMQ with emulated links) x W = 1, 2; nccl skipped on CPU
+    got = {(x["mode"], x["comm"], x["link"], int(x["world_size"])) for x in rows}
+    want = {(m, "ps", lk, w) for m in ("caffe_ps", "accudnn_ps") for lk in ("none", "emulated")
+            for w in (1, 2)}
+    assert got == want and len(rows) == len(want)
+    ips = {}
+    for x in rows:
+        assert x["status"] == "ok", x["error"]
+        w, k = int(x["world_size"]), int(x["batch_per_worker"])
+        assert k == 4 and x["net"] == "cifar10_quick"
+        assert int(x["shards"]) == w and int(x["timed_iterations"]) == 10
+        assert float(x["images_per_s"]) > 0
+        assert close(float(x["images_per_s"]), w * k / float(x["iter_s"]))
+        compute, comm = float(x["compute_s"]), float(x["comm_s"])
+        assert compute > 0 and comm > 0
+        assert close(float(x["comp_comm_ratio"]), compute / comm)
+        for col in ("compute_s_per_rank", "comm_s_per_rank"):
+            per_rank = [float(v) for v in x[col].split(";")]
+            assert len(per_rank) == w and min(per_rank) > 0
+        assert float(x["mb_pushed_per_iter"]) > 0.5    # cifar10_quick: 145,578 float32
+        assert x["swap"] == ("none" if x["mode"] == "caffe_ps" else "naive")
+        if x["mode"] == "accudnn_ps":
+            assert "naive" in x["note"]     # no profile: the fallback is said on the row
+        if x["link"] == "emulated":
+            assert float(x["link_gbps"]) == 10 and float(x["link_latency_ms"]) == 0.1
+        ips[(x["mode"], x["link"], w)] = float(x["images_per_s"])
+    for x in rows:        # speedup and efficiency follow from the measured images/s
+        w = int(x["world_size"])
+        speedup = ips[(x["mode"], x["link"], w)] / ips[(x["mode"], x["link"], 1)]
+        assert close(float(x["speedup"]), speedup)
+        assert close(float(x["efficiency"]), speedup / w)
+    # the markdown: device, date, the command, the table, the notes, the paper's figures
+    assert "python3 scripts/ps_scaling.py --quick" in md and "CPU" in md.splitlines()[0]
+    assert md.count("| cifar10_quick |") == len(rows)
+    assert "--comm nccl skipped" in md and "--swap naive" in md
+    assert "Caffe_PS 4.4x, AccUDNN_PS 7.2x" in md and "Caffe_PS 4.0x, AccUDNN_PS 7.7x" in md
+    assert "images/s" in r.stdout and "efficiency" in r.stdout
+
+
+def synthetic_row(mode, link, w, ips, **kw):
+    row = {c: "" for c in ps_scaling.CSV_COLUMNS}
+    row.update(net="cifar10_quick", mode=mode, swap="none", comm="ps", link=link, world_size=w,
+               batch_per_worker=4, shards=w, status="ok", images_per_s=ips, iter_s=w * 4 / ips,
+               compute_s=0.01, comm_s=0.002, comp_comm_ratio=5.0, device="an earlier device",
+               date="2026-01-01 00:00", command="an earlier command", **kw)
+    return row
+
+
+def test_a_failed_configuration_is_recorded_and_the_run_goes_on(tmp_path):
+    # rows of an earlier run (--append keeps those this run does not measure again)
+    ps_scaling.write_csv(tmp_path / "out.csv", [
+        synthetic_row("caffe_ps", "emulated", 1, 100.0),
+        synthetic_row("caffe_ps", "emulated", 2, 150.0),
+        synthetic_row("caffe_ps", "none", 1, 1.0, note="replaced")])
+    # 1 KiB cannot hold the net: every worker stops at its memory plan
+    r, rows, md = run_script(tmp_path, "--modes", "caffe_ps", "--links", "none",
+                             "--budget", "1K", "--append", timeout=60)
+    assert r.returncode == 1
+    got = [(x["link"], x["world_size"], x["status"]) for x in rows]
+    assert got == [("none", "1", "failed"), ("none", "2", "failed"),
+                   ("emulated", "1", "ok"), ("emulated", "2", "ok")]
+    for x in rows[:2]:
+        assert "rank" in x["error"] and "too small" in x["error"]
+        assert x["images_per_s"] == "" and x["speedup"] == "" and x["note"] == ""
+        assert x["command"].startswith("python3 scripts/ps_scaling.py --quick")
+    assert rows[3]["command"] == "an earlier command"
+    assert float(rows[3]["speedup"]) == 1.5 and float(rows[3]["efficiency"]) == 0.75
+    assert "2 of 4 configuration(s) failed" in md and "too small" in md
+    assert "an earlier command" in md and "--budget 1K" in md
+    assert "too small" in r.stderr
+
+
+def test_dry_run_lists_the_gpu_matrix():
+    r = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--caffe-batch",
+                        "resnet101=18,resnet152=12"], cwd=ROOT, env=env(), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    tags = [ln.split(":")[0] for ln in r.stdout.splitlines() if ln.startswith("resnet")]
+    # 2 nets x 2 modes x (ps loopback, ps emulated, nccl) x W = 1, 2, 4
+    assert len(tags) == 36 and len(set(tags)) == 36
+    assert "resnet152_accudnn_ps_nccl_none_W4" in tags
+    assert "--comm nccl --gpu 0" in r.stdout
+    assert "--link-gbps 10.0 --link-latency-ms 0.1" in r.stdout
+    assert "--swap none --budget 12G" in r.stdout and "--swap naive --budget 12G" in r.stdout
+    assert "NOT AccUDNN's dynamic plan" in r.stdout
+
+
+def rec(it, compute, delta, pushed=100, pulled=100):
+    return {"iteration": it, "compute_s": compute, "delta_s": delta, "bytes_pushed": pushed,
+            "bytes_pulled": pulled}
+
+
+def test_summarise_uses_the_slowest_rank_and_medians():
+    r0 = [rec(0, 9.0, 9.0)] + [rec(i, 0.10, 0.02) for i in range(1, 6)]
+    r1 = [rec(0, 9.0, 9.0)] + [rec(i, 0.08, 0.05 if i != 3 else 0.5) for i in range(1, 6)]
+    s = ps_scaling.summarise([r0, r1], warmup=1, iters=5, batch=8)
+    periods = [max(0.12, 0.13 if i != 3 else 0.58) for i in range(1, 6)]
+    assert s["iter_s"] == pytest.approx(statistics.median(periods))
+    assert s["images_per_s"] == pytest.approx(2 * 8 / statistics.median(periods))
+    assert s["compute_s"] == pytest.approx(statistics.median([0.10] * 5 + [0.08] * 5))
+    assert s["comm_s"] == pytest.approx(statistics.median([0.02] * 5 + [0.05] * 4 + [0.5]))
+    assert s["comp_comm_ratio"] == pytest.approx(s["compute_s"] / s["comm_s"])
+    assert s["compute_s_per_rank"] == "0.1;0.08" and s["timed_iterations"] == 5
+    assert s["mb_pushed_per_iter"] == pytest.approx(1e-4)
+    with pytest.raises(ValueError, match="none after the 6 warm-up"):
+        ps_scaling.summarise([r0, r1], warmup=6, iters=5, batch=8)
+
+
+def test_add_scaling_needs_the_one_worker_baseline():
+    def row(mode, w, ips, status="ok"):
+        return {"net": "n", "mode": mode, "comm": "ps", "link": "none", "world_size": w,
+                "images_per_s": ips, "status": status, "speedup": "", "efficiency": ""}
+    rows = ps_scaling.add_scaling([row("a", 1, 100.0), row("a", 2, 150.0), row("a", 4, 280.0),
+                                   row("b", 1, 0.0, "failed"), row("b", 2, 90.0)])
+    assert [r["speedup"] for r in rows[:3]] == pytest.approx([1.0, 1.5, 2.8])
+    assert [r["efficiency"] for r in rows[:3]] == pytest.approx([1.0, 0.75, 0.7])
+    assert rows[4]["speedup"] == "" and rows[4]["efficiency"] == ""
+
+
+def test_accudnn_with_a_profile_needs_its_batch_and_runs_dynamic(tmp_path):
+    args = ps_scaling.parse_args(["--quick", "--modes", "accudnn_ps", "--links", "none",
+                                  "--profile", "cifar10_quick=p.json"])
+    args.accudnn_batch = ""
+    with pytest.raises(SystemExit, match="--accudnn-batch cifar10_quick=k"):
+        ps_scaling.plan_configs(args)
+    args.accudnn_batch = "cifar10_quick=6"
+    configs, notes = ps_scaling.plan_configs(args)
+    assert [c.world for c in configs] == [1, 2] and all(c.batch == 6 for c in configs)
+    assert configs[0].swap[:2] == ["--swap", "dynamic"] and "--profile" in configs[0].swap
+    assert configs[0].swap[configs[0].swap.index("--batch") + 1] == "6"
+    assert not any("naive" in n for n in notes)
+
+
+def test_wait_group_kills_at_the_deadline(tmp_path):
+    p = ps_scaling.Proc("rank0", [sys.executable, "-c", "import time; time.sleep(60)"],
+                        str(tmp_path), env())
+    t0 = time.monotonic()
+    reason, culprit = ps_scaling.wait_group([p], time.monotonic() + 0.5)
+    assert "timed out" in reason and "rank0" in reason and culprit is p
+    assert time.monotonic() - t0 < 10 and p.popen.poll() is not None
+
+
+# ------------------------------------------- the timing split the script reads
+DUMMY_NET = """
+name: "tiny_dummy"
+layer {{ name: "data" type: "DummyData" top: "data" top: "target"
+        dummy_data_param {{ shape {{ dim: {k} dim: 4 }} shape {{ dim: {k} dim: 2 }}
+                            data_filler {{ type: "gaussian" std: 1 }} }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param {{ num_output: 2 weight_filler {{ type: "xavier" }} }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }}
+"""
+
+
+def test_what_follows_the_sync_counts_as_the_next_compute(tmp_path):
+    """compute + Delta must be the whole iteration: the NCCL worker's local update
+    (its _after_sync) runs after Delta's clock stops, so it belongs to compute."""
+    from minicaffe.solver import Solver
+    from ps.worker import DataParallel
+
+    class SlowUpdate(DataParallel):
+        def _join(self):
+            pass
+
+        def _synchronize(self, display):
+            time.sleep(0.01)
+            return 0, 0
+
+        def _after_sync(self, display):
+            time.sleep(0.05)
+
+        def _abort(self, reason):
+            pass
+
+        def _close(self):
+            pass
+
+    solver = Solver(write_solver(tmp_path, "t", DUMMY_NET, k=2, max_iter=4), mode="CPU",
+                    verbose=False)
+    dp = SlowUpdate(solver, 0, 1)
+    t0 = time.perf_counter()
+    dp.step(4)
+    wall = time.perf_counter() - t0
+    recs = list(dp.stats.records)
+    assert len(recs) == 4
+    assert all(r.delta_s >= 0.01 and r.delta_s < 0.05 for r in recs)
+    assert all(r.compute_s >= 0.05 for r in recs[1:])
+    # the records cover the iterations but the last update (after the last sync)
+    covered = sum(r.compute_s + r.delta_s for r in recs)
+    assert covered <= wall and wall - covered < 0.05 + 0.04

@@ -192,6 +192,12 @@ class DeviceArena(Arena):
             self.ptr = 0
             self.buffer = np.empty(n, dtype=np.uint8)
 
+    def release(self):
+        """Drop this arena's reference to its memory (the cudaMalloc is freed once no view of
+        it is left); for callers that build many executors in one process."""
+        self.buffer = None
+        self._memory = None
+
     def view(self, offset: int, nbytes: int, dtype) -> "np.ndarray":
         """A 1-d array of ``dtype`` over ``[offset, offset + nbytes)`` (no copy).
 

@@ -22,12 +22,14 @@ def test_tuner_table_quick(tmp_path):
     # none: Caffe's lowering, verified within the budget
     assert r["none"]["lowering"] == "caffe" and r["none"]["k"] >= 1
     assert r["none"]["arena"] <= r["budget"]
+    assert r["none_chunked"]["k"] == r["none"]["k"] and r["none_chunked"]["lowering"] == "chunked"
     ks = [d["k"] for d in r["dynamic"]]
     assert ks[0] == t["k_star"] and len(ks) == len(set(ks))
     for d in r["dynamic"]:
         assert "error" not in d, d
         # the measured peak never exceeds the budget; the model's relative errors are computed
-        assert d["high_water"] + d["scratch_high_water"] <= d["budget"] == r["budget"]
+        assert d["high_water"] <= d["budget"] == r["budget"]
+        assert d["peak_err"] == (d["pred_total"] - d["meas_total"]) / d["meas_total"]
         assert d["time_err"] == (d["pred_ms"] - d["ms"]) / d["ms"]
         assert 0.0 <= d["offload_fraction"] <= 1.0
         assert d["slowdown"] == d["ms"] / d["none_ms"]

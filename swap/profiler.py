@@ -70,6 +70,11 @@ def profile_ks(k_max: int, fractions=PROFILE_FRACTIONS) -> tuple:
 
 
 # ------------------------------------------------------------------ records
+# layer types that make a net's input (no bottoms): interchangeable in a profile
+SOURCE_TYPES = frozenset({"Input", "DummyData", "Data", "ImageData", "HDF5Data", "MemoryData",
+                          "WindowData"})
+
+
 @dataclass(frozen=True)
 class StepInfo:
     step: int
@@ -188,15 +193,21 @@ class Profile:
         return cls.from_dict(d, where=str(path))
 
     def check_net(self, gmap: GMAP):
-        """Raise unless this profile's steps are ``gmap``'s (same layers, types and phases)."""
-        mine = [(s.layer, s.type, s.phase) for s in self.steps]
-        theirs = [(s.name, s.type, s.phase) for s in gmap.steps]
+        """Raise unless this profile's steps are ``gmap``'s (same layers, types and phases; the
+        layers that make the net's input may differ in type: a profile taken with an Input
+        layer serves the same net reading DummyData or a database)."""
+        def key(layer, type_, phase):
+            return (layer, "(source)" if type_ in SOURCE_TYPES else type_, phase)
+        mine = [key(s.layer, s.type, s.phase) for s in self.steps]
+        theirs = [key(s.name, s.type, s.phase) for s in gmap.steps]
         if mine != theirs:
             diff = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
                         min(len(mine), len(theirs)))
+            at = (f": {mine[diff]} in the profile, {theirs[diff]} in the net"
+                  if diff < min(len(mine), len(theirs)) else "")
             raise ValueError(f"the profile of net {self.net!r} ({len(mine)} steps) does not match "
                              f"net {gmap.net_name!r} ({len(theirs)} steps): first difference at "
-                             f"step {diff}")
+                             f"step {diff}{at}")
 
 
 def _now() -> str:

@@ -1342,9 +1342,12 @@ class Executor:
             self.net.executor = None
         if self.trace is not None:
             self.trace.close()
-        # Page-locked host memory is scarce: free it with the executor, not at garbage collection
-        # (the profiler builds one executor per minibatch size in a row).
+        # Page-locked host memory and the device arena are scarce: free them with the executor,
+        # not at garbage collection (the profiler and the tuner's measurements build one
+        # executor after another in one process, and a closed executor may stay referenced).
         self.host.release()
+        if self.device.gpu:
+            self.device.release()
 
     def _rehome_solver_scalars(self):  # pragma: no cover - GPU machine only
         """The solver's recent losses are device scalars made in the reserve: copy them into

@@ -59,8 +59,11 @@ def run_ps(procs, tmp_path, name, k, world_size, shards, max_iter=10, snapshot=0
     return params[0], workers, servers
 
 
-# (1, 8, 5): 5 shards for 4 blobs, so one shard is empty and still takes part in every round
-@pytest.mark.parametrize("world_size, k, shards", [(1, 8, 5), (2, 4, 2), (4, 2, 3)])
+# (1, 8, 5): 5 shards for 4 blobs, so one shard is empty and still takes part in every round.
+# (8, 1, 4) and (8, 2, 3): the paper's 8-way data parallelism (section 6, table 2: 8 GPUs), here
+# 8 worker processes on 127.0.0.1 at batch 1 and 2 against one worker at batch 8 and 16.
+@pytest.mark.parametrize("world_size, k, shards",
+                         [(1, 8, 5), (2, 4, 2), (4, 2, 3), (8, 1, 4), (8, 2, 3)])
 def test_w_workers_at_batch_k_equal_one_worker_at_batch_wk(procs, tmp_path, world_size, k, shards):
     ref = reference_params(write_solver(tmp_path, "ref", INPUT_NET, k=world_size * k))
     got, workers, _ = run_ps(procs, tmp_path, "ps", k, world_size, shards)

@@ -647,6 +647,10 @@ def default_host_budget() -> int | None:
 
 
 # ---------------------------------------------------------------- profile
+# retries of one profile point whose transients outgrow its scratch reserve
+PROFILE_RETRIES = 3
+
+
 def _install_naive(solver, budget, strategy="naive", scratch=None):
     from .runtime import install
     if scratch is None:
@@ -667,8 +671,9 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
 
     scratch: a :class:`ScratchModel`: each k is installed with a scratch reserve of
     ``scratch(k)`` and the transients its dry run measures are added to the model.  A
-    :class:`swap.runtime.ScratchOverflow` adds what it measured and retries that k once with
-    the reserve it names; with ``fractions`` (the automatic minibatch), k_max is then computed
+    :class:`swap.runtime.ScratchOverflow` adds what it measured and retries that k with the
+    reserve it names, up to :data:`PROFILE_RETRIES` times, 25 % more at each further retry (a
+    second overflow at the same k means the reserve held the bytes but not in one piece); with ``fractions`` (the automatic minibatch), k_max is then computed
     again (:func:`max_batch_scratch` on ``plan_budget``, the budget less the test nets) and the
     ks still to profile become ``profile_ks(k_max, fractions)`` above the last one profiled.
     ``meta`` records the ks, reserves, measured transients and iterations run.
@@ -723,7 +728,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                                           host_budget=host_budget)
         reserve = scratch(k) if scratch is not None else None
         inst = None
-        for attempt in (0, 1):
+        for attempt in range(PROFILE_RETRIES + 1):
             it0 = solver.iter
             ex = _install_naive(solver, budget, strategy, reserve)
             if steps is None:
@@ -737,7 +742,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                 inst.remove()
                 ex.close()
                 runs.append([k, solver.iter - it0])
-                if scratch is None or attempt or (e.scratch is None and e.peak is None):
+                if (scratch is None or attempt == PROFILE_RETRIES
+                        or (e.scratch is None and e.peak is None)):
                     raise
                 peak = e.peak if e.peak is not None else e.scratch
                 scratch.add(k, peak)
@@ -752,7 +758,11 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                     reserve = scratch(k)
                 else:
                     todo = [x for x in todo if x > k]
-                    reserve = max(int(e.scratch or 0), scratch(k))
+                    # a second overflow at the same k is the reserve's fragmentation (it held
+                    # the bytes, not in one piece): grow past what the error named
+                    grow = 1.0 + 0.25 * attempt
+                    reserve = int(max(int(e.scratch or 0), scratch(k),
+                                      (old or 0) if attempt else 0) * grow)
                 from .memory import fmt_bytes
                 say(f"Scratch reserve of {fmt_bytes(old)} too small at minibatch {k_old} "
                     f"(transients {fmt_bytes(int(peak))}): profiling "

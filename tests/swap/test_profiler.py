@@ -352,3 +352,44 @@ def test_largest_k_reaches_its_limit():
         for edge in (1, 3, 16, 19, 20, 21, 40, 999, 5000):
             assert largest_k(lambda k: k <= edge, limit) == min(edge, limit), (limit, edge)
     assert largest_k(lambda k: False, 10) == 0 and largest_k(lambda k: True, 0) == 0
+
+
+def test_a_fragmented_reserve_is_retried_larger(make_solver, monkeypatch):
+    """Transients that need 20 % more reserve than their peak (the reserve holds the bytes,
+    not in one piece): the profile point overflows, is retried with the reserve the error
+    names, overflows again, and the third attempt, 25 % larger, trains."""
+    import swap.profiler as profiler
+    from swap.profiler import ScratchModel
+    from swap.runtime import Executor, ScratchOverflow, TransientProfile
+
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    T = min_budget(g.at(2), "naive") - min_budget(g.at(1), "naive")
+    budget = 4 * min_budget(g.at(8), "naive")
+    orig_end, orig_install = Executor.end_dry_run, profiler._install_naive
+    reserves = []
+
+    def install(solver, budget, strategy="naive", scratch=None):
+        reserves.append(scratch)
+        return orig_install(solver, budget, strategy, scratch)
+
+    def fake(self, check=True):
+        first = self._meter is not None and self._meter.active
+        tp = orig_end(self, check)
+        if not first:
+            return tp
+        peak = T * self.gmap.k
+        tp = self.transients = TransientProfile((peak,), 0, (), self.layout)
+        if check and reserves[-1] < 1.2 * peak:
+            raise ScratchOverflow("fake fragmented overflow", budget=self.budget,
+                                  k=self.gmap.k, min_budget=tp.budget(0, 0),
+                                  scratch=peak, peak=peak)
+        return tp
+    monkeypatch.setattr(profiler, "_install_naive", install)
+    monkeypatch.setattr(Executor, "end_dry_run", fake)
+    model = ScratchModel(lambda k: 0, margin=0.0, slack=0)
+    prof = profile_solver(s, budget, (8,), scratch=model, plan_budget=budget)
+    assert prof.ks == (8,)
+    assert len(reserves) == 3 and reserves[0] < reserves[1] < reserves[2], reserves
+    assert reserves[2] >= 1.2 * T * 8 > reserves[1] == T * 8
+    assert prof.meta["runs"] == [[8, 1], [8, 1], [8, 2]]

@@ -26,10 +26,10 @@ the same image is reached at iteration ``it / q``, q = k* / k_base, so an unchan
 the rate q times more slowly per epoch (2000 base iterations end at a factor (1 + 0.2)^-0.75 =
 0.87; at k* = 8 k_base with gamma unchanged the 250 iterations end at 0.98).  The schedule is a
 function of the epoch, as ``stepsize`` and ``stepvalue`` are, which ``_rescale_schedule``
-already moves; so this script multiplies gamma by q (``inv``, ``sigmoid``; ``exp``: gamma^q),
-which makes the rate per image the base's, scaled by lr*/lr_0.  ``train_dynamic`` leaves gamma
-per iteration, so the ``tuner`` row gets the same fix after it returns, and the last row keeps
-gamma as it is to show what that omission costs.
+already moves; so gamma is multiplied by q (``inv``, ``sigmoid``; ``exp``: gamma^q), which
+makes the rate per image the base's, scaled by lr*/lr_0.  This script's first version did that
+itself, because ``train_dynamic`` left gamma per iteration; ``_rescale_schedule`` does it now
+for every run.  The last row restores gamma per iteration to show what that omission costs.
 
 **k*.**  With ``--k`` it is given.  Otherwise it is the tuner's, on the CPU (or the GPU with
 ``--gpu``).  The budget B is ``--budget``, or chosen so that k_max is several times k_base:
@@ -133,18 +133,6 @@ def db_size(net) -> int:
         return len(db)
 
 
-def rescale_policy(param, q: float):
-    """Keep the learning-rate policy a function of the epoch at a minibatch q times k_base
-    (module doc): the per-iteration gamma of ``inv`` and ``sigmoid`` times q, ``exp``'s
-    gamma^q.  step/multistep/poly move with ``_rescale_schedule`` (stepsize, stepvalue,
-    max_iter); ``fixed`` has nothing to move."""
-    policy = param.lr_policy or "fixed"
-    if policy in ("inv", "sigmoid"):
-        param.gamma = param.gamma * q
-    elif policy == "exp":
-        param.gamma = param.gamma ** q
-
-
 def evaluate(solver) -> tuple[int, int]:
     """(correct, N): top-1 of the test net over its whole test set, once (module doc).
 
@@ -197,17 +185,16 @@ def child(spec: dict) -> dict:
         if kind == "probe":
             ex.close()
             return out
-        if spec["rescale_gamma"] and td.decision.k_star != k_base:
-            rescale_policy(p, td.decision.k_star / k_base)
     elif kind == "fixed":
         k = int(spec["k"])
         set_batch_size(solver.net, k)
         lr = base_lr if k == k_base else scale_lr(base_lr, k, k_base, spec["rule"])
         p.base_lr = lr
         if k != k_base:
-            _rescale_schedule(p, 0, 0, k_base, k)
-            if spec["rescale_gamma"]:
-                rescale_policy(p, k / k_base)
+            gamma = p.gamma
+            _rescale_schedule(p, 0, 0, k_base, k)     # moves gamma too (module doc)
+            if not spec["rescale_gamma"]:
+                p.gamma = gamma
         out.update(k=k, lr=lr)
     else:
         out.update(k=k_base, lr=base_lr, rule="base")

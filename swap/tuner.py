@@ -531,12 +531,18 @@ class TrainingDecision:
 
 def _rescale_schedule(param, start_iter: int, images_done: int, k_base: int, k_star: int) -> int:
     """Keep the epochs (images) of the solver's schedule: the iterations left at k_base become
-    ``ceil(images left / k*)`` at k*; iteration-based lr steps move accordingly.  Returns the new
-    max_iter."""
+    ``ceil(images left / k*)`` at k*; iteration-based lr steps move accordingly, and so does a
+    per-iteration decay (gamma of ``inv`` and ``sigmoid`` times k*/k_base, of ``exp`` to the
+    power k*/k_base), so that the learning rate follows the same curve per epoch.  Returns the
+    new max_iter."""
     images_total = param.max_iter * k_base
     left = max(images_total - images_done, 0)
     new_max = start_iter + int(math.ceil(left / k_star))
     q = k_base / k_star
+    if param.lr_policy in ("inv", "sigmoid"):
+        param.gamma = param.gamma / q
+    elif param.lr_policy == "exp":
+        param.gamma = param.gamma ** (1.0 / q)
     if param.stepsize:
         param.stepsize = max(1, int(round(param.stepsize * q)))
     if len(param.stepvalue):
@@ -615,7 +621,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
             raise ValueError(f"host_budget: bytes, None or 'auto', not {host_budget!r}")
         host_budget = default_host_budget() if net.mode == "GPU" else None
     # what the plan and the scratch reserve share: the budget less the test nets' buffers
-    base = budget if scratch is None else budget_for_plan(solver, budget, scratch=0, gmap=g0)
+    base = budget_for_plan(solver, budget, scratch=0, gmap=g0)
 
     def reserve_at(k):
         return 0 if scratch is None else scratch(k)

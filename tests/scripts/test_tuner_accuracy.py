@@ -106,13 +106,3 @@ def test_summary_and_verdicts():
     assert (summ["linear"]["diff_min"], summ["linear"]["diff_max"]) == (-1.0, 0.0)
     v = verdicts(list(summ.values()))
     assert len(v) == 2 and all("**met**" in x for x in v)     # on the mean: -0.25, -0.5
-
-
-def test_rescale_policy():
-    from minicaffe.proto import caffe_pb2
-    from scripts.tuner_accuracy import rescale_policy
-    for policy, gamma, want in (("inv", 1e-4, 8e-4), ("sigmoid", 0.5, 4.0), ("exp", 0.99, 0.99 ** 8),
-                                ("step", 0.1, 0.1), ("fixed", 0.1, 0.1)):
-        p = caffe_pb2.SolverParameter(lr_policy=policy, gamma=gamma)
-        rescale_policy(p, 8.0)
-        assert p.gamma == pytest.approx(want, rel=1e-6), policy

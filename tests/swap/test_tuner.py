@@ -380,3 +380,19 @@ def test_train_fixed_batch_and_usage_errors(net_file, tmp_path, capsys):
     assert main(["train", str(f), "--cpu", "--max-iter", "2", "--swap", "dynamic", "--budget",
                  "100K", "--batch", "4096"]) == 1
     assert "the largest minibatch that fits" in capsys.readouterr().err
+
+
+def test_the_schedule_keeps_its_epochs_and_its_decay_per_epoch():
+    """At k* = 4 k_base, the iterations left shrink 4x, steps move with them, and a
+    per-iteration decay follows the same curve per image."""
+    from minicaffe.proto import caffe_pb2
+    from swap.tuner import _rescale_schedule
+    for policy in ("inv", "exp", "sigmoid", "multistep"):
+        p = caffe_pb2.SolverParameter(max_iter=1000, lr_policy=policy, gamma=0.999, power=0.75,
+                                      stepsize=400)
+        p.stepvalue.extend([200, 600])
+        assert _rescale_schedule(p, 0, 0, 16, 64) == 250
+        assert p.stepsize == 100 and list(p.stepvalue) == [50, 150]
+        want = {"inv": 0.999 * 4, "sigmoid": 0.999 * 4, "exp": 0.999 ** 4,
+                "multistep": 0.999}[policy]
+        assert p.gamma == pytest.approx(want, rel=1e-6)

@@ -156,15 +156,17 @@ class Child:
             self.log.close()
 
 
-def wait_endpoint(child, path, timeout):
-    deadline = time.monotonic() + timeout
+def wait_endpoint(child, path, deadline: float) -> str:
+    """The endpoint a shard bound (its ``--endpoint-file``, written atomically), waiting until
+    ``deadline`` (``time.monotonic()``); RuntimeError when the shard exits or the deadline
+    passes first.  ``child`` has ``.name`` and ``.popen``."""
     while not os.path.exists(path):
         if child.popen.poll() is not None:
-            raise SystemExit(f"{child.name} exited with status {child.popen.returncode} before "
-                             "binding")
+            raise RuntimeError(f"{child.name} exited with status {child.popen.returncode} "
+                               "before binding")
         if time.monotonic() > deadline:
-            raise SystemExit(f"{child.name} did not bind within {timeout:g} s")
-        time.sleep(0.05)
+            raise RuntimeError(f"{child.name} did not bind before its deadline")
+        time.sleep(0.02)
     with open(path) as f:
         return f.read().strip()
 
@@ -248,7 +250,11 @@ def main(argv=None) -> int:
                     continue
                 child = Child(f"shard{s}", cmd, args.log_dir)
                 children.append(child)
-                endpoints.append(advertised(wait_endpoint(child, ep_file, 60), host))
+                try:
+                    endpoints.append(advertised(
+                        wait_endpoint(child, ep_file, time.monotonic() + 60), host))
+                except RuntimeError as e:
+                    raise SystemExit(str(e)) from None
                 os.unlink(ep_file)
             if run_dir:
                 os.rmdir(run_dir)

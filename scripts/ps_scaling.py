@@ -76,7 +76,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from scripts.launch_ps import free_port  # noqa: E402
+from scripts.launch_ps import free_port, wait_endpoint  # noqa: E402
 
 MODES = ("caffe_ps", "accudnn_ps")
 COMMS = ("ps", "nccl")
@@ -402,22 +402,6 @@ def child_env(cpu: bool) -> dict:
         for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(v, "1")
     return env
-
-
-def wait_endpoint(proc, path, deadline) -> str:
-    """The endpoint a shard bound (``--endpoint-file``), or RuntimeError."""
-    while True:
-        if os.path.exists(path):
-            with open(path) as f:
-                endpoint = f.read().strip()
-            if endpoint:
-                return endpoint
-        if proc.popen.poll() is not None:
-            raise RuntimeError(f"{proc.name} exited with status {proc.popen.returncode} before "
-                               "binding")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{proc.name} did not bind before the configuration's timeout")
-        time.sleep(0.02)
 
 
 def wait_group(procs, deadline, grace=5.0):

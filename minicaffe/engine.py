@@ -33,11 +33,15 @@ never flips back, and nothing is decided per iteration.
 cuDNN options, read once per layer at setup (:func:`cudnn_options`):
 ``MINICAFFE_DETERMINISTIC=1`` (deterministic convolution algorithms and
 deterministic max pooling), ``MINICAFFE_TF32=1`` (let float32 convolutions use
-TF32 tensor cores; off by default, Caffe is FP32), ``MINICAFFE_CUDNN_FIND=1``
-(choose convolution algorithms by timing them, ``cudnnFind*``, instead of cuDNN's
-heuristics as Caffe does; the search synchronizes and allocates temporary
-operands once per shape), ``MINICAFFE_CUDNN_WORKSPACE_LIMIT`` (bytes per
-convolution, default 64 MiB; see :mod:`minicaffe.cudnn.ops`).
+TF32 tensor cores; off by default, Caffe is FP32), ``MINICAFFE_CUDNN_FIND``
+(default 1: choose convolution algorithms by timing them, ``cudnnFind*``, as
+PyTorch's ``cudnn.benchmark``; the search synchronizes and allocates temporary
+operands once per shape; 0: cuDNN's heuristics, as Caffe), and
+``MINICAFFE_CUDNN_WORKSPACE_LIMIT`` (bytes per convolution, default 4 GiB, or a
+sixteenth of the budget under a memory manager; see :mod:`minicaffe.cudnn.ops`).
+On an H200 the timed search with the large limit made the convolutions of
+VGG-16, AlexNet and ResNet-34 2.2 to 3.3 times faster than the heuristics within
+64 MiB (``scripts/conv_algos.py``, docs/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -213,9 +217,11 @@ def layer_engines(net) -> list[tuple[str, str, str, str | None]]:
 
 
 # --------------------------------------------------------- cuDNN options
-def _flag(name: str) -> bool:
+def _flag(name: str, default: bool = False) -> bool:
     v = os.environ.get(name, "").strip().lower()
-    if v in ("", "0", "false", "no", "off"):
+    if v == "":
+        return default
+    if v in ("0", "false", "no", "off"):
         return False
     if v in ("1", "true", "yes", "on"):
         return True
@@ -228,20 +234,33 @@ class CudnnOptions:
 
     deterministic: deterministic convolution algorithms and max pooling.
     tf32: float32 convolutions may use TF32 tensor cores (off: Caffe is FP32).
-    find: time the convolution algorithms (``cudnnFind*``) instead of cuDNN's
-        heuristics (Caffe's choice).
+    find: time the convolution algorithms (``cudnnFind*``, the default) instead of
+        taking cuDNN's heuristics (Caffe's choice).
     workspace_limit: bytes of convolution workspace per layer at most.
     """
     deterministic: bool = False
     tf32: bool = False
-    find: bool = False
-    workspace_limit: int = 64 << 20
+    find: bool = True
+    workspace_limit: int = 4 << 30
 
 
 def cudnn_options() -> CudnnOptions:
     from .cudnn import ops
     return CudnnOptions(deterministic=_flag(ENV_DETERMINISTIC), tf32=_flag(ENV_TF32),
-                        find=_flag(ENV_FIND), workspace_limit=ops.workspace_limit())
+                        find=_flag(ENV_FIND, default=True), workspace_limit=ops.workspace_limit())
+
+
+def bound_workspaces(net, budget: int | None) -> int:
+    """Bound every CUDNN convolution's workspace of ``net`` for training inside ``budget``
+    bytes (:func:`minicaffe.cudnn.ops.workspace_limit_under_budget`); the algorithms are
+    chosen again at the next reshape.  Returns the limit (bytes)."""
+    from .cudnn import ops
+    limit = ops.workspace_limit_under_budget(budget)
+    for layer in net.layers:
+        setter = getattr(layer, "set_workspace_limit", None)
+        if setter is not None:
+            setter(limit)
+    return limit
 
 
 # ----------------------------------------------------- in-place hazards

@@ -91,6 +91,12 @@ def _free(ex=None):
         pass
 
 
+def _memory_report() -> str:
+    import cupy as cp
+    from swap.arena import device_memory_report
+    return device_memory_report(cp)
+
+
 def _close(net):
     ex = getattr(net, "executor", None)
     net.executor = None
@@ -298,7 +304,9 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                 f"GiB, predicted {r['pred_peak'] / 2**30:.2f} GiB")
         except Exception as e:            # recorded, the other points still run
             _close(net)
-            r = {"k": k, "error": f"{type(e).__name__}: {e}"[:400]}
+            r = {"k": k, "error": f"{type(e).__name__}: {e}"[:600]}
+            if gpu:
+                r["memory_after_close"] = _memory_report()
             log(f"dynamic at k = {k}: {r['error']}")
         # ---- 4. none at the same k, same lowering, where it fits the device
         if "error" not in r and _fits_device(g, k, S(k) if S is not None else None, gpu):
@@ -311,8 +319,15 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         out["dynamic"].append(r)
     # ---- 5. the paper's ResNet-152 point: least memory at <= 3 % slowdown
     if r152_batch and name == "resnet152":
-        out["at_batch"] = _least_memory(solver, g, r152_batch, model, pcie, S, iters, warmup,
-                                        gpu, log)
+        try:
+            out["at_batch"] = _least_memory(solver, g, r152_batch, model, pcie, S, iters,
+                                            warmup, gpu, log)
+        except Exception as e:            # recorded: the rows above are kept
+            _close(net)
+            out["at_batch"] = {"k": r152_batch, "error": f"{type(e).__name__}: {e}"[:600]}
+            if gpu:
+                out["at_batch"]["memory_after_close"] = _memory_report()
+            log(f"least memory at k = {r152_batch}: {out['at_batch']['error']}")
     out["seconds"] = time.time() - t_start
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump(out, f, indent=1)
@@ -469,6 +484,9 @@ def write_tables(results, peers, csv_path, md_path, header):
     for r in results:
         a = r.get("at_batch")
         if not a:
+            continue
+        if "error" in a:
+            md += ["", f"**{r['net']} at batch {a['k']}**: failed: {a['error'][:300]}"]
             continue
         md += ["", f"**{r['net']} at batch {a['k']}**: `none` {a['none_ms']:.1f} ms in "
                f"{a['none_arena'] / 2**30:.2f} GiB (chunked im2col); the smallest budgets "

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import weakref
 
 import numpy as np
 
@@ -160,6 +161,44 @@ class Arena:
                 f"{len(self.live)} regions, high water {self.high_water}>")
 
 
+_LIVE = weakref.WeakSet()      # GPU arenas whose memory this process has not released
+
+
+def device_memory_report(xp) -> str:
+    """One line on where the device memory of this process is: free and total (the driver),
+    CuPy's default pool (used and cached), and the arenas not yet released."""
+    free, total = xp.cuda.runtime.memGetInfo()
+    pool = xp.get_default_memory_pool()
+    arenas = sorted((a.capacity for a in list(_LIVE)), reverse=True)
+    gib = 1 << 30
+    return (f"device: {free / gib:.2f} GiB free of {total / gib:.2f} GiB; CuPy pool: "
+            f"{pool.used_bytes() / gib:.2f} GiB in use, {pool.total_bytes() / gib:.2f} GiB held; "
+            f"{len(arenas)} unreleased arena(s) of this process"
+            + (f": {', '.join(f'{c / gib:.2f}' for c in arenas[:6])} GiB" if arenas else ""))
+
+
+def _device_malloc(xp, n: int):
+    """``cudaMalloc(n)`` for an arena.  Blocks cached in CuPy's pool and garbage not yet
+    collected can hold the memory an arena needs (a process that builds executor after
+    executor): on the first failure both are given back and the allocation tried once more;
+    on the second, the error says where the device's memory is."""
+    try:
+        return xp.cuda.Memory(n)
+    except xp.cuda.memory.OutOfMemoryError:
+        pass
+    except xp.cuda.runtime.CUDARuntimeError as e:
+        if "MemoryAllocation" not in str(e):
+            raise
+    import gc
+    gc.collect()
+    xp.get_default_memory_pool().free_all_blocks()
+    try:
+        return xp.cuda.Memory(n)
+    except (xp.cuda.memory.OutOfMemoryError, xp.cuda.runtime.CUDARuntimeError) as e:
+        raise MemoryError(f"cannot allocate the device arena of {n} bytes ({n / (1 << 30):.2f} "
+                          f"GiB): {type(e).__name__}: {e}; {device_memory_report(xp)}") from e
+
+
 class DeviceArena(Arena):
     """The device buffer pool: ``capacity`` bytes of bookkeeping over one flat buffer.
 
@@ -183,7 +222,8 @@ class DeviceArena(Arena):
             # One cudaMalloc of the budget, outside CuPy's pool (section 5).  256-byte aligned
             # at least (cudaMalloc), and every region offset is a multiple of ALIGN = 512, so
             # every region keeps the alignment cuBLAS and cuDNN want.
-            self._memory = xp.cuda.Memory(max(n, 1))
+            self._memory = _device_malloc(xp, max(n, 1))
+            _LIVE.add(self)
             self.ptr = int(self._memory.ptr)
             self.buffer = xp.ndarray((n,), dtype=np.uint8,
                                      memptr=xp.cuda.MemoryPointer(self._memory, 0))
@@ -197,6 +237,7 @@ class DeviceArena(Arena):
         it is left); for callers that build many executors in one process."""
         self.buffer = None
         self._memory = None
+        _LIVE.discard(self)
 
     def view(self, offset: int, nbytes: int, dtype) -> "np.ndarray":
         """A 1-d array of ``dtype`` over ``[offset, offset + nbytes)`` (no copy).

@@ -234,9 +234,12 @@ def test_fall_back_records_the_reason(capsys):
 
 
 def test_cudnn_options(monkeypatch):
+    for name in (engine.ENV_DETERMINISTIC, engine.ENV_TF32, engine.ENV_FIND,
+                 "MINICAFFE_CUDNN_WORKSPACE_LIMIT"):
+        monkeypatch.delenv(name, raising=False)
     o = engine.cudnn_options()
-    assert (o.deterministic, o.tf32, o.find) == (False, False, False)
-    assert o.workspace_limit == 64 << 20
+    assert (o.deterministic, o.tf32, o.find) == (False, False, True)  # timed search by default
+    assert o.workspace_limit == 4 << 30
     monkeypatch.setenv(engine.ENV_DETERMINISTIC, "1")
     monkeypatch.setenv(engine.ENV_TF32, "true")
     monkeypatch.setenv(engine.ENV_FIND, "0")
@@ -280,3 +283,29 @@ def test_layer_engines_and_in_place_hazards():
                            .replace('bottom: "n" top: "p"', 'bottom: "r" top: "p"'),
                            caffe_pb2.NetParameter), TRAIN)
     assert engine.in_place_hazards(clean) == []
+
+
+def test_workspace_bound_under_a_budget(monkeypatch):
+    from minicaffe.cudnn import ops
+    monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", raising=False)
+    assert ops.workspace_limit_under_budget(None) == 4 << 30
+    assert ops.workspace_limit_under_budget(12 << 30) == 768 << 20      # a sixteenth
+    assert ops.workspace_limit_under_budget(256 << 20) == 64 << 20      # at least 64 MiB
+    assert ops.workspace_limit_under_budget(1 << 40) == 4 << 30         # at most the default
+    monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", "8M")          # the user's word wins
+    assert ops.workspace_limit_under_budget(12 << 30) == 8 << 20
+
+
+def test_bound_workspaces_sets_each_cudnn_convolution():
+    class Conv:
+        def __init__(self):
+            self.limits = []
+
+        def set_workspace_limit(self, limit):
+            self.limits.append(limit)
+
+    class Net:
+        layers = [Conv(), object(), Conv()]
+
+    assert engine.bound_workspaces(Net, 12 << 30) == 768 << 20
+    assert [c.limits for c in (Net.layers[0], Net.layers[2])] == [[768 << 20], [768 << 20]]

@@ -96,7 +96,9 @@ import numpy as np
 from . import lib as L
 from .lib import CudnnError, CudnnUnsupported
 
-DEFAULT_WORKSPACE_LIMIT = 64 << 20
+DEFAULT_WORKSPACE_LIMIT = 4 << 30
+BUDGET_WORKSPACE_SHARE = 16          # under a memory budget: at most budget / 16 per call
+MIN_BUDGET_WORKSPACE_LIMIT = 64 << 20
 ENV_WORKSPACE_LIMIT = "MINICAFFE_CUDNN_WORKSPACE_LIMIT"
 FWD, BWD_DATA, BWD_FILTER = "fwd", "bwd_data", "bwd_filter"
 DIRECTIONS = (FWD, BWD_DATA, BWD_FILTER)
@@ -141,7 +143,7 @@ def parse_bytes(text) -> int:
 
 def workspace_limit(value=None) -> int:
     """The convolution workspace limit in bytes: ``value``, else
-    ``$MINICAFFE_CUDNN_WORKSPACE_LIMIT``, else 64 MiB."""
+    ``$MINICAFFE_CUDNN_WORKSPACE_LIMIT``, else 4 GiB (:data:`DEFAULT_WORKSPACE_LIMIT`)."""
     if value is not None:
         v = int(value)
         if v < 0:
@@ -609,15 +611,30 @@ def _search(plan, direction, lib, h, limit, deterministic, find, operands) -> Al
 _workspaces: dict = {}
 
 
-def _cached_workspace(kind: str, nbytes: int):
-    """The per-op scratch buffer of the current device, grown to ``nbytes``.
+def workspace_limit_under_budget(budget: int | None) -> int:
+    """The workspace limit for convolutions that run inside a memory budget of ``budget``
+    bytes: ``$MINICAFFE_CUDNN_WORKSPACE_LIMIT`` when set, else ``budget / 16`` (at least
+    64 MiB, at most :data:`DEFAULT_WORKSPACE_LIMIT`).  A convolution's workspace is scratch
+    that the plan must place beside the feature maps, so an unbounded one would cost the
+    minibatch; ``budget`` None (no budget): :func:`workspace_limit`."""
+    if budget is None or os.environ.get(ENV_WORKSPACE_LIMIT, "").strip():
+        return workspace_limit()
+    share = int(budget) // BUDGET_WORKSPACE_SHARE
+    return max(MIN_BUDGET_WORKSPACE_LIMIT, min(DEFAULT_WORKSPACE_LIMIT, share))
 
-    Shared by every call of that kind on the device: calls on streams that may
-    overlap must pass their own ``workspace=``.  Growing frees the old buffer
-    into CuPy's memory pool, which reuses it only for later work.
+
+def _cached_workspace(kind: str, nbytes: int):
+    """The shared scratch buffer of the current device, grown to ``nbytes``.
+
+    One buffer per device serves every convolution direction (``kind`` names the
+    caller in messages only): calls on one stream run one after another, so a net
+    without a memory manager holds one workspace, of the largest need, not one
+    per layer.  Calls on streams that may overlap must pass their own
+    ``workspace=``.  Growing frees the old buffer into CuPy's memory pool, which
+    reuses it only for later work.
     """
     cp = _cupy()
-    key = (cp.cuda.runtime.getDevice(), kind)
+    key = cp.cuda.runtime.getDevice()
     buf = _workspaces.get(key)
     if buf is None or buf.nbytes < nbytes:
         buf = cp.empty(-(-nbytes // (1 << 20)) << 20, dtype=cp.uint8)  # whole MiB

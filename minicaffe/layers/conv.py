@@ -31,9 +31,13 @@ The CUDNN engine (``engine: CUDNN``, or DEFAULT in GPU mode with cuDNN; see
 backward filter and backward bias on the same (N, C, H, W) views, with no
 column buffer.  Its scratch is the internal ``workspace`` (uint8, the largest
 need of the three algorithms chosen at reshape, at most the workspace limit),
-handed to every call so that cuDNN allocates nothing in the steady state.  The
-algorithms are chosen once per shape by cuDNN's heuristics under the limit (as
-Caffe's ``CuDNNConvolutionLayer``), or by timing with ``MINICAFFE_CUDNN_FIND=1``;
+declared to the memory manager, which binds it in its arena; without one, every
+convolution of the device shares one cached buffer of the largest need, so
+cuDNN allocates nothing in the steady state either way.  The algorithms are
+chosen once per shape by timing them (``cudnnFind*``, as PyTorch's
+``cudnn.benchmark``; the fastest within the limit, default 4 GiB, or the
+budget's share under a memory budget), or by cuDNN's heuristics as Caffe's
+``CuDNNConvolutionLayer`` does, with ``MINICAFFE_CUDNN_FIND=0``;
 float32 without TF32 unless ``MINICAFFE_TF32=1``; deterministic algorithms with
 ``MINICAFFE_DETERMINISTIC=1``.  A shape that cuDNN cannot compute (no algorithm
 within the limit, more than 2^31-1 elements) makes the layer fall back to the
@@ -315,12 +319,27 @@ class ConvolutionLayer(Layer):
 
     # ------------------------------------------------------------ CUDNN engine
     def _conv_args(self):
-        """pad, stride, dilation, groups and the cuDNN keywords of every call."""
+        """pad, stride, dilation, groups and the cuDNN keywords of every call.
+
+        The workspace is the layer's ``workspace`` internal where a memory manager has
+        bound it to its arena; otherwise (a net without one) every convolution shares the
+        device's one cached buffer (:func:`minicaffe.cudnn.ops._cached_workspace`), so the
+        net holds the largest workspace once, not one per layer.
+        """
         o = self._cudnn
+        ws = self.internal("workspace")
         return ((self.pad, self.stride, self.dilation, self.group),
-                {"workspace": self.internal("workspace").data, "tf32": o.tf32,
+                {"workspace": ws.data if ws.data_storage.external else None, "tf32": o.tf32,
                  "deterministic": o.deterministic, "find": o.find,
                  "workspace_limit": o.workspace_limit})
+
+    def set_workspace_limit(self, limit: int):
+        """Bound this layer's cuDNN workspace to ``limit`` bytes (a memory manager calls
+        this before planning); the algorithms are chosen again at the next reshape."""
+        import dataclasses
+        o = getattr(self, "_cudnn", None)
+        if o is not None and o.workspace_limit != int(limit):
+            self._cudnn = dataclasses.replace(o, workspace_limit=int(limit))
 
     def _reshape_cudnn(self) -> bool:
         """Choose the three algorithms for this shape and size the workspace; False

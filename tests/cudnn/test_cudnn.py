@@ -189,7 +189,7 @@ def test_perf_struct_layout():
 
 def test_workspace_limit_setting(monkeypatch):
     monkeypatch.delenv(ops.ENV_WORKSPACE_LIMIT, raising=False)
-    assert ops.workspace_limit() == 64 << 20
+    assert ops.workspace_limit() == 4 << 30
     for text, value in (("0", 0), ("1048576", 1 << 20), ("64M", 64 << 20), ("64MiB", 64 << 20),
                         ("1g", 1 << 30), ("512k", 512 << 10)):
         monkeypatch.setenv(ops.ENV_WORKSPACE_LIMIT, text)

@@ -182,14 +182,24 @@ def test_conv_workspace_is_declared_scratch_and_is_the_only_one(cp, cu, rng):
     it = g.internals["workspace"]
     assert not it.saved and not it.batch_scaled and it.blob.dtype == np.uint8
     need = cu.conv_workspace_bytes(shape, g.blobs[0].shape, g.pad, g.stride, g.dilation,
-                                   g.group, np.float32, find=False)
+                                   g.group, np.float32, find=g._cudnn.find,
+                                   workspace_limit=g._cudnn.workspace_limit)
     assert it.blob.count == max(need.values()) <= cu.workspace_limit()
     assert g.backward_reads() == BackwardReads(bottom=(0,), top=(), internals=())
     g.param_propagate_down = [False, True]
     assert g.backward_reads() == BackwardReads(bottom=(), top=(), internals=())
     g.param_propagate_down = [True, True]
     check_pair(cp, pair, [True], rng)
-    # every call got the layer's workspace: ops made no buffer of its own
+    # no memory manager bound the internal: the calls shared the device's one buffer, of
+    # the largest need, and the layer's own internal was never allocated
+    assert not it.blob.has_data
+    if max(need.values()):
+        assert len(cu._workspaces) == 1
+        assert next(iter(cu._workspaces.values())).nbytes >= max(need.values())
+    # bound to an outside buffer (as the swap arena does), the calls use that one
+    cu.release_workspaces()
+    it.blob.bind_data(cp.empty(max(it.blob.count, 1), dtype=np.uint8))
+    check_pair(cp, pair, [True], rng)
     assert not cu._workspaces
     # steady state: a further iteration allocates nothing through CuPy
     (_, _, _), (g, gb, gt) = pair

@@ -209,6 +209,12 @@ class Blob:
     def bind_diff(self, flat):
         self._bind(self._diff, flat, self.count, self.name, "diff")
 
+    def drop_views(self):
+        """Forget the cached shaped views of data and diff.  Each holds its source array,
+        so a view cached before a memory manager re-homed the storage would keep the old
+        buffer (an arena) alive; the next access makes a fresh one."""
+        self._views.clear()
+
     def release_data(self):
         """Drop the data buffer; an external binding stays external (access raises)."""
         self._data.array = None

@@ -532,6 +532,21 @@ class Net:
                         f"layer {name!r}: cannot share param of shape {s.shape} into {b.shape}")
                 b.share_data(s)
 
+    def all_blobs(self):
+        """Every Blob of the net, once: tops and bottoms, layer parameters and internals."""
+        seen = set()
+        for b in list(self.blobs.values()) + [p for layer in self.layers for p in layer.blobs] \
+                + [it.blob for layer in self.layers for it in layer.internals.values()]:
+            if id(b) not in seen:
+                seen.add(id(b))
+                yield b
+
+    def drop_views(self):
+        """Drop every blob's cached views (:meth:`Blob.drop_views`): after a memory manager
+        gives the net its own arrays back, nothing keeps the manager's buffers alive."""
+        for b in self.all_blobs():
+            b.drop_views()
+
     def memory_summary(self) -> dict:
         """Bytes of blob data, blob diffs, params and internals currently allocated."""
         seen = set()

@@ -712,6 +712,7 @@ class TestNetMemory:
             st = _storage(item[0])
             st.array = None
             st.external = False
+        self.net.drop_views()
         if getattr(self.net, "executor", None) is self:
             self.net.executor = None
 
@@ -1335,6 +1336,7 @@ class Executor:
         for t in self.tests:
             t.close()
         self._bound_test = None
+        self.net.drop_views()                   # cached views would keep the arena alive
         if self._allocator is not None:         # pragma: no cover - GPU machine only
             self._allocator.pool.free_all_blocks()
             self.scratch_live_at_close = self.scratch.live

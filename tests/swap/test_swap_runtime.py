@@ -241,3 +241,22 @@ def test_none_allocates_what_caffe_allocates(make_solver):
     from swap.arena import ALIGN
     # the plan aligns every buffer; nothing else separates it from Caffe's figure
     assert caffe <= ex.plan.peak <= caffe + ALIGN * len(ex.gmap.buffers)
+
+
+@pytest.mark.parametrize("strategy", ["none", "naive"])
+def test_a_closed_executor_leaves_nothing_holding_its_arena(make_solver, strategy):
+    """The tuner builds a dozen executors in one process: once closed and released, nothing
+    (a blob's cached view included) may keep an arena's memory alive, or the next cudaMalloc
+    of a 12 GiB arena fails on a device that looks full."""
+    import gc
+    import weakref
+    s = make_solver("resnet")
+    ex = install(s, strategy)
+    s.step(2)
+    ref = weakref.ref(ex.device.buffer)
+    ex.close()
+    ex.device.release()
+    del ex
+    gc.collect()
+    assert ref() is None
+    s.step(1)                                # and the net trains on its own arrays

@@ -31,8 +31,24 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   fall back to the curve pooled over all steps of the same phase, then over all steps.
 
   eq. (2): ``t_iter(k) = sum_j t_j(k)`` (stall-free); eq. (3):
-  ``t_whole(k) = E * m / k * (t_iter(k) + Delta)`` with Delta the time between iterations
-  (parameter synchronization in distributed mode, 0 on one GPU).
+  ``t_whole(k) = E * m / k * (t_iter(k) + O(k) + Delta)`` with Delta the time between
+  iterations (parameter synchronization in distributed mode, 0 on one GPU) and O(k) below.
+
+* **Time outside the layer steps** (:class:`IterationOverhead`, not in the paper's eq. 2):
+  ``O(k) = a + b * k`` seconds per iteration on the compute stream that no step's time holds:
+  the gaps between consecutive steps (launch and host work between layers), the time before
+  the first step (clearing the parameter diffs) and after the last backward step (the solver
+  update, SGD with momentum over every parameter).  Fitted per profile by least squares over
+  the profiled ks from each iteration's ``head + gaps + tail`` (:func:`overhead_samples`).  The
+  profiles are taken under the naive plan, where many steps wait for a prefetch: a gap in which
+  a transfer ended may be such a wait, so only the other gaps ("clean") are averaged, and the
+  mean clean gap counts for every boundary.  Physically O is constant in k (the numbers of
+  parameters and of steps do not change with k); the slope b follows a profile that shows
+  growth with k, and is clamped at 0.  Profiles without solver-step marks (before
+  ``SolverStepSample``) give the gaps and the pass's own head and tail only: the solver update
+  is then not in O(k).  The H200 profiles of 2026-11-21 (none has the marks) give 4 to 7 us per
+  step boundary, O = 0.2 ms for AlexNet, 1.8 ms for ResNet-34, 2.7 ms for ResNet-50, 5.5 to
+  6.2 ms for ResNet-101 (``scripts/model_overhead.py``).
 
 * **GPU memory** (eq. 4): allocated minus released bytes never exceed the budget.  It is
   :class:`swap.plan.Plan`'s ``usage`` per step (checked by ``Plan.check``) and, in time, the
@@ -165,6 +181,128 @@ def fit_curve(flops, times) -> ThroughputCurve:
     return ThroughputCurve(peak=math.exp(logp), x_half=h)
 
 
+# ------------------------------------------------------- iteration overhead
+# a gap in which a transfer ended within this many seconds may be a wait for that transfer
+_STALL_TOL = 1e-6
+
+
+def _iterations_at(profile, k: int) -> list:
+    """The compute samples of each measured iteration at k, each sorted by step: samples are
+    stored in the order they were recorded, and a new iteration starts where the step index
+    does not grow."""
+    runs, cur, last = [], [], None
+    for c in profile.compute:
+        if c.k != k:
+            continue
+        if last is not None and c.step <= last:
+            runs.append(cur)
+            cur = []
+        cur.append(c)
+        last = c.step
+    if cur:
+        runs.append(cur)
+    return [sorted(r, key=lambda c: c.step) for r in runs]
+
+
+def overhead_samples(profile) -> list:
+    """Per profiled k, the time of an iteration outside its layer steps, averaged over the
+    measured iterations at k: a list of dicts with
+
+    k; boundaries: steps - 1; clean: the boundaries in whose gap no transfer ended (a gap
+    that a transfer ended in may be a wait for it, under the naive plan of the profile);
+    gap: the mean clean gap (the smallest gap when none is clean), seconds; gaps: ``gap *
+    boundaries``; head: from the pass's start to the first step's start, plus the solver
+    step's head where measured; tail: from the last step's end to the pass's end, plus the
+    solver step's tail where measured (the solver update); update: whether solver steps were
+    measured at k; seconds: ``head + gaps + tail``.
+    """
+    ends_at = {}
+    for t in profile.transfers:
+        ends_at.setdefault(t.k, []).append(t.start + t.time)
+    out = []
+    for k in profile.ks:
+        runs = [r for r in _iterations_at(profile, k) if r]
+        if not runs:
+            continue
+        ends = np.sort(np.asarray(ends_at.get(k, []), dtype=np.float64))
+        iters = [s for kk, s in profile.iterations if kk == k]
+        solver = [x for x in profile.solver_steps if x.k == k]
+        rows = []
+        for i, r in enumerate(runs):
+            start = np.array([c.start for c in r], dtype=np.float64)
+            end = start + np.array([c.time for c in r], dtype=np.float64)
+            gaps = np.maximum(start[1:] - end[:-1], 0.0)
+            lo = np.searchsorted(ends, end[:-1] - _STALL_TOL, side="left")
+            hi = np.searchsorted(ends, start[1:] + _STALL_TOL, side="right")
+            clean = gaps[hi == lo]
+            if len(clean):
+                gap = float(clean.mean())
+            else:               # every gap may be a wait: the smallest is the closest bound
+                gap = float(gaps.min()) if len(gaps) else 0.0
+            head = float(max(start[0], 0.0)) if len(start) else 0.0
+            tail = float(max(iters[i] - end[-1], 0.0)) if i < len(iters) else 0.0
+            if i < len(solver):
+                head += max(solver[i].head, 0.0)
+                tail += max(solver[i].tail, 0.0)
+            rows.append((gap, len(gaps), len(clean), head, tail))
+        gap = float(np.mean([x[0] for x in rows]))
+        n = rows[0][1]
+        head = float(np.mean([x[3] for x in rows]))
+        tail = float(np.mean([x[4] for x in rows]))
+        out.append({"k": k, "boundaries": n, "clean": int(np.mean([x[2] for x in rows])),
+                    "gap": gap, "gaps": gap * n, "head": head, "tail": tail,
+                    "update": bool(solver), "seconds": head + gap * n + tail})
+    return out
+
+
+@dataclass(frozen=True)
+class IterationOverhead:
+    """``O(k) = a + b * k``: seconds per iteration outside the layer steps (module doc).
+
+    a: seconds per iteration; b: seconds per image (0 unless the profile shows growth with
+    k).  samples: ``((k, seconds), ...)``, what it was fitted to.  The tuner adds O(k) to the
+    predicted iteration (the timeline of Algorithm 1 is not changed: transfers are not assumed
+    to hide in these gaps, which keeps constraint (6) on the safe side)."""
+    a: float = 0.0
+    b: float = 0.0
+    samples: tuple = ()
+
+    def __call__(self, k) -> float:
+        return self.a + self.b * float(k)
+
+    @classmethod
+    def fit(cls, ks, seconds) -> "IterationOverhead":
+        """Least squares ``a + b k`` on the points, with ``a, b >= 0``: a negative slope gives
+        the mean as a constant, a negative intercept the line through the origin."""
+        k = np.asarray(ks, dtype=np.float64)
+        y = np.asarray(seconds, dtype=np.float64)
+        samples = tuple((int(a), float(b)) for a, b in zip(k, y))
+        if len(k) == 0:
+            return cls(samples=samples)
+        if len(k) == 1 or np.ptp(k) == 0:
+            return cls(a=max(float(y.mean()), 0.0), samples=samples)
+        b, a = (float(v) for v in np.polyfit(k, y, 1))
+        if b < 0:
+            return cls(a=max(float(y.mean()), 0.0), samples=samples)
+        if a < 0:
+            return cls(a=0.0, b=max(float(k @ y / (k @ k)), 0.0), samples=samples)
+        return cls(a=a, b=b, samples=samples)
+
+    @classmethod
+    def from_profile(cls, profile) -> "IterationOverhead":
+        """Fit to :func:`overhead_samples` of a profile (each profiled k one point)."""
+        rows = overhead_samples(profile)
+        return cls.fit([r["k"] for r in rows], [r["seconds"] for r in rows])
+
+    def to_dict(self) -> dict:
+        return {"a": self.a, "b": self.b, "samples": [list(x) for x in self.samples]}
+
+    @classmethod
+    def from_dict(cls, d) -> "IterationOverhead":
+        return cls(a=float(d.get("a", 0.0)), b=float(d.get("b", 0.0)),
+                   samples=tuple((int(k), float(t)) for k, t in d.get("samples", [])))
+
+
 # ------------------------------------------------------------ compute model
 def _key(step, granularity: str) -> tuple:
     if granularity == "step":
@@ -180,11 +318,13 @@ class ComputeModel:
     the paper's) or ``("step", layer name, phase)`` (granularity "step"), plus the fallbacks
     ``("*", phase)`` and ``("*", "*")``.  slowdown: a factor >= 1 on every time (the paper's
     "reduce the denominator FLOPS(*) slightly"; 1 by default, since the fitted x_half already
-    holds the per-step overhead).
+    holds the per-step overhead).  overhead: the time of an iteration outside its steps,
+    :class:`IterationOverhead` (None: 0, the paper's model); not part of eq. (2)'s ``t_iter``.
     """
     curves: tuple
     granularity: str = "type"
     slowdown: float = 1.0
+    overhead: IterationOverhead | None = None
     _index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -228,9 +368,14 @@ class ComputeModel:
         return times
 
     def t_iter(self, gmap: GMAP, k: int | None = None) -> float:
-        """eq. (2): the stall-free iteration time at ``k`` (default ``gmap.k``)."""
+        """eq. (2): the stall-free iteration time at ``k`` (default ``gmap.k``), the layer
+        steps alone (:meth:`overhead_at` is the rest of the iteration)."""
         g = gmap if k is None else gmap.at(k)
         return float(self.step_times(g).sum())
+
+    def overhead_at(self, k: int) -> float:
+        """O(k): seconds of an iteration at ``k`` outside its layer steps (0 without a fit)."""
+        return 0.0 if self.overhead is None else float(self.overhead(k))
 
     # ---- construction
     @classmethod
@@ -239,8 +384,11 @@ class ComputeModel:
         return cls(curves=((("*", "*"), curve),), slowdown=slowdown)
 
     @classmethod
-    def from_profile(cls, profile, granularity: str = "type") -> "ComputeModel":
-        """Fit the curves of a :class:`swap.profiler.Profile` (per type and phase, or per step)."""
+    def from_profile(cls, profile, granularity: str = "type",
+                     overhead: bool = True) -> "ComputeModel":
+        """Fit the curves of a :class:`swap.profiler.Profile` (per type and phase, or per step)
+        and, with ``overhead``, the time outside the steps
+        (:meth:`IterationOverhead.from_profile`)."""
         if granularity not in ("type", "step"):
             raise ValueError(f"granularity must be 'type' or 'step', got {granularity!r}")
         groups: dict = {}
@@ -254,17 +402,23 @@ class ComputeModel:
         if not groups:
             raise ValueError(f"profile of {profile.net!r} has no compute samples")
         curves = tuple((key, fit_curve(x, t)) for key, (x, t) in sorted(groups.items()))
-        return cls(curves=curves, granularity=granularity)
+        return cls(curves=curves, granularity=granularity,
+                   overhead=IterationOverhead.from_profile(profile) if overhead else None)
 
     def to_dict(self) -> dict:
         return {"granularity": self.granularity, "slowdown": self.slowdown,
-                "curves": [{"key": list(k), **c.to_dict()} for k, c in self.curves]}
+                "curves": [{"key": list(k), **c.to_dict()} for k, c in self.curves],
+                "overhead": None if self.overhead is None else self.overhead.to_dict()}
 
     @classmethod
     def from_dict(cls, d) -> "ComputeModel":
+        """The inverse of :meth:`to_dict`; a dict without "overhead" (written before it
+        existed) gives no overhead, the old model."""
+        oh = d.get("overhead")
         return cls(curves=tuple((tuple(c["key"]), ThroughputCurve.from_dict(c))
                                 for c in d["curves"]),
-                   granularity=d.get("granularity", "type"), slowdown=d.get("slowdown", 1.0))
+                   granularity=d.get("granularity", "type"), slowdown=d.get("slowdown", 1.0),
+                   overhead=None if oh is None else IterationOverhead.from_dict(oh))
 
 
 def t_iter(model: ComputeModel, gmap: GMAP, k: int) -> float:
@@ -274,13 +428,14 @@ def t_iter(model: ComputeModel, gmap: GMAP, k: int) -> float:
 
 def t_whole(model: ComputeModel, gmap: GMAP, k: int, epochs: float, dataset: int,
             delta: float = 0.0) -> float:
-    """eq. (3): ``E * m / k * (t_iter(k) + Delta)``: seconds to train ``epochs`` over ``dataset``
-    images at minibatch ``k``, Delta seconds between iterations (parameter synchronization)."""
-    return epochs * dataset / k * (model.t_iter(gmap, k) + delta)
+    """eq. (3): ``E * m / k * (t_iter(k) + O(k) + Delta)``: seconds to train ``epochs`` over
+    ``dataset`` images at minibatch ``k``; O(k) the model's time outside the steps, Delta
+    seconds between iterations (parameter synchronization)."""
+    return epochs * dataset / k * (model.t_iter(gmap, k) + model.overhead_at(k) + delta)
 
 
 def images_per_second(model: ComputeModel, gmap: GMAP, k: int, delta: float = 0.0) -> float:
-    return k / (model.t_iter(gmap, k) + delta)
+    return k / (model.t_iter(gmap, k) + model.overhead_at(k) + delta)
 
 
 # --------------------------------------------------------------- PCIe model
@@ -408,5 +563,6 @@ def paper_k_max(gmap: GMAP, budget: int) -> int:
     return max(0, int((budget - fixed) // per))
 
 
-__all__ = ["H2D", "D2H", "ThroughputCurve", "fit_curve", "ComputeModel", "t_iter", "t_whole",
+__all__ = ["H2D", "D2H", "ThroughputCurve", "fit_curve", "IterationOverhead", "overhead_samples",
+           "ComputeModel", "t_iter", "t_whole",
            "images_per_second", "PCIeModel", "peak_memory", "paper_k_max", "FORWARD", "BACKWARD"]

@@ -19,6 +19,12 @@ train.  :func:`profile_solver` does the same inside real ``Solver.step`` iterati
   relative to an event recorded at the start of the iteration tell which copies overlapped one
   the other way (``concurrent``: both copy engines busy).  CPU: ``perf_counter`` around the
   synchronous copy;
+* the whole ``Solver.step`` of each measured iteration (:class:`SolverStepSample`): the
+  iteration starts on an idle device (GPU: one synchronization before it, as in a timed step)
+  and three marks on the compute stream give the time before the forward pass (clearing the
+  parameter diffs), the forward and backward pass, and the time after the last backward step
+  (the solver update).  The pass alone is the iteration's ``iterations`` entry, the time origin
+  of its compute and transfer samples;
 * optionally (GPU, on by default there) a microbenchmark of the pinned copy bandwidth host to
   device, device to host and both at once (:func:`measure_bandwidth`).
 
@@ -40,7 +46,9 @@ resized.  The executor of the previous k must be closed first (``Executor.close`
 Profiles are JSON (:meth:`Profile.save` / :meth:`Profile.load`), schema ``minicaffe.swap.profile``
 version 1: net, device, mode, date, k_base, the profiled ks, the steps (layer name, type, phase),
 compute samples (k, step, FLOPs, start, seconds), transfer samples (k, offload | prefetch,
-buffer, bytes, start, seconds, concurrent), wall time per iteration, measured bandwidths.
+buffer, bytes, start, seconds, concurrent), the time of each iteration's forward and backward
+pass, measured bandwidths, and (since the solver-step marks; absent from older files, which
+load with none) the solver steps (k, seconds, head, tail).
 """
 from __future__ import annotations
 
@@ -115,6 +123,21 @@ class TransferSample:
 
 
 @dataclass(frozen=True)
+class SolverStepSample:
+    """One measured ``Solver.step`` at minibatch k: what lies outside the layer steps.
+
+    seconds: the whole step, from its start on an idle device to the end of the solver update.
+    head: from the step's start to the start of the forward and backward pass (the time origin
+    of the iteration's samples): clearing the parameter diffs, host work before the first step.
+    tail: from the end of the pass (after the last backward step) to the end of the step: the
+    solver update (SGD with momentum over every parameter) and the loss bookkeeping."""
+    k: int
+    seconds: float
+    head: float
+    tail: float
+
+
+@dataclass(frozen=True)
 class Profile:
     """Dynamic information of one net on one device (module doc for the JSON schema)."""
     net: str
@@ -125,10 +148,11 @@ class Profile:
     steps: tuple
     compute: tuple
     transfers: tuple
-    iterations: tuple = ()          # (k, seconds) per measured iteration
+    iterations: tuple = ()          # (k, seconds) per measured iteration: its forward and backward
     bandwidth: dict | None = None   # {"h2d": B/s, "d2h": B/s, "both": B/s}
     date: str = ""
     meta: dict = field(default_factory=dict)
+    solver_steps: tuple = ()        # SolverStepSample per measured iteration (none in old files)
 
     def step_times(self, k: int) -> np.ndarray:
         """Mean measured seconds of every step at ``k`` (NaN where not measured)."""
@@ -154,6 +178,7 @@ class Profile:
             "compute": [asdict(c) for c in self.compute],
             "transfers": [asdict(t) for t in self.transfers],
             "iterations": [list(x) for x in self.iterations],
+            "solver_steps": [asdict(x) for x in self.solver_steps],
             "bandwidth": self.bandwidth, "meta": self.meta,
         }
 
@@ -173,6 +198,8 @@ class Profile:
                        compute=tuple(ComputeSample(**c) for c in d["compute"]),
                        transfers=tuple(TransferSample(**t) for t in d["transfers"]),
                        iterations=tuple((int(k), float(s)) for k, s in d.get("iterations", [])),
+                       solver_steps=tuple(SolverStepSample(**x)
+                                          for x in d.get("solver_steps", [])),
                        bandwidth=d.get("bandwidth"), meta=d.get("meta", {}))
         except (KeyError, TypeError) as e:
             raise ValueError(f"{where}: malformed profile ({e})") from None
@@ -220,11 +247,16 @@ def step_infos(gmap: GMAP) -> tuple:
 
 # --------------------------------------------------------------- synthetic
 def synthetic_profile(gmap: GMAP, ks, compute_model, pcie, *, noise: float = 0.0,
-                      seed: int = 0, device: str = "synthetic") -> Profile:
+                      seed: int = 0, device: str = "synthetic", gap: float = 0.0,
+                      update: float = 0.0) -> Profile:
     """A profile whose times come from a model instead of a device: step times from
     ``compute_model`` (eq. 2), one offload and one prefetch per feature map from ``pcie``
     (eq. 5), each multiplied by ``exp(noise * N(0, 1))``.  For tests, and for planning a device
-    one has not profiled (``minicaffe plan`` without ``--profile``)."""
+    one has not profiled (``minicaffe plan`` without ``--profile``).
+
+    gap: seconds between consecutive steps on the compute stream; update: seconds of the solver
+    step after the last backward step (its tail).  Both are outside eq. (2): the iteration's
+    overhead :class:`swap.model.IterationOverhead` fits ``(steps - 1) * gap + update``."""
     from .arena import align
     from .model import D2H, H2D
     rng = np.random.default_rng(seed)
@@ -232,13 +264,15 @@ def synthetic_profile(gmap: GMAP, ks, compute_model, pcie, *, noise: float = 0.0
     def jitter(x):
         return x * float(np.exp(noise * rng.standard_normal())) if noise else x
 
-    compute, transfers, iters = [], [], []
+    compute, transfers, iters, solver_steps = [], [], [], []
     for k in ks:
         g = gmap.at(k)
         t = compute_model.step_times(g)
         start = 0.0
         for s, tj in zip(g.steps, t):
             tj = jitter(float(tj))
+            if s.index:
+                start += gap
             compute.append(ComputeSample(k, s.index, float(s.flops), tj, start))
             start += tj
         for b in g.feature_maps():
@@ -248,11 +282,13 @@ def synthetic_profile(gmap: GMAP, ks, compute_model, pcie, *, noise: float = 0.0
                 t_copy = jitter(pcie.seconds(nb, direction))
                 transfers.append(TransferSample(k, kind, name, nb, t_copy))
         iters.append((k, start))
+        solver_steps.append(SolverStepSample(k, start + update, 0.0, update))
     bw = {"h2d": pcie.h2d, "d2h": pcie.d2h, "both": pcie.both}
     return Profile(net=gmap.net_name, device=device, mode="model", k_base=gmap.k0,
                    ks=tuple(ks), steps=step_infos(gmap), compute=tuple(compute),
                    transfers=tuple(transfers), iterations=tuple(iters), bandwidth=bw,
-                   date=_now(), meta={"synthetic": True, "noise": noise})
+                   date=_now(), meta={"synthetic": True, "noise": noise},
+                   solver_steps=tuple(solver_steps))
 
 
 # ------------------------------------------------------------- net resizing
@@ -397,6 +433,13 @@ class _Instrument:
         self.compute: list = []
         self.transfers: list = []
         self.iterations: list = []
+        self.solver_steps: list = []
+        self._in_step = False       # between begin_step and end_step of a recorded iteration
+        self._passed = False        # that step ran its full forward and backward pass
+        self._pass_end = 0.0        # CPU: seconds from the pass's start to its end
+        self._ev_end = None         # GPU: the pass's end on the compute stream
+        self._ev_step = None        # GPU: the solver step's start
+        self._t_step = 0.0
         self._j = 0
         self._cur = None
         self._t0 = 0.0
@@ -445,8 +488,48 @@ class _Instrument:
             return self._orig_run(last_step)
         finally:
             if rec:
-                self._finish_iteration()
+                self._end_pass()
+                if not self._in_step:       # no solver-step marks: read the pass now
+                    self._finish_iteration()
             self._active = False
+
+    def _end_pass(self):
+        """The forward and backward pass has been issued: mark its end on the compute stream."""
+        if self.gpu:                 # pragma: no cover - GPU machine only
+            self._ev_end = self._event()
+        else:
+            self._pass_end = self._now()
+        self._passed = True
+
+    # ---- the solver step around the pass (profile_solver calls these)
+    def begin_step(self):
+        """Before ``Solver.step(1)`` of a recorded iteration: the step starts on an idle device
+        (the previous iteration's kernels and copies finished, as in a timed step), so what it
+        does before its forward pass is timed without them."""
+        if not self.recording:
+            return
+        if self.gpu:                 # pragma: no cover - GPU machine only
+            self.ex.streams.synchronize()    # sync: the step starts with all streams idle
+            self._ev_step = self._event()
+        self._t_step = time.perf_counter()
+        self._in_step = True
+        self._passed = False
+
+    def end_step(self):
+        """After ``Solver.step(1)``: read the iteration (one sync on the GPU) and record its
+        :class:`SolverStepSample`."""
+        if not self._in_step:
+            return
+        self._in_step = False
+        if not self._passed:         # the step ran no full pass under this executor
+            return
+        if self.gpu:                 # pragma: no cover - GPU machine only
+            self._finish_iteration(step_end=self._event())
+            return
+        t1 = time.perf_counter()
+        self._finish_iteration()
+        self.solver_steps.append(SolverStepSample(
+            self.k, t1 - self._t_step, self._t0 - self._t_step, t1 - self._t0 - self._pass_end))
 
     def _wrap_layer(self, fn, phase):
         def timed(li):
@@ -500,14 +583,21 @@ class _Instrument:
                                              int(op.nbytes), float(seconds), float(start),
                                              bool(concurrent)))
 
-    def _finish_iteration(self):
+    def _finish_iteration(self, step_end=None):
+        """Read the recorded pass: its time, its compute and transfer samples (GPU: after one
+        synchronization), and with ``step_end`` (the solver step's end event) its step."""
         if not self.gpu:
-            self.iterations.append((self.k, self._now()))
+            self.iterations.append((self.k, self._pass_end))
             return
         cp = self.cp                  # pragma: no cover - GPU machine only
-        end = self._event()
+        end = self._ev_end
         self.ex.streams.synchronize()     # one sync per profiled iteration (all three streams)
         el = cp.cuda.get_elapsed_time
+        if step_end is not None:
+            step_end.synchronize()        # the current stream: done with the streams' sync
+            self.solver_steps.append(SolverStepSample(
+                self.k, el(self._ev_step, step_end) / 1e3, el(self._ev_step, self._ev0) / 1e3,
+                el(end, step_end) / 1e3))
         spans = []
         for kind, x, e0, e1 in self._pending:
             a, b = el(self._ev0, e0) / 1e3, el(self._ev0, e1) / 1e3
@@ -683,7 +773,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     k_base = net_batch_size(net)
     if getattr(net, "executor", None) is not None:
         net.executor.close()
-    compute, transfers, iters = [], [], []
+    compute, transfers, iters, solver_steps = [], [], [], []
     steps = None
     g0 = None
     reserves, measured, runs = [], [], []
@@ -737,7 +827,9 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             try:
                 for it in range(warmup + iterations):
                     inst.recording = it >= warmup
+                    inst.begin_step()
                     solver.step(1)
+                    inst.end_step()
             except ScratchOverflow as e:
                 inst.remove()
                 ex.close()
@@ -781,6 +873,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
         compute += inst.compute
         transfers += inst.transfers
         iters += inst.iterations
+        solver_steps += inst.solver_steps
         tp = ex.transients
         if tp is not None:
             measured.append([k, int(tp.peak)])
@@ -810,10 +903,11 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             meta["k_max"] = k_max
     return Profile(net=net.name, device=device_name(net), mode=net.mode, k_base=k_base,
                    ks=tuple(done), steps=steps, compute=tuple(compute), transfers=tuple(transfers),
-                   iterations=tuple(iters), bandwidth=bw, date=_now(), meta=meta)
+                   iterations=tuple(iters), bandwidth=bw, date=_now(), meta=meta,
+                   solver_steps=tuple(solver_steps))
 
 
 __all__ = ["SCHEMA", "VERSION", "PROFILE_FRACTIONS", "profile_ks", "StepInfo", "ComputeSample",
-           "TransferSample", "Profile", "synthetic_profile", "set_batch_size", "measure_bandwidth",
-           "device_name", "profile_solver", "step_infos", "ScratchModel", "scratch_estimate",
-           "max_batch_scratch", "default_host_budget"]
+           "TransferSample", "SolverStepSample", "Profile", "synthetic_profile", "set_batch_size",
+           "measure_bandwidth", "device_name", "profile_solver", "step_infos", "ScratchModel",
+           "scratch_estimate", "max_batch_scratch", "default_host_budget"]

@@ -1,5 +1,5 @@
-"""swap.model: the throughput curve (eq. 1-2), t_iter / t_whole (eq. 2-3), the PCIe model
-(eq. 5) and the memory model (eq. 4), fitted from profiles."""
+"""swap.model: the throughput curve (eq. 1-2), t_iter / t_whole (eq. 2-3), the time outside the
+layer steps, the PCIe model (eq. 5) and the memory model (eq. 4), fitted from profiles."""
 import math
 
 import numpy as np
@@ -7,10 +7,12 @@ import pytest
 
 from swap.arena import align
 from swap.gmap import build_gmap
-from swap.model import (D2H, H2D, ComputeModel, PCIeModel, ThroughputCurve, fit_curve,
-                        images_per_second, paper_k_max, peak_memory, t_iter, t_whole)
+from swap.model import (D2H, H2D, ComputeModel, IterationOverhead, PCIeModel, ThroughputCurve,
+                        fit_curve, images_per_second, overhead_samples, paper_k_max,
+                        peak_memory, t_iter, t_whole)
 from swap.plan import make_plan, max_batch
-from swap.profiler import Profile, TransferSample, synthetic_profile
+from swap.profiler import (ComputeSample, Profile, SolverStepSample, StepInfo, TransferSample,
+                           synthetic_profile)
 
 
 def test_curve_rises_then_saturates():
@@ -105,6 +107,114 @@ def test_eq1_to_eq3(build_net):
     # time per image falls with k (the curve rises), so t_whole does too
     tw = [t_whole(m, g, k, 1, 1000) for k in (1, 2, 4, 8, 16)]
     assert all(a > b for a, b in zip(tw, tw[1:]))
+
+
+# ------------------------------------------------------ time outside the steps
+US = 1e-6
+
+
+def hand_profile() -> Profile:
+    """Four steps of 1 ms (k = 10) and 2 ms (k = 20).  At k = 10 the pass starts its first
+    step after 5 us; the gaps are 10, 500 and 20 us, and a prefetch ends inside the 500 us one
+    (a wait for it, not overhead); another transfer ends inside step 0 (no gap); the pass ends
+    15 us after the last step; the solver step adds 100 us before the pass and 300 us after it.
+    At k = 20 the gaps are 10, 20 and 30 us with no transfer, the solver's tail is 320 us.
+    So O(10) = 5 + 100 + 3 * mean(10, 20) + 15 + 300 = 465 us and O(20) = 5 + 100 + 3 * 20
+    + 15 + 320 = 500 us: a = 430 us, b = 3.5 us per image."""
+    steps = tuple(StepInfo(j, f"L{j % 2}", "InnerProduct", "forward" if j < 2 else "backward")
+                  for j in range(4))
+    compute, iters = [], []
+    for k, t, gaps in ((10, 1000, (10, 500, 20)), (20, 2000, (10, 20, 30))):
+        start = 5
+        for j in range(4):
+            compute.append(ComputeSample(k, j, 1e6 * k, t * US, start * US))
+            start += t + (gaps[j] if j < 3 else 0)
+        iters.append((k, (start + 15) * US))
+    transfers = (TransferSample(10, "prefetch", "a", 4096, 400 * US, 2000 * US),
+                 TransferSample(10, "offload", "b", 4096, 50 * US, 50 * US))
+    solver = (SolverStepSample(10, 0.0, 100 * US, 300 * US),
+              SolverStepSample(20, 0.0, 100 * US, 320 * US))
+    return Profile(net="hand", device="test", mode="CPU", k_base=10, ks=(10, 20), steps=steps,
+                   compute=tuple(compute), transfers=transfers, iterations=tuple(iters),
+                   solver_steps=solver)
+
+
+def test_overhead_of_a_hand_made_profile():
+    prof = hand_profile()
+    rows = {r["k"]: r for r in overhead_samples(prof)}
+    assert rows[10]["clean"] == 2 and rows[10]["boundaries"] == 3
+    assert rows[10]["gap"] == pytest.approx(15 * US)
+    assert rows[10]["head"] == pytest.approx(105 * US)
+    assert rows[10]["tail"] == pytest.approx(315 * US)
+    assert rows[10]["seconds"] == pytest.approx(465 * US)
+    assert rows[20]["clean"] == 3 and rows[20]["seconds"] == pytest.approx(500 * US)
+    oh = IterationOverhead.from_profile(prof)
+    assert oh.a == pytest.approx(430 * US) and oh.b == pytest.approx(3.5 * US)
+    assert oh(40) == pytest.approx(570 * US)
+    m = ComputeModel.from_profile(prof)
+    assert m.overhead == oh and m.overhead_at(40) == pytest.approx(570 * US)
+    assert ComputeModel.from_profile(prof, overhead=False).overhead_at(40) == 0.0
+    # a second iteration at k = 10 with no clean gap at all counts its smallest gap
+    extra = tuple(ComputeSample(10, j, 1e6, 1e-3, j * 1.1e-3) for j in range(4))
+    ends = tuple(TransferSample(10, "prefetch", "c", 512, 1e-5, j * 1.1e-3 + 1e-3 + 5e-5)
+                 for j in range(3))
+    two = Profile(net="hand", device="test", mode="CPU", k_base=10, ks=(10,), steps=prof.steps,
+                  compute=prof.compute[:4] + extra, transfers=prof.transfers + ends,
+                  iterations=prof.iterations[:1] + ((10, 4.4e-3),),
+                  solver_steps=prof.solver_steps[:1] * 2)
+    r = overhead_samples(two)[0]
+    assert r["gap"] == pytest.approx((15 + 100) / 2 * US)
+
+
+def test_overhead_fit_keeps_a_and_b_non_negative():
+    assert IterationOverhead.fit([1, 2, 3], [3.0, 2.0, 1.0]) == IterationOverhead(
+        a=2.0, b=0.0, samples=((1, 3.0), (2, 2.0), (3, 1.0)))
+    through_origin = IterationOverhead.fit([10, 20], [0.5, 1.5])
+    assert through_origin.a == 0.0 and through_origin.b == pytest.approx(35 / 500)
+    assert IterationOverhead.fit([8], [0.25]) == IterationOverhead(0.25, 0.0, ((8, 0.25),))
+    assert IterationOverhead.fit([], [])(100) == 0.0
+
+
+def test_synthetic_gaps_and_update_are_fitted_back(build_net):
+    g = build_gmap(build_net("resnet", 4))
+    truth = ComputeModel.uniform(ThroughputCurve(1e9, 1e4))
+    plain = synthetic_profile(g, (2, 4, 8), truth, PCIeModel(1e9, 1e9))
+    assert ComputeModel.from_profile(plain).overhead == IterationOverhead(
+        0.0, 0.0, ((2, 0.0), (4, 0.0), (8, 0.0)))
+    prof = synthetic_profile(g, (2, 4, 8), truth, PCIeModel(1e9, 1e9), gap=1e-4, update=2e-3)
+    m = ComputeModel.from_profile(prof)
+    expect = (g.n_steps - 1) * 1e-4 + 2e-3
+    assert m.overhead.a == pytest.approx(expect, rel=1e-9) and m.overhead.b == pytest.approx(
+        0.0, abs=1e-12)
+    # the steps' own times, and eq. (2), do not change; eq. (3) gets O(k)
+    assert np.allclose(m.step_times(g), ComputeModel.from_profile(plain).step_times(g))
+    t2 = m.t_iter(g, 6)
+    assert t_whole(m, g, 6, 90, 1000, delta=0.5) == pytest.approx(
+        90 * 1000 / 6 * (t2 + expect + 0.5))
+    assert images_per_second(m, g, 6) == pytest.approx(6 / (t2 + expect))
+
+
+def test_old_profiles_and_models_still_load(tmp_path):
+    """A profile written before the solver-step marks loads with none and its overhead is the
+    pass's own (gaps, head and tail of the pass: 65 and 80 us here); a model dict without
+    "overhead" is the paper's model (no overhead)."""
+    prof = hand_profile()
+    d = prof.to_dict()
+    del d["solver_steps"]
+    path = tmp_path / "old.json"
+    path.write_text(__import__("json").dumps(d))
+    old = Profile.load(path)
+    assert old.solver_steps == () and old.compute == prof.compute
+    oh = IterationOverhead.from_profile(old)
+    assert oh.samples == ((10, pytest.approx(65 * US)), (20, pytest.approx(80 * US)))
+    assert oh(10) == pytest.approx(65 * US) and oh(20) == pytest.approx(80 * US)
+    m = ComputeModel.from_profile(prof)
+    again = ComputeModel.from_dict(m.to_dict())
+    assert again == m and again.overhead_at(30) == pytest.approx(m.overhead_at(30))
+    md = m.to_dict()
+    del md["overhead"]
+    assert ComputeModel.from_dict(md).overhead is None
+    assert ComputeModel.from_dict(md).overhead_at(30) == 0.0
 
 
 def test_pcie_model_eq5_and_sharing():

@@ -157,6 +157,46 @@ def test_profile_solver_measures_real_training_iterations(make_solver, tmp_path)
     assert d["schema"] == SCHEMA and d["version"] == VERSION and d["device"].startswith("CPU")
 
 
+def test_profile_solver_marks_the_solver_step_around_the_pass(make_solver, tmp_path):
+    """Each measured iteration records its whole Solver.step: the solver update lies after the
+    last backward step (its tail), clearing the parameter diffs before the pass (its head).
+    Both are slowed down here by a known amount, and the fitted overhead holds them."""
+    import time as _time
+    s = make_solver("lenet", batch=4)
+    budget = 4 * min_budget(build_gmap(s.net).at(8), "naive")
+    update, clear = s.apply_update, s.net.clear_param_diffs
+
+    def slow_update(*a, **kw):
+        _time.sleep(0.03)
+        return update(*a, **kw)
+
+    def slow_clear():
+        _time.sleep(0.02)
+        return clear()
+    s.apply_update = slow_update
+    s.net.clear_param_diffs = slow_clear
+    try:
+        prof = profile_solver(s, budget, (4, 8), warmup=1, iterations=2)
+    finally:
+        del s.apply_update
+        s.net.__dict__.pop("clear_param_diffs", None)
+    assert [x.k for x in prof.solver_steps] == [4, 4, 8, 8]
+    for x, (k, t_pass) in zip(prof.solver_steps, prof.iterations):
+        assert x.k == k
+        assert x.tail >= 0.03 and x.head >= 0.02
+        assert x.seconds == pytest.approx(x.head + t_pass + x.tail)
+    m = ComputeModel.from_profile(prof)
+    assert m.overhead_at(6) >= 0.05
+    # the pass (the time origin of the samples) holds neither: its steps lie within it
+    for k in prof.ks:
+        t_pass = max(t for kk, t in prof.iterations if kk == k)
+        assert t_pass < 0.02 and all(0 <= c.start and c.start + c.time <= t_pass
+                                     for c in prof.compute if c.k == k)
+    path = tmp_path / "p.json"
+    prof.save(path)
+    assert Profile.load(path).solver_steps == prof.solver_steps
+
+
 def test_profiling_iterations_train_like_plain_iterations(make_solver):
     """Profiled iterations at k are ordinary training iterations at k: two of them give the
     weights of a solver built at batch k and trained for two iterations."""

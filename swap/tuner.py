@@ -2,11 +2,14 @@
 (paper, sections 4 and 6).
 
 Problem (7): minimize ``t_whole(k)`` (eq. 3) subject to eq. (4) (the budget) and constraint (6)
-(no compute stall).  Under (6) the iteration time is the stall-free ``t_iter(k)`` of eq. (2), and
-with the saturating throughput curve of :mod:`swap.model` ``t_whole(k) / (E m) = sum_j t_j(k) / k +
+(no compute stall).  Under (6) the iteration time is the stall-free ``t_iter(k)`` of eq. (2) plus
+the time outside the layer steps ``O(k) = a + b k`` (:class:`swap.model.IterationOverhead`,
+fitted from the profile: gaps between steps, the solver update), and with the saturating
+throughput curve of :mod:`swap.model` ``t_whole(k) / (E m) = sum_j t_j(k) / k + a / k + b +
 Delta / k`` decreases with k (each step's time per image, ``(FLOPs_j(1) + x_half / k) / P``, does),
 so the optimum is the **largest k at which (6) can be met**, which is what the paper's linear
-search returns.
+search returns.  O(k) is added to every predicted iteration (the decision's ``t_iter``, the
+throughput compared where no k meets (6)); Algorithm 1's timeline does not contain it.
 
 Algorithm 2 here:
 
@@ -272,6 +275,7 @@ class Decision:
     evaluations: tuple = field(default=(), repr=False)
     delta: float = 0.0
     scratch: int = 0            # the scratch reserve at k* (Algorithm 2's M_ws), bytes
+    overhead: float = 0.0       # O(k*): seconds of the iteration outside the layer steps
 
     @property
     def plan(self):
@@ -287,8 +291,9 @@ class Decision:
 
     @property
     def t_iter(self) -> float:
-        """Predicted seconds per iteration (op-level replay, stalls included)."""
-        return self.timeline.t_iter
+        """Predicted seconds per iteration: the op-level replay (compute and stalls) plus the
+        time outside the layer steps, O(k*) (the solver update, gaps between steps)."""
+        return self.timeline.t_iter + self.overhead
 
     @property
     def images_per_s(self) -> float:
@@ -321,7 +326,9 @@ class Decision:
             f"{n_eval} k evaluated, {n_pruned} ruled out by the bound)"
             + ("" if self.stall_free else "  [no k meets constraint (6): best throughput]"),
             f"predicted iteration {1e3 * self.t_iter:.3f} ms (compute {1e3 * tl.t_model:.3f} ms, "
-            f"stall {1e3 * tl.total_stall:.3f} ms), {self.images_per_s:.1f} images/s"
+            f"stall {1e3 * tl.total_stall:.3f} ms"
+            + (f", outside the steps {1e3 * self.overhead:.3f} ms" if self.overhead else "")
+            + f"), {self.images_per_s:.1f} images/s"
             + (f" with {1e3 * self.delta:.3f} ms between iterations" if self.delta else ""),
             (f"peak memory {fmt_bytes(p.peak)} (eq. 4), arena {fmt_bytes(p.arena_bytes)} of "
              f"budget {fmt_bytes(self.budget)}"
@@ -348,7 +355,9 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
 
     gmap: the net's GMAP (any k; ``gmap.k0`` is k_base).  model / pcie: the performance model.
     method: "linear" (the paper) or "bisect".  rule: the pinning rule of
-    :func:`swap.planner.choose_pins`.  delta: seconds between iterations (eq. 3).
+    :func:`swap.planner.choose_pins`.  delta: seconds between iterations (eq. 3's Delta,
+    parameter synchronization); the time outside the layer steps within an iteration is the
+    model's own ``overhead`` (:class:`swap.model.IterationOverhead`), in the decision's t_iter.
     margin: the budget fraction kept for the layout (:class:`Search`); when the executable
     plan at the k found stalls more than ``verify_tol`` of the iteration, the search is run
     again below that k with the margin the plan's layout achieved (at least double), up to
@@ -364,6 +373,7 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     if method not in METHODS:
         raise ValueError(f"unknown search method {method!r} (known: {', '.join(METHODS)})")
     budget = int(budget)
+    overhead = _overhead_of(model)
     from .profiler import max_batch_scratch
     km = max_batch_scratch(gmap, budget, scratch) if k_max is None else int(k_max)
     if km < 1:
@@ -381,12 +391,12 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
         search.evaluations = []
         stall_free = k is not None
         if k is None:
-            k = _best_throughput(search, upper, k_min, delta)
+            k = _best_throughput(search, upper, k_min, delta, overhead)
             break
         dyn = _replay(search, k)
         if dyn is not None and dyn.timeline.total_stall <= verify_tol * dyn.timeline.t_model:
             return _decision(dyn, km, gmap, budget, method, rule, True, evaluations, delta,
-                             search)
+                             search, overhead)
         if attempt == refits:
             break
         # The layout could not realize the byte-level timing (large feature maps fragment the
@@ -395,17 +405,26 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
                     else 2 * margin)
         margin = min(max(2 * margin, achieved), 0.5)
         upper = k
-    dyn = _verified(search, k, k_min, verify_tol, verify_steps, stall_free, delta)
+    dyn = _verified(search, k, k_min, verify_tol, verify_steps, stall_free, delta, overhead)
     evaluations += search.evaluations
-    return _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta, search)
+    return _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta, search,
+                     overhead)
+
+
+def _overhead_of(model):
+    """``k -> O(k)``, the model's time outside the layer steps (0 without a model or a fit)."""
+    if model is None or getattr(model, "overhead", None) is None:
+        return lambda k: 0.0
+    return model.overhead_at
 
 
 def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta,
-              search) -> Decision:
+              search, overhead) -> Decision:
     return Decision(k_star=dyn.k, k_max=km, k_base=gmap.k0, budget=budget, method=method,
                     rule=rule, stall_free=stall_free, dynamic=dyn,
                     evaluations=tuple(evaluations), delta=delta,
-                    scratch=search.plan_budget - search.plan_budget_at(dyn.k))
+                    scratch=search.plan_budget - search.plan_budget_at(dyn.k),
+                    overhead=float(overhead(dyn.k)))
 
 
 def _replay(search: Search, k: int) -> DynamicPlan | None:
@@ -431,11 +450,14 @@ def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeMode
     return Decision(k_star=int(k), k_max=km, k_base=gmap.k0, budget=int(budget), method="fixed",
                     rule=rule, stall_free=dyn.feasible, dynamic=dyn,
                     evaluations=tuple(search.evaluations), delta=delta,
-                    scratch=search.plan_budget - search.plan_budget_at(int(k)))
+                    scratch=search.plan_budget - search.plan_budget_at(int(k)),
+                    overhead=float(_overhead_of(model)(int(k))))
 
 
-def _best_throughput(search: Search, k_max: int, k_min: int, delta: float) -> int:
-    """No k meets (6): the k among k_max / 2^i with the best predicted images/s."""
+def _best_throughput(search: Search, k_max: int, k_min: int, delta: float,
+                     overhead=lambda k: 0.0) -> int:
+    """No k meets (6): the k among k_max / 2^i with the best predicted images/s (stalls and
+    the time outside the steps included)."""
     best, best_k = -1.0, k_min
     k = k_max
     while True:
@@ -445,7 +467,7 @@ def _best_throughput(search: Search, k_max: int, k_min: int, delta: float) -> in
                               search.pcie, rule=search.rule)
         # predicted with the stalls (Algorithm 1 with the waits propagated)
         t = algorithm1(res.sketch, search.times(k), search.pcie, propagate=True).t_iter
-        ips = k / (t + delta)
+        ips = k / (t + overhead(k) + delta)
         if ips > best:
             best, best_k = ips, k
         if k <= k_min:
@@ -454,7 +476,7 @@ def _best_throughput(search: Search, k_max: int, k_min: int, delta: float) -> in
 
 
 def _verified(search: Search, k: int, k_min: int, tol: float, steps: int, stall_free: bool,
-              delta: float) -> DynamicPlan:
+              delta: float, overhead=lambda k: 0.0) -> DynamicPlan:
     """Build the executable plan at k and replay it; lower k while the replay stalls more than
     ``tol`` of the iteration or the layout does not fit (at most ``steps`` plans once one has
     been built)."""
@@ -483,7 +505,7 @@ def _verified(search: Search, k: int, k_min: int, tol: float, steps: int, stall_
         kk -= 1
     if not tried:
         raise RuntimeError(f"no plan could be made at or below k = {k}")
-    return max(tried, key=lambda d: d.k / (d.timeline.t_iter + delta))
+    return max(tried, key=lambda d: d.k / (d.timeline.t_iter + overhead(d.k) + delta))
 
 
 # ------------------------------------------------------------ device models
@@ -677,6 +699,12 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     model, pcie = profile_models(profile, g0, granularity)
     say(f"AccUDNN stage 2: PCIe model h2d {pcie.h2d / 1e9:.2f} GB/s, d2h {pcie.d2h / 1e9:.2f} "
         f"GB/s, latency {1e6 * pcie.latency:.1f} us")
+    if model.overhead is not None:
+        oh = model.overhead
+        say(f"AccUDNN stage 2: time outside the layer steps {1e3 * oh.a:.3f} ms + "
+            f"{1e6 * oh.b:.3f} us x k per iteration"
+            + ("" if profile.solver_steps else " (gaps between steps only: the profile has no "
+               "solver-step marks)"))
     if scratch is not None:
         say(f"AccUDNN stage 2: k_max {k_max}{reserve_words(k_max)}")
     if auto_batch:

@@ -173,6 +173,56 @@ def test_decision_and_fixed_k(build_net):
     assert f.k_star == 8 and f.method == "fixed" and f.plan.k == 8
 
 
+def test_the_time_outside_the_steps_is_in_the_predicted_iteration(build_net):
+    """A profile whose iterations hold about 50 ms outside their steps (a gap between every
+    two steps and a solver update) gives the same k* and plan as the same profile without, and
+    a predicted iteration longer by exactly the fitted O(k); Delta stays separate."""
+    g = build_gmap(build_net("resnet", 4))
+    truth, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9, both=1.8e9)
+    budget = 2 * min_budget(g.at(32), "naive")
+    ks = (4, 8, 16, 32)
+    gap, update = 1e-4, 0.05
+    m0 = ComputeModel.from_profile(synthetic_profile(g, ks, truth, pcie))
+    m1 = ComputeModel.from_profile(synthetic_profile(g, ks, truth, pcie, gap=gap,
+                                                     update=update))
+    o = (g.n_steps - 1) * gap + update
+    assert m0.overhead_at(20) == 0.0 and m1.overhead_at(20) == pytest.approx(o, rel=1e-9)
+    d0 = tune(g, budget, m0, pcie, delta=1e-3)
+    d1 = tune(g, budget, m1, pcie, delta=1e-3)
+    assert d1.k_star == d0.k_star and d1.pinned == d0.pinned and d1.stall_free
+    assert d0.overhead == 0.0 and d1.overhead == pytest.approx(o, rel=1e-9)
+    assert d1.timeline.t_iter == d0.timeline.t_iter
+    assert d1.t_iter - d0.t_iter == pytest.approx(o, rel=1e-9)
+    assert d1.images_per_s == pytest.approx(d1.k_star / (d0.t_iter + o + 1e-3))
+    assert d1.t_whole(90, 1000) == pytest.approx(90 * 1000 / d1.k_star * (d0.t_iter + o + 1e-3))
+    assert "outside the steps" in d1.describe() and "outside the steps" not in d0.describe()
+    f0, f1 = (plan_at(g, 8, budget, m, pcie) for m in (m0, m1))
+    assert f1.t_iter - f0.t_iter == pytest.approx(o, rel=1e-9)
+
+
+def test_without_a_stall_free_k_the_throughput_counts_the_overhead(monkeypatch):
+    """No k meets (6): the k of best predicted images/s among k_max / 2^i, with O(k) in the
+    iteration: 4 images in 0.4 s beat 8 in 0.9 s, but with 1 s more per iteration 8 win."""
+    import types
+
+    from swap import tuner
+    t = {8: 0.9, 4: 0.4, 2: 0.25, 1: 0.2}
+
+    class Stub:
+        pcie = None
+
+        def result(self, k):
+            return types.SimpleNamespace(sketch=k)
+
+        def times(self, k):
+            return None
+    monkeypatch.setattr(tuner, "algorithm1",
+                        lambda sketch, times, pcie, propagate: types.SimpleNamespace(
+                            t_iter=t[sketch]))
+    assert tuner._best_throughput(Stub(), 8, 1, 0.0) == 4
+    assert tuner._best_throughput(Stub(), 8, 1, 0.0, lambda k: 1.0) == 8
+
+
 def test_the_scratch_reserve_is_taken_off_the_budget_at_every_k(build_net):
     """Algorithm 2's M_ws: with a scratch model S(k), k_max and the feasibility at each k are
     decided under budget - S(k); the plan at k* and the reserve S(k*) fit the budget together."""

@@ -392,11 +392,13 @@ def run_torch_peers(name, k, iters, warmup) -> dict:
 
 
 # ----------------------------------------------------------------- parent
-def _child(args, extra, gpu_id, timeout, tag):
+def _child(args, extra, gpu_id, timeout, tag, script=__file__):
+    """Run ``script`` (this one by default) with ``extra`` on GPU ``gpu_id``: (RESULT, None)
+    or (None, why)."""
     env = dict(os.environ)
     if gpu_id is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
-    cmd = [sys.executable, os.path.abspath(__file__)] + extra
+    cmd = [sys.executable, os.path.abspath(script)] + extra
     t0 = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,

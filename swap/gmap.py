@@ -28,6 +28,11 @@ The memory objects (:class:`Buffer`) are what Caffe allocates, by storage identi
 * ``caffe``: memory Caffe allocates that minicaffe does not need (see :mod:`swap.memory`); only
   the ``none`` plan reserves it, so that a ``none`` run is as large as Caffe's.
 
+Each forward step also says whether its layer may be *recomputed* (``Step.recomputable``): run
+again in backward to rebuild what it wrote, as the ``recompute`` strategy does
+(:func:`swap.plan.plan_recompute`): a cheap layer (:data:`RECOMPUTABLE_TYPES`) whose forward is
+a function of its bottoms and parameters alone.
+
 Everything here is a pure function of a built Net; results are frozen dataclasses and tuples.
 """
 from __future__ import annotations
@@ -58,6 +63,17 @@ CUDNN_STREAMS_PER_GROUP = 3
 HISTORY_SLOTS = {"SGD": 1, "Nesterov": 1, "Adam": 2}
 # the CAFFE-engine convolution's lowering scratch (buffer-name suffixes), one image in Caffe
 LOWERING_SCRATCH = ("/col", "/top_diff_t")
+
+# Layer types whose forward is cheap beside a convolution's or an inner product's (elementwise,
+# a small window, a copy, a view) and a function of the bottoms and parameters alone, so that
+# running it again in backward rebuilds exactly what it wrote: SuperNeurons' "cheap layers"
+# (the ``recompute`` strategy, swap.plan.plan_recompute).  Not Dropout (its forward draws a new
+# mask), nor STOCHASTIC pooling (it draws its positions, see _recomputable); BatchNorm is,
+# because it leaves its running statistics alone while its ``recompute`` flag is set
+# (minicaffe/layers/batchnorm.py).
+RECOMPUTABLE_TYPES = frozenset({"ReLU", "Sigmoid", "TanH", "Pooling", "LRN", "BatchNorm",
+                                "Scale", "Bias", "Eltwise", "Concat", "Softmax", "Split",
+                                "Flatten", "Reshape"})
 
 
 # ------------------------------------------------------------------ sizes
@@ -135,6 +151,8 @@ class Step:
     feature map offloaded after its last forward use, back for its first backward use):
     buffers first written here (and scratch), dead after this step, offloaded after this step
     (its device copy is released once the copy completes), needed back from the host here.
+    recomputable: a forward step that may run again in backward with the same result and no
+    other effect (:data:`RECOMPUTABLE_TYPES`); always False for a backward step.
     """
     index: int
     layer: int
@@ -149,6 +167,7 @@ class Step:
     release: tuple = ()
     offload: tuple = ()
     prefetch: tuple = ()
+    recomputable: bool = False
 
     @property
     def touches(self) -> tuple:
@@ -259,6 +278,18 @@ def _conv_cap(layer) -> int | None:
         return None
     per_image = layer.kdim * layer.out_spatial * layer.dtype.itemsize
     return max(1, int(cap_bytes) // max(per_image, 1))
+
+
+def _recomputable(layer) -> bool:
+    """May ``layer``'s forward run again in backward (see :data:`RECOMPUTABLE_TYPES`)?"""
+    if layer.type not in RECOMPUTABLE_TYPES:
+        return False
+    if layer.type == "Pooling":
+        from minicaffe.layers.pooling import STOCHASTIC
+        return layer.method != STOCHASTIC          # TRAIN draws the pooled positions
+    if layer.type == "BatchNorm":
+        return hasattr(layer, "recompute")         # it can leave its statistics alone
+    return True
 
 
 def _conv_engine(layer, default: str) -> str:
@@ -583,5 +614,6 @@ def _naive_pattern(net, raw_steps, buffers, n) -> tuple:
                           phase=phase, reads=tuple(sorted(reads)), writes=tuple(sorted(writes)),
                           scratch=tuple(sorted(scratch)), flops=fl,
                           allocate=tuple(alloc[j]), release=tuple(release[j]),
-                          offload=tuple(offload[j]), prefetch=tuple(prefetch[j])))
+                          offload=tuple(offload[j]), prefetch=tuple(prefetch[j]),
+                          recomputable=phase == FORWARD and _recomputable(layer)))
     return tuple(steps)

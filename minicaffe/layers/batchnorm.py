@@ -22,6 +22,14 @@ likewise two and one.  The generic code below stays the reference (CPU mode, or
 small float64 scratch internal ``fused_ws`` (C * (2P + 1) values) and leaves the
 declared ``temp`` untouched, so that buffer is never allocated outside a memory
 plan (it stays declared: Caffe allocates it, and the ``none`` baseline counts it).
+
+Recomputation (``swap``'s ``recompute`` strategy, SuperNeurons-style): the memory
+manager may drop a BatchNorm top after its last forward use and run the layer's
+forward again in backward to rebuild it.  Caffe's statistics must see each
+minibatch once, so while ``recompute`` is True (the executor sets it around such
+a call) forward writes its statistics updates into throwaway copies: the top,
+``x_norm`` and ``std`` come out bit for bit as in the first forward (the same
+batch statistics), the three blobs stay as they were.
 """
 from __future__ import annotations
 
@@ -55,6 +63,9 @@ class BatchNormLayer(Layer):
     exact_num_bottom = 1
     exact_num_top = 1
     backward_reads_bottom = ()
+    # True while the memory manager re-runs forward to rebuild a dropped top (module
+    # doc): the running statistics are then left alone.
+    recompute = False
 
     def layer_setup(self, bottom, top):
         p = self.param.batch_norm_param
@@ -143,15 +154,24 @@ class BatchNormLayer(Layer):
             maf = dt(self.moving_average_fraction)
             m = bottom[0].count // self.channels
             correction = dt(m / (m - 1) if m > 1 else 1.0)
-            st = self.blobs
-            st[2].data *= maf
-            st[2].data += dt(1)
-            st[0].data[...] = st[0].data * maf + mean
-            st[1].data[...] = st[1].data * maf + var * correction
+            mean_sum, var_sum, factor = self._statistics()
+            factor *= maf
+            factor += dt(1)
+            mean_sum[...] = mean_sum * maf + mean
+            var_sum[...] = var_sum * maf + var * correction
         xp.sqrt(var + dt(self.eps), out=std)
         y /= std[None, :, None]
         if not self.use_global_stats:
             self.internal("x_norm").data[...] = top[0].data
+
+    def _statistics(self) -> list:
+        """The arrays a TRAIN forward updates: the three blobs' data ((C,), (C,), (1,)), or
+        copies of them while ``recompute`` is set, so that a recomputation updates nothing
+        (one small copy each; both the generic path and the fused kernels write here)."""
+        arrays = [b.data for b in self.blobs]
+        if self.recompute:
+            arrays = [a.copy() for a in arrays]
+        return arrays
 
     def backward_impl(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -183,11 +203,12 @@ class BatchNormLayer(Layer):
         y = self._ncs(top[0].data)          # may be x (in place)
         std = self.internal("std").data     # (C,)
         p, length = self._chunks
-        mean_sum, var_sum, factor = (b.data for b in self.blobs)
         if self.use_global_stats:
+            mean_sum, var_sum, factor = (b.data for b in self.blobs)
             cuda_fused.bn_forward_global(x, y, std, mean_sum, var_sum, factor, self.eps, p,
                                          length)
             return
+        mean_sum, var_sum, factor = self._statistics()    # copies when recomputing
         m = bottom[0].count // self.channels
         correction = m / (m - 1) if m > 1 else 1.0
         cuda_fused.bn_forward_train(

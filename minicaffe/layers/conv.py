@@ -45,6 +45,8 @@ CAFFE engine for good, at reshape.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .. import engine as engines
@@ -85,6 +87,17 @@ def _spatial_values(param, name, n_spatial, default, where):
     return [int(repeated[0])] * n_spatial if len(repeated) == 1 else [int(v) for v in repeated]
 
 
+def _col_buffer_default() -> int:
+    text = os.environ.get("MINICAFFE_COL_BUFFER", "").strip()
+    if not text:
+        return 64 << 20
+    from ..cudnn.ops import parse_bytes
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise ValueError(f"$MINICAFFE_COL_BUFFER: {e}") from None
+
+
 @register_layer
 class ConvolutionLayer(Layer):
     """2-d convolution with groups, dilation, per-axis kernel/stride/pad."""
@@ -95,8 +108,9 @@ class ConvolutionLayer(Layer):
     equal_num_bottom_top = True
 
     # Upper bound of the scratch column buffer (bytes); at least one image is
-    # lowered at a time.  0 gives Caffe's one-image buffer.
-    col_buffer_bytes = 64 << 20
+    # lowered at a time.  0 gives Caffe's one-image buffer.  $MINICAFFE_COL_BUFFER
+    # (bytes, or 64M, 1G...) sets it for the process.
+    col_buffer_bytes = _col_buffer_default()
     engine = engines.CAFFE
 
     def layer_setup(self, bottom, top):

@@ -1,5 +1,7 @@
 """Convolution: forward against torch and hand-computed values, gradient checks
 for every configuration, Caffe's diff semantics, declarations, errors, GPU."""
+import os
+
 import numpy as np
 import pytest
 
@@ -347,3 +349,17 @@ def test_gpu_matches_numpy(cp, case, limit, rng, monkeypatch):
     for g, c in pairs:
         g = to_numpy(g)
         assert np.abs(g - c).max() <= 1e-5 * max(np.abs(c).max(), 1e-30)
+
+
+def test_col_buffer_bound_from_the_environment():
+    import subprocess
+    import sys
+    code = "from minicaffe.layers.conv import ConvolutionLayer as C; print(C.col_buffer_bytes)"
+    for text, want in (("", 64 << 20), ("1G", 1 << 30), ("0", 0)):
+        env = dict(os.environ, MINICAFFE_COL_BUFFER=text)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env, check=True).stdout
+        assert int(out) == want, text
+    bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, MINICAFFE_COL_BUFFER="lots"))
+    assert bad.returncode != 0 and "MINICAFFE_COL_BUFFER" in bad.stderr

@@ -6,7 +6,7 @@
     minicaffe time --model M --iterations N
     minicaffe device_query
     minicaffe mem --model M [--batch k] [--budget 12G]   (memory per swap strategy, swap/)
-    minicaffe train ... --swap {none,naive,vdnn} [--budget 12G] [--memory-trace out.csv]
+    minicaffe train ... --swap {none,naive,vdnn,recompute} [--budget 12G] [--memory-trace out.csv]
     minicaffe train ... --swap dynamic --budget 12G [--auto-batch | --batch k] [--lr-rule eq9]
     minicaffe plan --model M --budget 12G [--batch k] [--profile P] [--plot out.png]
     minicaffe ps server|keys ...                         (parameter server, docs/PS.md)
@@ -92,11 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--random-seed", type=int, default=-1)
     t.add_argument("--quiet", action="store_true", help="only warnings and errors")
     # --- swap/ options (begin): run the train net under a memory plan
-    t.add_argument("--swap", choices=["none", "naive", "vdnn", "dynamic"], default=None,
+    t.add_argument("--swap", choices=["none", "naive", "vdnn", "recompute", "superneurons",
+                                      "dynamic"], default=None,
                    help="run the train net under a memory plan inside one arena of --budget "
                         "bytes: none (Caffe: all resident), naive (offload every feature map), "
-                        "vdnn (offload convolution inputs), dynamic (AccUDNN: profile, then pin "
-                        "the feature maps whose transfers would stall compute; docs/SWAP.md)")
+                        "vdnn (offload convolution inputs), recompute or superneurons "
+                        "(SuperNeurons: offload convolution outputs, recompute cheap layers), "
+                        "dynamic (AccUDNN: profile, then pin the feature maps whose transfers "
+                        "would stall compute; docs/SWAP.md)")
     t.add_argument("--budget", default=None,
                    help="device memory budget for --swap, e.g. 12G (binary units); default: "
                         "the smallest that works")
@@ -154,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(me, "--budget", default=None, help="device memory budget, e.g. 12G (binary units)")
     me.add_argument("--solver-type", default="SGD", choices=["SGD", "Nesterov", "Adam"],
                     help="decides the solver history per parameter (Adam keeps two)")
-    me.add_argument("--strategies", default="none,naive,vdnn",
+    me.add_argument("--strategies", default="none,naive,vdnn,recompute",
                     help="comma-separated swap strategies to report")
     # --- swap/ mem command (end)
     # --- swap/ plan command (begin)
@@ -267,7 +270,8 @@ def _install_swap(args, solver):
         ("--host-budget", args.host_budget)) if v]
     if args.swap is None:
         if args.budget is not None or args.memory_trace is not None:
-            raise UsageError("--budget and --memory-trace need --swap {none,naive,vdnn,dynamic}")
+            raise UsageError("--budget and --memory-trace need --swap "
+                             "{none,naive,vdnn,recompute,dynamic}")
         if dynamic_only:
             raise UsageError(f"{', '.join(dynamic_only)} need --swap dynamic")
         return None

@@ -7,8 +7,9 @@ Static analysis, plans and the runtime memory manager:
   as functions of the minibatch k, per-layer FLOPs (eq. 1), the naive allocate / release /
   offload / prefetch pattern.
 * :mod:`swap.plan`: immutable :class:`Plan` objects (ordered ops with bytes, stream, step,
-  offset and dependencies) for the ``none``, ``naive`` and ``vdnn`` strategies, any set of
-  pinned buffers, eq. (4) per step, :func:`min_budget`, :func:`max_batch`, :class:`BudgetError`.
+  offset and dependencies) for the ``none``, ``naive``, ``vdnn`` and ``recompute``
+  (SuperNeurons: swap + recompute) strategies, any set of pinned buffers, eq. (4) per step,
+  :func:`min_budget`, :func:`max_batch`, :class:`BudgetError`.
 * :mod:`swap.arena`: the budget-sized device arena and the pinned host arena (section 5).
 * :mod:`swap.runtime`: :class:`Executor` replays a plan around ``Net.forward_layer`` /
   ``backward_layer`` on three streams with explicit residency states; :func:`install`.
@@ -30,8 +31,9 @@ The performance model, the dynamic strategy and the tuner (sections 3.2-3.4 and 
 from .arena import ALIGN, Arena, DeviceArena, HostArena, align
 from .gmap import GMAP, Buffer, Size, Step, build_gmap, net_batch_size
 from .memory import breakdown, caffe_breakdown, caffe_max_batch, caffe_total, fmt_bytes, parse_bytes
-from .plan import (BudgetError, Op, Plan, STRATEGIES, make_plan, max_batch, min_budget,
-                   plan_dynamic, plan_naive, plan_none, plan_vdnn)
+from .plan import (BudgetError, Op, Plan, RecomputePolicy, STRATEGIES, make_plan, max_batch,
+                   min_budget, plan_dynamic, plan_naive, plan_none, plan_recompute, plan_vdnn,
+                   recompute_policy)
 from .runtime import Executor, Residency, ResidencyError, install
 from .lr import DEFAULT_CONVEXITY, LR_RULES, eq9, scale_lr
 from .model import ComputeModel, PCIeModel, ThroughputCurve, fit_curve, paper_k_max, t_whole
@@ -46,8 +48,9 @@ __all__ = [
     "ALIGN", "Arena", "DeviceArena", "HostArena", "align",
     "GMAP", "Buffer", "Size", "Step", "build_gmap", "net_batch_size",
     "breakdown", "caffe_breakdown", "caffe_max_batch", "caffe_total", "fmt_bytes", "parse_bytes",
-    "BudgetError", "Op", "Plan", "STRATEGIES", "make_plan", "max_batch", "min_budget",
-    "plan_dynamic", "plan_naive", "plan_none", "plan_vdnn",
+    "BudgetError", "Op", "Plan", "RecomputePolicy", "STRATEGIES", "make_plan", "max_batch",
+    "min_budget", "plan_dynamic", "plan_naive", "plan_none", "plan_recompute", "plan_vdnn",
+    "recompute_policy",
     "Executor", "Residency", "ResidencyError", "install",
     "DEFAULT_CONVEXITY", "LR_RULES", "eq9", "scale_lr",
     "ComputeModel", "PCIeModel", "ThroughputCurve", "fit_curve", "paper_k_max", "t_whole",

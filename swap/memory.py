@@ -115,7 +115,7 @@ def caffe_max_batch(gmap: GMAP, budget: int, k_limit: int = 1 << 20) -> int:
 
 
 def memory_report(gmap: GMAP, budget: int | None = None,
-                  strategies=("none", "naive", "vdnn")) -> str:
+                  strategies=("none", "naive", "vdnn", "recompute")) -> str:
     """The ``minicaffe mem`` table: per strategy the bytes by category at its peak step, the
     peak (eq. 4), the arena it needs, and the largest minibatch under ``budget``."""
     from .plan import SETUP, make_plan, max_batch

@@ -48,6 +48,9 @@ Strategies:
   offloaded) chosen by :mod:`swap.planner` (Algorithm 1's constraint (6)) at the minibatch
   chosen by :mod:`swap.tuner` (Algorithm 2).  As a plan it is exactly ``naive(pinned)``; with
   no pinned set it is the naive plan under another name.
+* ``recompute`` (alias ``superneurons``): SuperNeurons (Wang et al., PPoPP 2018): liveness,
+  offloading of convolution outputs, and the outputs of cheap layers dropped after forward and
+  recomputed in backward by RECOMPUTE ops (:func:`plan_recompute` states the exact policy).
 * Every strategy takes ``pinned``: buffer ids never offloaded (the dynamic strategy of
   Algorithm 2 pins feature maps in the spare memory).
 """
@@ -67,6 +70,7 @@ ALLOCATE = "allocate"
 RELEASE = "release"
 OFFLOAD = "offload"
 PREFETCH = "prefetch"
+RECOMPUTE = "recompute"
 
 COMPUTE = "compute"
 SWAP_OUT = "swap_out"
@@ -78,12 +82,17 @@ STREAMS = (COMPUTE, SWAP_OUT, SWAP_IN)
 class Op:
     """One memory operation of a plan.
 
-    kind: ALLOCATE, RELEASE, OFFLOAD or PREFETCH.  buffer: id in the GMAP.  nbytes: aligned bytes
-    reserved, released or copied.  stream: compute, swap_out or swap_in.  step: SETUP or the
-    step it belongs to; when: BEFORE or AFTER that step's computation.  wait_step: the compute
-    step whose completion it waits on (-1: none).  after: indices (in ``Plan.ops``) of earlier
-    ops whose completion it waits on.  offset: device arena offset of the region.  host_offset:
-    host arena offset (OFFLOAD, PREFETCH).
+    kind: ALLOCATE, RELEASE, OFFLOAD, PREFETCH or RECOMPUTE.  buffer: id in the GMAP.  nbytes:
+    aligned bytes reserved, released or copied.  stream: compute, swap_out or swap_in.  step:
+    SETUP or the step it belongs to; when: BEFORE or AFTER that step's computation.  wait_step:
+    the compute step whose completion it waits on (-1: none).  after: indices (in ``Plan.ops``)
+    of earlier ops whose completion it waits on.  offset: device arena offset of the region.
+    host_offset: host arena offset (OFFLOAD, PREFETCH).
+
+    RECOMPUTE runs forward step ``source`` again on the compute stream, before step ``step``
+    computes (after that step's ALLOCATE and PREFETCH ops, which hold what it writes and
+    reads); ``buffer`` is the first buffer it writes, ``nbytes`` 0 (it allocates nothing
+    itself).
     """
     kind: str
     buffer: int
@@ -95,6 +104,7 @@ class Op:
     after: tuple = ()
     offset: int = -1
     host_offset: int = -1
+    source: int = -1
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,9 @@ class Plan:
     usage[j]: bytes held while step j computes (eq. 4's left side).  setup_bytes: the resident
     part.  arena_bytes: extent of the layout, the smallest device arena that runs the plan.
     host_bytes: pinned host memory for the offloaded buffers.  offloaded: ids of the buffers it
-    swaps out.  needs[j]: indices of the PREFETCH ops that step j's computation waits on.
+    swaps out.  recomputed: ids of the buffers it drops after forward and rebuilds by RECOMPUTE
+    ops.  needs[j]: indices of the PREFETCH ops that step j's computation (or a RECOMPUTE op
+    before it) waits on.
     """
     strategy: str
     gmap: GMAP
@@ -117,6 +129,7 @@ class Plan:
     pinned: frozenset = frozenset()
     offloaded: frozenset = frozenset()
     needs: tuple = field(default=(), repr=False)
+    recomputed: frozenset = frozenset()
 
     @property
     def k(self) -> int:
@@ -169,6 +182,10 @@ class Plan:
                 held -= op.nbytes
         return peak
 
+    def recomputations(self) -> tuple:
+        """(step, forward step) of every RECOMPUTE op, in order."""
+        return tuple((op.step, op.source) for op in self.ops if op.kind == RECOMPUTE)
+
     def transfer_bytes(self) -> tuple[int, int]:
         """(offloaded, prefetched) bytes per iteration."""
         off = sum(op.nbytes for op in self.ops if op.kind == OFFLOAD)
@@ -183,6 +200,10 @@ class Plan:
         for i, op in enumerate(self.ops):
             where = "setup" if op.step == SETUP else (
                 f"{'before' if op.when == BEFORE else 'after '} {g.steps[op.step]}")
+            if op.kind == RECOMPUTE:
+                lines.append(f"{i:5d} {where:<40} {op.kind:<8} {op.stream:<8} "
+                             f"{g.steps[op.source]}")
+                continue
             lines.append(f"{i:5d} {where:<40} {op.kind:<8} {op.stream:<8} "
                          f"{g.buffers[op.buffer].name:<40} {op.nbytes:>12} @{op.offset}"
                          + (f" waits {list(op.after)}" if op.after else ""))
@@ -333,9 +354,17 @@ def _layout(intervals, sizes, n_steps) -> list[int]:
     return offsets
 
 
-def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded) -> Plan:
-    """Ops in timeline order, with offsets (best fit), dependencies and host regions."""
+def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded, *, uses=None,
+              recompute=None, recomputed=frozenset()) -> Plan:
+    """Ops in timeline order, with offsets (best fit), dependencies and host regions.
+
+    uses: {buffer: steps} replacing ``Buffer.uses`` where recomputations read or write a buffer
+    (the step a prefetch serves is its buffer's next use).  recompute: {step: forward steps}
+    run again, in that order, before the step computes (RECOMPUTE ops, after its allocations).
+    """
     sizes = _sizes(gmap)
+    uses = uses or {}
+    recompute = recompute or {}
     n = gmap.n_steps
     intervals = list(intervals)
     layout = _layout(intervals, sizes, n)
@@ -387,7 +416,7 @@ def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded) -> Pla
         if how == PREFETCH:
             deps = tuple(sorted(set(deps) | {last_offload[bid]}))
             # the step that waits on it: the first use at or after the prefetch
-            first = next(u for u in gmap.buffers[bid].uses if u >= start)
+            first = next(u for u in uses.get(bid, gmap.buffers[bid].uses) if u >= start)
             needs[first].append(len(ops))
             ops.append(Op(PREFETCH, bid, size, SWAP_IN, step, when, wait, deps, off,
                           host_off[bid]))
@@ -403,6 +432,10 @@ def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded) -> Pla
     for j in range(n):
         for iv in order(by_start.get(j, [])):
             place(iv, j, BEFORE)
+        for f in recompute.get(j, ()):
+            writes = gmap.steps[f].writes
+            ops.append(Op(RECOMPUTE, writes[0] if writes else -1, 0, COMPUTE, j, BEFORE,
+                          source=f))
         ending = sorted(by_end.get(j, []), key=lambda iv: iv[0])
         for iv in sorted(by_off.get(j, []), key=lambda iv: iv[0]):
             if iv[4]:
@@ -425,7 +458,7 @@ def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded) -> Pla
                 usage=tuple(int(u) for u in usage), setup_bytes=int(setup),
                 arena_bytes=int(arena.high_water), host_bytes=int(host_total),
                 pinned=frozenset(pinned), offloaded=frozenset(offloaded),
-                needs=tuple(tuple(x) for x in needs))
+                needs=tuple(tuple(x) for x in needs), recomputed=frozenset(recomputed))
 
 
 def _fits(plan: Plan, budget) -> bool:
@@ -510,6 +543,198 @@ def plan_vdnn(gmap: GMAP, budget: int | None = None, pinned=frozenset()) -> Plan
     return plan
 
 
+@dataclass(frozen=True)
+class RecomputePolicy:
+    """What :func:`plan_recompute` does with every feature map of a GMAP.
+
+    segments: per recomputed group, ``(step j, forward steps)``: the steps run again, in that
+    order, just before backward step j; in the order they run.  recomputed: the buffers they
+    rebuild (dropped after their last forward use).  offloaded: the checkpoints sent to the
+    host (convolution groups' feature maps).  uses: {buffer: steps} for every buffer a
+    recomputation touches: its GMAP uses plus the steps before which it is recomputed or read
+    by a recomputation.
+    """
+    segments: tuple
+    recomputed: frozenset
+    offloaded: frozenset
+    uses: dict = field(repr=False)
+
+    def schedule(self) -> dict:
+        """{step j: forward steps run again before j, in order}."""
+        out: dict = {}
+        for j, steps in self.segments:
+            out.setdefault(j, []).extend(steps)
+        return {j: tuple(v) for j, v in out.items()}
+
+
+def recompute_policy(gmap: GMAP, pinned=frozenset()) -> RecomputePolicy:
+    """The recompute strategy's decisions for ``gmap`` (the rules in :func:`plan_recompute`).
+
+    Depends on the net's structure only, not on the minibatch: the same at every k.
+    """
+    bufs = gmap.buffers
+    nf = gmap.n_forward
+    fwd = gmap.steps[:nf]
+    fm = set(gmap.feature_maps())
+    pinned = set(pinned)
+
+    # ---- groups: forward steps writing a common buffer (union-find over the writers)
+    parent = list(range(nf))
+
+    def root(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    writers: dict = {}                  # buffer -> forward steps writing it, in order
+    for st in fwd:
+        for b in st.writes:
+            writers.setdefault(b, []).append(st.index)
+    for ws in writers.values():
+        for w in ws[1:]:
+            parent[root(w)] = root(ws[0])
+    members: dict = {}
+    for st in fwd:
+        members.setdefault(root(st.index), []).append(st.index)
+    groups = sorted(tuple(v) for v in members.values())          # by first step
+    written = [frozenset(b for j in g for b in fwd[j].writes) for g in groups]
+    owner = {b: gi for gi, w in enumerate(written) for b in w}
+    inputs = [frozenset(b for j in g for b in fwd[j].reads
+                        if b not in written[gi] and not bufs[b].persistent)
+              for gi, g in enumerate(groups)]
+
+    # ---- checkpoints: the feature maps of convolution groups go to the host
+    offloaded = frozenset(b for gi, g in enumerate(groups)
+                          if any(fwd[j].type == "Convolution" for j in g)
+                          for b in written[gi] if b in fm and b not in pinned)
+
+    # ---- candidates: rules (1)-(3), then (4) to a fixed point
+    cand = set()
+    for gi, g in enumerate(groups):
+        if not all(fwd[j].recomputable for j in g):
+            continue                                                        # (1)
+        if any(bufs[b].persistent or b in pinned for b in written[gi]):
+            continue                                                        # (2)
+        if any(max(writers.get(c, [-1])) >= g[0] for c in inputs[gi]):
+            continue                                                        # (3)
+        cand.add(gi)
+    changed = True
+    while changed:                                                          # (4)
+        changed = False
+        for gi in sorted(cand):
+            if not all(c in fm or owner.get(c) in cand for c in inputs[gi]):
+                cand.discard(gi)
+                changed = True
+
+    # ---- when: the first backward step needing the group or a recomputed group it feeds (5).
+    # A group that reads another's buffers starts after all their writers (rule 3), so by
+    # decreasing first step every group comes after the groups that read it.
+    readers: dict = {gi: set() for gi in cand}
+    for gi in cand:
+        for c in inputs[gi]:
+            if owner.get(c) in cand:
+                readers[owner[c]].add(gi)
+    at: dict = {}
+    for gi in sorted(cand, key=lambda x: -groups[x][0]):
+        js = [bufs[b].backward_uses[0] for b in written[gi] if b in fm]
+        js += [at[r] for r in readers[gi] if r in at]
+        if js:
+            at[gi] = min(js)
+
+    order = sorted(at, key=lambda gi: groups[gi][0])     # a group after those it reads
+    segments = tuple((at[gi], groups[gi]) for gi in order)
+    extra: dict = {}
+    for j, g in segments:
+        for f in g:
+            for b in fwd[f].touches:
+                extra.setdefault(b, set()).add(j)
+    uses = {b: tuple(sorted(set(bufs[b].uses) | js)) for b, js in extra.items()}
+    recomputed = frozenset(b for gi in at for b in written[gi])
+    return RecomputePolicy(segments=segments, recomputed=recomputed, offloaded=offloaded,
+                           uses=uses)
+
+
+def plan_recompute(gmap: GMAP, budget: int | None = None, pinned=frozenset()) -> Plan:
+    """SuperNeurons' swap + recompute (Wang et al., PPoPP 2018) on this GMAP.
+
+    **Groups.**  Forward steps that write a common buffer form one group: an in-place chain
+    (a convolution and the BatchNorm, Scale and ReLU running in place on its top), a Split or
+    Flatten and the layer whose top it aliases.  A group is rebuilt or kept as a whole: one
+    in-place layer cannot be re-run from its own overwritten input.
+
+    **Checkpoints, offloaded.**  The feature maps of a group with a Convolution (its top, as
+    the in-place layers left it, and what they save: BatchNorm's ``x_norm`` and ``std``,
+    Scale's bottom copy) are offloaded after their last forward use and prefetched one step
+    ahead of their first backward use, recomputations included: SuperNeurons' tensor pool
+    offloads convolution outputs, and these cannot be recomputed without the convolution.
+    Every other feature map that is not recomputed stays on the device from its first use to
+    its last (liveness; so do Dropout's masks and inner-product outputs).
+
+    **Recomputed.**  A group is recomputed when
+    (1) every step is recomputable (``Step.recomputable``: ReLU, Pooling but STOCHASTIC, LRN,
+        BatchNorm, Scale, Eltwise, Concat ...; not Dropout, whose mask would be drawn anew);
+    (2) it writes nothing persistent and nothing pinned;
+    (3) its inputs (what its steps read besides its own and persistent buffers) are written
+        only before its first step, so that they still hold in backward what it read;
+    (4) cost-aware: each input comes back in backward anyway (a feature map: kept, or an
+        offloaded checkpoint) or is recomputed itself: a recomputation never brings a buffer
+        to the device for itself alone (an AlexNet LRN after an in-place ReLU, the pooling
+        after it, VGG's poolings are recomputed; LeNet's pooling of a convolution output that
+        backward does not read, or a ResNet Eltwise whose residual branch is read by nobody
+        in backward, are kept);
+    (5) something needs it: a backward step reads one of its buffers, or a recomputed group
+        reads them.
+    Its buffers are released after their last forward use.  Before the first backward step j
+    that reads any of them or before which a group reading them is recomputed, j's ALLOCATE
+    ops take everything its steps write and their scratch, then RECOMPUTE ops run its steps
+    again in forward order on the compute stream (after j's prefetches of its checkpoints:
+    the step waits on them).  Speed-centric, in SuperNeurons' terms: each group once per
+    iteration, the rebuilt buffers kept until their last use; groups recomputed before the
+    same step run in forward order, so a segment (AlexNet's LRN then pooling) is rebuilt from
+    its checkpoint in one go.
+
+    **Memory (eq. 4).**  usage[j] holds the rebuilt segment from step j on, with its scratch
+    through step j (a little more than the recomputation needs: allocations happen only
+    before a step computes, releases only after), and a checkpoint from its prefetch on; the
+    peak of a segment is the segment plus step j's own buffers.  The plan does not depend on
+    the budget: under a budget below its arena it fails with :class:`BudgetError`.
+    """
+    pol = recompute_policy(gmap, pinned)
+    sizes = _sizes(gmap)
+    nf = gmap.n_forward
+    out, pending = [], []
+    for b in gmap.buffers:
+        if sizes[b.id] == 0 or b.kind == CAFFE:
+            continue
+        if b.persistent:
+            out.append((b.id, SETUP, None, ALLOCATE, False))
+            continue
+        uses = pol.uses.get(b.id, b.uses)
+        if not uses:
+            continue
+        back = [u for u in uses if u >= nf]
+        if b.kind == SCRATCH:
+            out.extend((b.id, u, u, ALLOCATE, False) for u in uses)
+        elif b.id in pol.recomputed:
+            fwd = b.forward_uses
+            out.append((b.id, fwd[0], fwd[-1], ALLOCATE, False))
+            out.append((b.id, back[0], back[-1], ALLOCATE, False))
+        elif b.id in pol.offloaded:
+            last_fwd = b.forward_uses[-1]
+            out.append((b.id, uses[0], last_fwd, ALLOCATE, True))
+            pending.append((b.id, last_fwd + 1, back[0], back[-1]))
+        else:
+            out.append((b.id, uses[0], uses[-1], ALLOCATE, False))
+    pending.sort(key=lambda p: (p[2], p[0]))
+    plan = _assemble("recompute", gmap, _place_returns(gmap, out, pending, None, "ahead"),
+                     budget, pinned, pol.offloaded, uses=pol.uses, recompute=pol.schedule(),
+                     recomputed=pol.recomputed)
+    if not _fits(plan, budget):
+        _fail("recompute", gmap, budget, pinned, plan)
+    return plan
+
+
 # --- dynamic strategy (swap/planner, swap/tuner) (begin)
 def plan_dynamic(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
                  hold=None) -> Plan:
@@ -526,7 +751,8 @@ def plan_dynamic(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
 
 
 STRATEGIES = {"none": plan_none, "naive": plan_naive, "vdnn": plan_vdnn,
-              "dynamic": plan_dynamic}
+              "dynamic": plan_dynamic, "recompute": plan_recompute,
+              "superneurons": plan_recompute}       # the same strategy under its paper's name
 
 
 def make_plan(gmap: GMAP, strategy: str, budget: int | None = None,

@@ -56,7 +56,13 @@ layers and the solver run), swap-out (offload, the release that follows it) and 
 wrote its buffer, a prefetch for the offload that filled its host copy, every allocation and
 prefetch for the events of its region's previous occupant (last reader done, offload done), and
 a step for the prefetches of the buffers it reads; each iteration starts with compute waiting
-on the tails of the previous iteration's swap streams.  Events are created once and re-recorded
+on the tails of the previous iteration's swap streams.  A RECOMPUTE op (the ``recompute``
+strategy) runs a layer's forward again on the compute stream just before the backward step it
+belongs to: the buffers it writes were allocated by that step's ALLOCATE ops like any other
+(their regions' free events awaited), it waits on the prefetches of what it reads exactly as a
+step does, and the events recorded after the step cover it (compute is in order); the layer's
+``recompute`` flag, where it has one (BatchNorm), is set around the call so that its forward
+changes no state.  Events are created once and re-recorded
 every iteration; a step records its event only if some operation waits on it.  CPU mode runs
 the same code with synchronous copies and no events: the accounting is identical.
 
@@ -94,7 +100,7 @@ import numpy as np
 from . import nvtx as _nvtx
 from .arena import ALIGN, Arena, DeviceArena, HostArena, ScratchReserve, align
 from .gmap import DATA, FORWARD, PARAM, SAVED, SCRATCH, build_gmap, net_batch_size
-from .plan import (ALLOCATE, BEFORE, COMPUTE, OFFLOAD, PREFETCH, RELEASE, SETUP,
+from .plan import (ALLOCATE, BEFORE, COMPUTE, OFFLOAD, PREFETCH, RECOMPUTE, RELEASE, SETUP,
                    SWAP_IN, SWAP_OUT, BudgetError, Plan, make_plan)
 
 # ------------------------------------------------------------- residency
@@ -853,7 +859,8 @@ class Executor:
         self._touches = [s.touches for s in g.steps]
         # a step checks the residency of what it touches, resident buffers excepted
         self._check = [tuple(b for b in t if b not in self._resident) for t in self._touches]
-        self._dynamic = tuple(sorted({op.buffer for op in ops if op.step != SETUP}
+        self._dynamic = tuple(sorted({op.buffer for op in ops
+                                      if op.step != SETUP and op.kind != RECOMPUTE}
                                      - self._resident))
         self._fwd = [s.phase == FORWARD for s in g.steps]
         self._layer = [s.layer for s in g.steps]
@@ -911,9 +918,10 @@ class Executor:
         self._replay = True                # replay the arena bookkeeping (first iteration)
         self._force_replay = False
         names = [b.name for b in g.buffers]
-        self._op_names = [f"{op.kind} {names[op.buffer]}" for op in ops]
         self._step_names = [f"{'fwd' if s.phase == FORWARD else 'bwd'} {s.name}"
                             for s in g.steps]
+        self._op_names = [f"{op.kind} " + (self._step_names[op.source] if op.kind == RECOMPUTE
+                                           else names[op.buffer]) for op in ops]
         self._detach_dynamic()
 
     # ------------------------------------------------------------ binding
@@ -1047,13 +1055,16 @@ class Executor:
                 # on the region's stream: after its last reader (compute) or its offload
                 st.fill(self.device, op.offset, op.nbytes, op.stream)
                 st.record(self._op_event[i], op.stream)
+        elif kind == RECOMPUTE:
+            self._recompute(op.source, op.step)
         else:
             raise ValueError(f"unknown op kind {kind!r}")
         if nv is not None:
             nv.pop()
 
-    def _ready(self, j: int):
-        """Before step j computes: its buffers are on the device (waiting on prefetches)."""
+    def _ready(self, j: int, before: int | None = None):
+        """Before step j computes (or is recomputed before step ``before``): its buffers are
+        on the device (waiting on prefetches)."""
         res = self.residency
         state = res.state
         for bid in self._check[j]:
@@ -1064,9 +1075,31 @@ class Executor:
                 self.streams.wait(COMPUTE, [self._prefetch_event.pop(bid, None)])
                 res.apply(bid, "ready")
             else:
+                what = str(self.gmap.steps[j])
+                if before is not None:
+                    what = f"the recomputation of {what} before {self.gmap.steps[before]}"
                 raise ResidencyError(
-                    f"{self.gmap.steps[j]} needs buffer {res.names[bid]!r}, which is {s}: the "
+                    f"{what} needs buffer {res.names[bid]!r}, which is {s}: the "
                     f"plan {self.plan.strategy!r} did not bring it onto the device")
+
+    def _recompute(self, f: int, j: int):
+        """A RECOMPUTE op: forward step ``f`` again, on the compute stream, before step j.
+
+        What it writes was allocated by step j's ALLOCATE ops; what it reads is resident, kept
+        or prefetched (waited on here, as a step waits).  A layer with a ``recompute`` flag
+        (BatchNorm) runs with it set: its running statistics see each minibatch once."""
+        if self._check[f]:
+            self._ready(f, before=j)
+        li = self._layer[f]
+        layer = self.net.layers[li]
+        flag = hasattr(layer, "recompute")
+        if flag:
+            layer.recompute = True
+        try:
+            self.net.forward_layer(li)
+        finally:
+            if flag:
+                layer.recompute = False
 
     def _labels(self):
         """(scratch reserve, meter, nvtx ranges) to update per step, or None each."""
@@ -1153,7 +1186,7 @@ class Executor:
                     by["prefetched"] += op.nbytes
             elif op.kind == RELEASE:
                 by["released_" + op.stream] += op.nbytes
-            else:
+            elif op.kind == OFFLOAD:
                 by["offloaded"] += op.nbytes
         step = self.gmap.steps[j]
         return [self.iterations, j, step.name, step.phase, round(t_start, 4), round(t_end, 4),

@@ -28,10 +28,10 @@ def test_mem_prints_breakdown_and_max_batch(net_file, capsys):
     for col in ("params", "history", "feature", "maps", "diffs", "workspace", "peak", "arena"):
         assert col in head
     assert "2.00 MiB" in out[1]
-    rows = {line.split()[0]: line for line in out[2:6]}
-    assert list(rows) == ["caffe", "none", "naive", "vdnn"]
+    rows = {line.split()[0]: line for line in out[2:7]}
+    assert list(rows) == ["caffe", "none", "naive", "vdnn", "recompute"]
     g = build_gmap(Net(str(f), TRAIN, mode="CPU")).at(16)
-    for s in ("naive", "vdnn", "none"):
+    for s in ("naive", "vdnn", "none", "recompute"):
         gs = g.caffe_lowering() if s == "none" else g      # none: Caffe's one-image im2col
         assert rows[s].split()[-1] == str(max_batch(gs, s, 2 << 20))
         assert fmt_bytes(min_budget(gs, s)) in rows[s]
@@ -46,8 +46,8 @@ def test_mem_without_budget_and_bad_arguments(net_file, capsys):
     assert main(["mem", "--model", str(f), "--strategies", "naive"]) == 0
     out = capsys.readouterr().out
     assert "naive" in out and "max k" not in out and "vdnn" not in out
-    assert main(["mem", "--model", str(f), "--strategies", "recompute"]) == 2
-    assert "unknown strategy 'recompute'" in capsys.readouterr().err
+    assert main(["mem", "--model", str(f), "--strategies", "checkpoint"]) == 2
+    assert "unknown strategy 'checkpoint'" in capsys.readouterr().err
     assert main(["mem", "--model", str(f), "--budget", "lots"]) == 1
     assert "cannot read 'lots' as a size" in capsys.readouterr().err
 

@@ -5,11 +5,11 @@ import pytest
 from swap.arena import Arena, align
 from swap.gmap import CAFFE, DATA, build_gmap
 from swap.memory import breakdown
-from swap.plan import (AFTER, ALLOCATE, BEFORE, COMPUTE, OFFLOAD, PREFETCH, RELEASE, SETUP,
-                       SWAP_IN, SWAP_OUT, BudgetError, make_plan, max_batch, min_budget,
+from swap.plan import (AFTER, ALLOCATE, BEFORE, COMPUTE, OFFLOAD, PREFETCH, RECOMPUTE, RELEASE,
+                       SETUP, SWAP_IN, SWAP_OUT, BudgetError, make_plan, max_batch, min_budget,
                        plan_naive, plan_none, plan_vdnn)
 
-STRATEGIES = ("none", "naive", "vdnn")
+STRATEGIES = ("none", "naive", "vdnn", "recompute")
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +29,24 @@ def check_consistent(plan):
     keys = [(op.step, op.when) for op in ops]
     assert keys == sorted(keys)
     assert all(op.when == BEFORE for op in ops if op.step == SETUP)
-    assert all(op.when == BEFORE for op in ops if op.kind in (ALLOCATE, PREFETCH))
+    assert all(op.when == BEFORE for op in ops if op.kind in (ALLOCATE, PREFETCH, RECOMPUTE))
     assert all(op.when == AFTER for op in ops if op.kind in (OFFLOAD, RELEASE))
     # streams
     for op in ops:
         expected = {ALLOCATE: {COMPUTE}, PREFETCH: {SWAP_IN}, OFFLOAD: {SWAP_OUT},
-                    RELEASE: {COMPUTE, SWAP_OUT}}[op.kind]
+                    RELEASE: {COMPUTE, SWAP_OUT}, RECOMPUTE: {COMPUTE}}[op.kind]
         assert op.stream in expected
+    # a recomputation reruns a recomputable forward step before a backward step, after that
+    # step's allocations (nothing of the step is placed after it)
+    recomputing = {}                # step -> forward steps run again before it
+    for i, op in enumerate(ops):
+        if op.kind != RECOMPUTE:
+            continue
+        src = g.steps[op.source]
+        assert src.phase == "forward" and src.recomputable and op.step >= g.n_forward
+        assert op.nbytes == 0 and op.buffer in src.writes
+        assert all(o.kind == RECOMPUTE for o in ops[i:] if (o.step, o.when) == (op.step, BEFORE))
+        recomputing.setdefault(op.step, []).append(op.source)
     # eq. (4) at every op, and usage[j] is what is held while step j computes
     peak = plan.check(plan.budget)
     assert peak == plan.peak
@@ -45,6 +56,8 @@ def check_consistent(plan):
     host_end = {}
     for i, op in enumerate(ops):
         b = op.buffer
+        if op.kind == RECOMPUTE:
+            continue
         assert op.nbytes == align(g.nbytes(b))
         if op.kind == ALLOCATE:
             assert state.get(b) in (None, "freed")
@@ -77,13 +90,17 @@ def check_consistent(plan):
     for s in g.steps:
         held = set(plan.resident_at(s.index))
         assert set(s.touches) <= held, s
+        for f in recomputing.get(s.index, ()):        # and so does each recomputation
+            assert set(g.steps[f].touches) <= held, (s, g.steps[f])
     resident = {op.buffer for op in ops if op.step == SETUP}
     assert all(st in ("freed", "host") or b in resident for b, st in state.items())
     assert all(st != "host" for b, st in state.items() if g.buffers[b].backward_uses)
     # the steps that wait on a prefetch are its buffer's next use
     for j, needs in enumerate(plan.needs):
+        touched = set(g.steps[j].touches).union(*(g.steps[f].touches
+                                                  for f in recomputing.get(j, ())))
         for i in needs:
-            assert ops[i].kind == PREFETCH and ops[i].buffer in g.steps[j].touches
+            assert ops[i].kind == PREFETCH and ops[i].buffer in touched
 
 
 @pytest.mark.parametrize("which", ["lenet", "resnet"])
@@ -240,7 +257,7 @@ def test_budget_error_names_the_smallest_budget_and_largest_batch(gmaps):
     with pytest.raises(BudgetError, match="not even minibatch 1"):
         make_plan(g, "none", 1000)
     with pytest.raises(ValueError, match="unknown swap strategy"):
-        make_plan(g, "recompute")
+        make_plan(g, "checkpoint")
 
 
 def test_plan_describe_and_breakdown(gmaps):

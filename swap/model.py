@@ -214,7 +214,10 @@ def overhead_samples(profile) -> list:
     boundaries``; head: from the pass's start to the first step's start, plus the solver
     step's head where measured; tail: from the last step's end to the pass's end, plus the
     solver step's tail where measured (the solver update); update: whether solver steps were
-    measured at k; seconds: ``head + gaps + tail``.
+    measured at k; seconds: ``head + gaps + tail``; compute: the sum of the step times; host:
+    the sum of the host's times to issue the steps (None where the profile has none; not in
+    O(k): the profile's device waits for prefetches and the host runs ahead, so these times
+    only bound the iteration from below where the host cannot run ahead).
     """
     ends_at = {}
     for t in profile.transfers:
@@ -244,14 +247,19 @@ def overhead_samples(profile) -> list:
             if i < len(solver):
                 head += max(solver[i].head, 0.0)
                 tail += max(solver[i].tail, 0.0)
-            rows.append((gap, len(gaps), len(clean), head, tail))
+            host = (sum(c.host for c in r) if all(c.host is not None for c in r) else None)
+            rows.append((gap, len(gaps), len(clean), head, tail, sum(c.time for c in r),
+                         host))
         gap = float(np.mean([x[0] for x in rows]))
         n = rows[0][1]
         head = float(np.mean([x[3] for x in rows]))
         tail = float(np.mean([x[4] for x in rows]))
+        hosts = [x[6] for x in rows]
         out.append({"k": k, "boundaries": n, "clean": int(np.mean([x[2] for x in rows])),
                     "gap": gap, "gaps": gap * n, "head": head, "tail": tail,
-                    "update": bool(solver), "seconds": head + gap * n + tail})
+                    "update": bool(solver), "seconds": head + gap * n + tail,
+                    "compute": float(np.mean([x[5] for x in rows])),
+                    "host": None if None in hosts else float(np.mean(hosts))})
     return out
 
 

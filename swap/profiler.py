@@ -12,8 +12,9 @@ train.  :func:`profile_solver` does the same inside real ``Solver.step`` iterati
 * compute: each step's forward or backward on the compute stream.  GPU: two timing CUDA events
   around ``Net.forward_layer`` / ``backward_layer`` on the current (compute) stream, recorded
   after the executor has made the compute stream wait for the step's prefetches, so a wait is not
-  counted as compute; read once per iteration after one synchronization.  CPU: ``perf_counter``
-  around the call (NumPy is synchronous);
+  counted as compute; read once per iteration after one synchronization; and ``perf_counter``
+  around the call, the host's time to issue the step.  CPU: ``perf_counter`` around the call
+  (NumPy is synchronous);
 * transfers: each offload and prefetch.  GPU: two timing events on the copy's own stream
   around the copy (after its waits were enqueued), so the time is the copy's; start times
   relative to an event recorded at the start of the iteration tell which copies overlapped one
@@ -45,7 +46,7 @@ resized.  The executor of the previous k must be closed first (``Executor.close`
 
 Profiles are JSON (:meth:`Profile.save` / :meth:`Profile.load`), schema ``minicaffe.swap.profile``
 version 1: net, device, mode, date, k_base, the profiled ks, the steps (layer name, type, phase),
-compute samples (k, step, FLOPs, start, seconds), transfer samples (k, offload | prefetch,
+compute samples (k, step, FLOPs, start, seconds, host seconds), transfer samples (k, offload | prefetch,
 buffer, bytes, start, seconds, concurrent), the time of each iteration's forward and backward
 pass, measured bandwidths, and (since the solver-step marks; absent from older files, which
 load with none) the solver steps (k, seconds, head, tail).
@@ -98,12 +99,17 @@ class StepInfo:
 @dataclass(frozen=True)
 class ComputeSample:
     """One step's compute at minibatch k: FLOPs (eq. 1) and measured seconds; start: seconds
-    from the start of the iteration (for observed timelines)."""
+    from the start of the iteration (for observed timelines); host: seconds the host took to
+    issue the step (its Python and kernel launches; on the CPU the step itself; None in
+    profiles from before it was recorded).  Under the naive plan the host runs ahead of a
+    device that waits for prefetches, so the step's device time does not show it; without
+    those waits a step whose host time exceeds its device time leaves the device idle."""
     k: int
     step: int
     flops: float
     time: float
     start: float = 0.0
+    host: float | None = None
 
 
 @dataclass(frozen=True)
@@ -539,14 +545,16 @@ class _Instrument:
             self._j += 1
             if self.gpu:             # pragma: no cover - GPU machine only
                 e0 = self._event()
+                h = time.perf_counter()
                 out = fn(li)
+                h = time.perf_counter() - h
                 e1 = self._event()
-                self._pending.append(("compute", j, e0, e1))
+                self._pending.append(("compute", (j, h), e0, e1))
                 return out
             a = self._now()
             out = fn(li)
-            self.compute.append(ComputeSample(self.k, j, float(self.g.steps[j].flops),
-                                              self._now() - a, a))
+            t = self._now() - a
+            self.compute.append(ComputeSample(self.k, j, float(self.g.steps[j].flops), t, a, t))
             return out
         return timed
 
@@ -606,8 +614,9 @@ class _Instrument:
         copies = [(self.ex.plan.ops[x], a, b) for kind, x, a, b in spans if kind == "transfer"]
         for kind, x, a, b in spans:
             if kind == "compute":
-                self.compute.append(ComputeSample(self.k, x, float(self.g.steps[x].flops),
-                                                  b - a, a))
+                j, h = x
+                self.compute.append(ComputeSample(self.k, j, float(self.g.steps[j].flops),
+                                                  b - a, a, h))
         for op, a, b in copies:
             other = SWAP_OUT if op.stream == SWAP_IN else SWAP_IN
             overlap = sum(max(0.0, min(b, b2) - max(a, a2)) for op2, a2, b2 in copies

@@ -148,6 +148,7 @@ def test_overhead_of_a_hand_made_profile():
     assert rows[10]["tail"] == pytest.approx(315 * US)
     assert rows[10]["seconds"] == pytest.approx(465 * US)
     assert rows[20]["clean"] == 3 and rows[20]["seconds"] == pytest.approx(500 * US)
+    assert rows[20]["compute"] == pytest.approx(8e-3) and rows[20]["host"] is None
     oh = IterationOverhead.from_profile(prof)
     assert oh.a == pytest.approx(430 * US) and oh.b == pytest.approx(3.5 * US)
     assert oh(40) == pytest.approx(570 * US)

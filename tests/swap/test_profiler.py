@@ -187,6 +187,8 @@ def test_profile_solver_marks_the_solver_step_around_the_pass(make_solver, tmp_p
         assert x.seconds == pytest.approx(x.head + t_pass + x.tail)
     m = ComputeModel.from_profile(prof)
     assert m.overhead_at(6) >= 0.05
+    # the host's time to issue each step is recorded (on the CPU: the step's own time)
+    assert all(c.host == c.time for c in prof.compute)
     # the pass (the time origin of the samples) holds neither: its steps lie within it
     for k in prof.ks:
         t_pass = max(t for kk, t in prof.iterations if kk == k)

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """The smallest budget that trains each network under `none`, `naive` and `vdnn`, and its speed.
 
+`--strategies` takes `recompute` too (SuperNeurons' swap + recompute, the baseline of the
+paper's Table 3), `dynamic`, and `plain`.
+
 For each network at the paper's minibatch (AlexNet 256, GoogLeNet 128, VGG-16 64, ResNet-34
 128, ResNet-50 64, ResNet-101 32, ResNet-152 32; ResNet-152 at 32 is also the paper's headline
 point: Caffe needs more than 24 GB, naive swapping 2.5 GB) and each strategy, one process:
@@ -26,6 +29,7 @@ but not enforced (NumPy temporaries cannot be redirected).
 
     python3 scripts/swap_budgets.py                                   # about 6 minutes, H200
     python3 scripts/swap_budgets.py --nets resnet50:64 --strategies naive,vdnn
+    python3 scripts/swap_budgets.py --strategies none,naive,vdnn,recompute
     python3 scripts/swap_budgets.py --quick --csv /tmp/q.csv --md /tmp/q.md
 """
 from __future__ import annotations
@@ -242,7 +246,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nets", default=None, help=f"name:batch,... (default {DEFAULT_NETS})")
     ap.add_argument("--strategies", default=STRATEGIES,
-                    help="of none, naive, vdnn, dynamic, and plain (no executor: the baseline "
+                    help="of none, naive, vdnn, recompute (alias superneurons), dynamic, and "
+                         "plain (no executor: the baseline "
                          "of `none`; its high-water column is CuPy's pool)")
     ap.add_argument("--iters", type=int, default=3, help="timed iterations (median)")
     ap.add_argument("--warmup", type=int, default=2,

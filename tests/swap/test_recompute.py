@@ -8,6 +8,7 @@ net where an in-place layer overwrites a pooling's input after the pooling read 
 import numpy as np
 import pytest
 
+from minicaffe.backend import to_numpy
 from minicaffe.net import TRAIN, Net
 from minicaffe.proto import caffe_pb2, parse_text
 from minicaffe.rng import set_random_seed
@@ -15,7 +16,7 @@ from minicaffe.solver import Solver
 from swap.gmap import build_gmap
 from swap.plan import (OFFLOAD, RECOMPUTE, BudgetError, make_plan, max_batch, min_budget,
                        plan_naive, plan_none, plan_recompute, recompute_policy)
-from swap.runtime import Executor, install, set_lowering
+from swap.runtime import Executor, install, measure_scratch, set_lowering
 
 from conftest import net_text                       # tests/swap/conftest.py
 from test_swap_plan import check_consistent         # tests/swap/test_swap_plan.py
@@ -101,7 +102,7 @@ def gmap_of(which, batch=4):
                           mode="CPU"))
 
 
-def make_solver(which, batch=4):
+def make_solver(which, batch=4, mode="CPU"):
     p = caffe_pb2.SolverParameter()
     p.net_param.CopyFrom(parse_text(text_of(which, batch), caffe_pb2.NetParameter))
     p.base_lr = 0.05
@@ -111,13 +112,13 @@ def make_solver(which, batch=4):
     p.max_iter = 20
     p.display = 0
     p.random_seed = 3
-    return Solver(p, mode="CPU", verbose=False)
+    return Solver(p, mode=mode, verbose=False)
 
 
-def train(which, strategy=None, budget=None, iters=20, lowering="chunked"):
+def train(which, strategy=None, budget=None, iters=20, lowering="chunked", mode="CPU"):
     """(params, history, losses, executor) after ``iters`` iterations; every fresh or released
     region poisoned with NaN.  params includes BatchNorm's statistics (Caffe's blobs)."""
-    s = make_solver(which)
+    s = make_solver(which, mode=mode)
     ex = None
     if strategy:
         ex = install(s, strategy, budget, poison=True, lowering=lowering)
@@ -128,8 +129,8 @@ def train(which, strategy=None, budget=None, iters=20, lowering="chunked"):
     for _ in range(iters):
         s.step(1)
         losses.append(float(s._losses[-1]))
-    params = [np.array(p.data) for p in s.net.learnable_params]
-    history = [np.array(h) for h in s.rule.state_blobs()]
+    params = [to_numpy(p.data) for p in s.net.learnable_params]
+    history = [to_numpy(h) for h in s.rule.state_blobs()]
     return params, history, losses, ex
 
 
@@ -382,6 +383,35 @@ def test_without_its_recomputations_the_run_reads_poison(monkeypatch):
     monkeypatch.setattr(Executor, "_recompute", lambda self, f, j: None)
     params, _, losses, _ = train("alexnet", "recompute", iters=2)
     assert np.isnan(losses[-1]) or not all(np.isfinite(p).all() for p in params)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["alexnet", "bn"])
+def test_gpu_recompute_with_long_kernels_trains_like_none(which, cp):
+    """GPU: RECOMPUTE ops on the compute stream, after the prefetches of their checkpoints and
+    before the releases whose regions are handed out again, with long kernels queued on every
+    stream (an unawaited event would meet poisoned or overwritten data) and every CuPy
+    allocation served from the budget (BatchNorm's fused kernels write their statistics into
+    copies there): the parameters, BatchNorm statistics included, and losses of `none`."""
+    from swap import runtime
+    from test_swap_gpu import Spinner, _with_spins        # tests/swap/test_swap_gpu.py
+    try:
+        ref = train(which, "none", iters=4, mode="GPU")
+        tp = measure_scratch(make_solver(which, mode="GPU"), "recompute", lowering="chunked")
+        s = make_solver(which, mode="GPU")
+        ex = install(s, "recompute", tp.budget(margin=0.5), scratch=tp.reserve(margin=0.5),
+                     poison=True, lowering="chunked")
+        assert ex.plan.recomputations()
+        _with_spins(s, ex, Spinner(cp))
+        losses = []
+        for _ in range(4):
+            s.step(1)
+            losses.append(float(s._losses[-1]))
+        assert same([to_numpy(p.data) for p in s.net.learnable_params], ref[0])
+        assert losses == ref[2]
+        assert ex.high_water <= ex.budget and ex._allocator.fallbacks == 0
+    finally:
+        runtime.close_all()
 
 
 # ------------------------------------------------------------------ BatchNorm

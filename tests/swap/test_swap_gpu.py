@@ -104,7 +104,7 @@ def test_gpu_swapping_trains_like_none(make_solver, which):
     assert ex.device.backing_bytes == ex.budget
     assert ex.device.buffer is None                  # closed: the arena's memory went back
     assert same(ref, plain), max_diff(ref, plain)
-    for strategy in ("naive", "vdnn"):
+    for strategy in ("naive", "vdnn", "recompute"):
         params, losses, ex = gpu_train(make_solver, which, strategy, poison=True)
         assert ex.host.pinned and ex.plan.offloaded
         assert same(params, ref), (strategy, max_diff(params, ref))
@@ -261,7 +261,7 @@ def _with_spins(s, ex, spin, compute_ms=0.5, copy_ms=3.0, start_ms=20.0):
     s.callbacks.append(Start())
 
 
-@pytest.mark.parametrize("strategy", ["naive", "vdnn"])
+@pytest.mark.parametrize("strategy", ["naive", "vdnn", "recompute"])
 def test_race_long_kernels_do_not_break_swapping(make_solver, cp, strategy):
     """Long kernels queued on every stream: an operation that did not wait for its event would
     read or overwrite a region too early (poisoned with NaN on release); the results must

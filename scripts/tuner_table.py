@@ -351,7 +351,10 @@ def _least_memory(solver, g, k, model, pcie, S, iters, warmup, gpu, log) -> dict
             d = plan_at(g, k, b, model, pcie, scratch=S)
         except BudgetError:
             continue
-        if d.t_iter <= SLOWDOWN * d.timeline.t_model and d.plan.arena_bytes + reserve <= b:
+        # the timeline alone (stalls against compute): the model's time outside the steps,
+        # in d.t_iter, is the same with or without swapping
+        if (d.timeline.t_iter <= SLOWDOWN * d.timeline.t_model
+                and d.plan.arena_bytes + reserve <= b):
             ok.append((b, d))
     res = {"k": k, "none_ms": n["ms"], "none_arena": n["arena"], "tries": []}
     for b, d in ok[:4]:

@@ -1371,8 +1371,15 @@ class Executor:
         self._bound_test = None
         self.net.drop_views()                   # cached views would keep the arena alive
         if self._allocator is not None:         # pragma: no cover - GPU machine only
+            self._rehome_stragglers()
             self._allocator.pool.free_all_blocks()
             self.scratch_live_at_close = self.scratch.live
+            self.scratch_bytes_at_close = int(self._allocator.pool.used_bytes())
+            if self.scratch_bytes_at_close:
+                from minicaffe.log import log
+                log(f"{self.scratch_bytes_at_close} bytes of CuPy arrays made while the executor "
+                    "ran are still referenced after close; they keep its arena's memory until "
+                    "they are freed", level="W", where="swap")
         if getattr(self.net, "executor", None) is self:
             self.net.executor = None
         if self.trace is not None:
@@ -1383,6 +1390,43 @@ class Executor:
         self.host.release()
         if self.device.gpu:
             self.device.release()
+
+    def _rehome_stragglers(self):  # pragma: no cover - GPU machine only
+        """Copy into CuPy's own pool the device arrays that layers and the solver made and kept
+        while the executor ran (a layer's cache sized to the minibatch, a solver temporary):
+        they were carved from the scratch reserve, and each would keep the whole closed arena
+        alive.  Walks the attributes of every layer of the net and its test nets, of the solver
+        and of its update rule, one container deep; blobs were re-homed already."""
+        cp = self.net.xp
+        lo = self.device.ptr
+        hi = lo + self.device.capacity
+
+        def fix(v):
+            if isinstance(v, cp.ndarray):
+                return v.copy() if lo <= v.data.ptr < hi else v
+            if isinstance(v, list):
+                new = [fix(x) for x in v]
+                return new if any(a is not b for a, b in zip(new, v)) else v
+            if isinstance(v, tuple) and not hasattr(v, "_fields"):
+                new = tuple(fix(x) for x in v)
+                return new if any(a is not b for a, b in zip(new, v)) else v
+            if isinstance(v, dict):
+                new = {k: fix(x) for k, x in v.items()}
+                return new if any(new[k] is not v[k] for k in v) else v
+            return v
+
+        owners = list(self.net.layers)
+        for t in self.tests:
+            owners += list(t.net.layers)
+        if self.solver is not None:
+            owners += [self.solver, getattr(self.solver, "rule", None)]
+        for obj in owners:
+            if obj is None or not hasattr(obj, "__dict__"):
+                continue
+            for name, v in list(vars(obj).items()):
+                nv = fix(v)
+                if nv is not v:
+                    setattr(obj, name, nv)
 
     def _rehome_solver_scalars(self):  # pragma: no cover - GPU machine only
         """The solver's recent losses are device scalars made in the reserve: copy them into

@@ -374,3 +374,31 @@ def test_gpu_none_lowers_like_caffe(make_solver, monkeypatch):
     assert ex.plan.arena_bytes == want, (ex.plan.arena_bytes, want)
     params, losses2, _ = gpu_train(make_solver, "resnet", "naive", iters=5, lowering="caffe")
     assert same(params, ref) and losses2 == losses
+
+
+def test_executor_after_executor_gives_the_memory_back(make_solver, cp):
+    """The tuner builds executors one after another in one process, changing the minibatch
+    between them (profiling, then the measurements): after each close the device's free memory
+    returns to where it was, so nothing made during a run (a blob's cached view, a layer's
+    cache sized to the minibatch) keeps a closed arena alive."""
+    import gc
+    from swap.profiler import set_batch_size
+    s = make_solver("resnet", mode="GPU")
+    s.step(1)
+    budget = 256 << 20
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+    free0 = cp.cuda.runtime.memGetInfo()[0]
+    for i, k in enumerate((4, 6, 3, 8, 5)):
+        set_batch_size(s.net, k)
+        ex = install(s, ("naive", "none", "recompute")[i % 3], budget,
+                     scratch=measure_scratch(s, "naive").reserve(margin=0.5))
+        s.step(2)
+        ex.close()
+        ex.device.release()
+        assert ex.scratch_bytes_at_close == 0
+        del ex
+        gc.collect()
+        cp.get_default_memory_pool().free_all_blocks()
+        free = cp.cuda.runtime.memGetInfo()[0]
+        assert free >= free0 - budget // 2, (k, (free0 - free) / 2**20)

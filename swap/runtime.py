@@ -1395,8 +1395,10 @@ class Executor:
         """Copy into CuPy's own pool the device arrays that layers and the solver made and kept
         while the executor ran (a layer's cache sized to the minibatch, a solver temporary):
         they were carved from the scratch reserve, and each would keep the whole closed arena
-        alive.  Walks the attributes of every layer of the net and its test nets, of the solver
-        and of its update rule, one container deep; blobs were re-homed already."""
+        alive.  Walks the attributes of the net, its layers, its test nets and theirs, the solver
+        and its update rule, one container deep, and drops the solver's fused-update tables
+        (measured on an H200: their 4 KiB kept each closed 12 GiB arena); blobs were re-homed
+        already."""
         cp = self.net.xp
         lo = self.device.ptr
         hi = lo + self.device.capacity
@@ -1415,11 +1417,15 @@ class Executor:
                 return new if any(new[k] is not v[k] for k in v) else v
             return v
 
-        owners = list(self.net.layers)
+        owners = [self.net] + list(self.net.layers)
         for t in self.tests:
-            owners += list(t.net.layers)
+            owners += [t.net] + list(t.net.layers)
         if self.solver is not None:
             owners += [self.solver, getattr(self.solver, "rule", None)]
+            # the one-launch SGD update's device tables point into the arena and live in it:
+            # drop them, the next update builds them again where the parameters are now
+            if getattr(self.solver, "_sgd_fused", None):
+                self.solver._sgd_fused = None
         for obj in owners:
             if obj is None or not hasattr(obj, "__dict__"):
                 continue

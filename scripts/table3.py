@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
-import queue
 import sys
 import threading
 import time
@@ -44,31 +42,6 @@ QUICK_NETS = "cifar10_quick:4"
 PAPER = {"alexnet": (640, 414, 1032, 853), "vgg16": (48, 30, 192, 50),
          "resnet50": (48, 60, 112, 66), "resnet101": (48, 30, 74, 34)}
 PAPER_VDNN = "vDNN 11 % slower than AccUDNN on VGG-16 at batch 192"
-
-
-def _largest_k(solver, strategy, budget, gpu, log, margin=0.10):
-    """The largest k whose ``strategy`` plan plus measured temporaries fit ``budget``."""
-    from swap.gmap import build_gmap
-    from swap.plan import max_batch, min_budget
-    from swap.profiler import set_batch_size
-    from swap.runtime import measure_scratch
-    net = solver.net
-    g = build_gmap(net)
-    k = max_batch(g, strategy, budget)
-    if k < 1:
-        raise RuntimeError(f"{strategy}: no minibatch fits {budget} bytes")
-    for _ in range(12):
-        set_batch_size(net, k)
-        tp = measure_scratch(solver, strategy)
-        need = tp.budget(margin=margin)
-        log(f"{strategy} at k = {k}: plan + transients need {need / 2**30:.2f} GiB")
-        if need <= budget:
-            return k
-        if k == 1:
-            break
-        per_image = max(1, min_budget(g.at(k), strategy) - min_budget(g.at(k - 1), strategy))
-        k = max(1, k - max(1, math.ceil((need - budget) / per_image)))
-    raise RuntimeError(f"{strategy}: no minibatch fits the budget with its temporaries")
 
 
 def _time_strategy(solver, strategy, k, budget, iters, warmup, gpu, margin=0.10):
@@ -102,7 +75,7 @@ def _time_strategy(solver, strategy, k, budget, iters, warmup, gpu, margin=0.10)
 
 def run_net(name, k_base, budget, iters, warmup, engine, mode, fixed, host_budget) -> dict:
     from scripts.swap_budgets import _device, _solver
-    from scripts.tuner_table import _close, _free, _measure_dynamic
+    from scripts.tuner_table import _close, _free, _measure_dynamic, largest_verified_k
     from swap.profiler import set_batch_size
     from swap.tuner import plan_at, profile_models, train_dynamic
     gpu = mode == "GPU"
@@ -117,7 +90,9 @@ def run_net(name, k_base, budget, iters, warmup, engine, mode, fixed, host_budge
     out = {"net": name, "k_base": k_base, "budget": budget, "mode": mode, "engine": engine,
            "device": _device(gpu), "date": time.strftime("%Y-%m-%d"), "baseline": BASELINE}
     # ---- 1. the swap + recompute baseline
-    k_sn = _largest_k(solver, BASELINE, budget, gpu, log)
+    k_sn, _ = largest_verified_k(solver, BASELINE, budget, log)
+    if k_sn < 1:
+        raise RuntimeError(f"{BASELINE}: no minibatch fits {budget} bytes")
     points = []
     for k in sorted({k_sn, max(1, 3 * k_sn // 4), max(1, k_sn // 2)}, reverse=True):
         r = _time_strategy(solver, BASELINE, k, budget, iters, warmup, gpu)
@@ -289,46 +264,33 @@ def main(argv=None) -> int:
         r = run_net(name, int(k), budget, args.iters, args.warmup, args.engine, mode, fixed, hb)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
-    from scripts.tuner_table import _child
+    from scripts.tuner_table import _child, default_host_budget, run_side_by_side
     nets = [s.split(":") for s in (args.nets or (QUICK_NETS if args.quick else DEFAULT_NETS)
                                    ).split(",") if s.strip()]
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if mode == "GPU" else [None]
     hb = args.host_budget
     if hb is None and mode == "GPU":
-        hb = str(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-                 // min(len(gpus), len(nets)))
-    free = queue.Queue()
-    for g in gpus:
-        free.put(g)
+        hb = default_host_budget(len(gpus), len(nets))
     results, failures, lock = {}, [], threading.Lock()
 
-    def work(name, k):
-        gpu_id = free.get()
-        try:
-            extra = ["--one", f"{name}:{k}", "--budget", args.budget, "--iters", str(args.iters),
-                     "--warmup", str(args.warmup), "--engine", args.engine, "--fixed", args.fixed,
-                     "--baseline", args.baseline, "--mode", mode, "--out", args.out]
-            if hb:
-                extra += ["--host-budget", hb]
-            r, err = _child(args, extra, gpu_id, args.timeout, f"{name} (GPU {gpu_id})",
-                            script=__file__)
-            with lock:
-                if r is None:
-                    failures.append((name, err))
-                    print(f"{name}: failed: {err}", flush=True)
-                else:
-                    results[name] = r
-                    with open(os.path.join(out_dir, "table3", f"{name}.json"), "w") as f:
-                        json.dump(r, f, indent=1)
-        finally:
-            free.put(gpu_id)
+    def job(name, k, gpu_id):
+        extra = ["--one", f"{name}:{k}", "--budget", args.budget, "--iters", str(args.iters),
+                 "--warmup", str(args.warmup), "--engine", args.engine, "--fixed", args.fixed,
+                 "--baseline", args.baseline, "--mode", mode, "--out", args.out]
+        if hb:
+            extra += ["--host-budget", hb]
+        r, err = _child(args, extra, gpu_id, args.timeout, f"{name} (GPU {gpu_id})",
+                        script=__file__)
+        with lock:
+            if r is None:
+                failures.append((name, err))
+                print(f"{name}: failed: {err}", flush=True)
+                return
+            results[name] = r
+            with open(os.path.join(out_dir, "table3", f"{name}.json"), "w") as f:
+                json.dump(r, f, indent=1)
 
-    t0 = time.time()
-    threads = [threading.Thread(target=work, args=(n, k)) for n, k in nets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    seconds = run_side_by_side(nets, gpus, job)
     ordered = [results[n] for n, _ in nets if n in results]
     if ordered:
         dev = ordered[0]["device"]
@@ -339,7 +301,7 @@ def main(argv=None) -> int:
         print(write_outputs(ordered, out_dir, header))
     for name, err in failures:
         print(f"FAILED {name}: {err}")
-    print(f"{len(ordered)}/{len(nets)} networks in {time.time() - t0:.0f}s")
+    print(f"{len(ordered)}/{len(nets)} networks in {seconds:.0f}s")
     return 0 if ordered and not failures else 1
 
 

@@ -117,29 +117,37 @@ def _mem(ex) -> dict:
 def _none_max_k(solver, budget, gpu, log):
     """The largest k whose ``none`` plan (Caffe's lowering) and measured temporaries fit the
     budget, found from the plan's k and lowered until the dry run's budget fits."""
+    return largest_verified_k(solver, "none", budget, log, lowering="caffe")
+
+
+def largest_verified_k(solver, strategy, budget, log, lowering=None, margin=0.10):
+    """(k, the dry run's TransientProfile): the largest k whose ``strategy`` plan plus the
+    temporaries a dry run measures (and ``margin``) fit ``budget``, from the plan's largest k
+    down, stepping by the bytes per image of the plan."""
     from swap.gmap import build_gmap
     from swap.plan import max_batch, min_budget
     from swap.profiler import set_batch_size
     from swap.runtime import measure_scratch, set_lowering
     net = solver.net
-    set_lowering(net, "caffe")
+    if lowering is not None:
+        set_lowering(net, lowering)
     net.reshape()
     g = build_gmap(net)
-    k = max_batch(g, "none", budget)
+    k = max_batch(g, strategy, budget)
     if k < 1:
         return 0, None
     for _ in range(12):
         set_batch_size(net, k)
-        tp = measure_scratch(solver, "none", lowering="caffe")
-        need = tp.budget(margin=0.10)
-        log(f"none at k = {k}: plan + transients need {need / 2**30:.2f} GiB")
+        tp = measure_scratch(solver, strategy, **({"lowering": lowering} if lowering else {}))
+        need = tp.budget(margin=margin)
+        log(f"{strategy} at k = {k}: plan + transients need {need / 2**30:.2f} GiB")
         if need <= budget:
             return k, tp
         if k == 1:
             break
-        per_image = max(1, min_budget(g.at(k), "none") - min_budget(g.at(k - 1), "none"))
+        per_image = max(1, min_budget(g.at(k), strategy) - min_budget(g.at(k - 1), strategy))
         k = max(1, k - max(1, math.ceil((need - budget) / per_image)))
-    raise RuntimeError("none: no minibatch fits the budget with its temporaries")
+    raise RuntimeError(f"{strategy}: no minibatch fits the budget with its temporaries")
 
 
 def _time_none(solver, k, budget, lowering, tp, iters, warmup, gpu, margin=0.10):
@@ -418,6 +426,36 @@ def _child(args, extra, gpu_id, timeout, tag, script=__file__):
     return json.loads(res[0][len("RESULT "):]), None
 
 
+def run_side_by_side(nets, gpus, job) -> float:
+    """``job(name, k, gpu_id)`` for every (name, k) of ``nets``, each in a thread that holds one
+    of ``gpus`` while it runs (so networks run side by side, one per GPU); returns the seconds
+    all of them took."""
+    free = queue.Queue()
+    for g in gpus:
+        free.put(g)
+
+    def work(name, k):
+        gpu_id = free.get()
+        try:
+            job(name, k, gpu_id)
+        finally:
+            free.put(gpu_id)
+
+    t0 = time.time()
+    threads = [threading.Thread(target=work, args=(n, k)) for n, k in nets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.time() - t0
+
+
+def default_host_budget(n_gpus: int, n_nets: int) -> str:
+    """Pinned host memory per network: half the RAM, shared by the networks running at once."""
+    return str(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+               // max(1, min(n_gpus, n_nets)))
+
+
 def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
@@ -555,49 +593,36 @@ def main(argv=None) -> int:
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if mode == "GPU" else [None]
     hb = args.host_budget
     if hb is None and mode == "GPU":
-        hb = str(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-                 // min(len(gpus), len(nets)))
+        hb = default_host_budget(len(gpus), len(nets))
     torch_ok = not args.no_torch and mode == "GPU"
     if torch_ok:
         from scripts.bench_throughput import torch_available
         torch_ok = torch_available()
-    free = queue.Queue()
-    for g in gpus:
-        free.put(g)
     results, peers, failures = {}, {}, []
     lock = threading.Lock()
 
-    def work(name, k):
-        gpu_id = free.get()
-        try:
-            extra = ["--one", f"{name}:{k}", "--budget", args.budget, "--iters", str(args.iters),
-                     "--warmup", str(args.warmup), "--engine", args.engine, "--search",
-                     args.search, "--r152-batch", str(args.r152_batch), "--mode", mode,
-                     "--out", args.out]
-            if hb:
-                extra += ["--host-budget", hb]
-            r, err = _child(args, extra, gpu_id, args.timeout, f"{name} (GPU {gpu_id})")
+    def job(name, k, gpu_id):
+        extra = ["--one", f"{name}:{k}", "--budget", args.budget, "--iters", str(args.iters),
+                 "--warmup", str(args.warmup), "--engine", args.engine, "--search",
+                 args.search, "--r152-batch", str(args.r152_batch), "--mode", mode,
+                 "--out", args.out]
+        if hb:
+            extra += ["--host-budget", hb]
+        r, err = _child(args, extra, gpu_id, args.timeout, f"{name} (GPU {gpu_id})")
+        with lock:
+            if r is None:
+                failures.append((name, err))
+                print(f"{name}: failed: {err}", flush=True)
+                return
+            results[name] = r
+        if torch_ok:
+            p, err = _child(args, ["--torch-one", f"{name}:{r['tuner']['k_star']}",
+                                   "--iters", "3", "--warmup", "2"], gpu_id, 300,
+                            f"{name} PyTorch at k* (GPU {gpu_id})")
             with lock:
-                if r is None:
-                    failures.append((name, err))
-                    print(f"{name}: failed: {err}", flush=True)
-                    return
-                results[name] = r
-            if torch_ok:
-                p, err = _child(args, ["--torch-one", f"{name}:{r['tuner']['k_star']}",
-                                       "--iters", "3", "--warmup", "2"], gpu_id, 300,
-                                f"{name} PyTorch at k* (GPU {gpu_id})")
-                with lock:
-                    peers[name] = p if p is not None else {"error": err}
-        finally:
-            free.put(gpu_id)
+                peers[name] = p if p is not None else {"error": err}
 
-    t0 = time.time()
-    threads = [threading.Thread(target=work, args=(n, k)) for n, k in nets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    seconds = run_side_by_side(nets, gpus, job)
     ordered = [results[n] for n, _ in nets if n in results]
     device = ordered[0]["device"] if ordered else "?"
     cmd = "python3 scripts/tuner_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -609,7 +634,7 @@ def main(argv=None) -> int:
     print(md)
     for name, err in failures:
         print(f"FAILED {name}: {err}")
-    print(f"{len(ordered)}/{len(nets)} networks in {time.time() - t0:.0f}s")
+    print(f"{len(ordered)}/{len(nets)} networks in {seconds:.0f}s")
     return 0 if not failures else 1
 
 

@@ -118,6 +118,25 @@ def replan(name: str, result: dict, profile) -> dict:
     return out
 
 
+def memory_points(result: dict, profile) -> list:
+    """Per measured dynamic point: the measured peak (plan in use + transients the dry run
+    measured), the run's prediction (eq. 4 + the scratch model's upper line, what the reserve
+    holds) and the prediction with :meth:`swap.profiler.ScratchModel.expected` (the
+    least-squares line through the transient peaks the profile measured)."""
+    from swap.profiler import ScratchModel
+    S = ScratchModel()
+    for k, peak in profile.meta.get("transients") or []:
+        S.add(int(k), int(peak))
+    out = []
+    for r in result.get("dynamic", []):
+        if "pred_total" not in r or "transients" not in r:
+            continue
+        meas = int(r["peak_in_use"]) + int(r["transients"])
+        out.append({"k": r["k"], "measured": meas, "old": int(r["pred_total"]),
+                    "new": int(r["pred_peak"]) + S.expected(r["k"])})
+    return out
+
+
 def _result_file(tuner_dir: str, name: str) -> str | None:
     """The tuner table's JSON of a network: ``<net>.json``, else the one a run whose
     measurements failed left (``<net>_failed_measurements.json``), else None."""
@@ -155,6 +174,7 @@ def analyse(tuner_dir: str, extra_profiles=(), do_replan: bool = True, log=print
                 new = old + 1e3 * oh(k)
                 entry["points"].append({"k": k, "plan": plan, "ms": ms, "old": old, "new": new,
                                         "k_star": k == result.get("tuner", {}).get("k_star")})
+            entry["memory"] = memory_points(result, prof)
             if do_replan:
                 log(f"{name}: Algorithm 2 again on the CPU ...")
                 try:
@@ -168,6 +188,26 @@ def analyse(tuner_dir: str, extra_profiles=(), do_replan: bool = True, log=print
 
 def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
+
+
+def memory_report(nets) -> list:
+    """Markdown lines: the memory model's error per measured point, old and new prediction."""
+    rows = [(n, m) for n in nets for m in n.get("memory") or []]
+    if not rows:
+        return []
+    gib = 2 ** 30
+    lines = ["", "## Memory: eq. (4) plus the transients", "",
+             "The plan's peak in use equals eq. (4) at every point; the error is in the "
+             "transients. Old: the scratch model's line above every measured transient peak "
+             "(what the reserve holds). New: its least-squares line (`ScratchModel.expected`).",
+             "", "| net | k | measured GiB | old GiB | new GiB | old error | new error |",
+             "|---|---|---|---|---|---|---|"]
+    for n, m in rows:
+        lines.append(f"| {NAMES.get(n['name'], n['name'])} | {m['k']} | "
+                     f"{m['measured'] / gib:.2f} | {m['old'] / gib:.2f} | {m['new'] / gib:.2f} | "
+                     f"{_pct((m['old'] - m['measured']) / m['measured'])} | "
+                     f"{_pct((m['new'] - m['measured']) / m['measured'])} |")
+    return lines
 
 
 def report(res: dict, command: str) -> str:
@@ -265,6 +305,7 @@ def report(res: dict, command: str) -> str:
                      f"without O, {w['k_star']} with it (the run's k*: {rp['k_star_run']}); "
                      f"predicted {o['ms']:.1f} -> {w['ms']:.1f} ms at k*.")
         lines.append(text)
+    lines += memory_report(nets)
     return "\n".join(lines) + "\n"
 
 

@@ -121,7 +121,7 @@ def run_net(name, k_base, budget, iters, warmup, engine, mode, fixed, host_budge
         try:
             return _measure_dynamic(solver, d, budget, td.plan_budget,
                                     S(k) if S is not None else None, iters, warmup, gpu,
-                                    transients=S.need if S is not None else None)
+                                    transients=S.expected if S is not None else None)
         except Exception as e:           # recorded; the other rows still run
             _close(solver.net)
             return {"k": k, "error": f"{type(e).__name__}: {e}"[:400]}

@@ -297,7 +297,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
             try:
                 r = _measure_dynamic(solver, d, budget, td.plan_budget,
                                      S(k) if S is not None else None, iters, warmup, gpu,
-                                     transients=S.need if S is not None else None)
+                                     transients=S.expected if S is not None else None)
             except ScratchOverflow as e:
                 # the transients outgrew S(k): the model learns the measured peak, k is
                 # planned again with the larger reserve (recorded)
@@ -305,7 +305,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                 S.add(k, int(e.peak or e.scratch or 0) * 1.25)
                 d = plan_at(g, k, td.plan_budget, model, pcie, scratch=S)
                 r = _measure_dynamic(solver, d, budget, td.plan_budget, S(k), iters, warmup,
-                                     gpu, transients=S.need)
+                                     gpu, transients=S.expected)
                 r["replanned"] = f"after {type(e).__name__}: {str(e)[:160]}"
             log(f"dynamic at k = {k}: measured {r['ms']:.1f} ms, predicted {r['pred_ms']:.1f} ms"
                 f" ({100 * r['time_err']:+.1f} %); peak in use {r['peak_in_use'] / 2**30:.2f} "
@@ -368,7 +368,7 @@ def _least_memory(solver, g, k, model, pcie, S, iters, warmup, gpu, log) -> dict
     for b, d in ok[:4]:
         try:
             r = _measure_dynamic(solver, d, b, b, reserve or None, iters, warmup, gpu,
-                                 transients=S.need if S is not None else None)
+                                 transients=S.expected if S is not None else None)
         except Exception as e:
             res["tries"].append({"budget": b, "error": f"{type(e).__name__}: {e}"[:300]})
             _close(solver.net)

@@ -69,3 +69,16 @@ def test_the_report_is_written(tuner_dir, tmp_path):
     assert "|error| smaller at" in text
     with pytest.raises(SystemExit, match="no such directory"):
         model_overhead.main(["--tuner-dir", str(tmp_path / "missing"), "--out", str(out)])
+
+
+def test_memory_points_use_the_least_squares_transients():
+    from types import SimpleNamespace
+    prof = SimpleNamespace(meta={"transients": [[100, 1000], [200, 2400], [300, 2800],
+                                                [400, 4400]]})
+    result = {"dynamic": [{"k": 250, "pred_peak": 10_000, "pred_total": 13_500,
+                           "peak_in_use": 10_000, "transients": 2_700},
+                          {"k": 50, "error": "failed"}]}
+    (m,) = model_overhead.memory_points(result, prof)
+    assert m == {"k": 250, "measured": 12_700, "old": 13_500, "new": 10_000 + 2650}
+    md = "\n".join(model_overhead.memory_report([{"name": "x", "memory": [m]}]))
+    assert "| x | 250 |" in md and "+6.3 %" in md and "-0.4 %" in md

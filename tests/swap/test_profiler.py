@@ -435,3 +435,21 @@ def test_a_fragmented_reserve_is_retried_larger(make_solver, monkeypatch):
     assert len(reserves) == 3 and reserves[0] < reserves[1] < reserves[2], reserves
     assert reserves[2] >= 1.2 * T * 8 > reserves[1] == T * 8
     assert prof.meta["runs"] == [[8, 1], [8, 1], [8, 2]]
+
+
+def test_scratch_model_expected_is_the_least_squares_line():
+    """The prediction (expected) goes through the middle of the measured transient peaks; the
+    reserve's line (need) lies above every one of them."""
+    from swap.profiler import ScratchModel
+    S = ScratchModel(lambda k: 7 * k, margin=0.0, slack=0)
+    assert S.expected(10) == S.need(10) == 70          # nothing measured: the estimate
+    S.add(100, 1000)
+    assert S.expected(50) == 500                       # one point: through the origin
+    for k, y in ((200, 2400), (300, 2800), (400, 4400)):
+        S.add(k, y)
+    # least squares over (100, 1000), (200, 2400), (300, 2800), (400, 4400): y = 10.6 k
+    assert S.expected(250) == 2650
+    assert all(S.need(k) >= y for k, y in S.points.items())
+    assert S.need(250) > S.expected(250)
+    S.add(100, 900)                                    # a lower repeat keeps the larger peak
+    assert S.expected(250) == 2650

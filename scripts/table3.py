@@ -75,15 +75,12 @@ def _time_strategy(solver, strategy, k, budget, iters, warmup, gpu, margin=0.10)
 
 def run_net(name, k_base, budget, iters, warmup, engine, mode, fixed, host_budget) -> dict:
     from scripts.swap_budgets import _device, _solver
-    from scripts.tuner_table import _close, _free, _measure_dynamic, largest_verified_k
+    from scripts.tuner_table import (_close, _free, collecting_log, dynamic_point,
+                                     largest_verified_k)
     from swap.profiler import set_batch_size
-    from swap.tuner import plan_at, profile_models, train_dynamic
+    from swap.tuner import profile_models, train_dynamic
     gpu = mode == "GPU"
-    lines = []
-
-    def log(msg):
-        lines.append(msg)
-        print(msg, file=sys.stderr, flush=True)
+    lines, log = collecting_log()
 
     t0 = time.time()
     solver = _solver(name, k_base, engine, mode)
@@ -114,17 +111,9 @@ def run_net(name, k_base, budget, iters, warmup, engine, mode, fixed, host_budge
     model, pcie = profile_models(td.profile, g)
     solver.net.executor = None
     _free(ex)
-    S = td.scratch
 
     def dynamic_at(k):
-        d = dec if k == dec.k_star else plan_at(g, k, td.plan_budget, model, pcie, scratch=S)
-        try:
-            return _measure_dynamic(solver, d, budget, td.plan_budget,
-                                    S(k) if S is not None else None, iters, warmup, gpu,
-                                    transients=S.expected if S is not None else None)
-        except Exception as e:           # recorded; the other rows still run
-            _close(solver.net)
-            return {"k": k, "error": f"{type(e).__name__}: {e}"[:400]}
+        return dynamic_point(solver, dec, g, k, td, model, pcie, budget, iters, warmup, gpu)
 
     out["accudnn"] = dynamic_at(dec.k_star)
     log(f"AccUDNN at k* = {dec.k_star}: " + (f"{out['accudnn']['ms']:.1f} ms"
@@ -264,13 +253,8 @@ def main(argv=None) -> int:
         r = run_net(name, int(k), budget, args.iters, args.warmup, args.engine, mode, fixed, hb)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
-    from scripts.tuner_table import _child, default_host_budget, run_side_by_side
-    nets = [s.split(":") for s in (args.nets or (QUICK_NETS if args.quick else DEFAULT_NETS)
-                                   ).split(",") if s.strip()]
-    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if mode == "GPU" else [None]
-    hb = args.host_budget
-    if hb is None and mode == "GPU":
-        hb = default_host_budget(len(gpus), len(nets))
+    from scripts.tuner_table import _child, run_side_by_side, work_plan
+    nets, gpus, hb = work_plan(args, QUICK_NETS if args.quick else DEFAULT_NETS, mode)
     results, failures, lock = {}, [], threading.Lock()
 
     def job(name, k, gpu_id):

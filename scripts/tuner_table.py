@@ -97,6 +97,17 @@ def _memory_report() -> str:
     return device_memory_report(cp)
 
 
+def collecting_log():
+    """(lines, log): ``log(msg)`` prints to stderr and keeps the message in ``lines`` (a
+    network's JSON records its last lines)."""
+    lines = []
+
+    def log(msg):
+        lines.append(msg)
+        print(msg, file=sys.stderr, flush=True)
+    return lines, log
+
+
 def _close(net):
     ex = getattr(net, "executor", None)
     net.executor = None
@@ -223,6 +234,36 @@ def _measure_dynamic(solver, dec, budget, plan_budget, reserve, iters, warmup, g
         _free(ex)
 
 
+def dynamic_point(solver, dec, g, k, td, model, pcie, budget, iters, warmup, gpu) -> dict:
+    """The tuner's dynamic plan at k (``dec`` itself at k*, else planned again from the same
+    model), installed and timed beside its prediction.  Transients that outgrow S(k) teach
+    the scratch model the measured peak and k is planned again once (recorded); any other
+    failure is recorded as ``error`` (with where the device memory is, on the GPU)."""
+    from swap.runtime import ScratchOverflow
+    from swap.tuner import plan_at
+    S = td.scratch
+    try:
+        d = dec if k == dec.k_star else plan_at(g, k, td.plan_budget, model, pcie, scratch=S)
+        try:
+            return _measure_dynamic(solver, d, budget, td.plan_budget,
+                                    S(k) if S is not None else None, iters, warmup, gpu,
+                                    transients=S.expected if S is not None else None)
+        except ScratchOverflow as e:
+            _close(solver.net)
+            S.add(k, int(e.peak or e.scratch or 0) * 1.25)
+            d = plan_at(g, k, td.plan_budget, model, pcie, scratch=S)
+            r = _measure_dynamic(solver, d, budget, td.plan_budget, S(k), iters, warmup, gpu,
+                                 transients=S.expected)
+            r["replanned"] = f"after {type(e).__name__}: {str(e)[:160]}"
+            return r
+    except Exception as e:            # recorded, the other points still run
+        _close(solver.net)
+        r = {"k": k, "error": f"{type(e).__name__}: {e}"[:600]}
+        if gpu:
+            r["memory_after_close"] = _memory_report()
+        return r
+
+
 def _fits_device(g, k, reserve, gpu) -> bool:
     from swap.plan import min_budget
     if not gpu:
@@ -238,14 +279,9 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     from swap.gmap import build_gmap
     from swap.memory import caffe_max_batch
     from swap.profiler import set_batch_size
-    from swap.runtime import ScratchOverflow
-    from swap.tuner import plan_at, profile_models, train_dynamic, tune
+    from swap.tuner import profile_models, train_dynamic, tune
     gpu = mode == "GPU"
-    lines = []
-
-    def log(msg):
-        lines.append(msg)
-        print(msg, file=sys.stderr, flush=True)
+    lines, log = collecting_log()
 
     t_start = time.time()
     solver = _solver(name, k_base, engine, mode)
@@ -291,31 +327,13 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                                 if k != dec.k_star}, reverse=True)
     out["dynamic"] = []
     for k in ks:
-        try:
-            d = dec if k == dec.k_star else plan_at(g, k, td.plan_budget, model, pcie,
-                                                    scratch=S)
-            try:
-                r = _measure_dynamic(solver, d, budget, td.plan_budget,
-                                     S(k) if S is not None else None, iters, warmup, gpu,
-                                     transients=S.expected if S is not None else None)
-            except ScratchOverflow as e:
-                # the transients outgrew S(k): the model learns the measured peak, k is
-                # planned again with the larger reserve (recorded)
-                _close(net)
-                S.add(k, int(e.peak or e.scratch or 0) * 1.25)
-                d = plan_at(g, k, td.plan_budget, model, pcie, scratch=S)
-                r = _measure_dynamic(solver, d, budget, td.plan_budget, S(k), iters, warmup,
-                                     gpu, transients=S.expected)
-                r["replanned"] = f"after {type(e).__name__}: {str(e)[:160]}"
+        r = dynamic_point(solver, dec, g, k, td, model, pcie, budget, iters, warmup, gpu)
+        if "error" in r:
+            log(f"dynamic at k = {k}: {r['error']}")
+        else:
             log(f"dynamic at k = {k}: measured {r['ms']:.1f} ms, predicted {r['pred_ms']:.1f} ms"
                 f" ({100 * r['time_err']:+.1f} %); peak in use {r['peak_in_use'] / 2**30:.2f} "
                 f"GiB, predicted {r['pred_peak'] / 2**30:.2f} GiB")
-        except Exception as e:            # recorded, the other points still run
-            _close(net)
-            r = {"k": k, "error": f"{type(e).__name__}: {e}"[:600]}
-            if gpu:
-                r["memory_after_close"] = _memory_report()
-            log(f"dynamic at k = {k}: {r['error']}")
         # ---- 4. none at the same k, same lowering, where it fits the device
         if "error" not in r and _fits_device(g, k, S(k) if S is not None else None, gpu):
             try:
@@ -456,6 +474,17 @@ def default_host_budget(n_gpus: int, n_nets: int) -> str:
                // max(1, min(n_gpus, n_nets)))
 
 
+def work_plan(args, default_nets: str, mode: str):
+    """(nets as [name, k] pairs, GPU ids, pinned host budget per network) from the common
+    options --nets, --gpus and --host-budget."""
+    nets = [s.split(":") for s in (args.nets or default_nets).split(",") if s.strip()]
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if mode == "GPU" else [None]
+    hb = args.host_budget
+    if hb is None and mode == "GPU":
+        hb = default_host_budget(len(gpus), len(nets))
+    return nets, gpus, hb
+
+
 def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
@@ -588,12 +617,7 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(run_torch_peers(name, int(k), args.iters, args.warmup)),
               flush=True)
         return 0
-    nets = [s.split(":") for s in (args.nets or (QUICK_NETS if args.quick else DEFAULT_NETS)
-                                   ).split(",") if s.strip()]
-    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if mode == "GPU" else [None]
-    hb = args.host_budget
-    if hb is None and mode == "GPU":
-        hb = default_host_budget(len(gpus), len(nets))
+    nets, gpus, hb = work_plan(args, QUICK_NETS if args.quick else DEFAULT_NETS, mode)
     torch_ok = not args.no_torch and mode == "GPU"
     if torch_ok:
         from scripts.bench_throughput import torch_available

@@ -29,6 +29,14 @@ from .proto import caffe_pb2, read_binary, read_net_param, upgrade_net, write_bi
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
+ENV_FUSE_BN_SCALE = "MINICAFFE_FUSE_BN_SCALE"
+
+
+def fusion_default() -> bool:
+    """Whether new nets pair BatchNorm and Scale layers for the fused GPU path
+    (``$MINICAFFE_FUSE_BN_SCALE``, default on; 0/false/off/no turns it off)."""
+    return os.environ.get(ENV_FUSE_BN_SCALE, "1").strip().lower() not in ("0", "false", "off",
+                                                                          "no")
 
 
 # --------------------------------------------------------------- filtering
@@ -300,6 +308,8 @@ class Net:
         self.outputs = sorted(n for n in self.blobs if n in available)
         self._share_params()
         self._shapes_seen = [None] * len(self.layers)
+        self.bn_scale_pairs: list[tuple[int, int]] = []
+        self.set_bn_scale_fusion(fusion_default())
 
     def _prune_backward(self):
         """Caffe: layers that lead to no loss, or whose every top skips
@@ -386,6 +396,60 @@ class Net:
         except ValueError:
             raise KeyError(f"net {self.name!r} has no layer {name!r}") from None
 
+    # ------------------------------------------------------- layer fusion
+    def find_bn_scale_pairs(self) -> list[tuple[int, int]]:
+        """(BatchNorm index, Scale index) of every pair that can run fused: a TRAIN
+        BatchNorm (batch statistics) on the fused GPU kernels, followed directly by a
+        Scale with one bottom that runs in place on the BatchNorm's top, with a
+        per-channel scale (and bias) and no explicit ``propagate_down``, no memory
+        plan installed.  See minicaffe/layers/batchnorm.py."""
+        pairs = []
+        if self.executor is not None:
+            return pairs
+        for i in range(len(self.layers) - 1):
+            bn, sc = self.layers[i], self.layers[i + 1]
+            if bn.type != "BatchNorm" or sc.type != "Scale":
+                continue
+            if not getattr(bn, "_fused", False) or bn.use_global_stats:
+                continue
+            top = self.top_vecs[i]
+            sb, st = self.bottom_vecs[i + 1], self.top_vecs[i + 1]
+            if len(top) != 1 or len(sb) != 1 or sb[0] is not top[0] or st[0] is not sb[0]:
+                continue
+            if len(self.param.layer[i + 1].propagate_down) or not sc.pairable(sb):
+                continue
+            pairs.append((i, i + 1))
+        return pairs
+
+    def set_bn_scale_fusion(self, enabled: bool):
+        """Pair (or unpair) BatchNorm and Scale layers for the fused GPU path
+        (:meth:`find_bn_scale_pairs`); the affected layers are reshaped, so a Scale
+        drops or regains its copy of the input.  The memory manager unpairs before
+        it plans: its GMAP counts each layer's buffers as Caffe keeps them."""
+        for i, j in self.bn_scale_pairs:
+            self.layers[i].fused_scale = None
+            self.layers[j].fused_bn = None
+            self.layers[j].pair_sums_ready = False
+        changed = {k for pair in self.bn_scale_pairs for k in pair}
+        self.bn_scale_pairs = self.find_bn_scale_pairs() if enabled else []
+        for i, j in self.bn_scale_pairs:
+            self.layers[i].fused_scale = self.layers[j]
+            self.layers[j].fused_bn = self.layers[i]
+            changed |= {i, j}
+        for li in sorted(changed):
+            self.layers[li].reshape(self.bottom_vecs[li], self.top_vecs[li])
+
+    def _unpair_if_split(self, start: int, end: int):
+        """A forward or backward over layers start..end (inclusive, either order) that
+        runs one layer of a pair without the other cannot run it fused: unpair the net
+        (for good; logged once)."""
+        lo, hi = min(start, end), max(start, end)
+        if any((lo <= i <= hi) != (lo <= j <= hi) for i, j in self.bn_scale_pairs):
+            from .log import log
+            log(f"net {self.name!r}: a partial pass over layers {lo}..{hi} splits a fused "
+                "BatchNorm+Scale pair; the pairs run unfused from now on")
+            self.set_bn_scale_fusion(False)
+
     # ----------------------------------------------------- forward/backward
     def reshape(self):
         for li, layer in enumerate(self.layers):
@@ -411,6 +475,8 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         if self.executor is not None:  # swap/ hook
             return self._executor_pass("forward", start == 0 and end == len(self.layers) - 1)
+        if self.bn_scale_pairs:
+            self._unpair_if_split(start, end)
         loss = 0.0
         for li in range(start, end + 1):
             loss = loss + self.forward_layer(li)
@@ -420,6 +486,8 @@ class Net:
         start = len(self.layers) - 1 if start is None else start
         if self.executor is not None:  # swap/ hook
             self._executor_pass("backward", False)
+        if self.bn_scale_pairs:
+            self._unpair_if_split(start, end)
         for li in range(start, end - 1, -1):
             self.backward_layer(li)
 

@@ -309,8 +309,13 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
             a one-image im2col buffer per layer; "CUDNN": workspaces, no im2col).
 
     Reads layer declarations only (``backward_reads()``, ``internals``, ``flops()``); it
-    allocates nothing and does not touch blob contents.
+    allocates nothing and does not touch blob contents.  One exception: a net whose
+    BatchNorm and Scale layers run paired (the fused GPU path, Net.set_bn_scale_fusion) is
+    unpaired first, so that the GMAP holds every layer's buffers as Caffe keeps them and as
+    a memory plan runs them.
     """
+    if getattr(net, "bn_scale_pairs", None):
+        net.set_bn_scale_fusion(False)
     if solver_type not in HISTORY_SLOTS:
         raise ValueError(f"unknown solver type {solver_type!r} (known: {', '.join(HISTORY_SLOTS)})")
     n = len(net.layers)

@@ -1553,6 +1553,7 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     for n in [net] + list(test_nets if test_nets is not None
                           else getattr(solver, "test_nets", ()) or ()):
         set_lowering(n, lowering)
+        n.set_bn_scale_fusion(False)      # a plan runs the layers unpaired (swap/gmap.py)
     net.reshape()                         # every layer's internals exist at their sizes
     if scratch is None:
         scratch = default_scratch()

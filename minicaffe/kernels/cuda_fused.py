@@ -14,6 +14,8 @@ BatchNorm TRAIN bwd    2: partial sums, apply (~7)              read dy, y twice
 BatchNorm global       1 forward, 1 backward (~8 / 1)           one pass each
 Scale (+bias) fwd      1 (2-3, plus the in-place copy)          read x; write y (and copy)
 Scale (+bias) bwd      2: partial sums + dx, finalize (~6)      read dy, x; write dx
+BatchNorm + in-place   fwd 2 (BatchNorm's and Scale's: 3)       read x twice; write y, x_norm
+Scale, paired          bwd 3: sums, finalize, apply (4)         read dy, x_norm twice; write dx
 ReLU fwd / bwd         1 / 1 (1 / 2)                            one pass each
 Eltwise SUM, 2 bottoms 1 forward, 1 backward (2 / 2)            one pass each
 SGD update, all params 1 for the whole net (7 per param)        read/write data, diff, history
@@ -111,6 +113,30 @@ __device__ __forceinline__ void block_sum2(double& a, double& b) {
   b = sb[0];
 }
 
+// block_sum2 for four values (the same tree, so each total is summed in the same
+// order as block_sum2 would); called at most once per kernel, not with block_sum2.
+__device__ __forceinline__ void block_sum4(double& a, double& b, double& c, double& d) {
+  __shared__ double s4[4][FUSED_THREADS];
+  s4[0][threadIdx.x] = a;
+  s4[1][threadIdx.x] = b;
+  s4[2][threadIdx.x] = c;
+  s4[3][threadIdx.x] = d;
+  __syncthreads();
+  for (int k = FUSED_THREADS / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) {
+      s4[0][threadIdx.x] += s4[0][threadIdx.x + k];
+      s4[1][threadIdx.x] += s4[1][threadIdx.x + k];
+      s4[2][threadIdx.x] += s4[2][threadIdx.x + k];
+      s4[3][threadIdx.x] += s4[3][threadIdx.x + k];
+    }
+    __syncthreads();
+  }
+  a = s4[0][0];
+  b = s4[1][0];
+  c = s4[2][0];
+  d = s4[3][0];
+}
+
 // Walks the elements j = n*S + s of channel c of an (N, C, S) array that one
 // thread of block (p, c) owns: j = j0 + threadIdx.x, then steps of
 // FUSED_THREADS, without a division per element.
@@ -164,7 +190,9 @@ __global__ void bn_stats_partial(const T* __restrict__ x, const long long C, con
 }
 
 // y = (x - mean) / std per channel (y may be x: in place); x_norm (may be
-// null) gets a copy of y.  TRAIN (use_global 0): mean and biased variance from
+// null) gets a copy of y.  With gamma (a following Scale layer fused in, see
+// BatchNormLayer): x_norm gets (x - mean) / std and y = that * gamma[c]
+// (+ beta[c] when beta is not null), rounded as the Scale kernel rounds.  TRAIN (use_global 0): mean and biased variance from
 // the P partials of bn_stats_partial; block (0, c) writes std[c] and updates
 // Caffe's running sums (mean_sum <- maf*mean_sum + mean, var_sum <- maf*var_sum
 // + correction*var, and block (0, 0) the scale factor s <- maf*s + 1).  Global
@@ -174,7 +202,8 @@ template <typename T>
 __global__ void bn_forward_apply(const T* x, T* y, T* x_norm, const long long C,
     const long long S, const long long m, const long long L, const int P,
     const double* __restrict__ ws, const int use_global, T* mean_sum, T* var_sum, T* factor,
-    const T eps, const T maf, const T correction, T* std_out) {
+    const T eps, const T maf, const T correction, T* std_out, const T* __restrict__ gamma,
+    const T* __restrict__ beta) {
   __shared__ T s_mean, s_std;
   const long long c = blockIdx.y, p = blockIdx.x;
   if (threadIdx.x == 0) {
@@ -210,12 +239,20 @@ __global__ void bn_forward_apply(const T* x, T* y, T* x_norm, const long long C,
   }
   __syncthreads();
   const T mean_t = s_mean, sd = s_std;
+  const T g = gamma ? gamma[c] : T(1);
+  const T b = beta ? beta[c] : T(0);
   const long long j1 = chunk_end(p * L, L, m);
   for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
     const long long o = it.offset(C, c, S);
     const T v = div_rn(sub_rn(x[o], mean_t), sd);
-    y[o] = v;
     if (x_norm) x_norm[o] = v;
+    if (gamma) {
+      T r = mul_rn(v, g);
+      if (beta) r = add_rn(r, b);
+      y[o] = r;
+    } else {
+      y[o] = v;
+    }
   }
 }
 
@@ -240,23 +277,59 @@ __global__ void bn_backward_partial(const T* __restrict__ dy, const T* __restric
   }
 }
 
+// BatchNorm + Scale fused (BatchNormLayer's pairing): block (p, c) sums, over its
+// chunk of channel c with g = dy and x the normalized input, the Scale's
+// gradients  g * x  and  g  and BatchNorm's  g' = g * gamma[c]  and  g' * x,  each
+// product rounded as the separate Scale and BatchNorm kernels round it, into
+// ws[(c*P + p)*4 + {0, 1, 2, 3}].
+template <typename T>
+__global__ void bn_scale_backward_partial(const T* __restrict__ dy, const T* __restrict__ x,
+    const T* __restrict__ gamma, const long long C, const long long S, const long long m,
+    const long long L, double* __restrict__ ws) {
+  const long long c = blockIdx.y, p = blockIdx.x, P = gridDim.x;
+  const T sc = gamma[c];
+  const long long j1 = chunk_end(p * L, L, m);
+  double a = 0.0, b = 0.0, e = 0.0, f = 0.0;
+  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
+    const long long o = it.offset(C, c, S);
+    const T g = dy[o];
+    const T v = x[o];
+    a += (double)mul_rn(g, v);
+    b += (double)g;
+    const double g2 = (double)mul_rn(g, sc);
+    e += g2;
+    f += g2 * (double)v;
+  }
+  block_sum4(a, b, e, f);
+  if (threadIdx.x == 0) {
+    ws[(c * P + p) * 4] = a;
+    ws[(c * P + p) * 4 + 1] = b;
+    ws[(c * P + p) * 4 + 2] = e;
+    ws[(c * P + p) * 4 + 3] = f;
+  }
+}
+
 // TRAIN: dx = (dy - (mean(dy * y) * y + mean(dy))) / std, the means from the P
 // partials of bn_backward_partial; global statistics: dx = dy / std.  dx may
-// be dy (in place): each element is read and written by one thread.
+// be dy (in place): each element is read and written by one thread.  Fused with
+// a Scale (gamma not null): the partials are bn_scale_backward_partial's (W = 4,
+// BatchNorm's sums at offsets 2 and 3), dy is first multiplied by gamma[c] (the
+// Scale's bottom diff, which dy_out, when not null, receives), W = 2 otherwise.
 template <typename T>
 __global__ void bn_backward_apply(const T* dy, const T* __restrict__ y,
     const T* __restrict__ std_in, T* dx, const long long C, const long long S,
     const long long m, const long long L, const int P, const double* __restrict__ ws,
-    const int use_global) {
+    const int use_global, const T* __restrict__ gamma, const int W, T* dy_out) {
   __shared__ T s_mdy, s_mdyy, s_std;
   const long long c = blockIdx.y, p = blockIdx.x;
+  const int k0 = W == 4 ? 2 : 0;
   if (threadIdx.x == 0) {
     T mdy = T(0), mdyy = T(0);
     if (!use_global) {
       double a = 0.0, b = 0.0;
       for (int q = 0; q < P; ++q) {
-        a += ws[(c * P + q) * 2];
-        b += ws[(c * P + q) * 2 + 1];
+        a += ws[(c * P + q) * W + k0];
+        b += ws[(c * P + q) * W + k0 + 1];
       }
       mdy = (T)(a / (double)m);
       mdyy = (T)(b / (double)m);
@@ -267,10 +340,15 @@ __global__ void bn_backward_apply(const T* dy, const T* __restrict__ y,
   }
   __syncthreads();
   const T mdy = s_mdy, mdyy = s_mdyy, sd = s_std;
+  const T sc = gamma ? gamma[c] : T(1);
   const long long j1 = chunk_end(p * L, L, m);
   for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
     const long long o = it.offset(C, c, S);
-    const T g = dy[o];
+    T g = dy[o];
+    if (gamma) {
+      g = mul_rn(g, sc);
+      if (dy_out) dy_out[o] = g;
+    }
     if (use_global) {
       dx[o] = div_rn(g, sd);
     } else {
@@ -331,15 +409,16 @@ __global__ void scale_backward_partial(const T* dy, const T* __restrict__ x,
 }
 
 // One thread per channel: add the P partials in order; scale_diff (may be
-// null) += or = the dy*x sum; bias_diff (may be null) += the dy sum.
+// null) += or = the dy*x sum; bias_diff (may be null) += the dy sum.  W: the
+// partials' stride (2, or 4 for bn_scale_backward_partial's).
 template <typename T>
 __global__ void scale_backward_finalize(const double* __restrict__ ws, const long long C,
-    const int P, T* scale_diff, const int scale_accumulate, T* bias_diff) {
+    const int P, T* scale_diff, const int scale_accumulate, T* bias_diff, const int W) {
   CUDA_KERNEL_LOOP(c, C) {
     double a = 0.0, b = 0.0;
     for (int q = 0; q < P; ++q) {
-      a += ws[(c * P + q) * 2];
-      b += ws[(c * P + q) * 2 + 1];
+      a += ws[(c * P + q) * W];
+      b += ws[(c * P + q) * W + 1];
     }
     if (scale_diff) scale_diff[c] = scale_accumulate ? add_rn(scale_diff[c], (T)a) : (T)a;
     if (bias_diff) bias_diff[c] = add_rn(bias_diff[c], (T)b);
@@ -455,7 +534,7 @@ __global__ void zero_multi(const long long* __restrict__ chunk_param,
 
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 KERNELS = ("bn_stats_partial", "bn_forward_apply", "bn_backward_partial", "bn_backward_apply",
-           "scale_forward", "scale_backward_partial", "scale_backward_finalize",
+           "bn_scale_backward_partial", "scale_forward", "scale_backward_partial", "scale_backward_finalize",
            "relu_forward", "relu_backward", "eltwise_sum2", "eltwise_sum_backward2",
            "sgd_update_multi", "zero_multi")
 
@@ -571,17 +650,21 @@ def channel_grid_ok(channels: int) -> bool:
     return 0 < channels <= _MAX_GRID_Y
 
 
-def workspace_size(channels: int, p: int) -> int:
-    """float64 elements of a (C, P, 2) partial-sum workspace plus C pivots."""
-    return channels * (2 * p + 1)
+def workspace_size(channels: int, p: int, width: int = 2) -> int:
+    """float64 elements of a (C, P, width) partial-sum workspace and, after the width-2
+    sums, C pivots (forward only; the width-4 sums of a fused BatchNorm+Scale backward
+    may overwrite them)."""
+    return channels * max(2 * p + 1, width * p)
 
 
 # ------------------------------------------------------------ BatchNorm
 def bn_forward_train(x, y, x_norm, ws, std, mean_sum, var_sum, factor, eps, maf, correction,
-                     p: int, length: int):
+                     p: int, length: int, gamma=None, beta=None):
     """BatchNorm TRAIN forward on (N, C, S) views: y, x_norm (C-contiguous, y may
     be x), std (C,) and the running sums updated in place; ws is the float64
-    workspace of :func:`workspace_size` elements.  Two launches."""
+    workspace of :func:`workspace_size` elements.  Two launches.  With ``gamma``
+    (C,) (and ``beta`` (C,) or None), y = x_norm * gamma (+ beta): a following
+    Scale layer's forward, fused."""
     n, c, s = x.shape
     m = n * s
     if m == 0:
@@ -593,7 +676,8 @@ def bn_forward_train(x, y, x_norm, ws, std, mean_sum, var_sum, factor, eps, maf,
     _fn("bn_forward_apply", dt)(
         (p, c), (THREADS,),
         (x, y, x_norm if x_norm is not None else _NULL) + args
-        + (_i32(p), ws, _i32(0), mean_sum, var_sum, factor, T(eps), T(maf), T(correction), std))
+        + (_i32(p), ws, _i32(0), mean_sum, var_sum, factor, T(eps), T(maf), T(correction), std,
+           gamma if gamma is not None else _NULL, beta if beta is not None else _NULL))
 
 
 def bn_forward_global(x, y, std, mean_sum, var_sum, factor, eps, p: int, length: int):
@@ -607,7 +691,7 @@ def bn_forward_global(x, y, std, mean_sum, var_sum, factor, eps, p: int, length:
     _fn("bn_forward_apply", dt)(
         (p, c), (THREADS,),
         (x, y, _NULL, _i64(c), _i64(s), _i64(m), _i64(length), _i32(p), _NULL, _i32(1),
-         mean_sum, var_sum, factor, T(eps), T(0), T(0), std))
+         mean_sum, var_sum, factor, T(eps), T(0), T(0), std, _NULL, _NULL))
 
 
 def bn_backward_train(dy, y, std, dx, ws, p: int, length: int):
@@ -620,7 +704,35 @@ def bn_backward_train(dy, y, std, dx, ws, p: int, length: int):
     args = (_i64(c), _i64(s), _i64(m), _i64(length))
     _fn("bn_backward_partial", dt)((p, c), (THREADS,), (dy, y) + args + (ws,))
     _fn("bn_backward_apply", dt)((p, c), (THREADS,),
-                                 (dy, y, std, dx) + args + (_i32(p), ws, _i32(0)))
+                                 (dy, y, std, dx) + args + (_i32(p), ws, _i32(0), _NULL,
+                                                            _i32(2), _NULL))
+
+
+def bn_scale_backward_partial(dy, y, gamma, ws, p: int, length: int):
+    """The first half of a fused BatchNorm+Scale TRAIN backward on (N, C, S) views:
+    dy the Scale's top diff, y the normalized input (BatchNorm's x_norm), gamma
+    (C,): the per-block sums of both layers' gradients into ``ws`` (width 4,
+    :func:`workspace_size`).  One launch; writes no full-size array."""
+    n, c, s = dy.shape
+    m = n * s
+    if m == 0:
+        return
+    _fn("bn_scale_backward_partial", dy.dtype)(
+        (p, c), (THREADS,), (dy, y, gamma, _i64(c), _i64(s), _i64(m), _i64(length), ws))
+
+
+def bn_scale_backward_apply(dy, y, std, gamma, dx, dy_out, ws, p: int, length: int):
+    """The second half: dx = BatchNorm's backward of dy * gamma (the Scale's bottom
+    diff, also written to ``dy_out`` unless None), from the sums of
+    :func:`bn_scale_backward_partial`; dx may be dy.  One launch."""
+    n, c, s = dy.shape
+    m = n * s
+    if m == 0:
+        return
+    _fn("bn_backward_apply", dy.dtype)(
+        (p, c), (THREADS,),
+        (dy, y, std, dx, _i64(c), _i64(s), _i64(m), _i64(length), _i32(p), ws, _i32(0), gamma,
+         _i32(4), dy_out if dy_out is not None else _NULL))
 
 
 def bn_backward_global(dy, std, dx, p: int, length: int):
@@ -631,7 +743,8 @@ def bn_backward_global(dy, std, dx, p: int, length: int):
         return
     _fn("bn_backward_apply", dy.dtype)(
         (p, c), (THREADS,),
-        (dy, _NULL, std, dx, _i64(c), _i64(s), _i64(m), _i64(length), _i32(p), _NULL, _i32(1)))
+        (dy, _NULL, std, dx, _i64(c), _i64(s), _i64(m), _i64(length), _i32(p), _NULL, _i32(1),
+         _NULL, _i32(2), _NULL))
 
 
 # ---------------------------------------------------------------- Scale
@@ -668,7 +781,21 @@ def scale_backward(dy, x, scale, dx, scale_diff, scale_accumulate, bias_diff, ws
         _fn("scale_backward_finalize", dt)(
             _elementwise_grid(c), (THREADS,),
             (ws, _i64(c), _i32(p), scale_diff if need_scale else _NULL,
-             _i32(bool(scale_accumulate)), bias_diff if need_bias else _NULL))
+             _i32(bool(scale_accumulate)), bias_diff if need_bias else _NULL, _i32(2)))
+
+
+def scale_backward_finalize(ws, scale_diff, bias_diff, p: int, width: int):
+    """Scale's parameter gradients from per-block sums of stride ``width`` (4: those of
+    :func:`bn_scale_backward_partial`): scale_diff += sum(dy * x), bias_diff += sum(dy)
+    (either None: not wanted).  One launch (none when neither is wanted)."""
+    if scale_diff is None and bias_diff is None:
+        return
+    ref = scale_diff if scale_diff is not None else bias_diff
+    c = ref.size
+    _fn("scale_backward_finalize", ref.dtype)(
+        _elementwise_grid(c), (THREADS,),
+        (ws, _i64(c), _i32(p), scale_diff if scale_diff is not None else _NULL, _i32(1),
+         bias_diff if bias_diff is not None else _NULL, _i32(width)))
 
 
 # ----------------------------------------------------------------- ReLU

@@ -23,6 +23,20 @@ small float64 scratch internal ``fused_ws`` (C * (2P + 1) values) and leaves the
 declared ``temp`` untouched, so that buffer is never allocated outside a memory
 plan (it stays declared: Caffe allocates it, and the ``none`` baseline counts it).
 
+Pairing with a Scale (GPU fast path): Caffe's nets follow a TRAIN BatchNorm
+with a Scale (``bias_term: true``) that runs in place on the BatchNorm's top.
+:meth:`minicaffe.net.Net.set_bn_scale_fusion` pairs the two (``fused_scale`` here,
+``fused_bn`` on the Scale) when both fast paths are on and no memory plan is
+installed; then this layer's forward writes ``x_norm`` and the Scale's output
+``x_norm * gamma + beta`` in one pass and the Scale's forward does nothing; in
+backward the Scale sums both layers' gradients in one pass over its top diff and
+``x_norm`` (and finalizes its own parameter gradients), and this layer applies
+``dx = BN'(dy * gamma)`` in one more.  Each product is rounded as the separate
+kernels round it, so every output is bit for bit the unpaired one; the Scale
+keeps no copy of its input (``x_norm`` is that input), which saves one
+activation per pair.  Seen from outside (blobs, diffs, statistics, parameter
+gradients) the pair computes exactly what the two layers compute.
+
 Recomputation (``swap``'s ``recompute`` strategy, SuperNeurons-style): the memory
 manager may drop a BatchNorm top after its last forward use and run the layer's
 forward again in backward to rebuild it.  Caffe's statistics must see each
@@ -66,6 +80,8 @@ class BatchNormLayer(Layer):
     # True while the memory manager re-runs forward to rebuild a dropped top (module
     # doc): the running statistics are then left alone.
     recompute = False
+    # The Scale layer fused into this one (module doc), or None.
+    fused_scale = None
 
     def layer_setup(self, bottom, top):
         p = self.param.batch_norm_param
@@ -114,11 +130,14 @@ class BatchNormLayer(Layer):
             # (P, L): P blocks of L elements per channel of the (N, C, S) view
             self._chunks = cuda_fused.channel_chunks(b.count // self.channels, self.channels)
             if not self.use_global_stats:
-                # (C * (2P + 1),) float64: the fused kernels' per-block partial sums and
-                # per-channel pivots; scratch within one forward or backward call.
-                self.add_internal("fused_ws", (cuda_fused.workspace_size(self.channels,
-                                                                         self._chunks[0]),),
-                                  saved=False, batch_scaled=False, dtype=np.float64)
+                # float64: the fused kernels' per-block partial sums and per-channel
+                # pivots, (C * (2P + 1),); with a paired Scale, whose backward sums into
+                # it for this layer's, (C * 4P,).  Scratch within one forward call, and
+                # between the pair's two backward calls.
+                width = 4 if self.fused_scale is not None else 2
+                self.add_internal("fused_ws", (cuda_fused.workspace_size(
+                    self.channels, self._chunks[0], width),), saved=False, batch_scaled=False,
+                    dtype=np.float64)
 
     def backward_reads(self) -> BackwardReads:
         internals = ("std",) if self.use_global_stats else ("x_norm", "std")
@@ -211,10 +230,13 @@ class BatchNormLayer(Layer):
         mean_sum, var_sum, factor = self._statistics()    # copies when recomputing
         m = bottom[0].count // self.channels
         correction = m / (m - 1) if m > 1 else 1.0
+        gamma = beta = None
+        if self.fused_scale is not None:  # the paired Scale's forward, in the same pass
+            gamma, beta = self.fused_scale.pair_operands()
         cuda_fused.bn_forward_train(
             x, y, self._ncs(self.internal("x_norm").data), self.internal("fused_ws").data, std,
             mean_sum, var_sum, factor, self.eps, self.moving_average_fraction, correction, p,
-            length)
+            length, gamma, beta)
 
     def _backward_fused(self, top, bottom):
         """The backward above in one (global statistics) or two (TRAIN) launches."""
@@ -225,5 +247,21 @@ class BatchNormLayer(Layer):
         if self.use_global_stats:
             cuda_fused.bn_backward_global(dy, std, dx, p, length)
             return
-        cuda_fused.bn_backward_train(dy, self._ncs(self.internal("x_norm").data), std, dx,
-                                     self.internal("fused_ws").data, p, length)
+        x_norm = self._ncs(self.internal("x_norm").data)
+        ws = self.internal("fused_ws").data
+        scale = self.fused_scale
+        if scale is None:
+            cuda_fused.bn_backward_train(dy, x_norm, std, dx, ws, p, length)
+            return
+        # Paired: dy is the Scale's top diff; its backward left both layers' sums in ws.
+        if not scale.pair_sums_ready:
+            raise RuntimeError(
+                f"layer {self.name!r} of type BatchNorm: its paired Scale {scale.name!r} did not "
+                "run backward first in this pass (a partial backward that splits the pair "
+                "should have unpaired them: Net.set_bn_scale_fusion)")
+        scale.pair_sums_ready = False
+        gamma, _ = scale.pair_operands()
+        # The Scale's bottom diff is the top diff of this layer: kept as Caffe leaves it
+        # when this layer is not in place (in place, dx overwrites it anyway).
+        dy_out = None if top[0] is bottom[0] else dy
+        cuda_fused.bn_scale_backward_apply(dy, x_norm, std, gamma, dx, dy_out, ws, p, length)

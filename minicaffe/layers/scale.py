@@ -96,6 +96,11 @@ class ScaleLayer(Layer):
     min_num_bottom = 1
     max_num_bottom = 2
     exact_num_top = 1
+    # The BatchNorm layer this one is fused into (see minicaffe/layers/batchnorm.py),
+    # or None; then forward does nothing and backward sums both layers' gradients.
+    fused_bn = None
+    # Set by a paired backward when it left BatchNorm's sums in its workspace.
+    pair_sums_ready = False
 
     def layer_setup(self, bottom, top):
         p = self.param.scale_param
@@ -129,6 +134,12 @@ class ScaleLayer(Layer):
         if self.bias_term:
             self._bias_dims = broadcast_dims(self, bottom[0], self.blobs[-1].shape, p.axis, "bias")
         self._in_place = top[0] is bottom[0]
+        if self.fused_bn is not None:
+            # Paired: the input is the BatchNorm's x_norm, and the workspace its.
+            self.internals.pop("bottom_copy", None)
+            self.internals.pop("fused_ws", None)
+            self._fused = False
+            return
         if self._in_place:
             # (N, C, ...): the input, kept for the scale gradient.
             self.add_internal("bottom_copy", bottom[0].shape, saved=True)
@@ -150,7 +161,27 @@ class ScaleLayer(Layer):
         # With two bottoms propagate_down[1] is only known at backward time.
         return self._two_bottoms or bool(self.param_propagate_down and self.param_propagate_down[0])
 
+    def pairable(self, bottom) -> bool:
+        """Whether a BatchNorm before this layer can take its forward over (given the
+        structural conditions Net.set_bn_scale_fusion checks): one bottom, the
+        fused kernels on, a per-channel scale and bias (axis 1, one axis)."""
+        if len(bottom) != 1 or not getattr(self, "_fused_module", False):
+            return False
+        p = self.param.scale_param
+        c = self._dims[1]
+        return (bottom[0].ndim > 1 and _canonical_axis(self, bottom[0], p.axis) == 1
+                and self.blobs[0].shape == (c,) and c == bottom[0].shape[1]
+                and (not self.bias_term or self.blobs[-1].shape == (c,)))
+
+    def pair_operands(self):
+        """(gamma, beta or None): the (C,) scale and bias a paired BatchNorm applies."""
+        return self.blobs[0].data, (self.blobs[-1].data if self.bias_term else None)
+
     def backward_reads(self) -> BackwardReads:
+        if self.fused_bn is not None:
+            # Paired: reads the BatchNorm's x_norm (no memory plan runs a pair: the
+            # swap install unpairs first).
+            return BackwardReads(bottom=(), top=(), internals=())
         bottoms, internals = [], []
         if self._scale_grad_needed():
             if self._in_place:
@@ -162,6 +193,8 @@ class ScaleLayer(Layer):
         return BackwardReads(bottom=tuple(bottoms), top=(), internals=tuple(internals))
 
     def forward_impl(self, bottom, top):
+        if self.fused_bn is not None:
+            return  # the paired BatchNorm wrote this layer's output
         xp = self.xp
         outer, dim, inner = self._dims
         x = bottom[0].data.reshape(outer, dim, inner)
@@ -185,6 +218,8 @@ class ScaleLayer(Layer):
         xp = self.xp
         outer, dim, inner = self._dims
         dy = top[0].diff.reshape(outer, dim, inner)
+        if self.fused_bn is not None:
+            return self._backward_paired(dy, propagate_down)
         if self._fused:
             return self._backward_fused(dy, propagate_down, bottom)
         if self.bias_term and self.param_propagate_down[-1]:
@@ -204,6 +239,25 @@ class ScaleLayer(Layer):
         if propagate_down[0]:
             dx = bottom[0].diff.reshape(outer, dim, inner)
             xp.multiply(dy, scale.data.reshape(1, dim, 1), out=dx)
+
+    def _backward_paired(self, dy, propagate_down):
+        """Paired with a BatchNorm: one pass over dy and x_norm sums this layer's and
+        the BatchNorm's gradients into the BatchNorm's workspace, then this layer's
+        parameter gradients are finalized from it; the bottom diff (dy * gamma) is
+        left to the BatchNorm's backward, which needs it only inside its own pass."""
+        bn = self.fused_bn
+        need_scale = bool(self.param_propagate_down[0])
+        need_bias = self.bias_term and bool(self.param_propagate_down[-1])
+        self.pair_sums_ready = False
+        if not (need_scale or need_bias or propagate_down[0]):
+            return
+        ws = bn.internal("fused_ws").data
+        p, length = bn._chunks
+        x_norm = bn._ncs(bn.internal("x_norm").data)
+        cuda_fused.bn_scale_backward_partial(dy, x_norm, self.blobs[0].data, ws, p, length)
+        cuda_fused.scale_backward_finalize(ws, self.blobs[0].diff if need_scale else None,
+                                           self.blobs[-1].diff if need_bias else None, p, 4)
+        self.pair_sums_ready = bool(propagate_down[0])
 
     def _backward_fused(self, dy, propagate_down, bottom):
         """The backward above in two launches: dx and the partial sums in one pass

@@ -640,3 +640,164 @@ def test_fused_kernels_run_on_the_current_stream(cp):
         layer.forward([b], [t])
     s.synchronize()
     assert float(t.data.min()) == 2.0
+
+
+# ---------------------------------------------- BatchNorm + Scale, paired in a net
+def pair_net(bn_in_place=True, bias=True, scale_lr=1.0, bn_on_data=False, scale_in_place=True,
+             scale_extra="", bn_extra="", shape=(3, 4, 6, 5)):
+    """Input -> Convolution -> BatchNorm -> Scale -> ReLU -> InnerProduct -> EuclideanLoss."""
+    n, c, h, w = shape
+    conv = "" if bn_on_data else f'''
+layer {{ name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param {{ num_output: {c + 1} kernel_size: 3 pad: 1 engine: CAFFE
+    weight_filler {{ type: "gaussian" std: 0.3 }} bias_filler {{ type: "constant" value: 0.2 }} }} }}'''
+    bn_bottom = "data" if bn_on_data else "conv"
+    bn_top = bn_bottom if bn_in_place else "bn"
+    s_top = bn_top if scale_in_place else "sc"
+    lr = f"param {{ lr_mult: {scale_lr} }} " * (2 if bias else 1)
+    return f'''name: "pair"
+layer {{ name: "data" type: "Input" top: "data" top: "target"
+  input_param {{ shape {{ dim: {n} dim: {c} dim: {h} dim: {w} }} shape {{ dim: {n} dim: 7 }} }} }}
+{conv}
+layer {{ name: "bn" type: "BatchNorm" bottom: "{bn_bottom}" top: "{bn_top}" {bn_extra} }}
+layer {{ name: "scale" type: "Scale" bottom: "{bn_top}" top: "{s_top}" {lr}
+  scale_param {{ bias_term: {str(bias).lower()} filler {{ type: "uniform" min: 0.5 max: 1.5 }}
+    bias_filler {{ type: "uniform" min: -0.5 max: 0.5 }} {scale_extra} }} }}
+layer {{ name: "relu" type: "ReLU" bottom: "{s_top}" top: "{s_top}" }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "{s_top}" top: "ip"
+  inner_product_param {{ num_output: 7 weight_filler {{ type: "gaussian" std: 0.2 }} }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }}
+'''
+
+
+def _build_pair_net(xp, text, dtype=F32, seed=0):
+    from minicaffe.net import Net
+    from minicaffe.rng import set_random_seed
+    set_random_seed(seed)
+    net = Net(parse_text(text, caffe_pb2.NetParameter), caffe_pb2.TRAIN,
+              mode="GPU" if xp is not np else "CPU", dtype=dtype)
+    rng = np.random.default_rng(seed + 1)
+    for name in ("data", "target"):
+        b = net.blobs[name]
+        b.data[...] = xp.asarray(rng.standard_normal(b.shape) * 2 + 1, dtype=dtype)
+    return net
+
+
+def _state(net):
+    out = {}
+    for name, b in net.blobs.items():
+        out[f"blob {name} data"] = to_numpy(b.data).copy()
+        out[f"blob {name} diff"] = to_numpy(b.diff).copy()
+    for li, layer in enumerate(net.layers):
+        for pi, b in enumerate(layer.blobs):
+            out[f"{net.layer_names[li]} param {pi} data"] = to_numpy(b.data).copy()
+            out[f"{net.layer_names[li]} param {pi} diff"] = to_numpy(b.diff).copy()
+    return out
+
+
+def _run_pair(xp, text, paired, dtype=F32, iters=2):
+    net = _build_pair_net(xp, text, dtype)
+    if not paired:
+        net.set_bn_scale_fusion(False)
+    states = []
+    for _ in range(iters):
+        net.clear_param_diffs()
+        net.forward_backward()
+        states.append(_state(net))
+    return net, states
+
+
+PAIR_CASES = {
+    "in place, bias": {},
+    "bn not in place, no bias": {"bn_in_place": False, "bias": False},
+    "scale frozen (lr_mult 0)": {"scale_lr": 0.0},
+    "bn on the input (no bottom diff)": {"bn_on_data": True},
+    "odd shape": {"shape": (2, 3, 33, 9)},
+}
+
+
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("case", list(PAIR_CASES))
+def test_bn_scale_pair_is_bitwise_the_two_layers(backend, dtype, case):
+    """A paired BatchNorm+Scale leaves every blob (data and diff), parameter and
+    statistic exactly as the two fused layers run one after the other."""
+    text = pair_net(**PAIR_CASES[case])
+    paired_net, paired = _run_pair(backend.xp, text, True, dtype)
+    bn = paired_net.layer_index("bn")
+    assert paired_net.bn_scale_pairs == [(bn, bn + 1)]
+    assert "bottom_copy" not in paired_net.layers[bn + 1].internals  # one activation saved
+    ref_net, ref = _run_pair(backend.xp, text, False, dtype)
+    assert ref_net.bn_scale_pairs == [] and "bottom_copy" in ref_net.layers[bn + 1].internals
+    for it, (a, b) in enumerate(zip(paired, ref)):
+        assert a.keys() == b.keys()
+        for key in a:
+            if backend.kind == "emu":
+                np.testing.assert_array_equal(a[key], b[key], err_msg=f"iteration {it}: {key}")
+            else:  # the convolution's cuBLAS/cuDNN calls may differ in the last bit
+                np.testing.assert_allclose(a[key], b[key], rtol=TOL[dtype], atol=TOL[dtype],
+                                           err_msg=f"iteration {it}: {key}")
+
+
+@with_backends
+def test_bn_scale_pair_partial_forward_unpairs(backend):
+    """net.forward(end='bn') must show the BatchNorm's own output (normalized, not
+    scaled): a pass that splits a pair unpairs the net, with the same results."""
+    xp = backend.xp
+    text = pair_net(bn_in_place=False)
+    net = _build_pair_net(xp, text)
+    assert net.bn_scale_pairs
+    out = to_numpy(net.forward(end="bn")["bn"]).copy()
+    assert net.bn_scale_pairs == []
+    ref = _build_pair_net(xp, text)
+    ref.set_bn_scale_fusion(False)
+    np.testing.assert_array_equal(out, to_numpy(ref.forward(end="bn")["bn"]))
+    # normalized: per-channel mean 0, not the Scale's bias
+    assert np.abs(out.mean(axis=(0, 2, 3))).max() < 1e-5
+    net.forward()
+    net.backward()  # unpaired from now on, and still right
+    ref.forward()
+    ref.backward()
+    np.testing.assert_array_equal(to_numpy(net.blobs["data"].diff),
+                                  to_numpy(ref.blobs["data"].diff))
+
+
+@with_backends
+@pytest.mark.parametrize("what,kwargs", [
+    ("scale not in place", {"scale_in_place": False}),
+    ("global statistics", {"bn_extra": "batch_norm_param { use_global_stats: true }"}),
+    ("scale along axis 0", {"scale_extra": "axis: 0 num_axes: 1", "bias": False}),
+])
+def test_bn_scale_not_paired(backend, what, kwargs):
+    # (axis 0: a (N,) scale, N = 3 here, is never a per-channel one)
+    net = _build_pair_net(backend.xp, pair_net(**kwargs))
+    assert net.bn_scale_pairs == [], what
+
+
+def test_bn_scale_not_paired_with_explicit_propagate_down(monkeypatch):
+    text = pair_net().replace('layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" ',
+                              'layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" '
+                              'propagate_down: true ')
+    assert "propagate_down: true" in text
+    emu = _emulator()
+    if emu is None:
+        pytest.skip("no C++ compiler for the CPU emulator")
+    monkeypatch.setattr(cuda_fused, "enabled_for", lambda xp, dtype=None: xp is np)
+    monkeypatch.setattr(cuda_fused, "_fn", emu.fn)
+    assert _build_pair_net(np, text).bn_scale_pairs == []
+    assert _build_pair_net(np, pair_net()).bn_scale_pairs == [(2, 3)]
+
+
+def test_bn_scale_pairs_off_on_the_cpu_and_by_environment(monkeypatch):
+    """No pairs where the fused kernels do not run (plain NumPy), none with
+    MINICAFFE_FUSE_BN_SCALE=0, and none once the swap memory manager plans the net."""
+    assert _build_pair_net(np, pair_net()).bn_scale_pairs == []
+    monkeypatch.setattr(cuda_fused, "enabled_for", lambda xp, dtype=None: xp is np)
+    monkeypatch.setenv("MINICAFFE_FUSE_BN_SCALE", "0")
+    assert _build_pair_net(np, pair_net()).bn_scale_pairs == []
+    monkeypatch.setenv("MINICAFFE_FUSE_BN_SCALE", "1")
+    net = _build_pair_net(np, pair_net())
+    assert net.bn_scale_pairs == [(2, 3)]
+    from swap.gmap import build_gmap
+    build_gmap(net)  # the GMAP counts the Scale's input copy, as Caffe keeps it
+    assert net.bn_scale_pairs == [] and "bottom_copy" in net.layers[3].internals

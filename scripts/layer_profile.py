@@ -42,7 +42,8 @@ CAFFE_CATEGORY = {"Convolution": "conv", "BatchNorm": "bn+scale", "Scale": "bn+s
 
 # PyTorch aten op name fragments -> category, first match wins
 TORCH_CATEGORY = [("convolution", "conv"), ("conv", "conv"), ("batch_norm", "bn+scale"),
-                  ("relu", "relu"), ("threshold_backward", "relu"), ("pool", "pool"),
+                  ("relu", "relu"), ("clamp_min", "relu"), ("threshold_backward", "relu"),
+                  ("pool", "pool"),
                   ("addmm", "fc"), ("aten::mm", "fc"), ("linear", "fc"), ("aten::cat", "concat"),
                   ("dropout", "dropout"), ("native_dropout", "dropout"),
                   ("softmax", "loss"), ("nll_loss", "loss"), ("cross_entropy", "loss"),
@@ -154,6 +155,10 @@ def profile_torch(name: str, batch: int, iters: int, warmup: int) -> dict:
     cats = defaultdict(float)
     ops = []
     for evt in prof.key_averages():
+        # aten ops only: the kernels they launch are listed too, under their own
+        # names, and would count twice
+        if not evt.key.startswith("aten::"):
+            continue
         us = getattr(evt, "self_device_time_total", None)
         if us is None:
             us = getattr(evt, "self_cuda_time_total", 0.0)

@@ -381,11 +381,18 @@ def run_relu(xp, dtype, shape, slope, in_place, fused):
 @pytest.mark.parametrize("dtype", [F32, F64])
 @pytest.mark.parametrize("slope", [0.0, 0.1, -0.5])
 @pytest.mark.parametrize("in_place", [False, True])
-def test_relu_fused_is_bitwise_generic(backend, dtype, slope, in_place):
+@pytest.mark.parametrize("shape", [(3, 5, 7, 11), (4, 6, 5, 4)])  # one element, 16-byte packs
+def test_relu_fused_is_bitwise_generic(backend, dtype, slope, in_place, shape, monkeypatch):
+    calls = []
+    fn = cuda_fused._fn
+    monkeypatch.setattr(cuda_fused, "_fn", lambda k, dt: calls.append(k) or fn(k, dt))
     fused, generic = fused_and_generic(
-        lambda f: run_relu(backend.xp, dtype, (3, 5, 7, 11), slope, in_place, f))
+        lambda f: run_relu(backend.xp, dtype, shape, slope, in_place, f))
     for a, b in zip(fused, generic):
         np.testing.assert_array_equal(a, b)
+    packed = np.prod(shape) % (16 // np.dtype(dtype).itemsize) == 0
+    assert calls == (["relu_forward_v", "relu_backward_v"] if packed
+                     else ["relu_forward", "relu_backward"])
 
 
 def run_eltwise(xp, dtype, n_bottoms, coeffs, in_place, props, fused):

@@ -31,8 +31,9 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   fall back to the curve pooled over all steps of the same phase, then over all steps.
 
   eq. (2): ``t_iter(k) = sum_j t_j(k)`` (stall-free); eq. (3):
-  ``t_whole(k) = E * m / k * (t_iter(k) + O(k) + Delta)`` with Delta the time between
-  iterations (parameter synchronization in distributed mode, 0 on one GPU) and O(k) below.
+  ``t_whole(k) = E * m / k * (max(t_iter(k), H(k)) + O(k) + Delta)`` with Delta the time
+  between iterations (parameter synchronization in distributed mode, 0 on one GPU), O(k) and
+  the host's issue time H(k) below (the paper's eq. 3 has neither).
 
 * **Time outside the layer steps** (:class:`IterationOverhead`, not in the paper's eq. 2):
   ``O(k) = a + b * k`` seconds per iteration on the compute stream that no step's time holds:
@@ -49,6 +50,16 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   is then not in O(k).  The H200 profiles of 2026-11-21 (none has the marks) give 4 to 7 us per
   step boundary, O = 0.2 ms for AlexNet, 1.8 ms for ResNet-34, 2.7 ms for ResNet-50, 5.5 to
   6.2 ms for ResNet-101 (``scripts/model_overhead.py``).
+
+* **The host's issue time** (:class:`HostModel`, not in the paper): per step ``h_j(k) = a_j +
+  b_j k`` seconds for the host (Python, kernel launches) to issue step j, fitted under the
+  profile's host times (the line below every sample: under the naive plan a launch into a full
+  queue waits for the device, which only adds).  The predicted iteration is
+  ``max(device, sum_j h_j(k)) + O(k)`` (:meth:`ComputeModel.iteration`): the device's steps
+  (eq. 2 plus stalls) cannot end before the host has issued them.  It binds at small k, where
+  the device's work shrinks and the host's does not (ResNet-152 on the H200 at k = 16).
+  Profiles without host times (before ``ComputeSample.host``) give no host model and the
+  predictions of before.
 
 * **GPU memory** (eq. 4): allocated minus released bytes never exceed the budget.  It is
   :class:`swap.plan.Plan`'s ``usage`` per step (checked by ``Plan.check``) and, in time, the
@@ -311,6 +322,155 @@ class IterationOverhead:
                    samples=tuple((int(k), float(t)) for k, t in d.get("samples", [])))
 
 
+# ------------------------------------------------------------- host issue
+HOST_METHODS = ("line", "min")
+
+
+def _envelope(ks, h) -> tuple:
+    """The line ``a + b k`` under every sample ``(ks[i], h[i])`` with ``a, b >= 0`` and the
+    largest sum over the samples (equivalently, the least total distance above it: an L1 fit
+    from below).  A linear programme in (a, b) whose optimum is a vertex: the line through two
+    samples, the horizontal line through the lowest sample, or the line from the origin through
+    the sample of least ``h / k``; the candidates are enumerated."""
+    k = np.asarray(ks, dtype=np.float64)
+    y = np.asarray(h, dtype=np.float64)
+    tol = 1e-9 * max(float(np.abs(y).max(initial=0.0)), 1e-300)
+    cands = [(float(y.min()), 0.0), (0.0, float(np.min(y / k)))]
+    for i in range(len(k)):
+        for j in range(i + 1, len(k)):
+            if k[j] != k[i]:
+                b = float((y[j] - y[i]) / (k[j] - k[i]))
+                cands.append((float(y[i] - b * k[i]), b))
+    best, best_v = cands[0], -math.inf
+    kbar = float(k.mean())
+    for a, b in cands:
+        if a < -tol or b < 0 or np.any(a + b * k > y + tol):
+            continue
+        v = a + b * kbar
+        if v > best_v:
+            best, best_v = (max(a, 0.0), b), v
+    return best
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """The host's time to issue each step, ``h_j(k) = a_j + b_j k`` seconds (not in the paper).
+
+    CuPy launches are asynchronous: the host (Python, the layer's code, the kernel launches)
+    runs ahead of the device, and an iteration takes the device's time only while the host
+    keeps ahead.  When the host's own issue time exceeds the device's, the iteration is
+    host-bound and the device model (eq. 2 plus stalls) under-predicts it: ResNet-152 on the
+    H200 measured 147.8 ms at k = 16 and 152.8 ms at k = 28 under the dynamic plan (2026-11-21)
+    where eq. (2) plus stalls and O(k) predicted 94.3 and 134.9 ms.  :meth:`ComputeModel.iteration`
+    takes ``max(device, sum_j h_j(k)) + O(k)``.
+
+    Samples: :attr:`swap.profiler.ComputeSample.host`, ``perf_counter`` around each step's
+    ``forward_layer`` / ``backward_layer``.  They are not the host's own cost under the
+    profile's naive plan: its iterations are transfer-bound (ResNet-152: 549 ms per iteration
+    at k = 63 for 238 ms of compute), the device lags the host by hundreds of launches, and a
+    launch into the full queue blocks until the device retires one, so a step's host time
+    holds waits for kernels whose work grows with k; some steps also wait for the device
+    themselves (a chunked convolution's column-chunk loop: ``conv1`` forward takes the host as
+    long as the device at every profiled k).  Those waits only ever add.  Two estimates
+    (``method``):
+
+    * ``"line"`` (default): per step, the line ``a_j + b_j k``, ``a_j, b_j >= 0``, under every
+      sample, with the largest sum over them (:func:`_envelope`: an L1 fit from below, not a
+      least-squares fit through the samples, since the contamination is one-sided).  ``a_j``
+      is the k-independent cost (Python, launches); ``b_j`` holds what grows with k: the
+      column-chunk loop's launches (``ceil(k / chunk)``) and the waits, so the line is an
+      upper estimate inside the profiled range and, below it, tends to ``a_j``.  It is the
+      brief's "fit with intercept" kept under the points.
+    * ``"min"``: per step the smallest sample over the profiled k, as a constant ``a_j``
+      (``b_j = 0``): the estimate if the host's cost did not depend on k.
+
+    Checked against the data (``scripts/model_overhead.py``, docs/results/model_overhead.md):
+    on the ResNet-152 profile with host times (2026-11-21, k = 63 ... 520) ``"min"`` sums to
+    207.6 ms per iteration, more than the whole iterations measured at k = 16 (117.5 ms
+    without swapping, 147.8 ms under the dynamic plan): even the profile's smallest k is
+    transfer-bound and the minimum is not a floor.  ``"line"`` sums to 107.5 ms at k = 16
+    (85.3 ms + 1.39 ms per image), 124.2 ms at k = 28, 164.4 ms at k = 57.
+
+    What it does not hold: the host's work between the steps (the executor's offload,
+    prefetch, allocate and release ops, the loop over them) is not timed by the profiler, so
+    neither a per-step executor cost nor the difference between strategies is modelled: the
+    host floor of ``dynamic`` and of ``none`` at the same k is the same (O(k)'s mean gap
+    between steps, a device-side time, stands for the host's time between steps).  On the CPU
+    the host time is the step itself (NumPy is synchronous): no separate bound, so CPU and
+    synthetic profiles get no host model.
+
+    a, b: per step (indexed like the profile's steps), seconds and seconds per image;
+    method: how they were fitted; ks: the profiled k.
+    """
+    a: tuple
+    b: tuple
+    method: str = "line"
+    ks: tuple = ()
+
+    def step_times(self, k) -> np.ndarray:
+        """``h_j(k)`` of every step."""
+        return np.asarray(self.a, dtype=np.float64) + np.asarray(self.b, dtype=np.float64) * k
+
+    @property
+    def intercept(self) -> float:
+        """``sum_j a_j``: seconds per iteration that do not depend on k."""
+        return float(np.sum(self.a))
+
+    @property
+    def slope(self) -> float:
+        """``sum_j b_j``: seconds per image."""
+        return float(np.sum(self.b))
+
+    def __call__(self, k) -> float:
+        """``sum_j h_j(k)``: the host's issue time of the steps of one iteration at k."""
+        return self.intercept + self.slope * float(k)
+
+    @classmethod
+    def fit(cls, samples, method: str = "line", ks=()) -> "HostModel":
+        """From ``samples[j] = [(k, seconds), ...]`` per step (class doc for ``method``)."""
+        if method not in HOST_METHODS:
+            raise ValueError(f"host model method {method!r}: use one of "
+                             f"{', '.join(HOST_METHODS)}")
+        a, b = [], []
+        for j, pts in enumerate(samples):
+            if not pts:
+                raise ValueError(f"host model: step {j} has no sample")
+            k = np.array([p[0] for p in pts], dtype=np.float64)
+            h = np.array([p[1] for p in pts], dtype=np.float64)
+            if method == "min" or np.ptp(k) == 0:
+                aj, bj = float(h.min()), 0.0
+            else:
+                aj, bj = _envelope(k, h)
+            a.append(aj)
+            b.append(bj)
+        return cls(a=tuple(a), b=tuple(b), method=method, ks=tuple(int(x) for x in ks))
+
+    @classmethod
+    def from_profile(cls, profile, method: str = "line") -> "HostModel | None":
+        """Fit to a profile's host times; None where it has none (profiles from before
+        ``ComputeSample.host``, a step never sampled) or was taken on the CPU or from a model
+        (class doc)."""
+        if profile.mode != "GPU" or not profile.compute:
+            return None
+        if any(c.host is None for c in profile.compute):
+            return None
+        samples = [[] for _ in profile.steps]
+        for c in profile.compute:
+            samples[c.step].append((c.k, c.host))
+        if any(not s for s in samples):
+            return None
+        return cls.fit(samples, method, ks=profile.ks)
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "ks": list(self.ks), "a": list(self.a),
+                "b": list(self.b)}
+
+    @classmethod
+    def from_dict(cls, d) -> "HostModel":
+        return cls(a=tuple(float(x) for x in d["a"]), b=tuple(float(x) for x in d["b"]),
+                   method=d.get("method", "line"), ks=tuple(int(k) for k in d.get("ks", ())))
+
+
 # ------------------------------------------------------------ compute model
 def _key(step, granularity: str) -> tuple:
     if granularity == "step":
@@ -328,11 +488,15 @@ class ComputeModel:
     "reduce the denominator FLOPS(*) slightly"; 1 by default, since the fitted x_half already
     holds the per-step overhead).  overhead: the time of an iteration outside its steps,
     :class:`IterationOverhead` (None: 0, the paper's model); not part of eq. (2)'s ``t_iter``.
+    host: the host's time to issue the steps, :class:`HostModel` (None: the host is assumed
+    to keep ahead of the device, the model before host times were profiled);
+    :meth:`iteration` combines the three.
     """
     curves: tuple
     granularity: str = "type"
     slowdown: float = 1.0
     overhead: IterationOverhead | None = None
+    host: HostModel | None = None
     _index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -385,6 +549,26 @@ class ComputeModel:
         """O(k): seconds of an iteration at ``k`` outside its layer steps (0 without a fit)."""
         return 0.0 if self.overhead is None else float(self.overhead(k))
 
+    def host_at(self, k: int) -> float:
+        """``sum_j h_j(k)``: the host's seconds to issue the steps at ``k`` (0 without a host
+        model)."""
+        return 0.0 if self.host is None else float(self.host(k))
+
+    def iteration(self, device: float, k: int) -> float:
+        """The predicted iteration at ``k`` from ``device``, the compute stream's time for the
+        steps (eq. 2, or Algorithm 1's timeline with its stalls):
+        ``max(device, sum_j h_j(k)) + O(k)``.
+
+        Per iteration, the simplest form the profile supports: the device cannot finish the
+        steps before the host has issued them, and the host cannot issue them faster than
+        ``h_j``; O(k) (the head before the first step, the gaps, the solver update) comes on
+        top either way.  A finer max (per step, or per stretch between synchronizations) would
+        need the launch queue's depth and the host's time between steps, which the profile
+        does not record.  Without a host model: ``device + O(k)``, exactly as before."""
+        if self.host is None:
+            return device + self.overhead_at(k)
+        return max(device, float(self.host(k))) + self.overhead_at(k)
+
     # ---- construction
     @classmethod
     def uniform(cls, curve: ThroughputCurve, slowdown: float = 1.0) -> "ComputeModel":
@@ -393,10 +577,12 @@ class ComputeModel:
 
     @classmethod
     def from_profile(cls, profile, granularity: str = "type",
-                     overhead: bool = True) -> "ComputeModel":
+                     overhead: bool = True, host: bool | str = True) -> "ComputeModel":
         """Fit the curves of a :class:`swap.profiler.Profile` (per type and phase, or per step)
         and, with ``overhead``, the time outside the steps
-        (:meth:`IterationOverhead.from_profile`)."""
+        (:meth:`IterationOverhead.from_profile`), and with ``host`` (True: the default method,
+        or a method of :class:`HostModel`) the host's issue times where the profile has them
+        (:meth:`HostModel.from_profile`)."""
         if granularity not in ("type", "step"):
             raise ValueError(f"granularity must be 'type' or 'step', got {granularity!r}")
         groups: dict = {}
@@ -410,23 +596,30 @@ class ComputeModel:
         if not groups:
             raise ValueError(f"profile of {profile.net!r} has no compute samples")
         curves = tuple((key, fit_curve(x, t)) for key, (x, t) in sorted(groups.items()))
+        hm = None
+        if host:
+            hm = HostModel.from_profile(profile, "line" if host is True else host)
         return cls(curves=curves, granularity=granularity,
-                   overhead=IterationOverhead.from_profile(profile) if overhead else None)
+                   overhead=IterationOverhead.from_profile(profile) if overhead else None,
+                   host=hm)
 
     def to_dict(self) -> dict:
         return {"granularity": self.granularity, "slowdown": self.slowdown,
                 "curves": [{"key": list(k), **c.to_dict()} for k, c in self.curves],
-                "overhead": None if self.overhead is None else self.overhead.to_dict()}
+                "overhead": None if self.overhead is None else self.overhead.to_dict(),
+                "host": None if self.host is None else self.host.to_dict()}
 
     @classmethod
     def from_dict(cls, d) -> "ComputeModel":
-        """The inverse of :meth:`to_dict`; a dict without "overhead" (written before it
-        existed) gives no overhead, the old model."""
+        """The inverse of :meth:`to_dict`; a dict without "overhead" or "host" (written before
+        they existed) gives none, the old model."""
         oh = d.get("overhead")
+        hm = d.get("host")
         return cls(curves=tuple((tuple(c["key"]), ThroughputCurve.from_dict(c))
                                 for c in d["curves"]),
                    granularity=d.get("granularity", "type"), slowdown=d.get("slowdown", 1.0),
-                   overhead=None if oh is None else IterationOverhead.from_dict(oh))
+                   overhead=None if oh is None else IterationOverhead.from_dict(oh),
+                   host=None if hm is None else HostModel.from_dict(hm))
 
 
 def t_iter(model: ComputeModel, gmap: GMAP, k: int) -> float:
@@ -436,14 +629,15 @@ def t_iter(model: ComputeModel, gmap: GMAP, k: int) -> float:
 
 def t_whole(model: ComputeModel, gmap: GMAP, k: int, epochs: float, dataset: int,
             delta: float = 0.0) -> float:
-    """eq. (3): ``E * m / k * (t_iter(k) + O(k) + Delta)``: seconds to train ``epochs`` over
-    ``dataset`` images at minibatch ``k``; O(k) the model's time outside the steps, Delta
+    """eq. (3): ``E * m / k * (max(t_iter(k), H(k)) + O(k) + Delta)``: seconds to train
+    ``epochs`` over ``dataset`` images at minibatch ``k``; H(k) the host's issue time of the
+    steps (:class:`HostModel`, 0 without one), O(k) the model's time outside the steps, Delta
     seconds between iterations (parameter synchronization)."""
-    return epochs * dataset / k * (model.t_iter(gmap, k) + model.overhead_at(k) + delta)
+    return epochs * dataset / k * (model.iteration(model.t_iter(gmap, k), k) + delta)
 
 
 def images_per_second(model: ComputeModel, gmap: GMAP, k: int, delta: float = 0.0) -> float:
-    return k / (model.t_iter(gmap, k) + model.overhead_at(k) + delta)
+    return k / (model.iteration(model.t_iter(gmap, k), k) + delta)
 
 
 # --------------------------------------------------------------- PCIe model
@@ -572,5 +766,5 @@ def paper_k_max(gmap: GMAP, budget: int) -> int:
 
 
 __all__ = ["H2D", "D2H", "ThroughputCurve", "fit_curve", "IterationOverhead", "overhead_samples",
-           "ComputeModel", "t_iter", "t_whole",
+           "HostModel", "HOST_METHODS", "ComputeModel", "t_iter", "t_whole",
            "images_per_second", "PCIeModel", "peak_memory", "paper_k_max", "FORWARD", "BACKWARD"]

@@ -610,8 +610,11 @@ class Timeline:
 
     @property
     def t_iter(self) -> float:
-        """Predicted iteration time: until the last op of any stream is done (in practice the
-        compute stream's last step: every copy of the iteration is awaited by some step)."""
+        """Predicted iteration time on the device: until the last op of any stream is done (in
+        practice the compute stream's last step: every copy of the iteration is awaited by some
+        step).  The tuner's prediction adds the host's issue floor and O(k)
+        (:meth:`swap.model.ComputeModel.iteration`); this timeline assumes the host keeps
+        ahead."""
         return float(max(self.step_end[-1], self.op_end.max(initial=0.0)))
 
     @property

@@ -11,6 +11,15 @@ so the optimum is the **largest k at which (6) can be met**, which is what the p
 search returns.  O(k) is added to every predicted iteration (the decision's ``t_iter``, the
 throughput compared where no k meets (6)); Algorithm 1's timeline does not contain it.
 
+Where the profile has host issue times, the predicted iteration is ``max(timeline, H(k)) +
+O(k)`` (:meth:`swap.model.ComputeModel.iteration`, :class:`swap.model.HostModel`): the host
+cannot issue the steps faster than ``H(k) = A + B k``.  Per image ``A / k + B`` falls with k too,
+so the largest k that meets (6) stays the optimum and the search is unchanged; a host floor
+changes the predicted time (and images/s) at k*, and the choice among k only where no k meets
+(6) or the verification compares plans.  Constraint (6) is checked on the device's timeline
+alone: a host-bound iteration leaves the copies more time, not less, so the check stays on the
+safe side.
+
 Algorithm 2 here:
 
 1. ``k_max``: the largest k whose naive plan (every feature map offloaded, the layer-wise peak)
@@ -276,6 +285,7 @@ class Decision:
     delta: float = 0.0
     scratch: int = 0            # the scratch reserve at k* (Algorithm 2's M_ws), bytes
     overhead: float = 0.0       # O(k*): seconds of the iteration outside the layer steps
+    host: float = 0.0           # H(k*): the host's seconds to issue the steps (0: no host model)
 
     @property
     def plan(self):
@@ -291,9 +301,17 @@ class Decision:
 
     @property
     def t_iter(self) -> float:
-        """Predicted seconds per iteration: the op-level replay (compute and stalls) plus the
-        time outside the layer steps, O(k*) (the solver update, gaps between steps)."""
-        return self.timeline.t_iter + self.overhead
+        """Predicted seconds per iteration: the op-level replay (compute and stalls), or the
+        host's issue time H(k*) where that is longer, plus the time outside the layer steps,
+        O(k*) (the solver update, gaps between steps)."""
+        if not self.host:
+            return self.timeline.t_iter + self.overhead
+        return max(self.timeline.t_iter, self.host) + self.overhead
+
+    @property
+    def host_bound(self) -> bool:
+        """The host's issue time, not the device's, sets the predicted iteration."""
+        return self.host > self.timeline.t_iter
 
     @property
     def images_per_s(self) -> float:
@@ -328,6 +346,8 @@ class Decision:
             f"predicted iteration {1e3 * self.t_iter:.3f} ms (compute {1e3 * tl.t_model:.3f} ms, "
             f"stall {1e3 * tl.total_stall:.3f} ms"
             + (f", outside the steps {1e3 * self.overhead:.3f} ms" if self.overhead else "")
+            + (f", host issue {1e3 * self.host:.3f} ms"
+               + (": host-bound" if self.host_bound else "") if self.host else "")
             + f"), {self.images_per_s:.1f} images/s"
             + (f" with {1e3 * self.delta:.3f} ms between iterations" if self.delta else ""),
             (f"peak memory {fmt_bytes(p.peak)} (eq. 4), arena {fmt_bytes(p.arena_bytes)} of "
@@ -373,7 +393,7 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     if method not in METHODS:
         raise ValueError(f"unknown search method {method!r} (known: {', '.join(METHODS)})")
     budget = int(budget)
-    overhead = _overhead_of(model)
+    iteration = _iteration_of(model)
     from .profiler import max_batch_scratch
     km = max_batch_scratch(gmap, budget, scratch) if k_max is None else int(k_max)
     if km < 1:
@@ -391,12 +411,12 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
         search.evaluations = []
         stall_free = k is not None
         if k is None:
-            k = _best_throughput(search, upper, k_min, delta, overhead)
+            k = _best_throughput(search, upper, k_min, delta, iteration)
             break
         dyn = _replay(search, k)
         if dyn is not None and dyn.timeline.total_stall <= verify_tol * dyn.timeline.t_model:
             return _decision(dyn, km, gmap, budget, method, rule, True, evaluations, delta,
-                             search, overhead)
+                             search, model)
         if attempt == refits:
             break
         # The layout could not realize the byte-level timing (large feature maps fragment the
@@ -405,10 +425,10 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
                     else 2 * margin)
         margin = min(max(2 * margin, achieved), 0.5)
         upper = k
-    dyn = _verified(search, k, k_min, verify_tol, verify_steps, stall_free, delta, overhead)
+    dyn = _verified(search, k, k_min, verify_tol, verify_steps, stall_free, delta, iteration)
     evaluations += search.evaluations
     return _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta, search,
-                     overhead)
+                     model)
 
 
 def _overhead_of(model):
@@ -418,13 +438,29 @@ def _overhead_of(model):
     return model.overhead_at
 
 
+def _host_of(model):
+    """``k -> H(k)``, the host's issue time of the steps (0 without a model or host times)."""
+    if model is None or getattr(model, "host", None) is None:
+        return lambda k: 0.0
+    return model.host_at
+
+
+def _iteration_of(model):
+    """``(device seconds, k) -> predicted iteration``: :meth:`ComputeModel.iteration`, or the
+    device's time alone without a model."""
+    if model is None:
+        return lambda t, k: t
+    return model.iteration
+
+
 def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta,
-              search, overhead) -> Decision:
+              search, model) -> Decision:
     return Decision(k_star=dyn.k, k_max=km, k_base=gmap.k0, budget=budget, method=method,
                     rule=rule, stall_free=stall_free, dynamic=dyn,
                     evaluations=tuple(evaluations), delta=delta,
                     scratch=search.plan_budget - search.plan_budget_at(dyn.k),
-                    overhead=float(overhead(dyn.k)))
+                    overhead=float(_overhead_of(model)(dyn.k)),
+                    host=float(_host_of(model)(dyn.k)))
 
 
 def _replay(search: Search, k: int) -> DynamicPlan | None:
@@ -451,13 +487,14 @@ def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeMode
                     rule=rule, stall_free=dyn.feasible, dynamic=dyn,
                     evaluations=tuple(search.evaluations), delta=delta,
                     scratch=search.plan_budget - search.plan_budget_at(int(k)),
-                    overhead=float(_overhead_of(model)(int(k))))
+                    overhead=float(_overhead_of(model)(int(k))),
+                    host=float(_host_of(model)(int(k))))
 
 
 def _best_throughput(search: Search, k_max: int, k_min: int, delta: float,
-                     overhead=lambda k: 0.0) -> int:
-    """No k meets (6): the k among k_max / 2^i with the best predicted images/s (stalls and
-    the time outside the steps included)."""
+                     iteration=lambda t, k: t) -> int:
+    """No k meets (6): the k among k_max / 2^i with the best predicted images/s (stalls, the
+    host's issue time and the time outside the steps included: ``iteration(t, k)``)."""
     best, best_k = -1.0, k_min
     k = k_max
     while True:
@@ -467,7 +504,7 @@ def _best_throughput(search: Search, k_max: int, k_min: int, delta: float,
                               search.pcie, rule=search.rule)
         # predicted with the stalls (Algorithm 1 with the waits propagated)
         t = algorithm1(res.sketch, search.times(k), search.pcie, propagate=True).t_iter
-        ips = k / (t + overhead(k) + delta)
+        ips = k / (iteration(t, k) + delta)
         if ips > best:
             best, best_k = ips, k
         if k <= k_min:
@@ -476,7 +513,7 @@ def _best_throughput(search: Search, k_max: int, k_min: int, delta: float,
 
 
 def _verified(search: Search, k: int, k_min: int, tol: float, steps: int, stall_free: bool,
-              delta: float, overhead=lambda k: 0.0) -> DynamicPlan:
+              delta: float, iteration=lambda t, k: t) -> DynamicPlan:
     """Build the executable plan at k and replay it; lower k while the replay stalls more than
     ``tol`` of the iteration or the layout does not fit (at most ``steps`` plans once one has
     been built)."""
@@ -505,7 +542,7 @@ def _verified(search: Search, k: int, k_min: int, tol: float, steps: int, stall_
         kk -= 1
     if not tried:
         raise RuntimeError(f"no plan could be made at or below k = {k}")
-    return max(tried, key=lambda d: d.k / (d.timeline.t_iter + overhead(d.k) + delta))
+    return max(tried, key=lambda d: d.k / (iteration(d.timeline.t_iter, d.k) + delta))
 
 
 # ------------------------------------------------------------ device models
@@ -705,6 +742,11 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
             f"{1e6 * oh.b:.3f} us x k per iteration"
             + ("" if profile.solver_steps else " (gaps between steps only: the profile has no "
                "solver-step marks)"))
+    if model.host is not None:
+        hm = model.host
+        say(f"AccUDNN stage 2: host issue time of the steps {1e3 * hm.intercept:.3f} ms + "
+            f"{1e6 * hm.slope:.3f} us x k per iteration (a floor under the predicted "
+            f"iteration: {1e3 * hm(k_max):.1f} ms at k_max {k_max})")
     if scratch is not None:
         say(f"AccUDNN stage 2: k_max {k_max}{reserve_words(k_max)}")
     if auto_batch:

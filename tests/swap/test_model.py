@@ -7,9 +7,9 @@ import pytest
 
 from swap.arena import align
 from swap.gmap import build_gmap
-from swap.model import (D2H, H2D, ComputeModel, IterationOverhead, PCIeModel, ThroughputCurve,
-                        fit_curve, images_per_second, overhead_samples, paper_k_max,
-                        peak_memory, t_iter, t_whole)
+from swap.model import (D2H, H2D, ComputeModel, HostModel, IterationOverhead, PCIeModel,
+                        ThroughputCurve, fit_curve, images_per_second, overhead_samples,
+                        paper_k_max, peak_memory, t_iter, t_whole)
 from swap.plan import make_plan, max_batch
 from swap.profiler import (ComputeSample, Profile, SolverStepSample, StepInfo, TransferSample,
                            synthetic_profile)
@@ -216,6 +216,119 @@ def test_old_profiles_and_models_still_load(tmp_path):
     del md["overhead"]
     assert ComputeModel.from_dict(md).overhead is None
     assert ComputeModel.from_dict(md).overhead_at(30) == 0.0
+
+
+# ------------------------------------------------------------ host issue time
+def with_host(prof: Profile, host, mode: str = "GPU") -> Profile:
+    """``prof`` as if taken on ``mode`` with host times ``host(k, step)`` (None: none)."""
+    import dataclasses
+    compute = tuple(dataclasses.replace(c, host=host(c.k, c.step)) for c in prof.compute)
+    return dataclasses.replace(prof, mode=mode, compute=compute)
+
+
+def test_host_line_lies_under_samples_that_waits_only_lengthen():
+    """Per step the line a + b k under every sample with the largest sum: samples on a line
+    with some lengthened (a launch that waited for the device) give the line back; samples
+    that fall with k give the lowest as a constant; one k gives that sample; "min" gives the
+    smallest sample whatever k."""
+    ks = (8, 16, 32, 64, 128)
+    on_line = [(k, (10 + 0.5 * k) * US) for k in ks]
+    waited = [(k, t + (300 * US if k in (32, 128) else 0.0)) for k, t in on_line]
+    falling = [(k, (100 - k / 2) * US) for k in ks]
+    noisy_const = [(k, (20 + (7 if k == 16 else 0)) * US) for k in ks]
+    h = HostModel.fit([on_line, waited, falling, noisy_const, [(8, 5 * US), (8, 4 * US)]],
+                      ks=ks)
+    assert h.method == "line" and h.ks == ks
+    assert h.a[0] == pytest.approx(10 * US) and h.b[0] == pytest.approx(0.5 * US)
+    assert h.a[1] == pytest.approx(10 * US) and h.b[1] == pytest.approx(0.5 * US)
+    assert h.a[2] == pytest.approx(36 * US) and h.b[2] == 0.0
+    assert h.a[3] == pytest.approx(20 * US) and h.b[3] == 0.0
+    assert h.a[4] == pytest.approx(4 * US) and h.b[4] == 0.0
+    for j, pts in enumerate([on_line, waited, falling, noisy_const]):
+        line = h.a[j] + h.b[j] * np.array([k for k, _ in pts])
+        assert np.all(line <= np.array([t for _, t in pts]) * (1 + 1e-9))
+    assert h(20) == pytest.approx(sum(h.a) + 20 * sum(h.b))
+    assert np.allclose(h.step_times(20), np.array(h.a) + 20 * np.array(h.b))
+    m = HostModel.fit([on_line, waited], "min")
+    assert m.a == (pytest.approx(14 * US), pytest.approx(14 * US)) and m.b == (0.0, 0.0)
+    assert HostModel.from_dict(h.to_dict()) == h
+    with pytest.raises(ValueError, match="use one of line, min"):
+        HostModel.fit([on_line], "median")
+
+
+def test_host_bound_at_small_k_device_bound_at_large_k(build_net):
+    """A profile whose steps each take the host 100 us to issue (300 us at the two middle ks,
+    where the launch queue was full): the host floor is 100 us x steps; at k = 2 the device's steps take
+    less and the iteration is the host's plus O(k); at k = 64 the device's; eq. (3) and the
+    images/s use the same iteration."""
+    g = build_gmap(build_net("resnet", 4))
+    truth = ComputeModel.uniform(ThroughputCurve(2e9, 1e5))
+    ks = (4, 8, 16, 32)
+    plain = synthetic_profile(g, ks, truth, PCIeModel(1e9, 1e9), gap=1e-5, update=1e-3)
+    prof = with_host(plain, lambda k, j: (300 if k in (8, 16) else 100) * US)
+    m = ComputeModel.from_profile(prof)
+    n = g.n_steps
+    floor = n * 100 * US
+    assert m.host.intercept == pytest.approx(floor) and m.host.slope == 0.0
+    o = m.overhead_at(2)
+    assert o == pytest.approx((n - 1) * 1e-5 + 1e-3, rel=1e-9)
+    small, large = m.t_iter(g, 2), m.t_iter(g, 64)
+    assert small < floor < large                 # the crossover lies between
+    assert m.iteration(small, 2) == pytest.approx(floor + o)
+    assert m.iteration(large, 64) == pytest.approx(large + o)
+    assert m.host_at(2) == pytest.approx(floor)
+    assert t_whole(m, g, 2, 90, 1000, delta=0.5) == pytest.approx(
+        90 * 1000 / 2 * (floor + o + 0.5))
+    assert images_per_second(m, g, 64) == pytest.approx(64 / (large + o))
+    # the host floor per image falls with k, as the device's does: t_whole still falls
+    tw = [t_whole(m, g, k, 1, 1000) for k in (1, 2, 4, 8, 16, 64)]
+    assert all(b < a for a, b in zip(tw, tw[1:]))
+    again = ComputeModel.from_dict(m.to_dict())
+    assert again == m and again.iteration(small, 2) == m.iteration(small, 2)
+    assert ComputeModel.from_profile(prof, host="min").host.intercept == pytest.approx(floor)
+    assert ComputeModel.from_profile(prof, host=False).host is None
+
+
+def test_profiles_without_host_times_predict_as_before(build_net, tmp_path):
+    """No host times (a profile from before ComputeSample.host, one step unsampled), CPU and
+    synthetic profiles: no host model, and every prediction is eq. (2) + O(k) as before, to
+    the bit; a model dict without "host" loads without one."""
+    g = build_gmap(build_net("resnet", 4))
+    truth = ComputeModel.uniform(ThroughputCurve(2e9, 1e5))
+    plain = synthetic_profile(g, (4, 8, 16), truth, PCIeModel(1e9, 1e9), gap=1e-5, update=1e-3)
+    partial = with_host(plain, lambda k, j: None if j == 3 else 1.0)
+    for prof in (plain, with_host(plain, lambda k, j: None), partial,
+                 with_host(plain, lambda k, j: 1.0, mode="CPU")):
+        m = ComputeModel.from_profile(prof)
+        assert m.host is None and m.host_at(8) == 0.0
+        for k in (1, 8, 40):
+            t = m.t_iter(g, k)
+            assert m.iteration(t, k) == t + m.overhead_at(k)
+            assert images_per_second(m, g, k, 0.5) == k / (t + m.overhead_at(k) + 0.5)
+            assert t_whole(m, g, k, 90, 1000, 0.5) == 90 * 1000 / k * (
+                t + m.overhead_at(k) + 0.5)
+    d = ComputeModel.from_profile(plain).to_dict()
+    assert d["host"] is None
+    del d["host"]
+    assert ComputeModel.from_dict(d) == ComputeModel.from_profile(plain)
+    # written to disk and read back: still none
+    path = tmp_path / "p.json"
+    with_host(plain, lambda k, j: None).save(path)
+    assert ComputeModel.from_profile(Profile.load(path)).host is None
+
+
+def test_the_saved_h200_profiles_without_host_times_keep_their_model():
+    """docs/results/tuner/alexnet_profile.json (H200, 2026-11-21) has no host times: the
+    fitted model is the one without a host model, field for field."""
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "tuner",
+                        "alexnet_profile.json")
+    if not os.path.exists(path):
+        pytest.skip("no saved profile")
+    prof = Profile.load(path)
+    assert all(c.host is None for c in prof.compute)
+    m = ComputeModel.from_profile(prof)
+    assert m.host is None and m == ComputeModel.from_profile(prof, host=False)
 
 
 def test_pcie_model_eq5_and_sharing():

@@ -200,9 +200,45 @@ def test_the_time_outside_the_steps_is_in_the_predicted_iteration(build_net):
     assert f1.t_iter - f0.t_iter == pytest.approx(o, rel=1e-9)
 
 
+def test_a_host_floor_changes_the_predicted_time_not_k_star(build_net):
+    """A host model whose floor lies above the device's timeline at small k and below it at
+    k*: the same k*, pins and timeline as without; at k* the prediction is the timeline plus
+    O(k) (device-bound); at a small fixed k it is the host's floor plus O(k) (host-bound), and
+    the decision says so."""
+    import dataclasses
+
+    from swap.model import HostModel
+    g = build_gmap(build_net("resnet", 4))
+    truth, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9, both=1.8e9)
+    budget = 2 * min_budget(g.at(32), "naive")
+    m0 = ComputeModel.from_profile(synthetic_profile(g, (4, 8, 16, 32), truth, pcie, gap=1e-5,
+                                                     update=1e-3))
+    d0 = tune(g, budget, m0, pcie)
+    # 100 us per step, plus 1 us per image on the first step: 6.1 ms + 1 us x k
+    n = g.n_steps
+    host = HostModel(a=(100e-6,) * n, b=(1e-6,) + (0.0,) * (n - 1))
+    m1 = dataclasses.replace(m0, host=host)
+    assert m1.host_at(10) == pytest.approx(n * 100e-6 + 10e-6)
+    d1 = tune(g, budget, m1, pcie)
+    assert d1.k_star == d0.k_star and d1.pinned == d0.pinned
+    assert d1.timeline.t_iter == d0.timeline.t_iter
+    assert d0.host == 0.0 and d1.host == pytest.approx(host(d1.k_star))
+    assert d1.timeline.t_iter > d1.host and not d1.host_bound
+    assert d1.t_iter == d0.t_iter
+    assert "host issue" in d1.describe() and "host-bound" not in d1.describe()
+    assert "host issue" not in d0.describe()
+    f0, f1 = (plan_at(g, 2, budget, m, pcie) for m in (m0, m1))
+    assert f1.timeline.t_iter == f0.timeline.t_iter < host(2)
+    assert f1.host_bound and f1.t_iter == pytest.approx(host(2) + m0.overhead_at(2))
+    assert f0.t_iter == f0.timeline.t_iter + m0.overhead_at(2)
+    assert f1.images_per_s == pytest.approx(2 / (host(2) + m0.overhead_at(2)))
+    assert "host-bound" in f1.describe()
+
+
 def test_without_a_stall_free_k_the_throughput_counts_the_overhead(monkeypatch):
     """No k meets (6): the k of best predicted images/s among k_max / 2^i, with O(k) in the
-    iteration: 4 images in 0.4 s beat 8 in 0.9 s, but with 1 s more per iteration 8 win."""
+    iteration: 4 images in 0.4 s beat 8 in 0.9 s, but with 1 s more per iteration 8 win, and
+    so they do when the host needs 1 s to issue any iteration (a floor under each)."""
     import types
 
     from swap import tuner
@@ -220,7 +256,8 @@ def test_without_a_stall_free_k_the_throughput_counts_the_overhead(monkeypatch):
                         lambda sketch, times, pcie, propagate: types.SimpleNamespace(
                             t_iter=t[sketch]))
     assert tuner._best_throughput(Stub(), 8, 1, 0.0) == 4
-    assert tuner._best_throughput(Stub(), 8, 1, 0.0, lambda k: 1.0) == 8
+    assert tuner._best_throughput(Stub(), 8, 1, 0.0, lambda t, k: t + 1.0) == 8
+    assert tuner._best_throughput(Stub(), 8, 1, 0.0, lambda t, k: max(t, 1.0)) == 8
 
 
 def test_the_scratch_reserve_is_taken_off_the_budget_at_every_k(build_net):

@@ -73,7 +73,8 @@ def _time_strategy(solver, strategy, k, budget, iters, warmup, gpu, margin=0.10)
     return {"k": k, "error": "the temporaries outgrew the scratch reserve three times"}
 
 
-def run_net(name, k_base, budget, iters, warmup, engine, mode, fixed, host_budget) -> dict:
+def run_net(name, k_base, budget, iters, warmup, engine, mode, fixed, host_budget,
+            profile_dir=None) -> dict:
     from scripts.swap_budgets import _device, _solver
     from scripts.tuner_table import (_close, _free, collecting_log, dynamic_point,
                                      largest_verified_k)
@@ -102,9 +103,17 @@ def run_net(name, k_base, budget, iters, warmup, engine, mode, fixed, host_budge
     # ---- 2. AccUDNN: the tuner, then k* timed
     _close(solver.net)
     set_batch_size(solver.net, k_base)
+    profile = None
+    if profile_dir:  # a profile saved by an earlier run (tuner_table.py) at this budget
+        path = os.path.join(profile_dir, f"{name}_profile.json")
+        if os.path.exists(path):
+            profile = path
+            out["profile_reused"] = os.path.relpath(path, REPO)
+            log(f"AccUDNN: reusing the saved profile {path} (stage 1 skipped)")
     t1 = time.perf_counter()
     ex, td = train_dynamic(solver, budget, auto_batch=True, log=log, keep_epochs=False,
-                           host_budget=host_budget if gpu else None)
+                           host_budget=host_budget if gpu else None, profile=profile)
+    # with a reused profile this is the decision and install only, without profiling
     out["tuner_seconds"] = time.perf_counter() - t1
     dec = td.decision
     g = ex.gmap
@@ -230,6 +239,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fixed", default="vgg16:192", help="name:k for the vDNN comparison")
     ap.add_argument("--baseline", default="recompute", help="the swap+recompute strategy")
     ap.add_argument("--host-budget", default=None)
+    ap.add_argument("--profiles", default=None,
+                    help="a folder of saved profiles (NAME_profile.json, as tuner_table.py "
+                         "writes them): the tuner reuses them instead of profiling again")
     ap.add_argument("--timeout", type=int, default=560, help="seconds per network")
     ap.add_argument("--quick", action="store_true", help="CPU, a tiny net (the test suite)")
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "results"))
@@ -250,7 +262,8 @@ def main(argv=None) -> int:
     if args.one:
         name, k = args.one.split(":")
         hb = parse_bytes(args.host_budget) if args.host_budget else None
-        r = run_net(name, int(k), budget, args.iters, args.warmup, args.engine, mode, fixed, hb)
+        r = run_net(name, int(k), budget, args.iters, args.warmup, args.engine, mode, fixed, hb,
+                    args.profiles)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     from scripts.tuner_table import _child, run_side_by_side, work_plan
@@ -261,6 +274,8 @@ def main(argv=None) -> int:
         extra = ["--one", f"{name}:{k}", "--budget", args.budget, "--iters", str(args.iters),
                  "--warmup", str(args.warmup), "--engine", args.engine, "--fixed", args.fixed,
                  "--baseline", args.baseline, "--mode", mode, "--out", args.out]
+        if args.profiles:
+            extra += ["--profiles", args.profiles]
         if hb:
             extra += ["--host-budget", hb]
         r, err = _child(args, extra, gpu_id, args.timeout, f"{name} (GPU {gpu_id})",

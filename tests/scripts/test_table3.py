@@ -59,3 +59,26 @@ def test_the_table_carries_the_papers_figures(tmp_path):
     with open(tmp_path / "table3.csv", newline="") as f:
         (row,) = list(csv.DictReader(f))
     assert float(row["img_s_gain"]) == pytest.approx(1.5)
+
+
+def test_a_saved_profile_is_reused(tmp_path):
+    """--profiles: the tuner decides from a profile that tuner_table.py saved, without
+    profiling again, and the JSON says which profile it reused."""
+    prof = tmp_path / "tuner_run"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "tuner_table.py"),
+                           "--quick", "--out", str(prof)], capture_output=True, text=True,
+                          timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    saved = prof / "tuner" / "cifar10_quick_profile.json"
+    assert saved.exists()
+    out = tmp_path / "t3"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "table3.py"), "--quick",
+                           "--out", str(out), "--profiles", str(prof / "tuner")],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(out / "table3" / "cifar10_quick.json") as f:
+        r = json.load(f)
+    assert r["profile_reused"].endswith("cifar10_quick_profile.json")
+    assert any("reusing the saved profile" in ln for ln in r["log"])
+    assert not any("Profiled minibatch" in ln for ln in r["log"])
+    assert r["accudnn"]["k"] >= 1 and r["accudnn"]["ms"] > 0

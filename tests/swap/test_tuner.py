@@ -308,6 +308,31 @@ def test_train_dynamic_with_a_scratch_model(make_solver):
     assert td0.decision.scratch == 0 and k < td0.decision.k_star
 
 
+def test_train_dynamic_logs_the_host_floor(make_solver):
+    """A (GPU) profile with host issue times: stage 2 says the host's time per iteration,
+    the decision its host issue time at k*; k* is that of the same profile without them."""
+    import dataclasses
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9)
+    plain = synthetic_profile(g, (2, 4, 8), model, pcie)
+    prof = dataclasses.replace(plain, mode="GPU", compute=tuple(
+        dataclasses.replace(c, host=2e-4) for c in plain.compute))
+    budget = 2 * min_budget(g.at(16), "naive")
+    lines = []
+    ex, td = train_dynamic(s, budget, profile=prof, log=lines.append)
+    ex.close()
+    floor = g.n_steps * 2e-4
+    assert td.decision.host == pytest.approx(floor)
+    assert any(f"host issue time of the steps {1e3 * floor:.3f} ms + 0.000 us x k" in x
+               for x in lines)
+    assert any("AccUDNN decision: predicted iteration" in x and "host issue" in x
+               for x in lines)
+    ex0, td0 = train_dynamic(make_solver("resnet", batch=4), budget, profile=plain)
+    ex0.close()
+    assert td0.decision.k_star == td.decision.k_star and td0.decision.host == 0.0
+
+
 NETS = ["alexnet", "googlenet", "vgg16", "resnet34", "resnet50", "resnet101", "resnet152"]
 
 

@@ -379,8 +379,7 @@ class HostModel:
       least-squares fit through the samples, since the contamination is one-sided).  ``a_j``
       is the k-independent cost (Python, launches); ``b_j`` holds what grows with k: the
       column-chunk loop's launches (``ceil(k / chunk)``) and the waits, so the line is an
-      upper estimate inside the profiled range and, below it, tends to ``a_j``.  It is the
-      brief's "fit with intercept" kept under the points.
+      upper estimate inside the profiled range and, below it, tends to ``a_j``.
     * ``"min"``: per step the smallest sample over the profiled k, as a constant ``a_j``
       (``b_j = 0``): the estimate if the host's cost did not depend on k.
 

@@ -23,8 +23,12 @@ Caffe lowers one image at a time into a one-image buffer; here a chunk of
 images is lowered at once (fewer, larger GEMMs), with the chunk bounded by
 ``col_buffer_bytes`` (at least one image).  With ``col_buffer_bytes = 0`` the
 scratch buffer has exactly Caffe's size.  On a GPU the lowering uses the CUDA
-kernels of :mod:`minicaffe.kernels.cuda_vision` and the GEMMs go to cuBLAS
-through ``cupy.matmul``.
+kernels of :mod:`minicaffe.kernels.cuda_vision` and the GEMMs call cuBLAS through
+:mod:`minicaffe.cublas` (capturable in a CUDA graph): forward one strided-batched
+GEMM per group over the chunk's images (the group's weights shared, batch stride
+0), backward one strided-batched GEMM over the groups for each of the weight
+diff (accumulating, ``beta = 1``) and the column diff.  Where that binding does
+not load they go through ``cupy.matmul``/``dot``/``tensordot`` (the same math).
 
 The CUDNN engine (``engine: CUDNN``, or DEFAULT in GPU mode with cuDNN; see
 :mod:`minicaffe.engine`) calls cuDNN's convolution forward, backward data,
@@ -49,6 +53,7 @@ import os
 
 import numpy as np
 
+from .. import cublas
 from .. import engine as engines
 from ..cudnn import lib as cudnn_lib
 from ..cudnn import ops as cudnn_ops
@@ -257,6 +262,7 @@ class ConvolutionLayer(Layer):
         if self.engine == engines.CUDNN:
             return self._forward_cudnn(bottom, top)
         xp = self.xp
+        fast = cublas.enabled_for(xp)
         g, mg, kg = self.group, self.num_output // self.group, self.kdim // self.group
         weight = self._grouped_weight(self.blobs[0].data)  # (G, M/G, C/G*kh*kw)
         for b_blob, t_blob in zip(bottom, top):
@@ -265,8 +271,15 @@ class ConvolutionLayer(Layer):
             for n0 in range(0, self.num, self.chunk):
                 n1 = min(n0 + self.chunk, self.num)
                 col = self._lower(x[n0:n1], n1 - n0)
-                # one batched GEMM: (G, M/G, K/G) @ (b, G, K/G, L) -> (b, G, M/G, L)
-                xp.matmul(weight, col.reshape(n1 - n0, g, kg, self.out_spatial), out=y[n0:n1])
+                colg = col.reshape(n1 - n0, g, kg, self.out_spatial)
+                if fast:
+                    for gi in range(g):
+                        # y[b, g] = W[g] @ col[b, g] over the chunk's images b: (M/G, K/G)
+                        # shared @ (b, K/G, L) strided views -> (b, M/G, L) strided views
+                        cublas.gemm_strided_batched(weight[gi], colg[:, gi], y[n0:n1, gi])
+                else:
+                    # one batched GEMM: (G, M/G, K/G) @ (b, G, K/G, L) -> (b, G, M/G, L)
+                    xp.matmul(weight, colg, out=y[n0:n1])
             if self.bias_term:
                 yv = t_blob.data.reshape(self.num, self.num_output, self.out_spatial)
                 yv += self.blobs[1].data.reshape(1, self.num_output, 1)
@@ -304,16 +317,24 @@ class ConvolutionLayer(Layer):
             dyt = self._scratch("top_diff_t", (g, mg, b, L))
             dyt[...] = dy.reshape(b, g, mg, L).transpose(1, 2, 0, 3)
             dyt = dyt.reshape(g, mg, b * L)
+        fast = cublas.enabled_for(xp)
         if need_w:
             col = self._lower(x, b, batch_major=False).reshape(g, kg, b * L)
             wdiff = self._grouped_weight(self.blobs[0].diff)
-            for gi in range(g):
-                # (M/G, b*L) @ (b*L, K/G): sums over the chunk's images and pixels
-                wdiff[gi] += xp.dot(dyt[gi], col[gi].T)
+            if fast:
+                # dW[g] += dtop[g] @ col[g]^T, every group in one launch (accumulates: beta = 1)
+                cublas.gemm_strided_batched(dyt, col, wdiff, trans_b=True, beta=1.0)
+            else:
+                for gi in range(g):
+                    # (M/G, b*L) @ (b*L, K/G): sums over the chunk's images and pixels
+                    wdiff[gi] += xp.dot(dyt[gi], col[gi].T)
         if dx is not None:
             dcol = self._scratch("col", (g, kg, b * L))
-            weight_t = self._grouped_weight(self.blobs[0].data).transpose(0, 2, 1)
-            xp.matmul(weight_t, dyt, out=dcol)  # (G, K/G, M/G) @ (G, M/G, b*L)
+            weight = self._grouped_weight(self.blobs[0].data)  # (G, M/G, K/G)
+            if fast:  # dcol[g] = W[g]^T @ dtop[g], every group in one launch
+                cublas.gemm_strided_batched(weight, dyt, dcol, trans_a=True)
+            else:
+                xp.matmul(weight.transpose(0, 2, 1), dyt, out=dcol)  # (G, K/G, M/G) @ (G, M/G, b*L)
             self._fold(dcol.reshape(self.kdim, b, L), dx)
 
     def _backward_1x1(self, dy, x, dx, need_w):
@@ -322,14 +343,32 @@ class ConvolutionLayer(Layer):
         g, mg, kg = self.group, self.num_output // self.group, self.kdim // self.group
         b, L = dy.shape[0], self.out_spatial
         dyg = dy.reshape(b, g, mg, L)
+        fast = cublas.enabled_for(xp)
         if need_w:
             xg = x.reshape(b, g, kg, L)
             wdiff = self._grouped_weight(self.blobs[0].diff)
-            for gi in range(g):
-                wdiff[gi] += xp.tensordot(dyg[:, gi], xg[:, gi], axes=([0, 2], [0, 2]))
+            if fast:
+                # dW[g] += sum_b dtop[b, g] @ x[b, g]^T as one GEMM over b*L columns: the top
+                # diff and the bottom transposed to (G, ., b*L), the copies tensordot makes
+                # (temporaries, none for a one-image chunk)
+                if b == 1:
+                    dyt, xt = dyg.reshape(g, mg, L), xg.reshape(g, kg, L)
+                else:
+                    dyt = xp.ascontiguousarray(dyg.transpose(1, 2, 0, 3)).reshape(g, mg, b * L)
+                    xt = xp.ascontiguousarray(xg.transpose(1, 2, 0, 3)).reshape(g, kg, b * L)
+                cublas.gemm_strided_batched(dyt, xt, wdiff, trans_b=True, beta=1.0)
+            else:
+                for gi in range(g):
+                    wdiff[gi] += xp.tensordot(dyg[:, gi], xg[:, gi], axes=([0, 2], [0, 2]))
         if dx is not None:
-            weight_t = self._grouped_weight(self.blobs[0].data).transpose(0, 2, 1)
-            xp.matmul(weight_t, dyg, out=dx.reshape(b, g, kg, L))
+            weight = self._grouped_weight(self.blobs[0].data)  # (G, M/G, K/G)
+            dxg = dx.reshape(b, g, kg, L)
+            if fast:
+                for gi in range(g):
+                    # dx[b, g] = W[g]^T @ dtop[b, g] over the images b, W[g] shared
+                    cublas.gemm_strided_batched(weight[gi], dyg[:, gi], dxg[:, gi], trans_a=True)
+            else:
+                xp.matmul(weight.transpose(0, 2, 1), dyg, out=dxg)
 
     # ------------------------------------------------------------ CUDNN engine
     def _conv_args(self):

@@ -4,11 +4,16 @@ The bottom is viewed as an (M, K) matrix: M = product of the axes before
 ``axis``, K = product of the axes from ``axis`` on (so an (N, C, H, W) bottom
 with the default axis 1 is flattened to (N, C*H*W)). The top is (M..., N_out)
 where the leading axes are the bottom's axes before ``axis``.
+
+On a GPU the three GEMMs call cuBLAS through :mod:`minicaffe.cublas` (which a
+CUDA graph can capture; the weight diff accumulates with ``beta = 1``), or
+CuPy's ``matmul`` where that binding does not load.
 """
 from __future__ import annotations
 
 from math import prod
 
+from .. import cublas
 from ..fillers import fill
 from ..layer import BackwardReads, Layer, register_layer
 
@@ -80,24 +85,38 @@ class InnerProductLayer(Layer):
     def forward_impl(self, bottom, top):
         x = bottom[0].data.reshape(self.m, self.k)
         y = top[0].data.reshape(self.m, self.num_output)
-        self.xp.matmul(x, self._weight_nk().T, out=y)
+        if cublas.enabled_for(self.xp):
+            # (M, K) @ W^T, W stored (N_out, K); or (M, K) @ W with transpose, W (K, N_out)
+            cublas.gemm(x, self.blobs[0].data, y, trans_b=not self.transpose)
+        else:
+            self.xp.matmul(x, self._weight_nk().T, out=y)
         if self.bias_term:
             y += self.blobs[1].data[None, :]
 
     def backward_impl(self, top, propagate_down, bottom):
         xp = self.xp
+        fast = cublas.enabled_for(xp)  # cuBLAS directly: capturable in a CUDA graph
         dy = top[0].diff.reshape(self.m, self.num_output)
         if self.param_propagate_down[0]:
             x = bottom[0].data.reshape(self.m, self.k)
             wdiff = self.blobs[0].diff
-            if self.transpose:
+            if fast:  # Caffe's rule: the weight diff accumulates (beta = 1)
+                if self.transpose:
+                    cublas.gemm(x, dy, wdiff, trans_a=True, beta=1.0)   # (K, N_out) += x^T dy
+                else:
+                    cublas.gemm(dy, x, wdiff, trans_a=True, beta=1.0)   # (N_out, K) += dy^T x
+            elif self.transpose:
                 wdiff += x.T @ dy    # (K, N_out)
             else:
                 wdiff += dy.T @ x    # (N_out, K)
         if self.bias_term and self.param_propagate_down[1]:
             self.blobs[1].diff[...] += dy.sum(axis=0)
         if propagate_down[0]:
-            xp.matmul(dy, self._weight_nk(), out=bottom[0].diff.reshape(self.m, self.k))
+            dx = bottom[0].diff.reshape(self.m, self.k)
+            if fast:  # (M, N_out) @ W, W stored (N_out, K); transposed when stored (K, N_out)
+                cublas.gemm(dy, self.blobs[0].data, dx, trans_b=self.transpose)
+            else:
+                xp.matmul(dy, self._weight_nk(), out=dx)
 
     def flops(self, bottom, top):
         """Forward 2*M*K*N (+ M*N bias); backward the same GEMM twice (data and weight

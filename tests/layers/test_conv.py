@@ -363,3 +363,108 @@ def test_col_buffer_bound_from_the_environment():
     bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, MINICAFFE_COL_BUFFER="lots"))
     assert bad.returncode != 0 and "MINICAFFE_COL_BUFFER" in bad.stderr
+
+
+# ------------------------------------------------------- the cuBLAS branch
+CUBLAS_CASES = dict(CASES, one_by_one_groups=("num_output: 4 kernel_size: 1 group: 2", {},
+                                              (3, 4, 3, 5)))
+
+
+def _conv_run(body, shape, calls=2, two_bottoms=False):
+    """Forward, then ``calls`` backward passes from zeroed param diffs (float64):
+    copies of the tops, the bottom diffs and the param diffs."""
+    r = np.random.default_rng(5)
+    set_random_seed(5)
+    layer = make_layer(conv_text(body))
+    xs = [r.standard_normal(shape) for _ in range(2 if two_bottoms else 1)]
+    bottom, top = run(layer, *xs)
+    for t in top:
+        t.diff[...] = r.standard_normal(t.shape)
+    for p in layer.blobs:
+        p.diff[...] = 0
+    for _ in range(calls):
+        layer.backward(top, [True] * len(bottom), bottom)
+    return ([t.data.copy() for t in top] + [b.diff.copy() for b in bottom]
+            + [p.diff.copy() for p in layer.blobs])
+
+
+@pytest.mark.parametrize("case", sorted(CUBLAS_CASES))
+@pytest.mark.parametrize("limit", [64 << 20, 0])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cublas_branch_computes_the_numpy_branch(case, limit, batch, monkeypatch):
+    """The GPU's cuBLAS calls (planned by minicaffe.cublas, run on the host by
+    minicaffe.testing.cublas_host) give the NumPy path's numbers: whole-batch and
+    one-image chunks, groups, 1x1, param diffs accumulating over two passes."""
+    from minicaffe.testing.cublas_host import on_host
+    monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", limit)
+    body, _, shape = CUBLAS_CASES[case]
+    shape = (batch,) + shape[1:]
+    ref = _conv_run(body, shape)
+    with on_host(monkeypatch) as calls:
+        got = _conv_run(body, shape)
+    assert calls and set(calls) == {"gemm_strided_batched"}
+    for g, c in zip(got, ref):
+        np.testing.assert_allclose(g, c, rtol=1e-12, atol=1e-12)
+
+
+def test_cublas_branch_two_bottoms(monkeypatch):
+    from minicaffe.testing.cublas_host import on_host
+    body = "num_output: 4 kernel_size: 3 pad: 1 group: 2"
+    ref = _conv_run(body, (2, 4, 5, 5), two_bottoms=True)
+    with on_host(monkeypatch):
+        got = _conv_run(body, (2, 4, 5, 5), two_bottoms=True)
+    for g, c in zip(got, ref):
+        np.testing.assert_allclose(g, c, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["groups", "one_by_one", "one_by_one_groups"])
+def test_cublas_branch_gradient(case, rng, monkeypatch):
+    from minicaffe.testing.cublas_host import on_host
+    body, _, shape = CUBLAS_CASES[case]
+    with on_host(monkeypatch):
+        layer = make_layer(conv_text(body))
+        check_gradient(layer, [make_blob(rng.standard_normal((2,) + shape[1:]))])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["basic", "groups", "one_by_one", "one_by_one_groups",
+                                  "groups_dilation_stride", "depthwise"])
+@pytest.mark.parametrize("limit", [64 << 20, 0])
+@pytest.mark.parametrize("path", ["cublas", "cupy"])
+def test_gpu_gemm_paths_match_cpu(cp, case, limit, path, rng, monkeypatch):
+    """Both GPU paths of the CAFFE engine (minicaffe.cublas, and CuPy's matmul/dot/
+    tensordot where it does not load) against the CPU, with two backward passes."""
+    import contextlib
+    from minicaffe import cublas
+    if path == "cublas" and not cublas.enabled_for(cp):
+        pytest.fail("minicaffe.cublas is not usable here: " + cublas.unavailable_reason(cp))
+    monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", limit)
+    body, _, shape = CUBLAS_CASES[case]
+    x = rng.standard_normal((5,) + shape[1:]).astype(np.float32)
+    ctx = cublas.disabled() if path == "cupy" else contextlib.nullcontext()
+    with ctx:
+        cpu = make_layer(conv_text(body))
+        gpu = make_layer(conv_text(body), xp=cp, dtype=np.float32)
+        (cb,), (ct,) = run(cpu, x)
+        gb = make_blob(x, xp=cp, dtype=np.float32)
+        gt = Blob(xp=cp, dtype=np.float32)
+        gpu.setup([gb], [gt])
+        for pc, pg in zip(cpu.blobs, gpu.blobs):
+            pc.data[...] = pc.data.astype(np.float32)
+            pg.data[...] = cp.asarray(pc.data, dtype=np.float32)
+        cpu.forward([cb], [ct])
+        gpu.forward([gb], [gt])
+        dy = rng.standard_normal(ct.shape).astype(np.float32)
+        ct.diff[...] = dy
+        gt.diff[...] = cp.asarray(dy)
+        for p in cpu.blobs + gpu.blobs:
+            p.diff[...] = 0
+        gb.diff[...] = np.nan  # overwritten, never read
+        for _ in range(2):
+            cpu.backward([ct], [True], [cb])
+            gpu.backward([gt], [True], [gb])
+    pairs = [(gt.data, ct.data), (gb.diff, cb.diff)]
+    pairs += [(pg.diff, pc.diff) for pg, pc in zip(gpu.blobs, cpu.blobs)]
+    for g, c in pairs:
+        g = to_numpy(g)
+        assert np.abs(g - c).max() <= 1e-5 * max(np.abs(c).max(), 1e-30)

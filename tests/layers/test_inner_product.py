@@ -145,3 +145,79 @@ def test_gpu_matches_cpu(cp, params):
                                            layer.blobs[1].diff)])
     for c, g in zip(*outs):
         assert rel_err(g, c) <= 1e-5
+
+
+# ------------------------------------------------------- the cuBLAS branch
+IP_CASES = [("num_output: 4", (3, 2, 2, 2)), ("num_output: 4 transpose: true", (3, 2, 2, 2)),
+            ("num_output: 5 axis: 2", (2, 3, 2, 2)), ("num_output: 3 axis: 0", (2, 3)),
+            ("num_output: 1", (1, 5))]
+
+
+def _ip_run(params, shape, calls=2):
+    """Forward, then ``calls`` backward passes from zeroed param diffs: copies of the
+    top, the bottom diff and the param diffs."""
+    from minicaffe.rng import set_random_seed
+    set_random_seed(3)  # the weight fillers draw the same weights each run
+    r = np.random.default_rng(3)
+    layer, bottom, top = setup(ip_text(params), shape, r)
+    layer.forward(bottom, top)
+    top[0].diff[...] = r.standard_normal(top[0].shape)
+    for p in layer.blobs:
+        p.diff[...] = 0
+    for _ in range(calls):
+        layer.backward(top, [True], bottom)
+    return [to_numpy(a).copy() for a in (top[0].data, bottom[0].diff, layer.blobs[0].diff,
+                                         layer.blobs[1].diff)]
+
+
+@pytest.mark.parametrize("params,shape", IP_CASES)
+def test_cublas_branch_computes_the_numpy_branch(params, shape, monkeypatch):
+    """The GPU's cuBLAS calls (planned by minicaffe.cublas, run on the host by
+    minicaffe.testing.cublas_host) give the NumPy path's numbers, param diffs
+    accumulating over two backward passes."""
+    from minicaffe.testing.cublas_host import on_host
+    ref = _ip_run(params, shape)
+    with on_host(monkeypatch) as calls:
+        got = _ip_run(params, shape)
+    assert calls == ["gemm"] * 5  # forward; per backward the weight and the bottom diff
+    for g, c in zip(got, ref):
+        np.testing.assert_allclose(g, c, rtol=1e-12, atol=1e-12)
+
+
+def test_cublas_branch_gradient(rng, monkeypatch):
+    from minicaffe.testing.cublas_host import on_host
+    with on_host(monkeypatch):
+        layer, bottom, top = setup(ip_text("num_output: 3 transpose: true"), (2, 3, 2), rng)
+        check_gradient(layer, bottom)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", ["num_output: 32", "num_output: 32 transpose: true",
+                                    "num_output: 16 axis: 2"])
+@pytest.mark.parametrize("path", ["cublas", "cupy"])
+def test_gpu_gemm_paths_match_cpu(cp, params, path):
+    """Both GPU paths (minicaffe.cublas, and CuPy's matmul where it does not load)
+    against the CPU, with two backward passes (param diffs accumulate)."""
+    import contextlib
+    from minicaffe import cublas
+    if path == "cublas" and not cublas.enabled_for(cp):
+        pytest.fail("minicaffe.cublas is not usable here: " + cublas.unavailable_reason(cp))
+    shape = (16, 8, 6, 6)
+    outs = []
+    for xp in (np, cp):
+        r = np.random.default_rng(11)
+        ctx = cublas.disabled() if path == "cupy" else contextlib.nullcontext()
+        with ctx:
+            layer, bottom, top = setup(ip_text(params), shape, r, xp=xp, dtype=np.float32)
+            for p in layer.blobs:
+                p.data[...] = xp.asarray(r.standard_normal(p.shape), dtype=np.float32)
+                p.diff[...] = 0
+            layer.forward(bottom, top)
+            top[0].diff[...] = xp.asarray(r.standard_normal(top[0].shape), dtype=np.float32)
+            bottom[0].diff[...] = np.nan  # overwritten, never read
+            layer.backward(top, [True], bottom)
+            layer.backward(top, [True], bottom)
+        outs.append([to_numpy(a) for a in (top[0].data, bottom[0].diff, layer.blobs[0].diff,
+                                           layer.blobs[1].diff)])
+    for c, g in zip(*outs):
+        assert rel_err(g, c) <= 1e-5

@@ -26,8 +26,9 @@ scratch buffer has exactly Caffe's size.  On a GPU the lowering uses the CUDA
 kernels of :mod:`minicaffe.kernels.cuda_vision` and the GEMMs call cuBLAS through
 :mod:`minicaffe.cublas` (capturable in a CUDA graph): forward one strided-batched
 GEMM per group over the chunk's images (the group's weights shared, batch stride
-0), backward one strided-batched GEMM over the groups for each of the weight
-diff (accumulating, ``beta = 1``) and the column diff.  Where that binding does
+0; per image over the groups where groups outnumber images), backward one
+strided-batched GEMM over the groups for each of the weight diff (accumulating,
+``beta = 1``) and the column diff.  Where that binding does
 not load they go through ``cupy.matmul``/``dot``/``tensordot`` (the same math).
 
 The CUDNN engine (``engine: CUDNN``, or DEFAULT in GPU mode with cuDNN; see
@@ -253,6 +254,21 @@ class ConvolutionLayer(Layer):
             im2col_mod.col2im(col, out.shape, self.kernel, self.pad, self.stride, self.dilation,
                               out=out, batch_major=False)
 
+    @staticmethod
+    def _grouped_gemms(weight, x, out, trans_a=False):
+        """out[b, g] = op(W[g]) @ x[b, g] for every image b and group g through cuBLAS:
+        W (G, ., .), x and out (b, G, ., .).  One strided-batched GEMM per group over the
+        images (W[g] shared: batch stride 0; x[:, g] and out[:, g] strided views), or,
+        where there are more groups than images (depthwise), one per image over the
+        groups: the fewer launches."""
+        g, b = weight.shape[0], x.shape[0]
+        if g <= b:
+            for gi in range(g):
+                cublas.gemm_strided_batched(weight[gi], x[:, gi], out[:, gi], trans_a=trans_a)
+        else:
+            for bi in range(b):
+                cublas.gemm_strided_batched(weight, x[bi], out[bi], trans_a=trans_a)
+
     def _grouped_weight(self, arr):
         g = self.group
         return arr.reshape(g, self.num_output // g, self.kdim // g)
@@ -272,11 +288,8 @@ class ConvolutionLayer(Layer):
                 n1 = min(n0 + self.chunk, self.num)
                 col = self._lower(x[n0:n1], n1 - n0)
                 colg = col.reshape(n1 - n0, g, kg, self.out_spatial)
-                if fast:
-                    for gi in range(g):
-                        # y[b, g] = W[g] @ col[b, g] over the chunk's images b: (M/G, K/G)
-                        # shared @ (b, K/G, L) strided views -> (b, M/G, L) strided views
-                        cublas.gemm_strided_batched(weight[gi], colg[:, gi], y[n0:n1, gi])
+                if fast:  # y[b, g] = W[g] @ col[b, g]
+                    self._grouped_gemms(weight, colg, y[n0:n1])
                 else:
                     # one batched GEMM: (G, M/G, K/G) @ (b, G, K/G, L) -> (b, G, M/G, L)
                     xp.matmul(weight, colg, out=y[n0:n1])
@@ -363,10 +376,8 @@ class ConvolutionLayer(Layer):
         if dx is not None:
             weight = self._grouped_weight(self.blobs[0].data)  # (G, M/G, K/G)
             dxg = dx.reshape(b, g, kg, L)
-            if fast:
-                for gi in range(g):
-                    # dx[b, g] = W[g]^T @ dtop[b, g] over the images b, W[g] shared
-                    cublas.gemm_strided_batched(weight[gi], dyg[:, gi], dxg[:, gi], trans_a=True)
+            if fast:  # dx[b, g] = W[g]^T @ dtop[b, g]
+                self._grouped_gemms(weight, dyg, dxg, trans_a=True)
             else:
                 xp.matmul(weight.transpose(0, 2, 1), dyg, out=dxg)
 

@@ -1,6 +1,6 @@
 """The ``minicaffe`` command, modelled on Caffe's ``caffe`` tool.
 
-    minicaffe train --solver S [--weights W | --snapshot S] [--gpu N | --cpu]
+    minicaffe train --solver S [--weights W | --snapshot S] [--gpu N | --cpu] [--cuda-graph]
     minicaffe train NET.prototxt [--base-lr ...]        (a default SGD solver)
     minicaffe test --model M --weights W --iterations N
     minicaffe time --model M --iterations N
@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--snapshot-prefix", default="")
     t.add_argument("--random-seed", type=int, default=-1)
     t.add_argument("--quiet", action="store_true", help="only warnings and errors")
+    t.add_argument("--cuda-graph", action="store_true",
+                   help="replay each training iteration as one CUDA graph (GPU mode, plain SGD; "
+                        "where the iteration cannot be captured the reasons are logged and it "
+                        "runs eagerly); default $MINICAFFE_CUDA_GRAPH")
     # --- swap/ options (begin): run the train net under a memory plan
     t.add_argument("--swap", choices=["none", "naive", "vdnn", "recompute", "superneurons",
                                       "dynamic"], default=None,
@@ -233,13 +237,15 @@ def cmd_train(args):
     from ps.cli import check_train_args
     check_train_args(args)
     mode, dev = _mode(args)
+    graph = True if args.cuda_graph else None  # None: $MINICAFFE_CUDA_GRAPH decides
     if args.solver:
-        solver = Solver(args.solver, mode=mode, device_id=dev)
+        solver = Solver(args.solver, mode=mode, device_id=dev, cuda_graph=graph)
     else:
         if mode is None:
             from .backend import gpu_available
             mode = "GPU" if gpu_available() else "CPU"
-        solver = Solver(default_solver_param(args, args.net), mode=mode, device_id=dev)
+        solver = Solver(default_solver_param(args, args.net), mode=mode, device_id=dev,
+                        cuda_graph=graph)
     log(f"Using {solver.mode} mode; net {solver.net.name!r}: {len(solver.net.layers)} layers, "
         f"{sum(p.count for p in solver.net.learnable_params):,} learnable parameters")
     if args.weights:

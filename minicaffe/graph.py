@@ -35,6 +35,12 @@ What an iteration must satisfy to be captured, and what breaks capture:
 * **One stream.**  Everything is issued on this object's non-blocking stream
   (cuBLAS, cuDNN and the RawKernels all follow CuPy's current stream); the
   caller's stream is ordered before and after each step with events.
+* **cuBLAS through minicaffe.cublas.**  CuPy's own cuBLAS wrappers (``matmul``,
+  ``dot``, ``tensordot``) refuse to run during a capture; InnerProduct and the
+  CAFFE-engine Convolution call cuBLAS through :mod:`minicaffe.cublas` instead
+  (a handle bound to the capturing stream and a workspace of its own, both
+  created during the warm-up).  Where that binding does not load, a net with
+  those layers is refused with the binding's reason.
 * **Python-side state frozen at capture.**  Branches taken in Python (shapes,
   engines, ``propagate_down``) and Python scalars passed to kernels are baked
   in.  So only the plain SGD rule with the fused update is accepted (Adam's
@@ -54,6 +60,8 @@ Test-net evaluation, display, snapshots and callbacks stay with
 """
 from __future__ import annotations
 
+from . import cublas
+from . import engine as engines
 from .kernels import cuda_fused
 
 # Layers whose forward only feeds host data into their tops: run eagerly before each launch.
@@ -80,13 +88,29 @@ def _data_prefix(net) -> int:
     return k
 
 
+def gemm_layers(net) -> list[str]:
+    """Names of the layers whose GPU GEMMs call cuBLAS: InnerProduct, and Convolution in
+    the CAFFE engine (the CUDNN engine calls cuDNN)."""
+    return [layer.name for layer in net.layers
+            if layer.type == "InnerProduct"
+            or (layer.type == "Convolution" and getattr(layer, "engine", None) == engines.CAFFE)]
+
+
 def why_not_capturable(solver) -> list[str]:
     """Every reason that keeps ``solver``'s iteration out of a CUDA graph (empty: capturable)."""
     from .solver import SGDRule
     net, p = solver.net, solver.param
     reasons = []
-    if not cuda_fused.enabled_for(net.xp, net.dtype):
+    gpu = cuda_fused.enabled_for(net.xp, net.dtype)
+    if not gpu:
         reasons.append("not GPU mode with the fused kernels (MINICAFFE_FUSED, CuPy, a device)")
+    elif not cublas.enabled_for(net.xp):
+        names = gemm_layers(net)
+        if names:
+            reasons.append(
+                f"layers {', '.join(map(repr, names))} would call cuBLAS through CuPy, which "
+                f"refuses stream capture, because minicaffe.cublas is not active: "
+                f"{cublas.unavailable_reason(net.xp)}")
     if net.executor is not None:
         reasons.append("the net runs under a memory plan (swap executor: three streams)")
     if type(solver.rule) is not SGDRule:
@@ -148,6 +172,7 @@ class IterationGraph:
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.warmup = max(2, int(warmup))
         self.captures = 0          # how many times the iteration was (re)captured
+        self.last_rate = None      # the learning rate of the last step
         self._reset()
 
     def _reset(self):
@@ -194,12 +219,15 @@ class IterationGraph:
         self.captures += 1
 
     # ------------------------------------------------------------- stepping
-    def step(self):
+    def step(self, advance: bool = True):
         """One training iteration (``Solver.step(1)`` less test, display, snapshot,
-        callbacks); returns the loss as a new device scalar."""
+        callbacks); returns the loss as a new device scalar.  ``advance=False`` leaves
+        ``solver.iter`` for the caller to count (``Solver.step`` does); the learning
+        rate used is kept in ``last_rate``."""
         cp, solver, net, s = self.cp, self.solver, self.net, self.stream
         caller = cp.cuda.get_current_stream()
         rate = solver.get_learning_rate()
+        self.last_rate = rate
         s.wait_event(caller.record())  # inputs written by the caller come first
         with s:
             for li in range(self.prefix):  # host-fed data into fixed top buffers
@@ -222,6 +250,7 @@ class IterationGraph:
                 loss = (self._loss.copy() if hasattr(self._loss, "copy")
                         else cp.full((), self._loss, net.dtype))
         caller.wait_event(s.record())  # the caller sees this iteration's results
-        solver.iter += 1
+        if advance:
+            solver.iter += 1
         solver.last_loss = loss
         return loss

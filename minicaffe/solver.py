@@ -10,6 +10,13 @@ the rule's update, ``data -= diff``), then snapshot.
 
 Losses stay on the device until a display line needs them, so a GPU run does
 not synchronise every iteration.
+
+With ``cuda_graph`` (``minicaffe train --cuda-graph``, ``MINICAFFE_CUDA_GRAPH=1``)
+each iteration's clear-diffs, forward, backward and SGD update are replayed as
+one CUDA graph (:class:`minicaffe.graph.IterationGraph`); test, display and
+snapshots stay here.  Where the iteration cannot be captured (CPU mode, a
+solver other than plain SGD, Dropout...) the reasons are logged once and the
+iteration runs eagerly.
 """
 from __future__ import annotations
 
@@ -30,6 +37,18 @@ from .proto import (caffe_pb2, read_binary, read_net_param, read_solver_param, u
 from .rng import set_random_seed, host_rng
 
 MINICAFFE_STATE_VERSION = 1
+ENV_CUDA_GRAPH = "MINICAFFE_CUDA_GRAPH"
+
+
+def cuda_graph_from_env(env=None) -> bool:
+    """``$MINICAFFE_CUDA_GRAPH``: 1/true/yes/on, or 0/false/no/off (default)."""
+    env = os.environ if env is None else env
+    v = env.get(ENV_CUDA_GRAPH, "").strip().lower()
+    if v in ("", "0", "false", "no", "off"):
+        return False
+    if v in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"${ENV_CUDA_GRAPH}={env[ENV_CUDA_GRAPH]!r}: use 1 or 0")
 
 
 def resolve_path(path: str, base_dir: str | None) -> str:
@@ -76,10 +95,12 @@ class Solver:
         mode: "CPU"/"GPU" to override ``solver_mode``; None follows the file
             (falling back to CPU with a warning when no GPU is present).
         net_param: overrides the train net (used by ``minicaffe train NET``).
+        cuda_graph: run each iteration as one CUDA graph where it can be captured
+            (see the module doc); None follows ``$MINICAFFE_CUDA_GRAPH``.
     """
 
     def __init__(self, param, mode=None, device_id=None, net_param=None, dtype=np.float32,
-                 verbose=True):
+                 verbose=True, cuda_graph=None):
         self.source_dir = None
         if isinstance(param, (str, os.PathLike)):
             self.source = os.fspath(param)
@@ -110,6 +131,10 @@ class Solver:
         self.callbacks = []       # objects with on_start(solver) / on_gradients_ready(solver)
         self.last_snapshot = None
         self._sgd_fused = None    # kernels.cuda_fused.MultiTensorSGD, built on first update
+        self.cuda_graph = cuda_graph_from_env() if cuda_graph is None else bool(cuda_graph)
+        self.graph = None         # the IterationGraph that runs the iterations, once built
+        self.graph_refused = ""   # why the net's iterations cannot be captured ("" : not known)
+        self._graph_logged = ""   # the reasons for running eagerly that were logged last
 
     def _choose_mode(self, mode):
         if mode is not None:
@@ -174,6 +199,35 @@ class Solver:
         if self.verbose:
             log(msg)
 
+    def _iteration_graph(self):
+        """The IterationGraph that runs this iteration, or None to run it eagerly
+        (``cuda_graph`` off, or the iteration cannot be captured: the reasons are
+        logged once, and again only when they change)."""
+        if not getattr(self, "cuda_graph", False):  # subclasses may skip __init__ (ps/)
+            return None
+        reasons = []
+        if self.callbacks:
+            reasons.append("solver callbacks (on_gradients_ready runs between backward and the "
+                           "update)")
+        if "apply_update" in vars(self) or type(self).apply_update is not Solver.apply_update:
+            reasons.append("apply_update is replaced (a parameter-server or NCCL worker)")
+        if not reasons and self.graph is None:
+            if not self.graph_refused:
+                from .graph import IterationGraph, NotCapturable
+                try:
+                    self.graph = IterationGraph(self)
+                except NotCapturable as e:
+                    self.graph_refused = str(e)  # the net's own reasons: not asked again
+            if self.graph_refused:
+                reasons.append(self.graph_refused)
+        if reasons:
+            msg = "; ".join(reasons)
+            if msg != self._graph_logged:
+                self._graph_logged = msg
+                log(f"cuda_graph: iterations run eagerly: {msg}", level="W")
+            return None
+        return self.graph
+
     def step(self, iters: int):
         """Run ``iters`` iterations (Caffe's Solver::Step)."""
         p = self.param
@@ -183,17 +237,23 @@ class Solver:
         timer = time.perf_counter()
         iter_last = self.iter
         while self.iter < stop_iter:
-            self.net.clear_param_diffs()
+            graph = self._iteration_graph()  # None: this iteration runs eagerly
+            if graph is None:
+                self.net.clear_param_diffs()
             if p.test_interval and self.iter % p.test_interval == 0 and (
                     self.iter > 0 or p.test_initialization):
                 self.test_all()
             for cb in self.callbacks:
                 getattr(cb, "on_start", lambda s: None)(self)
             display = p.display and self.iter % p.display == 0
-            loss = 0.0
-            for _ in range(max(1, p.iter_size)):
-                loss = loss + self.net.forward_backward()
-            loss = loss / max(1, p.iter_size)
+            if graph is not None:
+                # clear diffs, forward, backward and the SGD update: one CUDA graph launch
+                loss = graph.step(advance=False)
+            else:
+                loss = 0.0
+                for _ in range(max(1, p.iter_size)):
+                    loss = loss + self.net.forward_backward()
+                loss = loss / max(1, p.iter_size)
             self._losses.append(loss)  # device scalar: no sync here
             self.last_loss = loss
             if display:
@@ -208,9 +268,12 @@ class Solver:
                 timer = time.perf_counter()
                 iter_last = self.iter
                 self._log_outputs(self.net, "Train")
-            for cb in self.callbacks:
-                getattr(cb, "on_gradients_ready", lambda s: None)(self)
-            self.apply_update(display)
+            if graph is None:
+                for cb in self.callbacks:
+                    getattr(cb, "on_gradients_ready", lambda s: None)(self)
+                self.apply_update(display)
+            elif display:  # the update ran in the graph; log its rate as apply_update does
+                self._log(f"Iteration {self.iter}, lr = {graph.last_rate:.6g}")
             self.iter += 1
             if p.snapshot and self.iter % p.snapshot == 0:
                 self.snapshot()

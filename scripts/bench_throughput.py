@@ -10,6 +10,12 @@ the median of ``--iters`` is reported, and every configuration is timed
 
     python3 scripts/bench_throughput.py                       # all 7 nets, all competitors
     python3 scripts/bench_throughput.py --nets resnet50:64 --engines CAFFE --no-torch
+    python3 scripts/bench_throughput.py --nets resnet50:64 --graph   # + each engine as a CUDA graph
+
+``--graph`` adds, per engine, minicaffe with each iteration replayed as one CUDA
+graph (``Solver(cuda_graph=True)``, rows "CUDNN+graph", "CAFFE+graph"); where the
+iteration cannot be captured (Dropout in AlexNet, VGG-16, GoogLeNet...) the row
+runs eagerly and the reason is printed under the table.
 
 PyTorch runs torchvision's architectures in float32 with TF32 off and
 ``cudnn.benchmark`` on; it is skipped cleanly where torch or torchvision is
@@ -70,14 +76,18 @@ def minicaffe_net_param(name: str, batch: int, engine: str):
     return out
 
 
-def run_minicaffe(name, batch, engine, iters, warmup):
+def run_minicaffe(name, batch, engine, iters, warmup, graph=False):
+    """``graph``: each iteration replayed as one CUDA graph where it can be captured
+    (its two eager warm-up iterations and the capture fall within ``warmup``)."""
     import cupy as cp
     from minicaffe.proto import caffe_pb2
     from minicaffe.solver import Solver
     p = caffe_pb2.SolverParameter(base_lr=1e-4, momentum=0.9, weight_decay=5e-4,
                                   lr_policy="fixed", max_iter=10**9, display=0, random_seed=1)
     p.net_param.CopyFrom(minicaffe_net_param(name, batch, engine))
-    solver = Solver(p, mode="GPU", device_id=0, verbose=False)
+    solver = Solver(p, mode="GPU", device_id=0, verbose=False, cuda_graph=graph)
+    if graph:
+        warmup = max(warmup, 3)  # IterationGraph: two eager iterations, then the capture
     net = solver.net
     rng = cp.random.default_rng(0)
     net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape, dtype=cp.float32)
@@ -95,8 +105,15 @@ def run_minicaffe(name, batch, engine, iters, warmup):
         times.append(cp.cuda.get_elapsed_time(a, b))
     loss = float(solver.last_loss)
     pool = cp.get_default_memory_pool()
-    return {"ms": statistics.median(times), "peak_bytes": pool.total_bytes(), "loss": loss,
-            "times": times}
+    out = {"ms": statistics.median(times), "peak_bytes": pool.total_bytes(), "loss": loss,
+           "times": times}
+    if graph:
+        g = solver.graph
+        out["graph"] = (f"replayed ({g.captures} capture)" if g is not None and g.captures
+                        else f"ran eagerly: {solver.graph_refused or 'not captured'}")
+        if g is not None:  # the graph's private pool holds the temporaries
+            out["peak_bytes"] += g.pool.total_bytes()
+    return out
 
 
 # ---------------------------------------------------------------- torch
@@ -168,8 +185,9 @@ def one(spec: str, iters: int, warmup: int) -> dict:
     batch = int(batch)
     if kind == "torch":
         r = run_torch(name, batch, iters, warmup)
-    else:
-        r = run_minicaffe(name, batch, engine, iters, warmup)
+    else:  # engine CUDNN, CAFFE, or CUDNN+graph, CAFFE+graph
+        base, _, extra = engine.partition("+")
+        r = run_minicaffe(name, batch, base, iters, warmup, graph=extra == "graph")
     r.update(kind=kind, engine=engine, net=name, batch=batch,
              images_per_s=batch * 1000.0 / r["ms"])
     return r
@@ -179,6 +197,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nets", default=DEFAULT_NETS, help="name:batch,...")
     ap.add_argument("--engines", default="CUDNN,CAFFE")
+    ap.add_argument("--graph", action="store_true",
+                    help="also run each engine with every iteration replayed as one CUDA graph")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -196,6 +216,8 @@ def main() -> int:
         name, batch = item.split(":")
         for eng in [e for e in args.engines.split(",") if e]:
             specs.append(f"minicaffe:{eng}:{name}:{batch}")
+            if args.graph:
+                specs.append(f"minicaffe:{eng}+graph:{name}:{batch}")
         if not args.no_torch:
             specs.append(f"torch:eager:{name}:{batch}")
     if not args.no_torch and not torch_available():
@@ -222,26 +244,32 @@ def main() -> int:
 
     torch_ips = {(r["net"], r["batch"]): r["images_per_s"] for r in rows if r["kind"] == "torch"}
     print()
-    print(f"{'net':<10} {'batch':>5} {'who':<16} {'img/s':>8} {'ms/iter':>9} {'runs (ms)':>18} "
+    print(f"{'net':<10} {'batch':>5} {'who':<22} {'img/s':>8} {'ms/iter':>9} {'runs (ms)':>18} "
           f"{'peak GiB':>8} {'vs torch':>8}")
+    notes = []
     for r in rows:
         who = "pytorch eager" if r["kind"] == "torch" else f"minicaffe {r['engine']}"
         ref = torch_ips.get((r["net"], r["batch"]))
         ratio = f"{r['images_per_s'] / ref:.2f}" if ref else "-"
         runs = "/".join(f"{m:.1f}" for m in r["ms_runs"])
-        print(f"{r['net']:<10} {r['batch']:>5} {who:<16} {r['images_per_s']:>8.0f} {r['ms']:>9.1f} "
+        print(f"{r['net']:<10} {r['batch']:>5} {who:<22} {r['images_per_s']:>8.0f} {r['ms']:>9.1f} "
               f"{runs:>18} {r['peak_bytes'] / 2**30:>8.2f} {ratio:>8}")
         r["vs_torch"] = ratio
+        if r.get("graph", "").startswith("ran eagerly"):
+            notes.append(f"{r['net']} {who}: {r['graph']}")
+    for line in notes:
+        print(line)
     if args.csv:
         os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["net", "batch", "who", "images_per_s", "ms_per_iter", "ms_runs",
-                        "peak_bytes", "vs_torch"])
+                        "peak_bytes", "vs_torch", "graph"])
             for r in rows:
                 who = "pytorch eager" if r["kind"] == "torch" else f"minicaffe {r['engine']}"
                 w.writerow([r["net"], r["batch"], who, f"{r['images_per_s']:.1f}", f"{r['ms']:.2f}",
-                            "/".join(f"{m:.2f}" for m in r["ms_runs"]), r["peak_bytes"], r["vs_torch"]])
+                            "/".join(f"{m:.2f}" for m in r["ms_runs"]), r["peak_bytes"], r["vs_torch"],
+                            r.get("graph", "")])
     return 0
 
 

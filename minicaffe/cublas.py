@@ -615,7 +615,7 @@ def _check_device(op: str, cp, dev: int, **arrays):
                              f"device is {dev}")
 
 
-def _run(call: GemmCall, out, dtype):
+def _run(call: GemmCall, out):
     if call.m == 0 or call.n == 0 or call.batch == 0:
         return out
     if call.k == 0:  # an empty sum: out = beta * out, as BLAS defines it
@@ -625,12 +625,18 @@ def _run(call: GemmCall, out, dtype):
             out *= call.beta
         return out
     lib, h = _bind(_cp)
-    scalar = _SCALAR[dtype]
-    args = list(call.args())
-    args[5] = byref(scalar(call.alpha))             # alpha, read on the host during the call
-    args[12 if call.batched else 10] = byref(scalar(call.beta))
-    getattr(lib, call.function)(h, *args)
+    getattr(lib, call.function)(h, *c_args(call))
     return out
+
+
+def c_args(call: GemmCall) -> list:
+    """The call's ctypes arguments after the handle: alpha and beta as pointers to host
+    scalars of the data's type (read during the call: CUBLAS_POINTER_MODE_HOST)."""
+    scalar = c_float if call.function.startswith("cublasS") else c_double
+    args = list(call.args())
+    args[5] = byref(scalar(call.alpha))
+    args[12 if call.batched else 10] = byref(scalar(call.beta))
+    return args
 
 
 def gemm(a, b, out, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
@@ -643,7 +649,7 @@ def gemm(a, b, out, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
     """
     cp = _cupy()
     _check_device("gemm", cp, cp.cuda.runtime.getDevice(), a=a, b=b, out=out)
-    return _run(plan_gemm(a, b, out, trans_a, trans_b, alpha, beta), out, out.dtype)
+    return _run(plan_gemm(a, b, out, trans_a, trans_b, alpha, beta), out)
 
 
 def gemm_strided_batched(a, b, out, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
@@ -655,8 +661,7 @@ def gemm_strided_batched(a, b, out, trans_a=False, trans_b=False, alpha=1.0, bet
     """
     cp = _cupy()
     _check_device("gemm_strided_batched", cp, cp.cuda.runtime.getDevice(), a=a, b=b, out=out)
-    return _run(plan_gemm(a, b, out, trans_a, trans_b, alpha, beta, batched=True), out,
-                out.dtype)
+    return _run(plan_gemm(a, b, out, trans_a, trans_b, alpha, beta, batched=True), out)
 
 
 # ------------------------------------------------------------------ the switch

@@ -74,6 +74,34 @@ def test_a_real_libcublas_binds_every_function():
     assert "cuBLAS" in cublas.load_report()
 
 
+def test_prototypes_take_the_planned_arguments():
+    """Every bound function called with a NULL handle: cuBLAS answers NOT_INITIALIZED,
+    which proves the symbol, the argument count and the ctypes conversions (the GEMMs
+    with the planner's arguments).  Skips where no libcublas is installed."""
+    try:
+        lib = cublas.load()
+    except CublasNotFound as e:
+        pytest.skip(str(e).splitlines()[0])
+    r = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        for batched in (False, True):
+            ar = Arena(dtype)
+            a = ar.take((2, 2, 3) if batched else (2, 3), r)
+            b = ar.take((4, 3), r)
+            out = ar.take((2, 2, 4) if batched else (2, 4), r)
+            call = plan_gemm(a, b, out, trans_b=True, alpha=2.0, beta=1.0, batched=batched)
+            with pytest.raises(CublasError, match="NOT_INITIALIZED") as e:
+                getattr(lib, call.function)(None, *cublas.c_args(call))
+            assert e.value.status == 1 and e.value.func == call.function
+    for name, args in (("cublasSetStream_v2", (None, None)),
+                       ("cublasSetWorkspace_v2", (None, None, 1 << 20)),
+                       ("cublasSetMathMode", (None, cublas.CUBLAS_DEFAULT_MATH)),
+                       ("cublasSetPointerMode_v2", (None, cublas.CUBLAS_POINTER_MODE_HOST)),
+                       ("cublasDestroy_v2", (None,))):
+        with pytest.raises(CublasError, match="NOT_INITIALIZED"):
+            getattr(lib, name)(*args)
+
+
 def test_workspace_size_from_the_environment(monkeypatch):
     monkeypatch.delenv(cublas.ENV_WORKSPACE, raising=False)
     assert cublas.workspace_bytes() == 32 << 20

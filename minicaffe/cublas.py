@@ -533,7 +533,7 @@ def _operand(op: str, name: str, x, itemsize: int, batched: bool, out: bool) -> 
     if rows == 0 or cols == 0 or batch == 0:  # empty: nothing is read or written
         return _Matrix(_ptr(x), rows, cols, max(cols, 1), batch, 0)
     if cols > 1 and strides[-1] != itemsize:
-        hint = ("out must be writable in place" if out else
+        hint = ("give a C-contiguous out (and copy the result where it belongs)" if out else
                 f"pass the untransposed array with trans_{name}=True, or a C-contiguous copy")
         raise ValueError(f"{op}: {name} of shape {shape} and strides {strides} is not row-major "
                          f"(its last axis must have unit stride); {hint}")

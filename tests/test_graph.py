@@ -53,7 +53,8 @@ layer {{ name: "data" type: "Input" top: "data"
 layer {{ name: "label" type: "Input" top: "label" input_param {{ shape {{ dim: {BATCH} }} }} }}
 layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
         convolution_param {{ num_output: 8 kernel_size: 3 pad: 1 engine: CAFFE
-                            weight_filler {{ type: "msra" }} bias_filler {{ type: "constant" value: 0.1 }} }} }}
+                            weight_filler {{ type: "msra" }}
+                            bias_filler {{ type: "constant" value: 0.1 }} }} }}
 layer {{ name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }}
 layer {{ name: "conv2" type: "Convolution" bottom: "conv1" top: "conv2"
         convolution_param {{ num_output: 12 kernel_size: 1 group: 2 engine: CAFFE
@@ -65,7 +66,8 @@ layer {{ name: "conv3" type: "Convolution" bottom: "conv2" top: "conv3"
 layer {{ name: "pool" type: "Pooling" bottom: "conv3" top: "pool"
         pooling_param {{ pool: AVE kernel_size: 2 stride: 2 }} }}
 layer {{ name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
-        inner_product_param {{ num_output: 5 transpose: true weight_filler {{ type: "xavier" }} }} }}
+        inner_product_param {{ num_output: 5 transpose: true
+                              weight_filler {{ type: "xavier" }} }} }}
 layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
 """
 

@@ -28,8 +28,8 @@ kernels of :mod:`minicaffe.kernels.cuda_vision` and the GEMMs call cuBLAS throug
 GEMM per group over the chunk's images (the group's weights shared, batch stride
 0; per image over the groups where groups outnumber images), backward one
 strided-batched GEMM over the groups for each of the weight diff (accumulating,
-``beta = 1``) and the column diff.  Where that binding does
-not load they go through ``cupy.matmul``/``dot``/``tensordot`` (the same math).
+``beta = 1``) and the column diff.  Where that binding does not load they go
+through ``cupy.matmul``/``dot``/``tensordot`` (the same math).
 
 The CUDNN engine (``engine: CUDNN``, or DEFAULT in GPU mode with cuDNN; see
 :mod:`minicaffe.engine`) calls cuDNN's convolution forward, backward data,

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (HDF5_NET, INPUT_NET, caffemodel_params, hook_batch, logs, write_hdf5,
+from ps_helpers import (HDF5_NET, INPUT_NET, caffemodel_params, hook_batch, logs, write_hdf5,
                       write_solver)
 from minicaffe.backend import to_numpy
 from minicaffe.solver import Solver

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import HDF5_NET, caffemodel_params, logs, write_hdf5, write_solver
+from ps_helpers import HDF5_NET, caffemodel_params, logs, write_hdf5, write_solver
 
 pytestmark = pytest.mark.gpu
 

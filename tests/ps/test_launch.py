@@ -4,7 +4,7 @@ import sys
 
 import numpy as np
 
-from conftest import ROOT, caffemodel_params, env, write_solver
+from ps_helpers import ROOT, caffemodel_params, env, write_solver
 
 # Random data drawn from the host RNG, which every worker's snapshot restores.
 DUMMY_NET = """

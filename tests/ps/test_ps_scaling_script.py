@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, env, write_solver
+from ps_helpers import ROOT, env, write_solver
 
 sys.path.insert(0, str(ROOT))
 from scripts import ps_scaling  # noqa: E402

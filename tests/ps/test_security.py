@@ -6,7 +6,7 @@ and go on serving well-behaved workers.
 import pytest
 import zmq
 
-from conftest import INPUT_NET, logs, write_solver
+from ps_helpers import INPUT_NET, logs, write_solver
 from ps import protocol as P
 from ps.protocol import HEADER, MAGIC, PROTOCOL_VERSION, Op
 

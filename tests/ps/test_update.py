@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import INPUT_NET, hook_batch
+from ps_helpers import INPUT_NET, hook_batch
 from minicaffe.proto import caffe_pb2, parse_text
 from minicaffe.solver import Solver
 from ps.update import ShardSolver, read_shard_state, update_fields

@@ -46,7 +46,7 @@ layer { name: "d" type: "DummyData" top: "data" top: "label"
     assert (net.blobs["data"].data == 2).all() and (net.blobs["label"].data == 1).all()
     assert net_batch_size(net) == 7
     assert np.isfinite(float(net.forward_from_to()))
-    # the conftest nets (random fillers) too, down and up
+    # the swap_nets nets (random fillers) too, down and up
     lenet = build_net("lenet", 4)
     for k in (2, 9):
         set_batch_size(lenet, k)

@@ -1,6 +1,6 @@
 """swap.plan's ``recompute`` strategy (SuperNeurons: swap + recompute) and its replay.
 
-The nets: LeNet and the ResNet of conftest.py (in-place BatchNorm/Scale/ReLU on every
+The nets: LeNet and the ResNet of swap_nets.py (in-place BatchNorm/Scale/ReLU on every
 convolution), and here an AlexNet-like net (in-place ReLU, LRN and pooling not in place,
 Dropout in place and not), a net whose BatchNorm is not in place (so it is recomputed), and a
 net where an in-place layer overwrites a pooling's input after the pooling read it.
@@ -18,7 +18,7 @@ from swap.plan import (OFFLOAD, RECOMPUTE, BudgetError, make_plan, max_batch, mi
                        plan_naive, plan_none, plan_recompute, recompute_policy)
 from swap.runtime import Executor, install, measure_scratch, set_lowering
 
-from conftest import net_text                       # tests/swap/conftest.py
+from swap_nets import net_text                       # tests/swap/swap_nets.py
 from test_swap_plan import check_consistent         # tests/swap/test_swap_plan.py
 
 DATA = """

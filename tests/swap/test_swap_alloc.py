@@ -21,7 +21,7 @@ from swap.plan import COMPUTE, SWAP_IN, SWAP_OUT, BudgetError, make_plan, min_bu
 from swap.runtime import (OUTSIDE, ArenaLayout, Executor, TestNetMemory, arena_layout, install,
                           measure_scratch)
 
-from conftest import net_param  # tests/swap/conftest.py
+from swap_nets import net_param  # tests/swap/swap_nets.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:            # scripts/ is imported as a package

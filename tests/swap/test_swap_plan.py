@@ -16,7 +16,7 @@ STRATEGIES = ("none", "naive", "vdnn", "recompute")
 def gmaps():
     from minicaffe.net import TRAIN, Net
     from minicaffe.rng import set_random_seed
-    from conftest import net_param  # tests/swap/conftest.py
+    from swap_nets import net_param  # tests/swap/swap_nets.py
     set_random_seed(1)
     return {w: build_gmap(Net(net_param(w, 4), TRAIN, mode="CPU")) for w in ("lenet", "resnet")}
 

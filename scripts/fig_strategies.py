@@ -14,7 +14,9 @@ ResNet-50 64, ResNet-101 32, ResNet-152 32), five strategies:
 * ``none``, minicaffe's chunked im2col (the engine's own speed without swapping), ``naive`` and
   ``vdnn``: ``docs/results/swap_budgets.csv``.  A row without a ``lowering`` column comes from
   before the column existed, when every strategy ran the chunked im2col: it counts as chunked;
-* ``dynamic``: the tuner's JSON ``docs/results/tuner/<net>.json``.  The tuner measures its plans
+* ``dynamic``: the tuner's JSON ``docs/results/tuner/<net>.json``, or where a network has
+  none, Table 3's ``docs/results/table3/<net>.json`` (its dynamic plan at k* and at the vDNN
+  comparison's fixed minibatch, measured the same way).  The tuner measures its plans
   at its own k (k*, Caffe's largest k and k*/2 at a 12 GiB budget), not at the paper's batch; the
   point drawn is the successfully measured one whose k is closest to the paper's batch (ties:
   the smaller k; ``at_batch.chosen``, a measurement at exactly the paper's batch, wins when
@@ -185,15 +187,28 @@ def dynamic_point(tuner_dir, net, batch) -> dict:
     """The dynamic row of net: the measured k closest to ``batch`` (module doc)."""
     out = empty(net, batch, "dynamic")
     path = os.path.join(tuner_dir, f"{net}.json")
-    if not os.path.exists(path):
+    t3 = os.path.join(os.path.dirname(os.path.abspath(tuner_dir)), "table3", f"{net}.json")
+    if not os.path.exists(path) and os.path.exists(t3):
+        # Table 3's run measured the tuner's plan too: at k* and, for the vDNN comparison,
+        # at a fixed minibatch (scripts/table3.py); same measurement, same fields
+        path = t3
+        with open(path) as f:
+            doc = json.load(f)
+        cands = [(where, d) for where, d in (("accudnn", doc.get("accudnn")),
+                                             ("fixed.dynamic", (doc.get("fixed") or {})
+                                              .get("dynamic")))
+                 if d and "ms" in d and d.get("k")]
+        doc["tuner"] = {"k_star": (doc.get("accudnn") or {}).get("k", "?")}
+    elif not os.path.exists(path):
         prof = os.path.join(tuner_dir, f"{net}_profile.json")
         out["note"] = (f"no tuner JSON {rel(path)}" + (f" (only its profile, {rel(prof)}, is "
                        "stored)" if os.path.exists(prof) else "") + ": dynamic not measured"
                        + table_rows_elsewhere(tuner_dir, net))
         return out
-    with open(path) as f:
-        doc = json.load(f)
-    cands = dynamic_candidates(doc)
+    else:
+        with open(path) as f:
+            doc = json.load(f)
+        cands = dynamic_candidates(doc)
     out.update(source=rel(path), device=doc.get("device", ""), date=doc.get("date", ""),
                date_from="its \"date\" key" if doc.get("date") else "")
     if not cands:

@@ -185,3 +185,27 @@ def test_a_measurement_at_the_batch_wins(tmp_path):
     r = dynamic_point(str(tmp_path), "r", 32)
     assert (r["k"], r["ms_per_iter"], r["budget_bytes"], r["locator"]) == (
         32, 40.0, 8, "at_batch.chosen")
+
+
+def test_table3_json_stands_in_for_a_missing_tuner_json(tmp_path):
+    """No tuner/<net>.json but table3/<net>.json beside it: the dynamic point is Table 3's
+    measurement of the tuner's plan nearest the batch (k* or the vDNN comparison's k)."""
+    from scripts.fig_strategies import dynamic_point
+    tuner, t3 = tmp_path / "tuner", tmp_path / "table3"
+    tuner.mkdir()
+    t3.mkdir()
+    (t3 / "v.json").write_text(json.dumps({
+        "device": "G", "date": "2026-01-04",
+        "accudnn": {"k": 208, "ms": 750.0, "high_water": 11, "budget": 12},
+        "fixed": {"k": 192, "vdnn": {"k": 192, "ms": 900.0},
+                  "dynamic": {"k": 192, "ms": 690.0, "high_water": 10, "budget": 12}}}))
+    r = dynamic_point(str(tuner), "v", 64)
+    assert (r["k"], r["ms_per_iter"], r["high_water_bytes"], r["locator"]) == (
+        192, 690.0, 10, "fixed.dynamic")
+    assert r["source"].endswith("table3/v.json") and (r["device"], r["date"]) == (
+        "G", "2026-01-04")
+    assert "k* = 208" in r["note"] and "also measured: 208" in r["note"]
+    (t3 / "v.json").write_text(json.dumps({
+        "device": "G", "date": "2026-01-04", "accudnn": {"k": 70, "error": "failed"}}))
+    r = dynamic_point(str(tuner), "v", 64)   # nothing measured: no point, and a note
+    assert r["ms_per_iter"] is None and r["note"]

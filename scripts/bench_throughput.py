@@ -76,9 +76,9 @@ def minicaffe_net_param(name: str, batch: int, engine: str):
     return out
 
 
-def run_minicaffe(name, batch, engine, iters, warmup, graph=False):
-    """``graph``: each iteration replayed as one CUDA graph where it can be captured
-    (its two eager warm-up iterations and the capture fall within ``warmup``)."""
+def minicaffe_solver(name, batch, engine, graph=False):
+    """An SGD solver on the GPU for the dummy variant of ``name`` (:func:`minicaffe_net_param`)
+    with its input drawn once on the device: random normal images, random labels."""
     import cupy as cp
     from minicaffe.proto import caffe_pb2
     from minicaffe.solver import Solver
@@ -86,12 +86,20 @@ def run_minicaffe(name, batch, engine, iters, warmup, graph=False):
                                   lr_policy="fixed", max_iter=10**9, display=0, random_seed=1)
     p.net_param.CopyFrom(minicaffe_net_param(name, batch, engine))
     solver = Solver(p, mode="GPU", device_id=0, verbose=False, cuda_graph=graph)
-    if graph:
-        warmup = max(warmup, 3)  # IterationGraph: two eager iterations, then the capture
     net = solver.net
     rng = cp.random.default_rng(0)
     net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape, dtype=cp.float32)
     net.blobs["label"].data[...] = rng.integers(0, 1000, net.blobs["label"].shape).astype(cp.float32)
+    return solver
+
+
+def run_minicaffe(name, batch, engine, iters, warmup, graph=False):
+    """``graph``: each iteration replayed as one CUDA graph where it can be captured
+    (its two eager warm-up iterations and the capture fall within ``warmup``)."""
+    import cupy as cp
+    solver = minicaffe_solver(name, batch, engine, graph)
+    if graph:
+        warmup = max(warmup, 3)  # IterationGraph: two eager iterations, then the capture
     for _ in range(warmup):
         solver.step(1)
     cp.cuda.Device().synchronize()
@@ -117,10 +125,12 @@ def run_minicaffe(name, batch, engine, iters, warmup, graph=False):
 
 
 # ---------------------------------------------------------------- torch
-def run_torch(name, batch, iters, warmup, save_on_cpu=False):
-    """PyTorch eager on the GPU; ``save_on_cpu``: every tensor autograd saves for backward goes
-    to pinned host memory (``torch.autograd.graph.save_on_cpu(pin_memory=True)``), PyTorch's
-    own offloading, the peer of minicaffe's swap strategies."""
+def torch_training_step(name, batch, save_on_cpu=False):
+    """One SGD iteration of torchvision's ``name`` on the GPU as a function (returns the loss):
+    float32, TF32 off, ``cudnn.benchmark`` on, data drawn once; ``save_on_cpu``: every tensor
+    autograd saves for backward goes to pinned host memory
+    (``torch.autograd.graph.save_on_cpu(pin_memory=True)``), PyTorch's own offloading, the
+    peer of minicaffe's swap strategies."""
     import contextlib
 
     import torch
@@ -154,6 +164,13 @@ def run_torch(name, batch, iters, warmup, save_on_cpu=False):
         opt.step()
         return loss
 
+    return step
+
+
+def run_torch(name, batch, iters, warmup, save_on_cpu=False):
+    """PyTorch eager on the GPU (:func:`torch_training_step`), timed like minicaffe."""
+    import torch
+    step = torch_training_step(name, batch, save_on_cpu)
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()

@@ -63,18 +63,9 @@ def profile_minicaffe(name: str, batch: int, engine: str, iters: int, warmup: in
     import numpy as np
 
     from minicaffe.cli import layer_times
-    from minicaffe.proto import caffe_pb2
-    from minicaffe.solver import Solver
-    from scripts.bench_throughput import minicaffe_net_param
-    p = caffe_pb2.SolverParameter(base_lr=1e-4, momentum=0.9, weight_decay=5e-4,
-                                  lr_policy="fixed", max_iter=10**9, display=0, random_seed=1)
-    p.net_param.CopyFrom(minicaffe_net_param(name, batch, engine))
-    solver = Solver(p, mode="GPU", device_id=0, verbose=False)
+    from scripts.bench_throughput import minicaffe_solver
+    solver = minicaffe_solver(name, batch, engine)
     net = solver.net
-    rng = cp.random.default_rng(0)
-    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape, dtype=cp.float32)
-    net.blobs["label"].data[...] = rng.integers(0, 1000, net.blobs["label"].shape).astype(
-        cp.float32)
     for _ in range(warmup):
         solver.step(1)
     fwd, bwd, totals = layer_times(net, iters, warmup=1)
@@ -112,31 +103,8 @@ def profile_torch(name: str, batch: int, iters: int, warmup: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from scripts.bench_throughput import INPUT_SIZE, TORCH_NAMES
-    import torchvision
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    dev = torch.device("cuda")
-    kw = {"aux_logits": True, "init_weights": True} if name == "googlenet" else {}
-    model = getattr(torchvision.models, TORCH_NAMES[name])(**kw).to(dev).train()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=5e-4)
-    size = INPUT_SIZE.get(name, 224)
-    x = torch.randn(batch, 3, size, size, device=dev)
-    y = torch.randint(0, 1000, (batch,), device=dev)
-    lossf = torch.nn.CrossEntropyLoss()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        out = model(x)
-        if name == "googlenet":
-            loss = lossf(out.logits, y) + 0.3 * (lossf(out.aux_logits1, y)
-                                                 + lossf(out.aux_logits2, y))
-        else:
-            loss = lossf(out, y)
-        loss.backward()
-        opt.step()
-
+    from scripts.bench_throughput import torch_training_step
+    step = torch_training_step(name, batch)
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()

@@ -274,7 +274,7 @@ def _fits_device(g, k, reserve, gpu) -> bool:
 
 
 def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, search,
-            out_dir, r152_batch) -> dict:
+            out_dir, r152_batch, profile_dir=None) -> dict:
     from scripts.swap_budgets import _device, _solver
     from swap.gmap import build_gmap
     from swap.memory import caffe_max_batch
@@ -301,10 +301,17 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     # ---- 2. the tuner
     _close(net)
     set_batch_size(net, k_base)
+    reused = None
+    if profile_dir:  # a profile saved by an earlier run: stage 1 (profiling) is skipped
+        path = os.path.join(profile_dir, f"{name}_profile.json")
+        if os.path.exists(path):
+            reused = path
+            log(f"AccUDNN: reusing the saved profile {path} (stage 1 skipped)")
     t0 = time.perf_counter()
     ex, td = train_dynamic(solver, budget, auto_batch=True, method=search, log=log,
-                           host_budget=host_budget if gpu else None, keep_epochs=False)
-    t_tuner = time.perf_counter() - t0
+                           host_budget=host_budget if gpu else None, keep_epochs=False,
+                           profile=reused)
+    t_tuner = time.perf_counter() - t0  # without profiling when a profile was reused
     dec = td.decision
     g = ex.gmap
     model, pcie = profile_models(td.profile, g)
@@ -319,9 +326,13 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                     "decision_seconds": t_decide, "repeat_k_star": again.k_star,
                     "profiled_ks": list(td.profile.ks), "pcie_h2d": pcie.h2d, "pcie_d2h": pcie.d2h,
                     "describe": dec.describe(limit=6), "log": lines[-40:]}
-    prof_path = os.path.join(out_dir, f"{name}_profile.json")
-    td.profile.save(prof_path)
-    out["profile"] = os.path.relpath(prof_path, REPO)
+    if reused:
+        out["profile"] = os.path.relpath(reused, REPO)
+        out["profile_reused"] = True
+    else:
+        prof_path = os.path.join(out_dir, f"{name}_profile.json")
+        td.profile.save(prof_path)
+        out["profile"] = os.path.relpath(prof_path, REPO)
     # ---- 3. model error at k*, k_none, k*/2 (each plan from the same model)
     ks = [dec.k_star] + sorted({k for k in (k_none, max(1, dec.k_star // 2))
                                 if k != dec.k_star}, reverse=True)
@@ -594,6 +605,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=560, help="seconds per network")
     ap.add_argument("--quick", action="store_true", help="CPU, a tiny net (the test suite)")
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "results"))
+    ap.add_argument("--profiles", default=None,
+                    help="a folder of saved profiles (NAME_profile.json, as this script writes "
+                         "them): the tuner reuses them instead of profiling again")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--torch-one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)
@@ -609,7 +623,7 @@ def main(argv=None) -> int:
         name, k = args.one.split(":")
         hb = parse_bytes(args.host_budget) if args.host_budget else None
         r = run_net(name, int(k), budget, hb, args.iters, args.warmup, args.engine, mode,
-                    args.search, out_dir, args.r152_batch)
+                    args.search, out_dir, args.r152_batch, args.profiles)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     if args.torch_one:
@@ -630,6 +644,8 @@ def main(argv=None) -> int:
                  "--warmup", str(args.warmup), "--engine", args.engine, "--search",
                  args.search, "--r152-batch", str(args.r152_batch), "--mode", mode,
                  "--out", args.out]
+        if args.profiles:
+            extra += ["--profiles", args.profiles]
         if hb:
             extra += ["--host-budget", hb]
         r, err = _child(args, extra, gpu_id, args.timeout, f"{name} (GPU {gpu_id})")

@@ -38,3 +38,26 @@ def test_tuner_table_quick(tmp_path):
     assert int(rows[0]["k_star"]) == t["k_star"] and int(rows[0]["k_none"]) == r["none"]["k"]
     md = (tmp_path / "tuner_table.md").read_text()
     assert "**Table 1**" in md and "| cifar10_quick | " in md and "CPU mode" in md
+
+
+def test_tuner_table_reuses_a_saved_profile(tmp_path):
+    """--profiles: the tuner decides from the profile a first run saved, without profiling,
+    and the second run's JSON points at it instead of writing a new one."""
+    first = tmp_path / "first"
+    script = os.path.join(REPO, "scripts", "tuner_table.py")
+    proc = subprocess.run([sys.executable, script, "--quick", "--no-torch", "--out", str(first)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    k_star = json.load(open(first / "tuner" / "cifar10_quick.json"))["tuner"]["k_star"]
+    second = tmp_path / "second"
+    proc = subprocess.run([sys.executable, script, "--quick", "--no-torch", "--out", str(second),
+                           "--profiles", str(first / "tuner")],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.load(open(second / "tuner" / "cifar10_quick.json"))
+    assert r["profile_reused"] is True
+    assert r["profile"].endswith("first/tuner/cifar10_quick_profile.json")
+    assert not (second / "tuner" / "cifar10_quick_profile.json").exists()
+    assert any("reusing the saved profile" in ln for ln in r["tuner"]["log"])
+    assert not any("Profiled minibatch" in ln for ln in r["tuner"]["log"])
+    assert r["tuner"]["k_star"] == k_star      # the same profile, the same decision

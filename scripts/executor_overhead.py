@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""The swap executor's own host time per iteration, separated from the layers' compute (issue 5).
+
+On a fast GPU at small minibatch the host issues the iteration, and whatever the executor does
+in Python around each step (issuing the plan's allocate / release / offload / prefetch ops,
+residency checks, bindings, event records) adds to the critical path.  This script measures
+that host work on the CPU (NumPy mode: the executor's CPU stand-ins for streams and events do
+nothing, copies are synchronous memcpys) on a deep net with little compute: by default
+ResNet-152 at batch 1 on 32x32 images (the generator's dummy variant with an Input layer of
+that size and a global pool5), 1,441 steps.
+
+Per strategy (``plain``: no executor at all; ``none``; ``naive``; ``vdnn``; ``dynamic``: the
+naive plan with every second offloaded buffer pinned, a stand-in for the tuner's pins, which
+need a GPU profile) it runs ``--iters`` timed ``Net.forward_backward`` calls (median) and
+reports:
+
+* ``iteration``: the whole pass;
+* ``layers``: summed time inside ``Net.forward_layer`` / ``backward_layer`` (the device work);
+* ``copies``: summed time of the offload / prefetch copies (device work on the GPU: there they
+  are asynchronous memcpys, here synchronous ones);
+* ``overhead`` = iteration - layers - copies: the executor's own host time, per step too;
+* per op kind (an instrumented pass of its own, so that its timers do not inflate the totals):
+  count per iteration, ms per iteration and microseconds per op, copies excluded; ``step loop``
+  is the overhead outside every op (the per-step loop, residency checks before a step,
+  event records).
+
+    python3 scripts/executor_overhead.py                       # ResNet-152, b1, 32x32, ~1 min
+    python3 scripts/executor_overhead.py --net resnet50 --iters 20
+    python3 scripts/executor_overhead.py --quick               # a few seconds (the CPU test)
+
+Timers (``time.perf_counter``) around each layer and op cost ~0.1 us each and are counted in
+``layers`` / the op kinds; ``overhead`` excludes nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from swap.plan import OFFLOAD, PREFETCH, SWAP_IN, SWAP_OUT  # noqa: E402
+
+STRATEGIES = ("plain", "none", "naive", "vdnn", "dynamic")
+
+
+def net_param(name: str, batch: int, size: int | None):
+    """The dummy variant of ``name`` (Input layer, CAFFE engine) at ``batch``; ``size``: square
+    images of that side (a ResNet's pool5 becomes global so that any size works)."""
+    from scripts.bench_throughput import minicaffe_net_param
+    p = minicaffe_net_param(name, batch, "CAFFE")
+    if size:
+        for layer in p.layer:
+            if layer.type == "Input":
+                shape = layer.input_param.shape[0]          # data: (N, C, H, W)
+                shape.dim[2] = shape.dim[3] = size
+            if layer.type == "Pooling" and layer.name == "pool5":
+                layer.pooling_param.ClearField("kernel_size")
+                layer.pooling_param.global_pooling = True
+    return p
+
+
+def make_solver(name: str, batch: int, size: int | None):
+    import numpy as np
+    from minicaffe.proto import caffe_pb2
+    from minicaffe.solver import Solver
+    p = caffe_pb2.SolverParameter(base_lr=1e-4, momentum=0.9, weight_decay=5e-4,
+                                  lr_policy="fixed", max_iter=10**9, display=0, random_seed=1)
+    p.net_param.CopyFrom(net_param(name, batch, size))
+    s = Solver(p, mode="CPU", verbose=False)
+    rng = np.random.default_rng(0)
+    d, lab = s.net.blobs["data"], s.net.blobs["label"]
+    d.data[...] = rng.standard_normal(d.shape, dtype=np.float32)
+    lab.data[...] = rng.integers(0, 10, lab.shape).astype(np.float32)
+    return s
+
+
+def install_strategy(solver, strategy: str):
+    """The executor of ``strategy`` (None for ``plain``)."""
+    from swap.gmap import build_gmap
+    from swap.plan import make_plan
+    from swap.runtime import install, set_lowering
+    if strategy == "plain":
+        set_lowering(solver.net, "chunked")     # the lowering the swapping strategies run with
+        solver.net.set_bn_scale_fusion(False)   # a plan runs the layers unpaired
+        solver.net.reshape()
+        return None
+    pinned = frozenset()
+    if strategy == "dynamic":
+        solver.net.reshape()
+        naive = make_plan(build_gmap(solver.net), "naive")
+        pinned = frozenset(sorted(naive.offloaded)[::2])
+    return install(solver, strategy, None, pinned=pinned, lowering="chunked")
+
+
+class _Timers:
+    """Wraps a net's layer calls and the executor's copies (and, when ``per_op``, its ops) with
+    perf_counter timers, as instance attributes that shadow the methods."""
+
+    def __init__(self, net, ex, per_op: bool):
+        self.layers = 0.0
+        self.copies = 0.0
+        self.copies_by = defaultdict(float)     # stream -> seconds
+        self.by_kind = defaultdict(float)
+        self.count = defaultdict(int)
+        clock = time.perf_counter
+
+        def timed_layer(fn):
+            def call(li):
+                t = clock()
+                r = fn(li)
+                self.layers += clock() - t
+                return r
+            return call
+        net.forward_layer = timed_layer(net.forward_layer)
+        net.backward_layer = timed_layer(net.backward_layer)
+        if ex is None:
+            return
+        copy = ex.streams.copy
+
+        def timed_copy(dst, src, stream):
+            t = clock()
+            copy(dst, src, stream)
+            dt = clock() - t
+            self.copies += dt
+            self.copies_by[stream] += dt
+        ex.streams.copy = timed_copy
+        if per_op:
+            do, kinds = ex._do, [op.kind for op in ex.plan.ops]
+
+            def timed_do(i, setup=False):
+                t = clock()
+                do(i, setup)
+                self.by_kind[kinds[i]] += clock() - t
+                self.count[kinds[i]] += 1
+            ex._do = timed_do
+
+    def reset(self):
+        self.layers = self.copies = 0.0
+        self.copies_by.clear()
+        self.by_kind.clear()
+        self.count.clear()
+
+
+def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
+            iters: int) -> dict:
+    """One strategy: medians of the timed pass, then one instrumented pass per op kind."""
+    from swap.gmap import build_gmap
+    solver = make_solver(name, batch, size)
+    net = solver.net
+    ex = install_strategy(solver, strategy)
+    try:
+        timers = _Timers(net, ex, per_op=False)
+        for _ in range(warmup):
+            net.forward_backward()
+        total, layers, copies = [], [], []
+        for _ in range(iters):
+            timers.reset()
+            t = time.perf_counter()
+            net.forward_backward()
+            total.append(time.perf_counter() - t)
+            layers.append(timers.layers)
+            copies.append(timers.copies)
+        over = [a - b - c for a, b, c in zip(total, layers, copies)]
+        steps = ex.gmap.n_steps if ex is not None else build_gmap(net).n_steps
+        row = {"strategy": strategy, "steps": steps,
+               "iteration_ms": 1e3 * statistics.median(total),
+               "layers_ms": 1e3 * statistics.median(layers),
+               "copies_ms": 1e3 * statistics.median(copies),
+               "overhead_ms": 1e3 * statistics.median(over), "kinds": {}}
+        row["overhead_us_per_step"] = 1e3 * row["overhead_ms"] / row["steps"]
+        if ex is not None:
+            net2 = solver.net
+            del net2.forward_layer, net2.backward_layer     # back to the methods
+            del ex.streams.copy
+            timers = _Timers(net2, ex, per_op=True)
+            runs = []
+            for _ in range(max(1, iters // 2)):
+                timers.reset()
+                t = time.perf_counter()
+                net2.forward_backward()
+                runs.append((time.perf_counter() - t, timers.layers,
+                             dict(timers.copies_by), dict(timers.by_kind), dict(timers.count)))
+            runs.sort(key=lambda r: r[0])
+            t, lay, copies_by, by_kind, count = runs[len(runs) // 2]
+            copy_of = {OFFLOAD: copies_by.get(SWAP_OUT, 0.0), PREFETCH: copies_by.get(SWAP_IN, 0.0)}
+            kinds = {k: (count[k], 1e3 * (v - copy_of.get(k, 0.0))) for k, v in by_kind.items()}
+            kinds["step loop"] = (row["steps"], 1e3 * (t - lay - sum(by_kind.values())))
+            row["kinds"] = kinds
+        return row
+    finally:
+        if ex is not None:
+            ex.close()
+
+
+def report(rows: list, title: str) -> str:
+    lines = [title, "",
+             "| strategy | steps | iteration ms | layers ms | copies ms | overhead ms | "
+             "overhead us/step |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {r['steps']} | {r['iteration_ms']:.1f} | "
+                     f"{r['layers_ms']:.1f} | {r['copies_ms']:.2f} | {r['overhead_ms']:.2f} | "
+                     f"{r['overhead_us_per_step']:.2f} |")
+    lines += ["", "Per op kind (instrumented pass; copies excluded):", "",
+              "| strategy | kind | per iteration | ms | us each |", "|---|---|---|---|---|"]
+    for r in rows:
+        for kind, (n, ms) in sorted(r["kinds"].items()):
+            lines.append(f"| {r['strategy']} | {kind} | {n} | {ms:.2f} | "
+                         f"{1e3 * ms / max(n, 1):.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--net", default="resnet152")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--size", type=int, default=32, help="image side (0: the net's own)")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--quick", action="store_true",
+                    help="cifar10_quick at batch 1, 1 warm-up, 2 iterations (the CPU test)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.net, args.size, args.warmup, args.iters = "cifar10_quick", 0, 1, 2
+    rows = []
+    for strategy in args.strategies.split(","):
+        if strategy not in STRATEGIES:
+            ap.error(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+        rows.append(measure(args.net, args.batch, args.size or None, strategy, args.warmup,
+                            args.iters))
+    size = f"{args.size}x{args.size}" if args.size else "its own image size"
+    title = (f"Executor host overhead, {args.net} at batch {args.batch}, {size}, CPU (NumPy), "
+             f"median of {args.iters} iterations (`python3 scripts/executor_overhead.py"
+             + "".join(f" {a}" for a in argv) + f"`, {time.strftime('%Y-%m-%d')})")
+    print(report(rows, title))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

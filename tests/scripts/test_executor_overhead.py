@@ -1,0 +1,37 @@
+"""scripts/executor_overhead.py: the executor's host time per iteration, apart from the layers'
+compute and the copies; the quick run on the CPU reports every strategy with consistent parts
+(no timing thresholds: only that the numbers add up and the op counts are the plan's)."""
+import os
+import sys
+from collections import Counter
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:            # scripts/ is imported as a package
+    sys.path.insert(0, REPO)
+
+
+def test_quick_run_reports_every_strategy(capsys):
+    from scripts.executor_overhead import STRATEGIES, install_strategy, main, make_solver
+    rows = main(["--quick"])
+    out = capsys.readouterr().out
+    assert "| strategy | steps | iteration ms |" in out and "step loop" in out
+    assert [r["strategy"] for r in rows] == list(STRATEGIES)
+    for r in rows:
+        assert r["steps"] > 0
+        assert 0 < r["layers_ms"] <= r["iteration_ms"]
+        assert r["copies_ms"] >= 0 and r["overhead_ms"] >= 0
+        assert abs(r["iteration_ms"] - r["layers_ms"] - r["copies_ms"] - r["overhead_ms"]) \
+            < 0.1 * r["iteration_ms"]                   # medians of parts, not exactly additive
+    by = {r["strategy"]: r for r in rows}
+    assert by["plain"]["kinds"] == {}                   # no executor, no ops
+    assert set(by["none"]["kinds"]) == {"step loop"}    # everything resident: no per-step ops
+    for strategy in ("naive", "vdnn", "dynamic"):
+        # per iteration, each kind's count is the plan's number of per-iteration ops of it
+        ex = install_strategy(make_solver("cifar10_quick", 1, None), strategy)
+        try:
+            plan_counts = Counter(op.kind for op in ex.plan.ops if op.step >= 0)
+        finally:
+            ex.close()
+        kinds = by[strategy]["kinds"]
+        assert {k: n for k, (n, _) in kinds.items() if k != "step loop"} == dict(plan_counts)
+        assert kinds["step loop"][0] == by[strategy]["steps"]

@@ -18,7 +18,11 @@ reports:
 * ``layers``: summed time inside ``Net.forward_layer`` / ``backward_layer`` (the device work);
 * ``copies``: summed time of the offload / prefetch copies (device work on the GPU: there they
   are asynchronous memcpys, here synchronous ones);
-* ``overhead`` = iteration - layers - copies: the executor's own host time, per step too;
+* ``overhead`` = iteration - layers - copies: the executor's own host time, per step too
+  (it includes the cost of running the executor's Python with caches that the layers' compute
+  has just swept);
+* ``executor alone``: the same pass with every layer call a no-op: the executor's Python work
+  with warm caches (its copies included, tiny at this size);
 * per op kind (an instrumented pass of its own, so that its timers do not inflate the totals):
   count per iteration, ms per iteration and microseconds per op, copies excluded; ``step loop``
   is the overhead outside every op (the per-step loop, residency checks before a step,
@@ -131,14 +135,18 @@ class _Timers:
             self.copies_by[stream] += dt
         ex.streams.copy = timed_copy
         if per_op:
-            do, kinds = ex._do, [op.kind for op in ex.plan.ops]
+            kinds = [op.kind for op in ex.plan.ops]
 
-            def timed_do(i, setup=False):
-                t = clock()
-                do(i, setup)
-                self.by_kind[kinds[i]] += clock() - t
-                self.count[kinds[i]] += 1
-            ex._do = timed_do
+            def timed(fn, kind):
+                def call(i):
+                    t = clock()
+                    fn(i)
+                    self.by_kind[kind] += clock() - t
+                    self.count[kind] += 1
+                return call
+            # the executor's per-step tables of (issue method, op index), each entry wrapped
+            for table in (ex._issue_before, ex._issue_after):
+                table[:] = [tuple((timed(fn, kinds[i]), i) for fn, i in ops) for ops in table]
 
     def reset(self):
         self.layers = self.copies = 0.0
@@ -172,9 +180,19 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
                "iteration_ms": 1e3 * statistics.median(total),
                "layers_ms": 1e3 * statistics.median(layers),
                "copies_ms": 1e3 * statistics.median(copies),
-               "overhead_ms": 1e3 * statistics.median(over), "kinds": {}}
+               "overhead_ms": 1e3 * statistics.median(over), "alone_ms": None, "kinds": {}}
         row["overhead_us_per_step"] = 1e3 * row["overhead_ms"] / row["steps"]
         if ex is not None:
+            # the executor alone: the same pass with every layer call a no-op (its data are
+            # left stale, so this runs last but one; the plan's ops and checks run as ever)
+            net.forward_layer = lambda li: 0.0
+            net.backward_layer = lambda li: None
+            alone = []
+            for _ in range(iters):
+                t = time.perf_counter()
+                net.forward_backward()
+                alone.append(time.perf_counter() - t)
+            row["alone_ms"] = 1e3 * statistics.median(alone)
             net2 = solver.net
             del net2.forward_layer, net2.backward_layer     # back to the methods
             del ex.streams.copy
@@ -201,11 +219,12 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
 def report(rows: list, title: str) -> str:
     lines = [title, "",
              "| strategy | steps | iteration ms | layers ms | copies ms | overhead ms | "
-             "overhead us/step |", "|---|---|---|---|---|---|---|"]
+             "overhead us/step | executor alone ms |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        alone = "-" if r["alone_ms"] is None else f"{r['alone_ms']:.2f}"
         lines.append(f"| {r['strategy']} | {r['steps']} | {r['iteration_ms']:.1f} | "
                      f"{r['layers_ms']:.1f} | {r['copies_ms']:.2f} | {r['overhead_ms']:.2f} | "
-                     f"{r['overhead_us_per_step']:.2f} |")
+                     f"{r['overhead_us_per_step']:.2f} | {alone} |")
     lines += ["", "Per op kind (instrumented pass; copies excluded):", "",
               "| strategy | kind | per iteration | ms | us each |", "|---|---|---|---|---|"]
     for r in rows:

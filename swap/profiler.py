@@ -461,18 +461,22 @@ class _Instrument:
         self._orig_fwd = net.forward_layer
         self._orig_bwd = net.backward_layer
         self._orig_run = ex._run
-        self._orig_do = ex._do
+        self._orig_issue = dict(ex._issue)
         self._orig_copy = ex.streams.copy
         net.forward_layer = self._wrap_layer(self._orig_fwd, FORWARD)
         net.backward_layer = self._wrap_layer(self._orig_bwd, BACKWARD)
         ex._run = self._run
-        ex._do = self._do
+        for kind in (OFFLOAD, PREFETCH):        # the transfers: timed (the executor's tables
+            ex._issue[kind] = self._wrap_transfer(self._orig_issue[kind])   # call these)
+        ex._build_issue_tables()
         ex.streams.copy = self._copy
 
     def remove(self):
         for obj, name in ((self.net, "forward_layer"), (self.net, "backward_layer"),
-                          (self.ex, "_run"), (self.ex, "_do"), (self.ex.streams, "copy")):
+                          (self.ex, "_run"), (self.ex.streams, "copy")):
             obj.__dict__.pop(name, None)
+        self.ex._issue.update(self._orig_issue)
+        self.ex._build_issue_tables()
 
     def _now(self):
         return time.perf_counter() - self._t0
@@ -558,22 +562,24 @@ class _Instrument:
             return out
         return timed
 
-    def _do(self, i, setup=False):
-        if not getattr(self, "_active", False):
-            return self._orig_do(i, setup=setup)
-        op = self.ex.plan.ops[i]
-        if op.kind not in (OFFLOAD, PREFETCH):
-            return self._orig_do(i, setup=setup)
-        self._cur = i
-        try:
-            if self.gpu:             # pragma: no cover - GPU machine only
-                return self._orig_do(i, setup=setup)
-            a = self._now()
-            out = self._orig_do(i, setup=setup)
-            self._record_transfer(op, a, self._now() - a)
-            return out
-        finally:
-            self._cur = None
+    def _wrap_transfer(self, issue):
+        """An offload's or prefetch's issue method, timed while profiling (GPU: its copy is
+        timed by events, see _copy)."""
+        def timed(i):
+            if not getattr(self, "_active", False):
+                return issue(i)
+            op = self.ex.plan.ops[i]
+            self._cur = i
+            try:
+                if self.gpu:             # pragma: no cover - GPU machine only
+                    return issue(i)
+                a = self._now()
+                out = issue(i)
+                self._record_transfer(op, a, self._now() - a)
+                return out
+            finally:
+                self._cur = None
+        return timed
 
     def _copy(self, dst, src, stream):
         if not (self.gpu and self._cur is not None):

@@ -913,6 +913,16 @@ class Executor:
                 continue
             self._waits[i] = tuple(e for e in (free_event(d) for d in deps) if e is not None)
         self._record = [j in used for j in range(n)]
+        # what the per-iteration loop calls: per step, (issue method of the op's kind, op index),
+        # resolved here once instead of dispatching on the kind per op and iteration; with NVTX
+        # ranges, every op goes through _do, which marks it
+        self._issue = {ALLOCATE: self._allocate, PREFETCH: self._prefetch,
+                       OFFLOAD: self._offload, RELEASE: self._release,
+                       RECOMPUTE: self._recompute_op}
+        for op in ops:
+            if op.step != SETUP and op.kind not in self._issue:
+                raise ValueError(f"unknown op kind {op.kind!r}")
+        self._build_issue_tables()
         self._prefetch_event = {}          # buffer -> event of its in-flight prefetch
         self._offset = {}                  # buffer -> offset of the region it holds now
         self._replay = True                # replay the arena bookkeeping (first iteration)
@@ -923,6 +933,17 @@ class Executor:
         self._op_names = [f"{op.kind} " + (self._step_names[op.source] if op.kind == RECOMPUTE
                                            else names[op.buffer]) for op in ops]
         self._detach_dynamic()
+
+    def _build_issue_tables(self):
+        """Per step, the (issue method, op index) pairs the loop calls, from ``self._issue``
+        (a profiler that wraps entries of it calls this again, and again to remove them)."""
+        ops = self._ops
+        if self._nv is not None:
+            fn = lambda i: self._do                         # noqa: E731
+        else:
+            fn = lambda i: self._issue[ops[i].kind]         # noqa: E731
+        self._issue_before = [tuple((fn(i), i) for i in b) for b in self._before]
+        self._issue_after = [tuple((fn(i), i) for i in a) for a in self._after]
 
     # ------------------------------------------------------------ binding
     def _resolve(self, b):
@@ -1000,67 +1021,96 @@ class Executor:
         return self._step_event[op.wait_step]
 
     def _do(self, i: int, setup: bool = False):
-        op = self._ops[i]
-        bid = op.buffer
-        kind = op.kind
-        st = self.streams
+        """Issue op ``i`` (``setup``: one of the plan's SETUP ops, whose buffer's contents are
+        copied into the arena)."""
         nv = self._nv
         if nv is not None:
             nv.push(self._op_names[i])
-        replay = self._replay or self._force_replay or setup
-        if kind == ALLOCATE:
-            if replay:
-                self.device.allocate(op.nbytes, op.offset)
-            else:
-                self.device.in_use += op.nbytes
-            self._offset[bid] = op.offset
-            w = self._waits[i]
-            if w:
-                st.wait(COMPUTE, w)
-            self.residency.apply(bid, "allocate")
+        if setup:
+            op = self._ops[i]
+            if op.kind != ALLOCATE:
+                raise ValueError(f"setup op {i} is a {op.kind!r}: only allocations run at setup")
+            self.device.allocate(op.nbytes, op.offset)
+            self._offset[op.buffer] = op.offset
+            self.residency.apply(op.buffer, "allocate")
             if self.poison:
-                st.fill(self.device, op.offset, op.nbytes, COMPUTE)
-            if setup:
-                self._bind(bid, op.offset, copy_in=True)
-            else:
-                self._bind_op(i, bid, op.offset)
-        elif kind == PREFETCH:
-            if replay:
-                self.device.allocate(op.nbytes, op.offset)
-            else:
-                self.device.in_use += op.nbytes
-            self._offset[bid] = op.offset
-            st.wait(SWAP_IN, self._waits[i])
-            self.residency.apply(bid, "prefetch")
-            dst, src = self._copy_args(i, op)
-            st.copy(dst, src, SWAP_IN)
-            st.record(self._op_event[i], SWAP_IN)
-            self._prefetch_event[bid] = self._op_event[i]
-            self._bind_op(i, bid, op.offset)
-        elif kind == OFFLOAD:
-            st.wait(SWAP_OUT, self._waits[i])
-            self.residency.apply(bid, "offload")
-            dst, src = self._copy_args(i, op)
-            st.copy(dst, src, SWAP_OUT)
-            st.record(self._op_event[i], SWAP_OUT)
-        elif kind == RELEASE:
-            if replay:
-                self.device.free(op.offset)
-            else:
-                self.device.in_use -= op.nbytes
-            del self._offset[bid]
-            self.residency.apply(bid, "release")
-            self._unbind(bid)
-            if self.poison:
-                # on the region's stream: after its last reader (compute) or its offload
-                st.fill(self.device, op.offset, op.nbytes, op.stream)
-                st.record(self._op_event[i], op.stream)
-        elif kind == RECOMPUTE:
-            self._recompute(op.source, op.step)
+                self.streams.fill(self.device, op.offset, op.nbytes, COMPUTE)
+            self._bind(op.buffer, op.offset, copy_in=True)
         else:
-            raise ValueError(f"unknown op kind {kind!r}")
+            self._issue[self._ops[i].kind](i)
         if nv is not None:
             nv.pop()
+
+    # The per-kind issue methods, called per op and per iteration (the host's critical path
+    # at small k: keep them to the plan's work).  The arena bookkeeping replays the layout
+    # (and so checks it) in the first iteration and in forward-only passes; later iterations
+    # only count bytes (module doc).
+    def _allocate(self, i: int):
+        op = self._ops[i]
+        bid = op.buffer
+        if self._replay or self._force_replay:
+            self.device.allocate(op.nbytes, op.offset)
+        else:
+            self.device.in_use += op.nbytes
+        self._offset[bid] = op.offset
+        w = self._waits[i]
+        if w:
+            self.streams.wait(COMPUTE, w)
+        self.residency.apply(bid, "allocate")
+        if self.poison:
+            self.streams.fill(self.device, op.offset, op.nbytes, COMPUTE)
+        self._bind_op(i, bid, op.offset)
+
+    def _prefetch(self, i: int):
+        op = self._ops[i]
+        bid = op.buffer
+        st = self.streams
+        if self._replay or self._force_replay:
+            self.device.allocate(op.nbytes, op.offset)
+        else:
+            self.device.in_use += op.nbytes
+        self._offset[bid] = op.offset
+        w = self._waits[i]
+        if w:
+            st.wait(SWAP_IN, w)
+        self.residency.apply(bid, "prefetch")
+        dst, src = self._copy_args(i, op)
+        st.copy(dst, src, SWAP_IN)
+        ev = self._op_event[i]
+        st.record(ev, SWAP_IN)
+        self._prefetch_event[bid] = ev
+        self._bind_op(i, bid, op.offset)
+
+    def _offload(self, i: int):
+        op = self._ops[i]
+        st = self.streams
+        st.wait(SWAP_OUT, self._waits[i])
+        self.residency.apply(op.buffer, "offload")
+        dst, src = self._copy_args(i, op)
+        st.copy(dst, src, SWAP_OUT)
+        st.record(self._op_event[i], SWAP_OUT)
+
+    def _release(self, i: int):
+        op = self._ops[i]
+        bid = op.buffer
+        if self._replay or self._force_replay:
+            self.device.free(op.offset)
+        else:
+            self.device.in_use -= op.nbytes
+        del self._offset[bid]
+        self.residency.apply(bid, "release")
+        r = self._releasers[bid]
+        if r is not None:
+            r()
+        if self.poison:
+            # on the region's stream: after its last reader (compute) or its offload
+            st = self.streams
+            st.fill(self.device, op.offset, op.nbytes, op.stream)
+            st.record(self._op_event[i], op.stream)
+
+    def _recompute_op(self, i: int):
+        op = self._ops[i]
+        self._recompute(op.source, op.step)
 
     def _ready(self, j: int, before: int | None = None):
         """Before step j computes (or is recomputed before step ``before``): its buffers are
@@ -1121,9 +1171,9 @@ class Executor:
         rows, t_events = [], []
         t0 = time.perf_counter()
         sc, meter, nv = self._labels()
-        before, after, check, record = self._before, self._after, self._check, self._record
+        check, record = self._check, self._record
         fwd, layer, step_event = self._fwd, self._layer, self._step_event
-        do = self._do
+        issue_before, issue_after = self._issue_before, self._issue_after
         loss = 0.0
         for j in range(last_step + 1):
             if sc is not None:
@@ -1135,8 +1185,8 @@ class Executor:
                 if st.gpu:
                     ev0 = st.event(timing=True)
                     st.record(ev0, COMPUTE)
-            for i in before[j]:
-                do(i)
+            for fn, i in issue_before[j]:
+                fn(i)
             if check[j]:
                 self._ready(j)
             if nv is not None:
@@ -1149,8 +1199,8 @@ class Executor:
                 nv.pop()
             if record[j]:
                 st.record(step_event[j], COMPUTE)
-            for i in after[j]:
-                do(i)
+            for fn, i in issue_after[j]:
+                fn(i)
             if tracing:
                 if st.gpu:
                     ev1 = st.event(timing=True)

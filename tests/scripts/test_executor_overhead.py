@@ -23,7 +23,8 @@ def test_quick_run_reports_every_strategy(capsys):
         assert abs(r["iteration_ms"] - r["layers_ms"] - r["copies_ms"] - r["overhead_ms"]) \
             < 0.1 * r["iteration_ms"]                   # medians of parts, not exactly additive
     by = {r["strategy"]: r for r in rows}
-    assert by["plain"]["kinds"] == {}                   # no executor, no ops
+    assert by["plain"]["kinds"] == {} and by["plain"]["alone_ms"] is None   # no executor
+    assert all(r["alone_ms"] > 0 for r in rows[1:])
     assert set(by["none"]["kinds"]) == {"step loop"}    # everything resident: no per-step ops
     for strategy in ("naive", "vdnn", "dynamic"):
         # per iteration, each kind's count is the plan's number of per-iteration ops of it

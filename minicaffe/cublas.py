@@ -94,7 +94,7 @@ import numpy as np
 
 # generic loader helpers shared with the cuDNN binding: site-packages folders, the
 # loader's own map of this process, dlopen that preloads a missing dependency
-from .cudnn.lib import _dependency_dirs, _dlopen_global, _loaded_path, _site_dirs
+from .cudnn.lib import _dependency_dirs, _dlopen_global, _loaded_path, _site_dirs, load_once
 
 try:  # importing cupy needs no GPU
     import cupy as _cp
@@ -314,17 +314,7 @@ def load(env: dict | None = None) -> Library:
     Raises :class:`CublasNotFound` naming every place tried and how to install.
     """
     env = os.environ if env is None else env
-    key = env.get(ENV_LIB, "")
-    got = _cache.get(key)
-    if got is None:
-        with _lock:
-            got = _cache.get(key)
-            if got is None:
-                got = _load_uncached(env)
-                _cache[key] = got
-    if isinstance(got, CublasNotFound):
-        raise got
-    return got
+    return load_once(_cache, _lock, env.get(ENV_LIB, ""), _load_uncached, env)
 
 
 def _load_uncached(env) -> Library | CublasNotFound:

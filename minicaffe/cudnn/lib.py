@@ -556,23 +556,28 @@ _lock = threading.Lock()
 _cache: dict = {}  # MINICAFFE_CUDNN_PATH value -> Library or CudnnNotFound
 
 
+def load_once(cache: dict, lock, key, load_uncached, env):
+    """``load_uncached(env)`` once per ``key`` (thread-safe), its result kept in ``cache``:
+    a library, or the exception that says why none loaded, raised again on every call."""
+    got = cache.get(key)
+    if got is None:
+        with lock:
+            got = cache.get(key)
+            if got is None:
+                got = load_uncached(env)
+                cache[key] = got
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
 def load(env: dict | None = None) -> Library:
     """The cuDNN library, loaded once per value of ``$MINICAFFE_CUDNN_PATH``.
 
     Raises :class:`CudnnNotFound` naming every place tried and how to install.
     """
     env = os.environ if env is None else env
-    key = env.get(ENV_PATH, "")
-    got = _cache.get(key)
-    if got is None:
-        with _lock:
-            got = _cache.get(key)
-            if got is None:
-                got = _load_uncached(env)
-                _cache[key] = got
-    if isinstance(got, CudnnNotFound):
-        raise got
-    return got
+    return load_once(_cache, _lock, env.get(ENV_PATH, ""), _load_uncached, env)
 
 
 def _load_uncached(env) -> Library | CudnnNotFound:

@@ -25,6 +25,16 @@ def _caffe_engine_by_default():
     engine.set_default_engine(None)
 
 
+@pytest.fixture(autouse=True)
+def _log_state_restored():
+    """A test that runs a CLI in-process with --quiet (or redirects the log) must not
+    silence the log of the tests after it."""
+    from minicaffe import log
+    saved = dict(log._state)
+    yield
+    log._state.update(saved)
+
+
 @pytest.fixture
 def cp():
     """The cupy module (only requested by tests marked gpu)."""

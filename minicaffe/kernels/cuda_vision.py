@@ -49,26 +49,29 @@ _SOURCE = r"""
 // lives at n * col_batch_stride + row * col_row_stride + l, which covers both
 // layouts: (N, C*kh*kw, OH*OW) and (C*kh*kw, N, OH*OW).
 
-// im (N, C, H, W) -> col; one thread per (n, c, oh, ow).
-template <typename T>
-__global__ void im2col_batch(const long long total, const T* __restrict__ im,
+// im (N, C, H, W) -> col; one thread per (n, c, oh, ow).  I is the index type: int
+// where every index of the call fits (the host checks), long long otherwise; 64-bit
+// division and modulo cost several times the 32-bit ones.
+template <typename T, typename I>
+__global__ void im2col_batch(const I total, const T* __restrict__ im,
     const int channels, const int height, const int width,
     const int kernel_h, const int kernel_w, const int pad_h, const int pad_w,
     const int stride_h, const int stride_w, const int dilation_h, const int dilation_w,
-    const int out_h, const int out_w, const long long col_batch_stride,
-    const long long col_row_stride, T* __restrict__ col) {
-  CUDA_KERNEL_LOOP(idx, total) {
+    const int out_h, const int out_w, const I col_batch_stride,
+    const I col_row_stride, T* __restrict__ col) {
+  for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (I)blockDim.x * gridDim.x) {
     const int ow = idx % out_w;
-    const long long t = idx / out_w;
+    const I t = idx / out_w;
     const int oh = t % out_h;
-    const long long nc = t / out_h;  // n * channels + c
-    const long long n = nc / channels;
-    const int c = nc % channels;
+    const I nc = t / out_h;  // n * channels + c
+    const I n = nc / channels;
+    const int c = nc - n * channels;
     const int h0 = oh * stride_h - pad_h;
     const int w0 = ow * stride_w - pad_w;
     const T* src = im + nc * height * width;
-    T* dst = col + n * col_batch_stride + (long long)c * kernel_h * kernel_w * col_row_stride
-             + (long long)oh * out_w + ow;
+    T* dst = col + n * col_batch_stride + (I)c * kernel_h * kernel_w * col_row_stride
+             + (I)oh * out_w + ow;
     for (int i = 0; i < kernel_h; ++i) {
       const int h = h0 + i * dilation_h;
       const bool h_in = h >= 0 && h < height;
@@ -82,38 +85,49 @@ __global__ void im2col_batch(const long long total, const T* __restrict__ im,
 }
 
 // col -> im (N, C, H, W), overwriting im; one thread per input pixel, summing
-// the column entries that read it (Caffe's col2im_gpu_kernel).
-template <typename T>
-__global__ void col2im_batch(const long long total, const T* __restrict__ col,
+// the column entries that read it (Caffe's col2im_gpu_kernel).  I as in im2col.
+template <typename T, typename I>
+__global__ void col2im_batch(const I total, const T* __restrict__ col,
     const int channels, const int height, const int width,
     const int kernel_h, const int kernel_w, const int pad_h, const int pad_w,
     const int stride_h, const int stride_w, const int dilation_h, const int dilation_w,
-    const int out_h, const int out_w, const long long col_batch_stride,
-    const long long col_row_stride, T* __restrict__ im) {
+    const int out_h, const int out_w, const I col_batch_stride,
+    const I col_row_stride, T* __restrict__ im) {
   const int extent_h = (kernel_h - 1) * dilation_h + 1;
   const int extent_w = (kernel_w - 1) * dilation_w + 1;
-  CUDA_KERNEL_LOOP(idx, total) {
+  for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (I)blockDim.x * gridDim.x) {
     const int w = idx % width + pad_w;  // coordinates in the padded image
-    const long long t = idx / width;
+    const I t = idx / width;
     const int h = t % height + pad_h;
-    const long long nc = t / height;
-    const long long n = nc / channels;
-    const int c = nc % channels;
+    const I nc = t / height;
+    const I n = nc / channels;
+    const int c = nc - n * channels;
     const int oh_start = (h < extent_h) ? 0 : (h - extent_h) / stride_h + 1;
     const int oh_end = min(h / stride_h + 1, out_h);
     const int ow_start = (w < extent_w) ? 0 : (w - extent_w) / stride_w + 1;
     const int ow_end = min(w / stride_w + 1, out_w);
-    const T* src = col + n * col_batch_stride + (long long)c * kernel_h * kernel_w * col_row_stride;
+    const T* src = col + n * col_batch_stride + (I)c * kernel_h * kernel_w * col_row_stride;
     T val = 0;
-    for (int oh = oh_start; oh < oh_end; ++oh) {
-      int i = h - oh * stride_h;
-      if (i % dilation_h != 0) continue;
-      i /= dilation_h;
-      for (int ow = ow_start; ow < ow_end; ++ow) {
-        int j = w - ow * stride_w;
-        if (j % dilation_w != 0) continue;
-        j /= dilation_w;
-        val += src[(long long)(i * kernel_w + j) * col_row_stride + oh * out_w + ow];
+    if (dilation_h == 1 && dilation_w == 1) {
+      for (int oh = oh_start; oh < oh_end; ++oh) {
+        const int i = h - oh * stride_h;
+        for (int ow = ow_start; ow < ow_end; ++ow) {
+          const int j = w - ow * stride_w;
+          val += src[(I)(i * kernel_w + j) * col_row_stride + oh * out_w + ow];
+        }
+      }
+    } else {
+      for (int oh = oh_start; oh < oh_end; ++oh) {
+        int i = h - oh * stride_h;
+        if (i % dilation_h != 0) continue;
+        i /= dilation_h;
+        for (int ow = ow_start; ow < ow_end; ++ow) {
+          int j = w - ow * stride_w;
+          if (j % dilation_w != 0) continue;
+          j /= dilation_w;
+          val += src[(I)(i * kernel_w + j) * col_row_stride + oh * out_w + ow];
+        }
       }
     }
     im[idx] = val;
@@ -349,7 +363,8 @@ __global__ void lrn_within_backward(const long long total, const T* __restrict__
 """
 
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-_TEMPLATES_T = ("im2col_batch", "col2im_batch", "ave_pool_forward", "ave_pool_backward",
+_TEMPLATES_TI = ("im2col_batch", "col2im_batch")
+_TEMPLATES_T = ("ave_pool_forward", "ave_pool_backward",
                 "lrn_across_forward", "lrn_across_backward", "lrn_within_forward",
                 "lrn_within_backward")
 _TEMPLATES_TM = ("max_pool_forward", "max_pool_backward")
@@ -363,10 +378,15 @@ def _name(kernel: str, dtype, mask_dtype=None) -> str:
     return f"{kernel}<{t},{m}>"
 
 
+def _name_i(kernel: str, dtype, wide: bool) -> str:
+    return f"{kernel}<{_CTYPE[np.dtype(dtype)]},{'long long' if wide else 'int'}>"
+
+
 def _all_names():
     names = []
     for t in _CTYPE:
         names += [_name(k, t) for k in _TEMPLATES_T]
+        names += [_name_i(k, t, w) for k in _TEMPLATES_TI for w in (False, True)]
         names += [_name(k, t, m) for k in _TEMPLATES_TM for m in (np.int32, t)]
     return names
 
@@ -423,7 +443,15 @@ _i64 = np.int64
 # ------------------------------------------------------------------ im2col
 def _col_strides(n, kdim, plane, batch_major):
     """(batch stride, row stride) of a column buffer (see kernels.im2col)."""
-    return (_i64(kdim * plane), _i64(plane)) if batch_major else (_i64(plane), _i64(n * plane))
+    return (kdim * plane, plane) if batch_major else (plane, n * plane)
+
+
+def _index_args(col, im, strides, total):
+    """(wide, the index-typed arguments): 32-bit indices where every element index of
+    the call fits in an int, 64-bit otherwise."""
+    wide = max(col.size, im.size, total) >= 1 << 30  # the grid-stride step stays in range
+    it = _i64 if wide else _i32
+    return wide, (it(total),), tuple(it(v) for v in strides)
 
 
 def im2col(x, out, kernel, pad, stride, dilation, out_hw, batch_major=True):
@@ -437,10 +465,11 @@ def im2col(x, out, kernel, pad, stride, dilation, out_hw, batch_major=True):
     dh, dw = _pair(dilation)
     oh, ow = out_hw
     total = n * c * oh * ow
-    strides = _col_strides(n, c * kh * kw, oh * ow, batch_major)
-    _launch(_name("im2col_batch", dt), total,
-            (_i64(total), x, _i32(c), _i32(h), _i32(w), _i32(kh), _i32(kw), _i32(ph), _i32(pw),
-             _i32(sh), _i32(sw), _i32(dh), _i32(dw), _i32(oh), _i32(ow)) + strides + (out,))
+    wide, head, strides = _index_args(out, x, _col_strides(n, c * kh * kw, oh * ow, batch_major),
+                                      total)
+    _launch(_name_i("im2col_batch", dt, wide), total,
+            head + (x, _i32(c), _i32(h), _i32(w), _i32(kh), _i32(kw), _i32(ph), _i32(pw),
+                    _i32(sh), _i32(sw), _i32(dh), _i32(dw), _i32(oh), _i32(ow)) + strides + (out,))
     return out
 
 
@@ -454,10 +483,11 @@ def col2im(col, out, kernel, pad, stride, dilation, out_hw, batch_major=True):
     dh, dw = _pair(dilation)
     oh, ow = out_hw
     total = n * c * h * w
-    strides = _col_strides(n, c * kh * kw, oh * ow, batch_major)
-    _launch(_name("col2im_batch", dt), total,
-            (_i64(total), col, _i32(c), _i32(h), _i32(w), _i32(kh), _i32(kw), _i32(ph), _i32(pw),
-             _i32(sh), _i32(sw), _i32(dh), _i32(dw), _i32(oh), _i32(ow)) + strides + (out,))
+    wide, head, strides = _index_args(col, out, _col_strides(n, c * kh * kw, oh * ow,
+                                                             batch_major), total)
+    _launch(_name_i("col2im_batch", dt, wide), total,
+            head + (col, _i32(c), _i32(h), _i32(w), _i32(kh), _i32(kw), _i32(ph), _i32(pw),
+                    _i32(sh), _i32(sw), _i32(dh), _i32(dw), _i32(oh), _i32(ow)) + strides + (out,))
     return out
 
 

@@ -8,28 +8,34 @@ independent inputs, the two after it spatial):
     col     (B, C*kh*kw, OH*OW)       scratch for a chunk of B images
     top     (N, M, OH, OW)            OH = (H + 2*ph - (dh*(kh-1)+1)) / sh + 1
 
-Forward, per chunk of B images: ``col = im2col(x)``, then one batched GEMM
-``top[b, g] = W[g] @ col[b, g]`` (weights (G, M/G, C/G*kh*kw) broadcast over the
-chunk), then the bias.  Backward re-lowers the bottom into the layout
-``(C*kh*kw, B, OH*OW)`` and transposes the chunk's top diff to
-``(M, B, OH*OW)`` (scratch ``top_diff_t``, only for chunks of several images), so
-that per group ``dW[g] += dtop[g] @ col[g].T`` and ``dcol[g] = W[g].T @ dtop[g]``
-are single GEMMs over ``B*OH*OW`` columns with no copy of the column buffer;
-``col2im`` folds ``dcol`` back into the bottom diff.  A 1x1 kernel with stride 1
-and no padding skips the lowering (the bottom already is its column matrix), as
-Caffe does.
+Forward, per chunk of B images: ``col = im2col(x)`` laid out (C*kh*kw, B*OH*OW), one
+GEMM per group over all the chunk's columns ``W[g] @ col[g]`` into the scratch
+``top_diff_t`` (M, B, OH*OW), then one pass that transposes it into the top and adds
+the bias; a one-image chunk is lowered batch-major and its GEMM writes the top
+directly.  Backward lowers the bottom into the same ``(C*kh*kw, B, OH*OW)`` layout
+and transposes the chunk's top diff to ``(M, B, OH*OW)`` (``top_diff_t``, only for
+chunks of several images), so that per group ``dW[g] += dtop[g] @ col[g].T`` and
+``dcol[g] = W[g].T @ dtop[g]`` are single GEMMs over ``B*OH*OW`` columns with no copy
+of the column buffer; ``col2im`` folds ``dcol`` back into the bottom diff.  A 1x1
+kernel with stride 1 and no padding skips the lowering (the bottom already is its
+column matrix), as Caffe does.
 
 Caffe lowers one image at a time into a one-image buffer; here a chunk of
 images is lowered at once (fewer, larger GEMMs), with the chunk bounded by
 ``col_buffer_bytes`` (at least one image).  With ``col_buffer_bytes = 0`` the
-scratch buffer has exactly Caffe's size.  On a GPU the lowering uses the CUDA
-kernels of :mod:`minicaffe.kernels.cuda_vision` and the GEMMs call cuBLAS through
-:mod:`minicaffe.cublas` (capturable in a CUDA graph): forward one strided-batched
-GEMM per group over the chunk's images (the group's weights shared, batch stride
-0; per image over the groups where groups outnumber images), backward one
-strided-batched GEMM over the groups for each of the weight diff (accumulating,
-``beta = 1``) and the column diff.  Where that binding does not load they go
-through ``cupy.matmul``/``dot``/``tensordot`` (the same math).
+scratch buffer has exactly Caffe's size; that bound is what a memory manager places
+(the internals ``col`` and ``top_diff_t``).  A GPU layer whose scratch no memory
+manager binds uses the device's one shared column buffer instead, with chunks of up
+to ``shared_col_bytes`` (default 1 GiB, ``$MINICAFFE_SHARED_COL``), split evenly
+(:func:`balanced_chunk`): calls on one stream run one after another, so the net holds
+the largest chunk once, as it holds cuDNN's one shared workspace.  On a GPU the
+lowering uses the CUDA kernels of :mod:`minicaffe.kernels.cuda_vision` and the GEMMs
+call cuBLAS through :mod:`minicaffe.cublas` (capturable in a CUDA graph): one-image
+forward chunks one strided-batched GEMM per group (per image over the groups where
+groups outnumber images), the others and backward one strided-batched GEMM over the
+groups for each of the forward product, the weight diff (accumulating, ``beta = 1``)
+and the column diff.  Where that binding does not load they go through
+``cupy.matmul``/``dot``/``tensordot`` (the same math).
 
 The CUDNN engine (``engine: CUDNN``, or DEFAULT in GPU mode with cuDNN; see
 :mod:`minicaffe.engine`) calls cuDNN's convolution forward, backward data,
@@ -93,15 +99,54 @@ def _spatial_values(param, name, n_spatial, default, where):
     return [int(repeated[0])] * n_spatial if len(repeated) == 1 else [int(v) for v in repeated]
 
 
-def _col_buffer_default() -> int:
-    text = os.environ.get("MINICAFFE_COL_BUFFER", "").strip()
+def _bytes_from_env(var: str, default: int) -> int:
+    text = os.environ.get(var, "").strip()
     if not text:
-        return 64 << 20
+        return default
     from ..cudnn.ops import parse_bytes
     try:
         return parse_bytes(text)
     except ValueError as e:
-        raise ValueError(f"$MINICAFFE_COL_BUFFER: {e}") from None
+        raise ValueError(f"${var}: {e}") from None
+
+
+def _col_buffer_default() -> int:
+    return _bytes_from_env("MINICAFFE_COL_BUFFER", 64 << 20)
+
+
+def _shared_col_default() -> int:
+    return _bytes_from_env("MINICAFFE_SHARED_COL", 1 << 30)
+
+
+# Scratch shared by every CAFFE-engine convolution of a device that no memory manager
+# binds: (device, dtype, internal name) -> flat array, grown to the largest need.
+_shared_scratch: dict = {}
+
+
+def _shared_buffer(cp, dtype, name: str, count: int):
+    """The device's shared scratch ``name`` with at least ``count`` elements.  The calls
+    of one stream run one after another, so one buffer serves every layer, as Caffe's
+    one column buffer per layer would not; growing drops the old one into CuPy's pool."""
+    key = (cp.cuda.runtime.getDevice(), np.dtype(dtype).str, name)
+    buf = _shared_scratch.get(key)
+    if buf is None or buf.size < count:
+        per_mib = (1 << 20) // np.dtype(dtype).itemsize
+        buf = cp.empty(-(-count // per_mib) * per_mib, dtype=dtype)
+        _shared_scratch[key] = buf
+    return buf
+
+
+def release_shared_scratch():
+    """Drop the shared column buffers (their memory returns to CuPy's pool)."""
+    _shared_scratch.clear()
+
+
+def balanced_chunk(num: int, bound: int) -> int:
+    """The chunk of at most ``bound`` images that splits ``num`` into the fewest, most
+    even chunks (64 images with a bound of 9: 8 chunks of 8, not 7 of 9 and one of 1)."""
+    bound = max(1, min(num, bound))
+    pieces = -(-num // bound)
+    return -(-num // pieces)
 
 
 @register_layer
@@ -117,6 +162,11 @@ class ConvolutionLayer(Layer):
     # lowered at a time.  0 gives Caffe's one-image buffer.  $MINICAFFE_COL_BUFFER
     # (bytes, or 64M, 1G...) sets it for the process.
     col_buffer_bytes = _col_buffer_default()
+    # On a GPU, a layer whose scratch no memory manager binds lowers chunks of up to this
+    # many bytes into the device's one shared column buffer instead (fewer, larger GEMMs;
+    # the net holds the largest layer's chunk once).  0, or a col_buffer_bytes of 0
+    # (Caffe's one-image lowering), turns it off.  $MINICAFFE_SHARED_COL sets it.
+    shared_col_bytes = _shared_col_default()
     engine = engines.CAFFE
 
     def layer_setup(self, bottom, top):
@@ -208,6 +258,11 @@ class ConvolutionLayer(Layer):
         if not self.is_1x1:
             per_image = self.kdim * self.out_spatial * self.dtype.itemsize
             self.chunk = max(1, min(self.num, self.col_buffer_bytes // max(per_image, 1)))
+            self._shared_chunk = self.chunk
+            if (self.xp is not np and self.col_buffer_bytes > 0
+                    and self.shared_col_bytes > self.col_buffer_bytes):
+                self._shared_chunk = max(self.chunk, balanced_chunk(
+                    self.num, self.shared_col_bytes // max(per_image, 1)))
             # (chunk, C*kh*kw, OH*OW): scratch within one forward or backward call.
             self.add_internal("col", (self.chunk, self.kdim, self.out_spatial), saved=False)
             # grows with the batch only until the chunk reaches its bound
@@ -220,16 +275,32 @@ class ConvolutionLayer(Layer):
                 self.internals["top_diff_t"].batch_scaled = self.chunk == self.num
         else:
             self.chunk = max(1, self.num)
+            self._shared_chunk = self.chunk
 
     # --------------------------------------------------------------- helpers
     def _images(self, arr):
         """View a bottom array as (num, C, H, W)."""
         return arr.reshape((self.num, self.channels) + self.in_hw)
 
+    def _shared(self) -> bool:
+        """True when this call lowers into the device's shared buffers: a GPU layer whose
+        column scratch no memory manager has bound (see ``shared_col_bytes``)."""
+        it = self.internals.get("col")
+        return (it is not None and self._shared_chunk > self.chunk
+                and not it.blob.data_storage.external)
+
+    def _run_chunk(self) -> int:
+        return self._shared_chunk if self._shared() else self.chunk
+
     def _scratch(self, name, shape):
-        """A view of the first elements of internal ``name`` with ``shape``."""
-        flat = self.internal(name).data.reshape(-1)
-        return flat[:int(np.prod(shape))].reshape(shape)
+        """A view of the first elements of internal ``name`` (or of the shared buffer of
+        that name) with ``shape``."""
+        count = int(np.prod(shape))
+        if self._shared():
+            flat = _shared_buffer(self.xp, self.dtype, name, count)
+        else:
+            flat = self.internal(name).data.reshape(-1)
+        return flat[:count].reshape(shape)
 
     def _lower(self, x, b, batch_major=True):
         """Columns of the images x (b, C, H, W): (b, C*kh*kw, OH*OW), or
@@ -280,22 +351,52 @@ class ConvolutionLayer(Layer):
         xp = self.xp
         fast = cublas.enabled_for(xp)
         g, mg, kg = self.group, self.num_output // self.group, self.kdim // self.group
+        m, L = self.num_output, self.out_spatial
         weight = self._grouped_weight(self.blobs[0].data)  # (G, M/G, C/G*kh*kw)
+        bias = self.blobs[1].data.reshape(1, m, 1) if self.bias_term else None
+        chunk = self._run_chunk()
+        flat = chunk > 1 and not self.is_1x1
         for b_blob, t_blob in zip(bottom, top):
             x = self._images(b_blob.data)
-            y = t_blob.data.reshape(self.num, g, mg, self.out_spatial)
-            for n0 in range(0, self.num, self.chunk):
-                n1 = min(n0 + self.chunk, self.num)
-                col = self._lower(x[n0:n1], n1 - n0)
-                colg = col.reshape(n1 - n0, g, kg, self.out_spatial)
+            y = t_blob.data.reshape(self.num, m, L)
+            for n0 in range(0, self.num, chunk):
+                n1 = min(n0 + chunk, self.num)
+                b = n1 - n0
+                if flat:
+                    self._forward_flat(x[n0:n1], y[n0:n1], weight, bias, fast)
+                    continue
+                col = self._lower(x[n0:n1], b)
+                colg = col.reshape(b, g, kg, L)
+                yg = y[n0:n1].reshape(b, g, mg, L)
                 if fast:  # y[b, g] = W[g] @ col[b, g]
-                    self._grouped_gemms(weight, colg, y[n0:n1])
+                    self._grouped_gemms(weight, colg, yg)
                 else:
                     # one batched GEMM: (G, M/G, K/G) @ (b, G, K/G, L) -> (b, G, M/G, L)
-                    xp.matmul(weight, colg, out=y[n0:n1])
-            if self.bias_term:
-                yv = t_blob.data.reshape(self.num, self.num_output, self.out_spatial)
-                yv += self.blobs[1].data.reshape(1, self.num_output, 1)
+                    xp.matmul(weight, colg, out=yg)
+            if bias is not None and not flat:
+                y += bias
+
+    def _forward_flat(self, x, y, weight, bias, fast):
+        """A chunk of b images as one GEMM per group over all its columns: the chunk
+        lowered to (C*kh*kw, b*OH*OW), ``W[g] @ col[g]`` into the scratch ``top_diff_t``
+        as (M, b, OH*OW), then one pass that transposes it into the top's (b, M, OH*OW)
+        and adds the bias.  Wide GEMMs where a batched one would have OH*OW columns
+        (169 on AlexNet's conv3, 49 on ResNet's last stage), and the bias costs no
+        pass of its own."""
+        xp = self.xp
+        g, mg, kg = self.group, self.num_output // self.group, self.kdim // self.group
+        b, L = x.shape[0], self.out_spatial
+        col = self._lower(x, b, batch_major=False).reshape(g, kg, b * L)
+        out = self._scratch("top_diff_t", (g, mg, b * L))
+        if fast:  # out[g] = W[g] @ col[g], every group in one launch
+            cublas.gemm_strided_batched(weight, col, out)
+        else:
+            xp.matmul(weight, col, out=out)
+        src = out.reshape(self.num_output, b, L).transpose(1, 0, 2)
+        if bias is None:
+            y[...] = src
+        else:
+            xp.add(src, bias, out=y)
 
     def backward_impl(self, top, propagate_down, bottom):
         if self.engine == engines.CUDNN:
@@ -310,8 +411,9 @@ class ConvolutionLayer(Layer):
                 continue
             x = self._images(b_blob.data) if need_w else None
             dx = self._images(b_blob.diff) if propagate_down[i] else None
-            for n0 in range(0, self.num, self.chunk):
-                n1 = min(n0 + self.chunk, self.num)
+            chunk = self._run_chunk()
+            for n0 in range(0, self.num, chunk):
+                n1 = min(n0 + chunk, self.num)
                 xc = x[n0:n1] if need_w else None
                 dxc = dx[n0:n1] if propagate_down[i] else None
                 if self.is_1x1:

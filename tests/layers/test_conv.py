@@ -468,3 +468,68 @@ def test_gpu_gemm_paths_match_cpu(cp, case, limit, path, rng, monkeypatch):
     for g, c in pairs:
         g = to_numpy(g)
         assert np.abs(g - c).max() <= 1e-5 * max(np.abs(c).max(), 1e-30)
+
+
+def test_balanced_chunk_splits_evenly():
+    from minicaffe.layers.conv import balanced_chunk
+    assert balanced_chunk(64, 9) == 8          # 8 chunks of 8, not 7 of 9 and one of 1
+    assert balanced_chunk(64, 1000) == 64
+    assert balanced_chunk(5, 3) == 3           # 3 + 2
+    assert balanced_chunk(7, 0) == 1           # at least one image
+    for num in range(1, 40):
+        for bound in range(1, 45):
+            c = balanced_chunk(num, bound)
+            pieces = -(-num // c)
+            assert 1 <= c <= max(1, min(num, bound)) and pieces == -(-num // min(num, bound))
+
+
+def test_cpu_layers_keep_their_own_column_buffer(monkeypatch):
+    """Sharing one column buffer is for GPU layers; on NumPy the chunk is the declared one."""
+    monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", 36 * 36 * 8)
+    monkeypatch.setattr(ConvolutionLayer, "shared_col_bytes", 1 << 30)
+    layer = make_layer(conv_text("num_output: 3 kernel_size: 3 pad: 1"))
+    run(layer, np.ones((5, 4, 6, 6)))
+    assert layer.chunk == 1 and layer._run_chunk() == 1 and layer.internal("col").has_data
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["basic", "groups", "no_bias", "pad_stride", "one_by_one"])
+def test_gpu_shared_column_buffer_matches_cpu(cp, case, rng, monkeypatch):
+    """A GPU layer without a memory manager lowers chunks of the shared bound (here 3 of 5
+    images: a flat GEMM per chunk, the bias added in the transpose) into the device's
+    shared buffers, allocating none of its own; the numbers are the CPU's, one image at
+    a time."""
+    from minicaffe.layers import conv as conv_mod
+    body, _, shape = CASES[case]
+    x = rng.standard_normal((5,) + shape[1:]).astype(np.float32)
+    monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", 0)
+    cpu = make_layer(conv_text(body))
+    (cb,), (ct,) = run(cpu, x)
+    probe = make_layer(conv_text(body))
+    run(probe, x[:1])
+    per_image = probe.kdim * probe.out_spatial * 4
+    monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", per_image)
+    monkeypatch.setattr(ConvolutionLayer, "shared_col_bytes", 3 * per_image)
+    conv_mod.release_shared_scratch()
+    gpu = make_layer(conv_text(body), xp=cp, dtype=np.float32)
+    gb = make_blob(x, xp=cp, dtype=np.float32)
+    gt = Blob(xp=cp, dtype=np.float32)
+    gpu.setup([gb], [gt])
+    for pc, pg in zip(cpu.blobs, gpu.blobs):
+        pg.data[...] = cp.asarray(pc.data, dtype=np.float32)
+    cpu.forward([cb], [ct])
+    gpu.forward([gb], [gt])
+    dy = rng.standard_normal(ct.shape)
+    ct.diff[...] = dy
+    gt.diff[...] = cp.asarray(dy, dtype=np.float32)
+    for p in cpu.blobs + gpu.blobs:
+        p.diff[...] = 0
+    cpu.backward([ct], [True], [cb])
+    gpu.backward([gt], [True], [gb])
+    if not gpu.is_1x1:
+        assert gpu.chunk == 1 and gpu._run_chunk() == 3
+        assert not gpu.internal("col").has_data  # the shared buffer served it
+    for g, c in [(gt.data, ct.data), (gb.diff, cb.diff)] + [
+            (pg.diff, pc.diff) for pg, pc in zip(gpu.blobs, cpu.blobs)]:
+        g = to_numpy(g)
+        assert np.abs(g - c).max() <= 1e-5 * max(np.abs(c).max(), 1e-30)

@@ -18,6 +18,7 @@ BatchNorm + in-place   fwd 2 (BatchNorm's and Scale's: 3)       read x twice; wr
 Scale, paired          bwd 3: sums, finalize, apply (4)         read dy, x_norm twice; write dx
 ReLU fwd / bwd         1 / 1 (1 / 2)                            one pass each
 Eltwise SUM, 2 bottoms 1 forward, 1 backward (2 / 2)            one pass each
+Dropout TRAIN fwd/bwd  1 / 1 (~30 / 2)                          one pass each, no temporary
 SGD update, all params 1 for the whole net (7 per param)        read/write data, diff, history
 =====================  =======================================  ===========================
 
@@ -505,6 +506,61 @@ __global__ void eltwise_sum_backward2(const long long n, const T* dy, T* dx0, co
   }
 }
 
+// -------------------------------------------------------------- Dropout
+// minicaffe.rng's counter-based generator (splitmix64): element i of draw c of
+// the stream with key k gets
+//   rand = hi32(mix64(mix64(k + GOLDEN*(c+1)) + GOLDEN*(i+1)))   (mod 2^64),
+// the bits that rng.stream_uint32 computes with NumPy.
+#define SPLITMIX_GOLDEN 0x9E3779B97F4A7C15ULL
+
+__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// TRAIN forward.  state (device memory, not kernel arguments, so that a CUDA
+// graph replays fresh masks) = {key, counter, tickets}.  mask[i] = rand > thres
+// (Caffe's uint_thres_ rule), y[i] = (x[i] * mask[i]) * scale, rounded as the
+// generic path's two multiplies; y may be x.  Then the counter advances by one
+// without a second launch: thread 0 of every block reads it before anything
+// else and, once its elements are written, takes a ticket; the block that takes
+// the last ticket knows that every block has read the counter, so it writes
+// counter + 1 and clears the tickets for the next launch (on the same stream).
+template <typename T>
+__global__ void dropout_forward(const long long n, const T* x, T* y, unsigned int* mask,
+    unsigned long long* state, const unsigned int thres, const T scale) {
+  __shared__ unsigned long long s_counter, s_base;
+  if (threadIdx.x == 0) {
+    const unsigned long long c = state[1];
+    s_counter = c;
+    s_base = mix64(state[0] + SPLITMIX_GOLDEN * (c + 1ULL));
+  }
+  __syncthreads();
+  const unsigned long long base = s_base;
+  CUDA_KERNEL_LOOP(i, n) {
+    const unsigned long long z = base + SPLITMIX_GOLDEN * (unsigned long long)(i + 1);
+    const unsigned int m = (unsigned int)(mix64(z) >> 32) > thres ? 1u : 0u;
+    mask[i] = m;
+    y[i] = mul_rn(mul_rn(x[i], (T)m), scale);
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();  // this thread's read of the counter is complete before its ticket
+    const unsigned long long ticket = atomicAdd(&state[2], 1ULL);
+    if (ticket == (unsigned long long)gridDim.x - 1ULL) {
+      state[2] = 0ULL;
+      state[1] = s_counter + 1ULL;
+    }
+  }
+}
+
+// dx = (dy * mask) * scale, rounded as the generic path; dx may be dy.
+template <typename T>
+__global__ void dropout_backward(const long long n, const T* dy,
+    const unsigned int* __restrict__ mask, T* dx, const T scale) {
+  CUDA_KERNEL_LOOP(i, n) dx[i] = mul_rn(mul_rn(dy[i], (T)mask[i]), scale);
+}
+
 // ------------------------------------------------------------------ SGD
 // Every parameter of the net in one launch.  Block b updates elements
 // [chunk_start[b], chunk_start[b] + chunk) of parameter q = chunk_param[b],
@@ -567,7 +623,7 @@ _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 KERNELS = ("bn_stats_partial", "bn_forward_apply", "bn_backward_partial", "bn_backward_apply",
            "bn_scale_backward_partial", "scale_forward", "scale_backward_partial", "scale_backward_finalize",
            "relu_forward", "relu_backward", "relu_forward_v", "relu_backward_v", "eltwise_sum2", "eltwise_sum_backward2",
-           "sgd_update_multi", "zero_multi")
+           "dropout_forward", "dropout_backward", "sgd_update_multi", "zero_multi")
 
 _state = {"enabled": os.environ.get(ENV_FUSED, "1").strip().lower() not in ("0", "false", "off",
                                                                              "no")}
@@ -618,7 +674,7 @@ def compiles() -> bool:
         return True
     except Exception as e:  # pragma: no cover - needs a GPU
         warnings.warn(f"minicaffe fused CUDA kernels did not compile ({type(e).__name__}: {e}); "
-                      "BatchNorm, Scale, ReLU, Eltwise and the SGD update use their generic "
+                      "BatchNorm, Scale, ReLU, Eltwise, Dropout and the SGD update use their generic "
                       "CuPy code", RuntimeWarning, stacklevel=2)
         return False
 
@@ -882,6 +938,27 @@ def eltwise_sum_backward2(dy, dx0, c0: float, dx1, c1: float):
             _elementwise_grid(n), (THREADS,),
             (_i64(n), dy, dx0 if dx0 is not None else _NULL, T(c0),
              dx1 if dx1 is not None else _NULL, T(c1)))
+
+
+# -------------------------------------------------------------- Dropout
+def dropout_forward(x, y, mask, state, thres: int, scale: float):
+    """TRAIN Dropout in one launch: ``mask`` (uint32, x's size) gets draw ``state[1]``
+    of stream ``state[0]`` compared with ``thres``, y = x * mask * scale (y may be x),
+    and ``state[1]`` advances by one on the device (``state``: (3,) uint64, its third
+    element the kernel's ticket count, 0 between launches).  Launched also for an
+    empty x, so that every forward is one draw, as on the CPU."""
+    n = x.size
+    _fn("dropout_forward", x.dtype)(_elementwise_grid(max(n, 1)), (THREADS,),
+                                    (_i64(n), x, y, mask, state, np.uint32(thres),
+                                     x.dtype.type(scale)))
+
+
+def dropout_backward(dy, mask, dx, scale: float):
+    """dx = dy * mask * scale (dx may be dy); one launch."""
+    n = dy.size
+    if n:
+        _fn("dropout_backward", dy.dtype)(_elementwise_grid(n), (THREADS,),
+                                          (_i64(n), dy, mask, dx, dy.dtype.type(scale)))
 
 
 # ------------------------------------------------------------------ SGD

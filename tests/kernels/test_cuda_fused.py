@@ -49,6 +49,7 @@ def rel_err(a, b):
 
 # ------------------------------------------------------------- the emulator
 _PRELUDE = r"""
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstddef>
@@ -68,6 +69,10 @@ static std::barrier<>* emu_barrier = nullptr;
 #define __restrict__
 
 static inline void __syncthreads() { emu_barrier->arrive_and_wait(); }
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
+  return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);
+}
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
@@ -429,6 +434,81 @@ def test_eltwise_sum_fused_is_bitwise_generic(backend, dtype, n, coeffs, props, 
         np.testing.assert_array_equal(a, b)
 
 
+# ------------------------------------------------------------------ Dropout
+def assert_same_bits(a, b, what=""):
+    """Equal bit for bit (so -0.0 differs from 0.0), except that any NaN matches any
+    NaN: CUDA writes one canonical NaN where the CPU keeps the operand's."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    nan = np.isnan(a) if a.dtype.kind == "f" else np.zeros(a.shape, bool)
+    if a.dtype.kind == "f":
+        np.testing.assert_array_equal(nan, np.isnan(b), err_msg=f"{what}: NaN positions")
+    u = f"u{a.itemsize}"
+    np.testing.assert_array_equal(a[~nan].view(u), b[~nan].view(u), err_msg=what)
+
+
+def run_dropout(xp, dtype, shape, in_place, fused, iters=2, ratio=0.3):
+    """Two TRAIN iterations from a fixed key and counter; returns masks, tops, bottom
+    diffs and the final state."""
+    rng = np.random.default_rng(17)
+    layer = make_layer(f'name: "d" type: "Dropout" dropout_param {{ dropout_ratio: {ratio} }}',
+                       xp=xp, dtype=dtype, phase=caffe_pb2.TRAIN)
+    bottom = Blob(shape, xp=xp, dtype=dtype)
+    top = bottom if in_place else Blob(xp=xp, dtype=dtype)
+    layer.setup([bottom], [top])
+    assert layer._fused == fused
+    layer.load_state_dict({"key": 0xD1B54A32D192ED03, "counter": 41})
+    out = []
+    for _ in range(iters):
+        x = rng.standard_normal(shape)
+        x.flat[1::9] *= -1e-30  # tiny negatives: dropped ones become -0.0
+        if x.size > 8:
+            x.flat[:3] = [np.inf, -np.inf, np.nan]  # inf * 0 and NaN, as the generic path makes them
+        bottom.data[...] = xp.asarray(x, dtype=dtype)
+        layer.forward([bottom], [top])
+        out += [to_numpy(layer.internal("mask").data).copy(), to_numpy(top.data).copy()]
+        top.diff[...] = xp.asarray(rng.standard_normal(shape), dtype=dtype)
+        layer.backward([top], [True], [bottom])
+        out.append(to_numpy(bottom.diff).copy())
+    state = to_numpy(layer.rng_state)
+    assert state[2] == 0, "the kernel's tickets are cleared after each launch"
+    assert layer.state_dict() == {"key": 0xD1B54A32D192ED03, "counter": 41 + iters}
+    return out
+
+
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("shape", [(3, 5, 7, 11), (2, 3), (4, 1000)])  # 5, 1 and 16 blocks
+def test_dropout_fused_is_bitwise_generic(backend, dtype, in_place, shape, monkeypatch):
+    """Same masks (the counter-based draw), same y and dx bits, and the counter advanced
+    once per forward by the kernel itself (the last block's ticket)."""
+    calls = []
+    fn = cuda_fused._fn
+    monkeypatch.setattr(cuda_fused, "_fn", lambda k, dt: calls.append(k) or fn(k, dt))
+    fused, generic = fused_and_generic(
+        lambda f: run_dropout(backend.xp, dtype, shape, in_place, f))
+    for i, (a, b) in enumerate(zip(fused, generic)):
+        assert_same_bits(a, b, f"Dropout {shape} output {i}")
+    assert calls == ["dropout_forward", "dropout_backward"] * 2
+
+
+@with_backends
+def test_dropout_fused_empty_bottom_still_draws(backend):
+    """An empty bottom is one draw too (one block, nothing written): the counter
+    stays in step with the CPU's."""
+    xp = backend.xp
+    layer = make_layer('name: "d" type: "Dropout"', xp=xp, dtype=F32, phase=caffe_pb2.TRAIN)
+    bottom, top = Blob((0, 4), xp=xp, dtype=F32), Blob(xp=xp, dtype=F32)
+    layer.setup([bottom], [top])
+    assert layer._fused
+    layer.load_state_dict({"key": 5, "counter": 0})
+    layer.forward([bottom], [top])
+    layer.backward([top], [True], [bottom])
+    assert layer.state_dict() == {"key": 5, "counter": 1}
+    assert int(to_numpy(layer.rng_state)[2]) == 0
+
+
 # ---------------------------------------------------------------------- SGD
 SGD_NET = """
 name: "sgd"
@@ -525,7 +605,8 @@ def test_fast_path_not_taken_on_numpy():
     layers = [make_layer('name: "bn" type: "BatchNorm"', phase=caffe_pb2.TRAIN),
               make_layer('name: "s" type: "Scale" scale_param { bias_term: true }'),
               make_layer('name: "r" type: "ReLU"'),
-              make_layer('name: "e" type: "Eltwise"')]
+              make_layer('name: "e" type: "Eltwise"'),
+              make_layer('name: "d" type: "Dropout"', phase=caffe_pb2.TRAIN)]
     for layer in layers:
         bottoms = [Blob((2, 3, 4, 4))] * (2 if layer.type == "Eltwise" else 1)
         layer.setup(bottoms, [Blob()])

@@ -1,4 +1,10 @@
-"""ReLU, Sigmoid, TanH, Dropout: forward values, gradients, in-place runs, GPU parity."""
+"""ReLU, Sigmoid, TanH, Dropout: forward values, gradients, in-place runs, GPU parity.
+
+Dropout also: its counter-based draw (a pure function of key, counter and index),
+Caffe's threshold rule, keep fractions, the key's seeding, and its state through
+state_dict; on a GPU, masks, tops and diffs bit for bit those of the CPU."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -7,7 +13,7 @@ from minicaffe.backend import to_numpy
 from minicaffe.blob import Blob
 from minicaffe.layer import BackwardReads
 from minicaffe.proto import caffe_pb2
-from minicaffe.rng import set_random_seed
+from minicaffe.rng import caffe_uint_threshold, set_random_seed, stream_uint32
 from minicaffe.testing import check_gradient, make_blob, make_layer
 
 SHAPE = (2, 3, 2, 3)
@@ -163,6 +169,181 @@ def test_dropout_same_seed_same_mask(rng):
     assert not np.array_equal(y0, y2)
 
 
+def train_dropout(ratio=0.3, shape=SHAPE, xp=np, dtype=np.float64, in_place=False):
+    """A set-up TRAIN Dropout layer with its bottom and top."""
+    layer = make_layer(f'name: "d" type: "Dropout" dropout_param {{ dropout_ratio: {ratio} }}',
+                       xp=xp, dtype=dtype, phase=caffe_pb2.TRAIN)
+    bottom = Blob(shape, xp=xp, dtype=dtype, name="x")
+    top = bottom if in_place else Blob(xp=xp, dtype=dtype, name="y")
+    layer.setup([bottom], [top])
+    return layer, bottom, top
+
+
+def mask_of(layer, bottom, top):
+    """One forward; the mask it drew."""
+    layer.forward([bottom], [top])
+    return to_numpy(layer.internal("mask").data).copy()
+
+
+def reference_uint32(key, counter, i):
+    """minicaffe.rng.stream_uint32 for one element, in Python integers (splitmix64)."""
+    m64 = (1 << 64) - 1
+
+    def mix64(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m64
+        return z ^ (z >> 31)
+
+    base = mix64((key + 0x9E3779B97F4A7C15 * (counter + 1)) & m64)
+    return mix64((base + 0x9E3779B97F4A7C15 * (i + 1)) & m64) >> 32
+
+
+@pytest.mark.parametrize("key,counter", [(0, 0), (1, 7), (2**64 - 1, 2**64 - 2),
+                                         (0xD1B54A32D192ED03, 123456789)])
+def test_stream_is_a_pure_function_of_key_counter_and_index(key, counter):
+    bits = stream_uint32(key, counter, 0, 300)
+    assert bits.dtype == np.uint32 and bits.shape == (300,)
+    np.testing.assert_array_equal(bits, [reference_uint32(key, counter, i) for i in range(300)])
+    np.testing.assert_array_equal(stream_uint32(key, counter, 100, 150), bits[100:150])
+    again = stream_uint32(np.array([key], np.uint64), np.array([counter], np.uint64), 0, 300)
+    np.testing.assert_array_equal(again, bits)  # as arrays (where the layer keeps them)
+    # another draw, another key: different words (at most a chance coincidence per 2**32)
+    assert np.sum(stream_uint32(key, (counter + 1) % 2**64, 0, 300) == bits) <= 1
+    assert np.sum(stream_uint32(key ^ 1, counter, 0, 300) == bits) <= 1
+
+
+def test_stream_known_values():
+    """Pinned words: the NumPy and CUDA definitions cannot drift unnoticed."""
+    np.testing.assert_array_equal(stream_uint32(0, 0, 0, 4),
+                                  [reference_uint32(0, 0, i) for i in range(4)])
+    assert [int(v) for v in stream_uint32(5, 0, 0, 4)] == \
+        [4208386630, 454703515, 3710264032, 3341650772]
+
+
+@pytest.mark.parametrize("ratio,dtype,want", [
+    (0.5, np.float32, 2147483648),   # float(UINT_MAX) = 2**32, times 0.5
+    (0.5, np.float64, 2147483647),   # 4294967295 * 0.5 = 2147483647.5, truncated
+    (0.3, np.float32, 1288490240),   # 2**32 * 0.3f rounded to float32
+    (0.3, np.float64, 1288490239),   # 4294967295 * 0.300000011920928955078125 truncated
+    (0.9, np.float32, 3865470464),
+    (0.9, np.float64, 3865470463),
+])
+def test_dropout_threshold_is_caffes(ratio, dtype, want):
+    """uint_thres_ = static_cast<unsigned int>(UINT_MAX * threshold_), threshold_ of the
+    net's type (the proto's float, widened for double nets)."""
+    layer, _, _ = train_dropout(ratio, dtype=dtype)
+    assert layer.uint_thres == want == caffe_uint_threshold(np.float32(ratio), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dropout_keeps_only_draws_above_the_threshold(dtype):
+    """mask = rand > uint_thres, strictly (Caffe's DropoutForward)."""
+    layer, bottom, top = train_dropout(0.5, shape=(64, 50), dtype=dtype)
+    layer.load_state_dict({"key": 99, "counter": 3})
+    rand = stream_uint32(99, 3, 0, bottom.count).reshape(bottom.shape)
+    np.testing.assert_array_equal(mask_of(layer, bottom, top), rand > layer.uint_thres)
+    # a threshold equal to a draw drops that element; one below keeps it
+    layer.load_state_dict({"key": 99, "counter": 3})
+    layer.uint_thres = int(rand.flat[0])
+    assert mask_of(layer, bottom, top).flat[0] == 0
+    layer.load_state_dict({"key": 99, "counter": 3})
+    layer.uint_thres = int(rand.flat[0]) - 1
+    assert mask_of(layer, bottom, top).flat[0] == 1
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.3, 0.5, 0.9])
+def test_dropout_keep_fraction_is_binomial(ratio):
+    """Over three draws of 100000 elements, each kept fraction lies within 5 standard
+    deviations of P(rand > uint_thres) = (2**32 - 1 - uint_thres) / 2**32, and the
+    draws differ."""
+    layer, bottom, top = train_dropout(ratio, shape=(100, 1000), dtype=np.float32)
+    p = (2**32 - 1 - layer.uint_thres) / 2**32
+    sigma = np.sqrt(p * (1 - p) / bottom.count)
+    masks = [mask_of(layer, bottom, top) for _ in range(3)]
+    for m in masks:
+        assert abs(m.mean() - p) < 5 * sigma, (m.mean(), p, sigma)
+    # independent draws agree where both keep or both drop: p^2 + (1-p)^2 of them
+    agree = np.mean(masks[0] == masks[1])
+    q = p * p + (1 - p) * (1 - p)
+    assert abs(agree - q) < 5 * np.sqrt(q * (1 - q) / bottom.count)
+
+
+def test_dropout_mask_is_the_stream_and_the_counter_advances():
+    layer, bottom, top = train_dropout()
+    key = layer.state_dict()["key"]
+    assert layer.state_dict()["counter"] == 0
+    for c in range(3):
+        rand = stream_uint32(key, c, 0, bottom.count).reshape(SHAPE)
+        np.testing.assert_array_equal(mask_of(layer, bottom, top), rand > layer.uint_thres)
+        assert layer.state_dict() == {"key": key, "counter": c + 1}
+    layer.backward([top], [True], [bottom])  # backward draws nothing
+    assert layer.state_dict()["counter"] == 3
+
+
+def test_dropout_chunks_do_not_change_the_mask(monkeypatch):
+    layer, bottom, top = train_dropout(shape=(5, 7, 3))
+    layer.load_state_dict({"key": 11, "counter": 0})
+    whole = mask_of(layer, bottom, top)
+    monkeypatch.setattr(layer, "_CHUNK", 16)  # 105 elements in 7 chunks
+    layer.load_state_dict({"key": 11, "counter": 0})
+    np.testing.assert_array_equal(mask_of(layer, bottom, top), whole)
+    assert layer.state_dict()["counter"] == 1
+
+
+def test_dropout_key_follows_the_seed():
+    """Drawn from the host generator at set-up: one per layer, the same ones again
+    after the same seed, unpredictable without one."""
+    set_random_seed(7)
+    keys = [train_dropout()[0].state_dict()["key"] for _ in range(3)]
+    assert len(set(keys)) == 3
+    set_random_seed(7)
+    assert [train_dropout()[0].state_dict()["key"] for _ in range(3)] == keys
+    set_random_seed(None)
+    a = train_dropout()[0].state_dict()["key"]
+    set_random_seed(None)
+    assert train_dropout()[0].state_dict()["key"] != a
+
+
+def test_dropout_reseed_restarts_the_stream():
+    """set_random_seed(s) restarts every stream, as it restarts the host generator: the
+    next draw is that of a layer keyed right after it (the gradient checker needs this)."""
+    layer, bottom, top = train_dropout()
+    mask_of(layer, bottom, top)
+    set_random_seed(21)
+    first = mask_of(layer, bottom, top)
+    assert layer.state_dict()["counter"] == 1
+    set_random_seed(21)
+    fresh, b2, t2 = train_dropout()
+    np.testing.assert_array_equal(mask_of(fresh, b2, t2), first)
+    assert fresh.state_dict() == layer.state_dict()
+
+
+def test_dropout_state_dict_round_trip():
+    """A second layer given the first's state (through JSON, as in a .solverstate)
+    draws the very masks the first draws next; a restore is not undone by a later
+    forward (no re-key)."""
+    import json
+    a, xa, ya = train_dropout()
+    for _ in range(4):
+        mask_of(a, xa, ya)
+    state = json.loads(json.dumps(a.state_dict()))
+    b, xb, yb = train_dropout()
+    assert b.state_dict() != state
+    b.load_state_dict(state)
+    assert b.state_dict() == state
+    for _ in range(3):
+        np.testing.assert_array_equal(mask_of(b, xb, yb), mask_of(a, xa, ya))
+    with pytest.raises(ValueError, match="'d' of type Dropout.*no key and counter"):
+        b.load_state_dict({})
+
+
+def test_dropout_test_phase_has_no_stream():
+    layer = make_layer(DROPOUT, phase=caffe_pb2.TEST)
+    layer.setup([make_blob(np.zeros(SHAPE))], [Blob()])
+    assert layer.rng_state is None and layer.state_dict() == {}
+    layer.load_state_dict({})  # nothing to restore
+
+
 @pytest.mark.parametrize("ratio", ["0", "1", "1.5"])
 def test_dropout_bad_ratio(ratio):
     layer = make_layer(f'name: "d" type: "Dropout" dropout_param {{ dropout_ratio: {ratio} }}')
@@ -188,21 +369,51 @@ def test_gpu_matches_cpu(cp, text, in_place):
     assert rel_err(dxg, dxc) <= 1e-5
 
 
+def dropout_run(xp, dtype, in_place, iters=3, shape=(8, 16, 10, 10)):
+    """Three TRAIN iterations from one key and counter: masks, tops, bottom diffs, state."""
+    rng = np.random.default_rng(1)
+    layer, bottom, top = train_dropout(0.3, shape=shape, xp=xp, dtype=dtype, in_place=in_place)
+    layer.load_state_dict({"key": 0x5EED, "counter": 1000})
+    out = []
+    for _ in range(iters):
+        x = rng.standard_normal(shape)
+        x.flat[::7] *= -1e-30  # tiny negatives: the dropped ones become -0.0
+        bottom.data[...] = xp.asarray(x, dtype=dtype)
+        layer.forward([bottom], [top])
+        out += [to_numpy(layer.internal("mask").data).copy(), to_numpy(top.data).copy()]
+        top.diff[...] = xp.asarray(rng.standard_normal(shape), dtype=dtype)
+        layer.backward([top], [True], [bottom])
+        out.append(to_numpy(bottom.diff).copy())
+    return out, layer
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "generic"])
+def test_gpu_dropout_is_bitwise_cpu(cp, dtype, in_place, fused):
+    """Same key and counter: the GPU draws the CPU's masks, and y and dx are the same
+    bits (finite inputs), through the fused kernels and through the generic CuPy code;
+    the counter ends where the CPU's does."""
+    from minicaffe.kernels import cuda_fused
+    cpu, cpu_layer = dropout_run(np, dtype, in_place)
+    with contextlib.nullcontext() if fused else cuda_fused.disabled():
+        gpu, gpu_layer = dropout_run(cp, dtype, in_place)
+    assert gpu_layer._fused is fused and not cpu_layer._fused
+    for i, (g, c) in enumerate(zip(gpu, cpu)):
+        assert g.dtype == c.dtype and g.shape == c.shape
+        u = f"u{c.itemsize}"
+        np.testing.assert_array_equal(g.view(u), c.view(u), err_msg=f"output {i}")
+    assert gpu_layer.state_dict() == cpu_layer.state_dict() == {"key": 0x5EED, "counter": 1003}
+    assert int(gpu_layer.rng_state[2].get()) == 0  # the kernel's tickets
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("in_place", [False, True])
-def test_gpu_dropout(cp, in_place):
-    # The device generator differs from the host one: check the GPU run against
-    # its own mask, and the mask's keep rate.
+def test_gpu_dropout_test_phase_is_identity(cp, in_place):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((8, 16, 10, 10)).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
-    y, dx, layer = run(DROPOUT, x, dy, in_place=in_place, phase=caffe_pb2.TRAIN, xp=cp,
-                       dtype=np.float32)
-    mask = to_numpy(layer.internal("mask").data).astype(np.float32)
-    scale = np.float32(1 / (1 - 0.3))
-    assert rel_err(y, x * mask * scale) <= 1e-5
-    assert rel_err(dx, dy * mask * scale) <= 1e-5
-    assert abs(mask.mean() - 0.7) < 0.02
     y, dx, _ = run(DROPOUT, x, dy, in_place=in_place, phase=caffe_pb2.TEST, xp=cp,
                    dtype=np.float32)
     np.testing.assert_array_equal(y, x)

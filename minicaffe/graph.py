@@ -24,7 +24,9 @@ What an iteration must satisfy to be captured, and what breaks capture:
   an ``Input`` blob is simply written by the caller before :meth:`step`.
   Per-iteration scalars must come from device memory: the learning rate is
   filled into a device scalar that the fused SGD kernel reads
-  (:class:`minicaffe.kernels.cuda_fused.MultiTensorSGD`).
+  (:class:`minicaffe.kernels.cuda_fused.MultiTensorSGD`), and Dropout's draw
+  counter lives in device memory, where its forward kernel reads and advances
+  it, so each replay draws a fresh mask, the one an eager iteration would draw.
 * **Fixed addresses.**  The graph holds the address of every blob, internal,
   parameter and temporary.  Temporaries come from a private CuPy memory pool
   that serves only the warm-up iteration and the capture (which then asks for
@@ -46,8 +48,10 @@ What an iteration must satisfy to be captured, and what breaks capture:
   in.  So only the plain SGD rule with the fused update is accepted (Adam's
   bias correction and Nesterov's scalars depend on the iteration), with
   ``iter_size`` 1, no gradient clipping and no memory plan (``net.executor``).
-  Layers with host-side randomness or untested capture behaviour (Dropout,
-  Accuracy, Python layers) are refused with the reason.
+  Layers with untested capture behaviour (Accuracy, Python layers, anything
+  not in ``CAPTURABLE_TYPES``) are refused with the reason.  A
+  ``set_random_seed`` after the capture does not reach the replays (Dropout
+  re-keys in Python, at its next eager forward).
 
 Test-net evaluation, display, snapshots and callbacks stay with
 :class:`minicaffe.solver.Solver`; :meth:`IterationGraph.step` is the inner
@@ -70,9 +74,9 @@ DATA_LAYER_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "MemoryData", "Du
 # Layers checked to issue device work only (no host sync, no host-to-device copy of a
 # changing value) in forward and backward.
 CAPTURABLE_TYPES = frozenset({"Input", "Convolution", "Pooling", "LRN", "BatchNorm", "Scale",
-                              "Bias", "ReLU", "Sigmoid", "TanH", "Eltwise", "InnerProduct",
-                              "Softmax", "SoftmaxWithLoss", "EuclideanLoss", "Split", "Concat",
-                              "Flatten", "Reshape", "Silence"})
+                              "Bias", "ReLU", "Sigmoid", "TanH", "Dropout", "Eltwise",
+                              "InnerProduct", "Softmax", "SoftmaxWithLoss", "EuclideanLoss",
+                              "Split", "Concat", "Flatten", "Reshape", "Silence"})
 
 
 class NotCapturable(RuntimeError):

@@ -71,6 +71,15 @@ layer {{ name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
 layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
 """
 
+# LeNet-like with Dropout: in place on a convolution's output, and not in place before ip2
+LENET_DROPOUT = (LENET
+                 .replace('layer { name: "ip1"',
+                          'layer { name: "drop2" type: "Dropout" bottom: "conv2" top: "conv2" '
+                          'dropout_param { dropout_ratio: 0.2 } }\nlayer { name: "ip1"')
+                 .replace('layer { name: "ip2" type: "InnerProduct" bottom: "ip1"',
+                          'layer { name: "drop3" type: "Dropout" bottom: "ip1" top: "drop3" }\n'
+                          'layer { name: "ip2" type: "InnerProduct" bottom: "drop3"'))
+
 # the CPU tests' net: host-fed DummyData, a convolution and an InnerProduct
 TINY = """
 name: "tiny"
@@ -125,6 +134,24 @@ def test_cublas_reason_names_the_gemm_layers(monkeypatch):
     assert reasons[0].endswith("no libcublas here")
     monkeypatch.setattr(graph.cublas, "enabled_for", lambda xp: True)
     assert graph.why_not_capturable(s) == []
+
+
+def test_dropout_is_capturable_accuracy_is_not(monkeypatch):
+    """As on a GPU with everything else in place: Dropout (its counter read and advanced
+    on the device) gives no reason; a layer not known to capture still does."""
+    s = Solver(solver_param(LENET_DROPOUT), verbose=False)
+    assert [layer.type for layer in s.net.layers].count("Dropout") == 2
+    monkeypatch.setattr(graph.cuda_fused, "enabled_for", lambda xp, dtype=None: True)
+    monkeypatch.setattr(graph.cublas, "enabled_for", lambda xp: True)
+    monkeypatch.setattr(s, "fused_sgd", lambda: object())
+    assert "Dropout" in graph.CAPTURABLE_TYPES
+    assert graph.why_not_capturable(s) == []
+    text = LENET_DROPOUT + (
+        'layer { name: "acc" type: "Accuracy" bottom: "ip2" bottom: "label" top: "acc" }\n')
+    s = Solver(solver_param(text), verbose=False)
+    monkeypatch.setattr(s, "fused_sgd", lambda: object())
+    assert graph.why_not_capturable(s) == [
+        "layer 'acc' of type Accuracy is not known to be capturable"]
 
 
 def test_cudnn_convolutions_do_not_need_the_binding():
@@ -271,3 +298,41 @@ def test_without_the_binding_gemm_layers_refuse_capture(cp, gpu_graph_ready):
     assert len(reasons) == 1 and "'conv1', 'conv2', 'ip1', 'ip2'" in reasons[0]
     assert "MINICAFFE_CUBLAS" in reasons[0]
     assert graph.why_not_capturable(s) == []
+
+
+def _masks(s):
+    return {layer.name: layer.internal("mask").data.get()
+            for layer in s.net.layers if layer.type == "Dropout"}
+
+
+@pytest.mark.gpu
+def test_iteration_graph_replays_fresh_dropout_masks(cp, gpu_graph_ready):
+    """Each replay draws the next mask from the counter in device memory: the same
+    masks as eager iterations, bit for bit, hence the same losses; the masks change
+    from one replay to the next and the counters end equal."""
+    eager = _gpu_solver(cp, LENET_DROPOUT)
+    assert graph.why_not_capturable(eager) == []
+    want, want_masks = [], []
+    for _ in range(6):
+        eager.step(1)
+        want.append(float(eager.last_loss))
+        want_masks.append(_masks(eager))
+    s = _gpu_solver(cp, LENET_DROPOUT)
+    drops = [layer for layer in s.net.layers if layer.type == "Dropout"]
+    assert all(layer._fused for layer in drops)
+    g = graph.IterationGraph(s)
+    got, got_masks = [], []
+    for _ in range(6):  # 2 eager warm-ups, then capture and 4 replays
+        got.append(float(g.step()))
+        got_masks.append(_masks(s))
+    assert g.captures == 1
+    for it, (a, b) in enumerate(zip(got_masks, want_masks)):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=f"iteration {it}: {name}")
+    for name in got_masks[0]:  # fresh masks after the capture
+        assert not np.array_equal(got_masks[-1][name], got_masks[-2][name]), name
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for le, lg in zip([x for x in eager.net.layers if x.type == "Dropout"], drops):
+        assert lg.state_dict() == le.state_dict() and lg.state_dict()["counter"] == 6
+    for pg, pe in zip(_params(s), _params(eager)):
+        assert _rel(pg, pe) <= 1e-5

@@ -101,14 +101,14 @@ def stream_uint32(key, counter, start: int, stop: int, xp=np):
         base    = mix64(k + GOLDEN * (c + 1))            # splitmix64 seeded with k, output c + 1
         rand(i) = mix64(base + GOLDEN * (i + 1)) >> 32   # seeded with base, output i + 1
 
-    with mix64(z) = z ^= z >> 30; z *= MIX1; z ^= z >> 27; z *= MIX2; z ^ (z >> 31),
-    all mod 2**64.  The CUDA kernel ``dropout_forward`` computes the same bits.
+    where mix64 is splitmix64's finalizer (z ^= z >> 30; z *= MIX1; z ^= z >> 27;
+    z *= MIX2; z ^= z >> 31), all mod 2**64.  The CUDA kernel ``dropout_forward`` computes the same bits.
     ``key`` and ``counter`` are ints or uint64 arrays of module ``xp`` with one
     element (read where they live: a device counter is not copied to the host).
     """
     k = xp.asarray(key, dtype=np.uint64).reshape(1)
     c = xp.asarray(counter, dtype=np.uint64).reshape(1)
-    base = _mix64(k + _G * (c + _ONE))
+    base = _mix64(k + (c + _ONE) * _G)  # array first: CuPy's operator runs
     z = xp.arange(start + 1, stop + 1, dtype=np.uint64)
     z *= _G
     z += base

@@ -146,9 +146,10 @@ class DropoutLayer(NeuronLayer):
     ``minicaffe.rng.stream_uint32(key, c, i)``, a hash of (key, c, i), which
     NumPy and the fused CUDA kernel compute to the same bits.  So a CPU and a
     GPU run draw the same masks, and y and dx are the same bits as well: both
-    round ``x * mask`` then ``* scale``, one rounding each (Caffe's GPU
-    backward multiplies ``dy * scale`` first, which differs only where that
-    product overflows).
+    round ``x * mask``, then ``* scale`` with scale in the net's type, as
+    Caffe's CPU code does (Caffe's GPU kernels take scale as a float even in
+    double nets, and their backward rounds ``dy * scale`` first, which differs
+    from ours only where that product overflows).
 
     ``rng_state`` ((3,) uint64 of the layer's array module: key, draw counter,
     and the fused kernel's ticket count, 0 between launches) lives on the

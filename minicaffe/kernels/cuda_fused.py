@@ -48,9 +48,10 @@ Layers decide once, at set-up; :func:`disabled` turns the fast paths off for the
 layers set up inside it (tests compare both paths on one GPU).  Every launch
 goes on CuPy's current stream; nothing here synchronizes the host or allocates
 device memory (workspaces are the layers' declared internals, or preallocated
-once: the SGD tables, Dropout's (3,) key/counter array), and no value that
-changes between iterations is a kernel argument, so the iteration can be
-captured in a CUDA graph (:mod:`minicaffe.graph`).  Arrays must be
+once: the SGD tables, Dropout's (3,) key/counter array), and what changes
+between iterations can come from device memory (the SGD learning rate,
+Dropout's draw counter), so the iteration can be captured in a CUDA graph
+(:mod:`minicaffe.graph`).  Arrays must be
 C-contiguous (every Blob view is).
 """
 from __future__ import annotations

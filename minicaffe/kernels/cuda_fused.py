@@ -51,8 +51,7 @@ device memory (workspaces are the layers' declared internals, or preallocated
 once: the SGD tables, Dropout's (3,) key/counter array), and what changes
 between iterations can come from device memory (the SGD learning rate,
 Dropout's draw counter), so the iteration can be captured in a CUDA graph
-(:mod:`minicaffe.graph`).  Arrays must be
-C-contiguous (every Blob view is).
+(:mod:`minicaffe.graph`).  Arrays must be C-contiguous (every Blob view is).
 """
 from __future__ import annotations
 

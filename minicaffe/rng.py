@@ -67,8 +67,9 @@ def generation() -> int:
 
 # --------------------------------------------------- counter-based streams
 # splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
-# generators", OOPSLA 2014; the constants are Vigna's): the n-th output of the
-# generator seeded with s is mix64(s + n * GOLDEN) mod 2**64.
+# generators", OOPSLA 2014; as in Java's SplittableRandom and Vigna's
+# splitmix64.c, whose finalizer is Stafford's variant 13): the n-th output of
+# the generator seeded with s is mix64(s + n * GOLDEN) mod 2**64.
 GOLDEN = 0x9E3779B97F4A7C15
 MIX1 = 0xBF58476D1CE4E5B9
 MIX2 = 0x94D049BB133111EB
@@ -102,9 +103,10 @@ def stream_uint32(key, counter, start: int, stop: int, xp=np):
         rand(i) = mix64(base + GOLDEN * (i + 1)) >> 32   # seeded with base, output i + 1
 
     where mix64 is splitmix64's finalizer (z ^= z >> 30; z *= MIX1; z ^= z >> 27;
-    z *= MIX2; z ^= z >> 31), all mod 2**64.  The CUDA kernel ``dropout_forward`` computes the same bits.
-    ``key`` and ``counter`` are ints or uint64 arrays of module ``xp`` with one
-    element (read where they live: a device counter is not copied to the host).
+    z *= MIX2; z ^= z >> 31), all mod 2**64.  The CUDA kernel ``dropout_forward``
+    computes the same bits.  ``key`` and ``counter`` are ints or uint64 arrays of
+    module ``xp`` with one element (read where they live: a device counter is
+    not copied to the host).
     """
     k = xp.asarray(key, dtype=np.uint64).reshape(1)
     c = xp.asarray(counter, dtype=np.uint64).reshape(1)
@@ -117,9 +119,10 @@ def stream_uint32(key, counter, start: int, stop: int, xp=np):
 
 def caffe_uint_threshold(ratio: float, dtype) -> int:
     """Caffe's ``uint_thres_ = static_cast<unsigned int>(UINT_MAX * threshold_)`` with
-    ``threshold_`` of the net's type: in float32, UINT_MAX becomes 2**32 and the
-    product is rounded to float32; in float64 both are exact-ish doubles.  An
-    element is kept when its unsigned draw is strictly greater."""
+    ``threshold_`` of the net's type: in float32, UINT_MAX converts to 2**32 and
+    the product is rounded to float32; in float64, UINT_MAX is exact and the
+    product is rounded to double; the cast truncates.  An element is kept when
+    its unsigned draw is strictly greater."""
     if np.dtype(dtype) == np.float32:
         product = np.float32(4294967295.0) * np.float32(ratio)
     else:

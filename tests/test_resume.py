@@ -92,7 +92,8 @@ layer { name: "data" type: "DummyData" top: "data" top: "label"
 layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
         inner_product_param { num_output: 16 weight_filler { type: "gaussian" std: 0.3 } } }
 layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
-layer { name: "drop1" type: "Dropout" bottom: "ip1" top: "ip1" dropout_param { dropout_ratio: 0.4 } }
+layer { name: "drop1" type: "Dropout" bottom: "ip1" top: "ip1"
+        dropout_param { dropout_ratio: 0.4 } }
 layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
         inner_product_param { num_output: 8 weight_filler { type: "gaussian" std: 0.3 } } }
 layer { name: "drop2" type: "Dropout" bottom: "ip2" top: "drop2" }

@@ -676,8 +676,8 @@ def compiles() -> bool:
         return True
     except Exception as e:  # pragma: no cover - needs a GPU
         warnings.warn(f"minicaffe fused CUDA kernels did not compile ({type(e).__name__}: {e}); "
-                      "BatchNorm, Scale, ReLU, Eltwise, Dropout and the SGD update use their generic "
-                      "CuPy code", RuntimeWarning, stacklevel=2)
+                      "BatchNorm, Scale, ReLU, Eltwise, Dropout and the SGD update use their "
+                      "generic CuPy code", RuntimeWarning, stacklevel=2)
         return False
 
 

@@ -163,6 +163,16 @@ class Net:
     executor = None
     # --- swap/ hook (end)
 
+    # --- ps/ hook (begin): an optional ``listener(li)``, called right after layer li's
+    # backward has been issued, whether the pass runs here or under a swap executor's plan
+    # (whose backward steps call backward_layer).  Only layers that run backward report.
+    # On the GPU "issued" is not "done": the layer's kernels are queued on the current
+    # stream, so a listener that hands the diffs to another stream records an event there.
+    # ps.overlap.GradientOverlap turns these calls into "these parameter diffs are final",
+    # so that gradient communication overlaps the rest of backward.
+    backward_listener = None
+    # --- ps/ hook (end)
+
     def __init__(self, model, phase=TEST, weights=None, *, mode=None, dtype=np.float32,
                  stages=(), level=0, state=None):
         if isinstance(phase, (str, os.PathLike)) and isinstance(weights, int):
@@ -469,6 +479,8 @@ class Net:
         if self.layer_need_backward[li]:
             self.layers[li].backward(self.top_vecs[li], self.bottom_need_backward[li],
                                      self.bottom_vecs[li])
+            if self.backward_listener is not None:  # ps/ hook
+                self.backward_listener(li)
 
     def forward_from_to(self, start: int = 0, end: int | None = None):
         """Forward layers start..end inclusive; returns the summed loss (on device)."""

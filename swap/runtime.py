@@ -64,7 +64,11 @@ step does, and the events recorded after the step cover it (compute is in order)
 ``recompute`` flag, where it has one (BatchNorm), is set around the call so that its forward
 changes no state.  Events are created once and re-recorded
 every iteration; a step records its event only if some operation waits on it.  CPU mode runs
-the same code with synchronous copies and no events: the accounting is identical.
+the same code with synchronous copies and no events: the accounting is identical.  A backward
+step runs its layer through ``Net.backward_layer``, so the net's ``backward_listener`` (ps/:
+gradient communication that overlaps backward) hears of it right after the layer's kernels
+are queued on the compute stream; parameter diffs are resident, so what it hands to another
+stream stays in place until the update.
 
 ``poison=True`` fills every freshly allocated or released region with 0xFF bytes (NaN, -1): at
 once in CPU mode, with ``cudaMemsetAsync`` on the region's stream in GPU mode (after the

@@ -4,6 +4,7 @@
     minicaffe ps keys --curve-dir DIR [--clients N]
     minicaffe train --solver S --ps tcp://h1:p1,tcp://h2:p2 --rank R --world-size W [--gpu G]
                     [--comm ps|nccl] [--link-gbps G --link-latency-ms L] [--curve-dir DIR]
+                    [--no-overlap] [--bucket-mb MB]
 
 ``python -m ps server ...`` is the same as ``minicaffe ps server ...``.
 This module imports neither ZeroMQ nor the framework's heavy parts until a
@@ -54,6 +55,13 @@ def add_train_options(t):
                    help="CURVE keys (minicaffe ps keys): encrypt and authenticate the links")
     g.add_argument("--ps-stats", default=None, metavar="FILE",
                    help="append per-iteration compute and sync (Delta) times as JSON lines")
+    g.add_argument("--no-overlap", dest="overlap", action="store_const", const=False,
+                   default=None,
+                   help="communicate after the whole backward pass instead of overlapping it "
+                        "(default: overlap, unless MINICAFFE_PS_OVERLAP=0)")
+    g.add_argument("--bucket-mb", type=_positive(float), default=None, metavar="MB",
+                   help="--comm nccl with overlap: the largest all-reduce bucket, in MiB "
+                        "(default 25)")
     _link_args(g)
 
 
@@ -62,8 +70,12 @@ def wrap_solver(args, solver):
 
     Returns an object with ``solve(resume_file)``, like the solver.
     """
+    from .overlap import DEFAULT_BUCKET_MB, overlap_default
     from .worker import PSConfig, PSWorker, parse_endpoints
     endpoints = parse_endpoints(args.ps)
+    overlap = getattr(args, "overlap", None)
+    overlap = overlap_default() if overlap is None else overlap
+    bucket_mb = getattr(args, "bucket_mb", None)
     if args.comm == "nccl":
         from .nccl import NcclWorker
         if len(endpoints) != 1:
@@ -75,11 +87,15 @@ def wrap_solver(args, solver):
             raise ValueError("link emulation (--link-gbps/--link-latency-ms) applies to --comm ps")
         return NcclWorker(solver, endpoints[0], args.rank, args.world_size,
                           timeout=args.ps_timeout, curve_dir=args.curve_dir,
-                          stats_path=args.ps_stats)
+                          stats_path=args.ps_stats, overlap=overlap,
+                          bucket_mb=DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb)
+    if bucket_mb is not None:
+        raise ValueError("--bucket-mb applies to --comm nccl (the parameter server sends one "
+                         "message per shard)")
     cfg = PSConfig(endpoints=endpoints, rank=args.rank, world_size=args.world_size,
                    timeout=args.ps_timeout, link_gbps=args.link_gbps,
                    link_latency_ms=args.link_latency_ms, curve_dir=args.curve_dir,
-                   stats_path=args.ps_stats)
+                   stats_path=args.ps_stats, overlap=overlap)
     return PSWorker(solver, cfg)
 
 

@@ -313,7 +313,9 @@ class ShardServer:
             j = joined[rank]
             if j.blob_ids != first.blob_ids:
                 raise RoundFailed(f"rank {rank} registers blobs {j.blob_ids} with shard {c.shard}, "
-                                  f"rank 0 blobs {first.blob_ids}: the workers' nets differ")
+                                  f"rank 0 blobs {first.blob_ids}: the workers' nets differ "
+                                  "(or their overlap settings: --no-overlap places blobs on "
+                                  "shards differently)")
             for k, (a, b) in enumerate(zip(j.arrays, first.arrays)):
                 if a.shape != b.shape or a.dtype != b.dtype:
                     raise RoundFailed(
@@ -342,7 +344,9 @@ class ShardServer:
             state, meta = self.restored
             if meta.get("blob_ids") != self.blob_ids:
                 raise RoundFailed(f"{c.restore}: holds blobs {meta.get('blob_ids')}, the workers "
-                                  f"register {self.blob_ids} (different net or number of shards)")
+                                  f"register {self.blob_ids} (different net or number of shards, "
+                                  "or workers with another overlap setting: --no-overlap places "
+                                  "blobs on shards differently)")
             try:
                 self.solver.load_state(state, c.restore)
             except ValueError as e:

@@ -235,6 +235,13 @@ class LinkModel:
             due.append(end + self.latency_s)
         return due
 
+    def wait_time(self, due: float) -> float:
+        """Seconds until ``due`` (a time :meth:`schedule` returned); <= 0 once past."""
+        return due - self._clock()
+
+    def sleep(self, seconds: float):
+        self._sleep(seconds)
+
     def send_all(self, sends):
         """Send every message of ``sends`` = [(link key, socket, frames, routing id)],
         each at its emulated arrival time (earliest first)."""

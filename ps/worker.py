@@ -19,12 +19,39 @@ data layer with a cheap ``skip`` would remove it.  ``Input`` layers are fed
 by a data hook instead (``hook(solver, rank, world_size)`` before each
 iteration).
 
+Overlap (on by default; ``--no-overlap``, ``PSConfig.overlap``,
+``MINICAFFE_PS_OVERLAP=0`` turn it off).  Without it every shard is pushed
+after backward.  With it (:mod:`ps.overlap`) the blobs are sharded in the
+order backward finishes them (:func:`ps.sharding.assign_shards_in_order`), and
+each shard is pushed as soon as its last gradient is final, while backward
+goes on with the layers below::
+
+    backward  [layer L ... layer j][layer j-1 ... layer 0]            update
+    shard 0                       ^ ready: (GPU) the copy stream waits on the
+                                    compute event, copies the shard's diffs to
+                                    pinned memory; send when the copy is done
+    shard 1                                              ^ ready ...
+                                                                     flush, collect PARAMS
+
+Sends happen on the main thread, between layers (``between_layers``): a
+send hands zero-copy frames to ZeroMQ's I/O thread and returns, an emulated
+link's push is queued until its due time instead of sleeping, and a copy that
+is not done yet is only checked (``event.done``), never waited for, so the
+backward never blocks on the network or a copy.  The update pushes what is
+left (waiting on the copies then), and collects every shard's PARAMS as
+before.  Messages, their order per shard, the servers' arithmetic (sum in
+rank order, 1/W) and the BSP rounds are those of the path without overlap,
+so the parameters are identical bit for bit; only the blobs' placement on
+the shards differs.
+
 Timing (AccUDNN eq. (3), ``t_whole = E m / k [t_iter(k) + Delta]``): the
 worker measures per iteration ``compute`` (from the end of one
 synchronisation to the start of the next: forward/backward, test, display)
 and ``Delta`` (the synchronisation: device-to-host copies, push, waiting for
 every shard, host-to-device copies).  Both go to ``stats`` (and to
-``stats_path`` as JSON lines); the display line reports their ratio.
+``stats_path`` as JSON lines); the display line reports their ratio.  With
+overlap, what communication hides under backward counts in ``compute`` (the
+pushes sent between layers included); Delta is what the update still waits for.
 """
 from __future__ import annotations
 
@@ -33,7 +60,7 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,8 +69,9 @@ from minicaffe.log import log
 from minicaffe.proto import caffe_pb2
 
 from . import protocol as P
+from .overlap import GradientOverlap, backward_order, overlap_default
 from .protocol import Op, ProtocolError
-from .sharding import assign_shards, shard_bytes
+from .sharding import assign_shards, assign_shards_in_order, shard_bytes
 from .transport import LinkModel, dealer, poll_until
 
 
@@ -61,6 +89,8 @@ class PSConfig:
         that long plus a grace period (so that a server's report naming the
         missing rank arrives before the worker gives up on the server).
     stats_path: optional JSON-lines file of per-iteration timings.
+    overlap: push each shard as soon as backward has finished its gradients
+        (default ``$MINICAFFE_PS_OVERLAP``, on); False: after backward.
     """
 
     endpoints: list
@@ -72,6 +102,7 @@ class PSConfig:
     curve_dir: str | None = None
     max_frame_bytes: int = P.DEFAULT_MAX_FRAME_BYTES
     stats_path: str | None = None
+    overlap: bool = field(default_factory=overlap_default)
 
     def validate(self):
         if self.world_size < 1:
@@ -140,6 +171,7 @@ class ParameterClient:
             raise
         self.index = {s: i for i, s in enumerate(self.socks)}
         self.monitor_index = {m: i for i, m in enumerate(self.monitors)}
+        self._due: list = []      # emulated link: (due time, shard, frames) pushed later
 
     def name(self, s: int) -> str:
         return f"shard {s} ({self.config.endpoints[s]})"
@@ -280,6 +312,42 @@ class ParameterClient:
         got, _ = self._collect(iteration, iteration + 1, self.config.timeout + self.config.grace,
                                on_params)
         return sent, got
+
+    # Overlap: one shard's push at a time, during backward; the pull at the update.
+    def push(self, iteration: int, s: int, payloads) -> int:
+        """PUSH(iteration) of shard ``s``'s gradients, without waiting: sent now
+        (ZeroMQ's I/O thread moves the zero-copy frames), or with an emulated
+        link queued until the link delivers it (:meth:`send_due`).  Returns the
+        bytes pushed."""
+        frames = P.encode(Op.PUSH, iteration, self.config.rank, s, payloads)
+        nbytes = P.frames_nbytes(frames)
+        if self.link.enabled:
+            due = self.link.schedule([(("push", s), nbytes)])[0]
+            self._due.append((due, s, frames))
+        else:
+            self._send_one(s, frames)
+        return nbytes
+
+    def send_due(self, wait: bool = False):
+        """Send the queued emulated-link pushes whose time has come, earliest
+        first; ``wait``: sleep until every one has gone."""
+        self._due.sort(key=lambda x: x[0])
+        while self._due:
+            rest = self.link.wait_time(self._due[0][0])
+            if rest > 0:
+                if not wait:
+                    return
+                self.link.sleep(rest)
+            _, s, frames = self._due.pop(0)
+            self._send_one(s, frames)
+
+    def pull(self, iteration: int, on_params) -> int:
+        """Once every shard has its PUSH(iteration): PARAMS(iteration + 1) from
+        each, exactly as :meth:`push_pull` collects them; returns bytes pulled."""
+        self.send_due(wait=True)
+        got, _ = self._collect(iteration, iteration + 1, self.config.timeout + self.config.grace,
+                               on_params)
+        return got
 
     def abort(self, iteration: int, reason: str):
         """Tell every shard this worker gives up (best effort, never raises)."""
@@ -464,6 +532,7 @@ class DataParallel:
         self.stats = SyncStats(stats_path)
         self._t_sync_end = None
         self._on_gpu = any(is_gpu_array(q.data) for q in solver.net.learnable_params)
+        self.overlap = None      # a GradientOverlap on the train net's backward, if on
         solver.apply_update = self._apply_update   # the take-over
 
     def _log(self, msg, level="I"):
@@ -536,6 +605,18 @@ class DataParallel:
         self.stats.close()
         self._close()
 
+    def _overlap_on(self, groups, on_ready, between_layers=None) -> GradientOverlap:
+        """Listen to the train net's backward: ``on_ready(g, event)`` once group g's
+        diffs are final (:mod:`ps.overlap`)."""
+        self.overlap = GradientOverlap(self.solver.net, groups, self.solver.param.iter_size,
+                                       on_ready, between_layers, gpu=self._on_gpu)
+        return self.overlap
+
+    def _overlap_off(self):
+        if self.overlap is not None:
+            self.overlap.detach()
+            self.overlap = None
+
 
 class _DataHook:
     def __init__(self, hook, rank, world_size):
@@ -560,16 +641,29 @@ class PSWorker(DataParallel):
         self.config = config
         self.params = solver.net.learnable_params
         nbytes = [q.nbytes for q in self.params]
-        self.shards = assign_shards(nbytes, S)
+        if config.overlap:
+            self.shards = assign_shards_in_order(nbytes, S, backward_order(solver.net))
+        else:
+            self.shards = assign_shards(nbytes, S)
         # The history lives on the shards: free the solver's copy.
         solver.rule = _NoLocalHistory()
         solver.history = []
         self._staging = self._make_staging() if self._on_gpu else None
         self.client = None
+        if config.overlap:
+            self._ready = deque()    # (shard, copy-done event or None): to push, in order
+            self._pushed = 0         # bytes pushed so far this iteration
+            if self._on_gpu:
+                import cupy
+                self._copy_stream = cupy.cuda.Stream(non_blocking=True)
+                self._copy_done = [cupy.cuda.Event(disable_timing=True) for _ in self.shards]
+            self._overlap_on(self.shards, self._shard_ready, self._push_ready)
         loads = shard_bytes(nbytes, self.shards)
         self._log(f"rank {config.rank} of {config.world_size}; {S} shard(s): "
                   + ", ".join(f"{ep} holds {len(ids)} blob(s), {b:,} bytes"
                               for ep, ids, b in zip(config.endpoints, self.shards, loads))
+                  + ("; overlap: blobs sharded in backward order, each shard pushed once "
+                     "backward has finished it" if config.overlap else "; overlap off")
                   + (f"; data layers sliced by rank: {', '.join(self.slicer.layers)}"
                      if self.slicer and self.slicer.layers else ""))
 
@@ -615,14 +709,55 @@ class PSWorker(DataParallel):
 
     def _synchronize(self, display):
         s = self.solver
-        return self.client.push_pull(
-            s.iter, lambda sh: [(i, self._host_grad(i)) for i in self.shards[sh]], self._set_param)
+        if self.overlap is None:
+            return self.client.push_pull(
+                s.iter, lambda sh: [(i, self._host_grad(i)) for i in self.shards[sh]],
+                self._set_param)
+        self.overlap.flush()              # shards backward did not finish (none, normally)
+        self._push_ready(wait=True)
+        pulled = self.client.pull(s.iter, self._set_param)
+        pushed, self._pushed = self._pushed, 0
+        self.overlap.reset()
+        return pushed, pulled
+
+    # ------------------------------------------------------------ overlap
+    def _shard_ready(self, s, event):
+        """Every gradient of shard ``s`` is final (called in backward, or by the
+        update's flush).  GPU: the copy stream waits on ``event`` (recorded on
+        the compute stream after the kernels that wrote them) and copies the
+        diffs to the pinned staging buffers; nothing waits on the host."""
+        done = None
+        if self._staging is not None:
+            side = self._copy_stream
+            side.wait_event(event)
+            for i in self.shards[s]:
+                self.params[i].diff.get(stream=side, out=self._staging[i], blocking=False)
+            done = self._copy_done[s]
+            done.record(side)
+        self._ready.append((s, done))
+
+    def _push_ready(self, wait: bool = False):
+        """Push the ready shards whose gradients are on the host, in the order
+        they became ready; between layers a copy still running is only checked
+        (``wait``: at the update, waited for)."""
+        while self._ready:
+            s, done = self._ready[0]
+            if done is not None and not done.done:
+                if not wait:
+                    break
+                done.synchronize()     # a sync point: shard s's device-to-host copies
+            self._ready.popleft()
+            grads = [(i, self._host_grad(i) if done is None else self._staging[i])
+                     for i in self.shards[s]]
+            self._pushed += self.client.push(self.solver.iter, s, grads)
+        self.client.send_due(wait=wait)
 
     def _abort(self, reason):
         if self.client is not None:
             self.client.abort(self.solver.iter, reason)
 
     def _close(self):
+        self._overlap_off()
         if self.client is not None:
             self.client.close()
             self.client = None

@@ -145,21 +145,23 @@ def _wait_for(proc, text, timeout=20):
         time.sleep(0.02)
 
 
-def long_run(procs, tmp_path, name):
+def long_run(procs, tmp_path, name, extra=()):
     """2 shards, 2 workers, a run far longer than the test (slowed by link latency)."""
     solver = write_solver(tmp_path, name, INPUT_NET, k=4, max_iter=1_000_000)
     servers = [procs.server(s, 2, timeout=TIMEOUT, name=f"{name}_shard{s}") for s in range(2)]
     eps = [p.endpoint for p in servers]
     workers = [procs.worker_api(f"{name}_w{r}", solver, eps, r, 2, tmp_path / f"{r}.npz", TIMEOUT,
-                                extra=["--link-latency-ms", "2"]) for r in range(2)]
+                                extra=["--link-latency-ms", "2", *extra]) for r in range(2)]
     for w in workers:
         _wait_for(w, "joined 2 shard(s)")
     time.sleep(0.3)   # a few rounds
     return servers, workers
 
 
-def test_a_dead_worker_fails_the_round_everywhere_naming_it(procs, tmp_path):
-    servers, workers = long_run(procs, tmp_path, "killw")
+# with overlap (the default: pushes leave during backward) and without
+@pytest.mark.parametrize("extra", [[], ["--no-overlap"]])
+def test_a_dead_worker_fails_the_round_everywhere_naming_it(procs, tmp_path, extra):
+    servers, workers = long_run(procs, tmp_path, "killw", extra)
     t0 = time.monotonic()
     workers[1].popen.kill()
     codes = procs.wait_all([workers[0]] + servers, TIMEOUT + 5)
@@ -171,8 +173,9 @@ def test_a_dead_worker_fails_the_round_everywhere_naming_it(procs, tmp_path):
     assert "rank(s) 1" in workers[0].log() and "worker error" in workers[0].log()
 
 
-def test_a_dead_server_is_named_by_every_worker(procs, tmp_path):
-    servers, workers = long_run(procs, tmp_path, "kills")
+@pytest.mark.parametrize("extra", [[], ["--no-overlap"]])
+def test_a_dead_server_is_named_by_every_worker(procs, tmp_path, extra):
+    servers, workers = long_run(procs, tmp_path, "kills", extra)
     t0 = time.monotonic()
     servers[1].popen.kill()
     codes = procs.wait_all(workers + [servers[0]], TIMEOUT + 5)

@@ -6,6 +6,7 @@ trains to max_iter, and saves the final parameters to an .npz (no pickle).
 
     worker_proc.py SOLVER ENDPOINTS RANK WORLD_SIZE OUT.npz TIMEOUT [--snapshot F]
                    [--curve-dir D] [--link-latency-ms L] [--link-gbps G] [--stats F]
+                   [--no-overlap]
 """
 import argparse
 import os
@@ -19,6 +20,7 @@ import numpy as np  # noqa: E402
 from ps_helpers import hook_batch  # noqa: E402
 from minicaffe.backend import to_numpy  # noqa: E402
 from minicaffe.solver import Solver  # noqa: E402
+from ps.overlap import overlap_default  # noqa: E402
 from ps.worker import PSConfig, PSWorker, parse_endpoints  # noqa: E402
 
 
@@ -43,11 +45,13 @@ def main():
     ap.add_argument("--link-latency-ms", type=float, default=0.0)
     ap.add_argument("--link-gbps", type=float, default=None)
     ap.add_argument("--stats")
+    ap.add_argument("--no-overlap", dest="overlap", action="store_const", const=False,
+                    default=overlap_default())
     a = ap.parse_args()
     solver = Solver(a.solver)
     cfg = PSConfig(endpoints=parse_endpoints(a.endpoints), rank=a.rank, world_size=a.world_size,
                    timeout=a.timeout, curve_dir=a.curve_dir, link_latency_ms=a.link_latency_ms,
-                   link_gbps=a.link_gbps, stats_path=a.stats)
+                   link_gbps=a.link_gbps, stats_path=a.stats, overlap=a.overlap)
     worker = PSWorker(solver, cfg, data_hook=feed)
     try:
         worker.solve(resume_file=a.snapshot)

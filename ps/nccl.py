@@ -16,6 +16,28 @@ rank that died would otherwise leave the others blocked inside the
 collective.  With the barrier, a missing rank is named within the timeout;
 a rank dying *inside* the collective is caught by a bounded wait on the
 stream, which aborts the communicator.
+
+Overlap (on by default; ``--no-overlap``, ``MINICAFFE_PS_OVERLAP=0`` turn it
+off), as PyTorch DDP's buckets.  The parameters are grouped into buckets of
+at most ``bucket_mb`` (default 25 MiB), consecutive in the order backward
+finishes them (:func:`ps.overlap.make_buckets`).  When backward has finished a
+bucket (:class:`ps.overlap.GradientOverlap`), its work is queued on a
+communication stream, behind an event recorded on the compute stream::
+
+    compute  [backward of the layers of bucket 0] e0 [... bucket 1] e1 [...]   wait(done) update
+    comm              wait(e0) pack0 allReduce0 x1/W unpack0  wait(e1) ...  done
+
+A bucket whose diffs lie back to back in memory (one parameter, or a swap
+plan's resident region) is all-reduced in place; the others are packed into
+their slice of one flat buffer and unpacked after.  The sums are NCCL's, the
+scale 1/W as before: the average of the gradients, as without overlap (for W
+> 2 NCCL may add in another order when the buffers are cut differently: the
+same within float32 rounding).  Every rank queues its buckets in the same
+order (the order is a function of the net), as collectives require.  The
+barrier moves to the update, after the collectives are queued: a rank that
+never got there is still named within the timeout, and the bounded wait is on
+the communication stream.  A communicator closed while a collective waits
+for a dead peer is aborted, not destroyed (destroying would wait forever).
 """
 from __future__ import annotations
 
@@ -28,6 +50,7 @@ import numpy as np
 from minicaffe.log import log
 
 from . import protocol as P
+from .overlap import DEFAULT_BUCKET_MB, backward_order, make_buckets, overlap_default
 from .protocol import Op, ProtocolError
 from .transport import CurveServer, dealer, poll_until, router
 from .worker import DataParallel, PSError
@@ -211,7 +234,8 @@ class NcclWorker(DataParallel):
 
     def __init__(self, solver, endpoint: str, rank: int, world_size: int, timeout: float = 120.0,
                  curve_dir: str | None = None, stats_path: str | None = None, data_hook=None,
-                 slice_data: bool = True):
+                 slice_data: bool = True, overlap: bool | None = None,
+                 bucket_mb: float = DEFAULT_BUCKET_MB):
         if solver.mode != "GPU":
             raise ValueError("--comm nccl needs GPU mode (--gpu N)")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -238,8 +262,25 @@ class NcclWorker(DataParallel):
         self.flat = None      # (count,) device buffer: gradients, then parameters at the start
         self.comm = None
         self.rdv = None
+        self.comm_stream = None
+        how = "after backward (overlap off)"
+        if overlap_default() if overlap is None else overlap:
+            if bucket_mb <= 0:
+                raise ValueError(f"--bucket-mb must be positive, got {bucket_mb}")
+            ids = make_buckets([q.nbytes for q in self.params], backward_order(solver.net),
+                               max(1, int(bucket_mb * (1 << 20))))
+            # bucket b: (its parameter ids, increasing; its slice [start, start + count) of flat)
+            self.buckets, start = [], 0
+            for b in ids:
+                n = sum(self.params[i].count for i in b)
+                self.buckets.append((b, start, n))
+                start += n
+            self._comm_done = cupy.cuda.Event(disable_timing=True)
+            self._overlap_on([b for b, _, _ in self.buckets], self._bucket_ready)
+            how = (f"in {len(self.buckets)} bucket(s) of at most {bucket_mb:g} MiB, overlapping "
+                   "backward")
         self._log(f"rank {rank} of {world_size} on GPU {cupy.cuda.Device().id}; NCCL all-reduce "
-                  f"of {self.count:,} values ({self.count * self.dtype.itemsize:,} bytes); "
+                  f"of {self.count:,} values ({self.count * self.dtype.itemsize:,} bytes) {how}; "
                   f"rendezvous {endpoint}")
 
     # ----------------------------------------------------------- helpers
@@ -306,10 +347,14 @@ class NcclWorker(DataParallel):
         self.comm.bcast(self.flat.data.ptr, self.count, self.nccl_dtype, 0, stream.ptr)
         self._unpack("data")
         self._wait_stream(stream, "the initial broadcast")
+        if self.overlap is not None:
+            self.comm_stream = cp.cuda.Stream(non_blocking=True)
         self._log(f"NCCL communicator of {self.world_size} rank(s) ready at iteration {s.iter} "
                   f"in {time.perf_counter() - t0:.3g} s")
 
     def _synchronize(self, display):
+        if self.overlap is not None:
+            return self._synchronize_overlapped()
         s = self.solver
         cp = self.cupy
         stream = cp.cuda.get_current_stream()   # backward has finished (DataParallel syncs)
@@ -324,6 +369,61 @@ class NcclWorker(DataParallel):
         nbytes = self.count * self.dtype.itemsize
         return nbytes, nbytes
 
+    # ------------------------------------------------------------ overlap
+    def _contiguous_diffs(self, ids, count):
+        """The diffs of ``ids`` as one (count,) array when they lie back to back
+        in memory in this order (then the all-reduce runs in place), else None."""
+        cp = self.cupy
+        first = self.params[ids[0]].diff
+        ptr = first.data.ptr
+        for i in ids:
+            d = self.params[i].diff
+            if not d.flags.c_contiguous or d.data.ptr != ptr:
+                return None
+            ptr += d.nbytes
+        mem = cp.cuda.UnownedMemory(first.data.ptr, count * self.dtype.itemsize, first)
+        return cp.ndarray((count,), self.dtype, cp.cuda.MemoryPointer(mem, 0))
+
+    def _bucket_ready(self, b, event):
+        """Bucket ``b``'s diffs are final (called in backward, or by the update's
+        flush): queue its all-reduce on the communication stream behind
+        ``event``, recorded on the compute stream after the kernels that wrote
+        them.  Nothing here waits on the host."""
+        ids, start, count = self.buckets[b]
+        cs = self.comm_stream
+        cs.wait_event(event)
+        with cs:
+            buf = self._contiguous_diffs(ids, count)
+            packed = buf is None
+            if packed:
+                buf = self.flat[start:start + count]
+                o = 0
+                for i in ids:
+                    q = self.params[i]
+                    buf[o:o + q.count] = q.diff.reshape(-1)
+                    o += q.count
+            self.comm.allReduce(buf.data.ptr, buf.data.ptr, count, self.nccl_dtype,
+                                self.nccl.NCCL_SUM, cs.ptr)
+            if self.world_size > 1:
+                buf *= self.dtype.type(1.0 / self.world_size)   # Caffe's 1/W average
+            if packed:
+                o = 0
+                for i in ids:
+                    q = self.params[i]
+                    q.diff[...] = buf[o:o + q.count].reshape(q.shape)
+                    o += q.count
+
+    def _synchronize_overlapped(self):
+        s = self.solver
+        self.overlap.flush()                   # buckets backward did not finish (none, normally)
+        self.rdv.barrier(s.iter)               # every rank queued its all-reduces, or it is named
+        self._comm_done.record(self.comm_stream)
+        self.cupy.cuda.get_current_stream().wait_event(self._comm_done)  # the update reads them
+        self._wait_stream(self.comm_stream, f"iteration {s.iter}: the all-reduce")
+        self.overlap.reset()
+        nbytes = self.count * self.dtype.itemsize
+        return nbytes, nbytes
+
     def _after_sync(self, display):
         # Every replica applies the same update to the same parameters.
         type(self.solver).apply_update(self.solver, False)
@@ -333,8 +433,12 @@ class NcclWorker(DataParallel):
             self.rdv.abort(reason)
 
     def _close(self):
+        self._overlap_off()
         if self.comm is not None:
-            self.comm.destroy()
+            if self.comm_stream is not None and not self.comm_stream.done:
+                self.comm.abort()     # a collective waits for a peer that will not come
+            else:
+                self.comm.destroy()
             self.comm = None
         if self.rdv is not None:
             self.rdv.close()

@@ -3,6 +3,12 @@
 Marked ``gpu`` (skipped without a CUDA device); the NCCL tests need two GPUs.
 Each compares with one GPU process at the whole batch; GEMM summation order
 differs between batch sizes, hence the looser tolerance than on CPU.
+
+Overlap (ps/overlap.py, on by default): the runs with and without it must give
+the same parameters bit for bit (the parameter server sums in rank order; with
+two ranks NCCL's sum is one addition per element, whatever the buckets), and a
+stream that waits on the hook's event must read the final diffs even when a
+long kernel holds the compute stream back.
 """
 import socket
 import time
@@ -46,6 +52,43 @@ def assert_close(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def ps_run(procs, tmp_path, name, source, extra=(), k=4):
+    """2 GPU workers, 2 shards, 10 iterations; rank 0's caffemodel and the workers."""
+    solver = write_solver(tmp_path, name, HDF5_NET, k=k, source=source, display=5)
+    servers = [procs.server(s, 2, name=f"{name}_shard{s}", timeout=30) for s in range(2)]
+    eps = ",".join(p.endpoint for p in servers)
+    n = gpu_count()
+    workers = [procs.train(f"{name}_w{r}", ["--solver", solver, "--ps", eps, "--rank", str(r),
+                                            "--world-size", "2", "--gpu", str(r % n),
+                                            "--ps-timeout", "30", *extra]) for r in range(2)]
+    assert procs.wait_all(workers + servers, 120) == [0] * 4, logs(*workers, *servers)
+    return caffemodel_params(tmp_path / "snap" / f"{name}_iter_10.caffemodel"), workers
+
+
+def nccl_run(procs, tmp_path, name, source, extra=(), k=4, iter_size=1):
+    """2 NCCL ranks on GPUs 0 and 1, 10 iterations; ranks 0's and 1's caffemodels, workers."""
+    solver = write_solver(tmp_path, name, HDF5_NET, k=k, source=source, display=5)
+    if iter_size > 1:
+        with open(solver, "a") as f:
+            f.write(f"iter_size: {iter_size}\n")
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    workers = [procs.train(f"{name}_w{r}", ["--solver", solver, "--comm", "nccl", "--ps", ep,
+                                            "--rank", str(r), "--world-size", "2", "--gpu",
+                                            str(r), "--ps-timeout", "60", *extra])
+               for r in range(2)]
+    assert procs.wait_all(workers, 180) == [0, 0], logs(*workers)
+    snap = tmp_path / "snap"
+    return (caffemodel_params(snap / f"{name}_iter_10.caffemodel"),
+            caffemodel_params(snap / f"{name}_rank1_iter_10.caffemodel"), workers)
+
+
+def assert_equal(got, want):
+    assert sorted(got) == sorted(want)
+    for layer in want:
+        for a, b in zip(got[layer], want[layer]):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_ps_workers_in_gpu_mode(procs, tmp_path):
     source = write_hdf5(tmp_path, rows=32)
     want = reference(tmp_path, source)
@@ -80,14 +123,118 @@ def test_nccl_two_gpus_match_one_gpu_at_twice_the_batch(procs, tmp_path):
     assert "computation/communication" in workers[0].log()
 
 
+def test_ps_gpu_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path):
+    """Device-to-host copies on the copy stream behind the hook's events, pushes between
+    layers: the same parameters as pushing after backward."""
+    source = write_hdf5(tmp_path, rows=32)
+    on, w_on = ps_run(procs, tmp_path, "on", source)
+    off, w_off = ps_run(procs, tmp_path, "off", source, ["--no-overlap"])
+    assert "overlap: blobs sharded in backward order" in w_on[0].log()
+    assert "overlap off" in w_off[0].log()
+    assert_equal(on, off)
+
+
+# --bucket-mb 0.00005 (52 bytes): one parameter per bucket, all-reduced in place; the
+# default (25 MiB): one bucket of the four, packed into the flat buffer.
 @needs_two
-def test_nccl_dead_rank_is_named(procs, tmp_path):
+@pytest.mark.parametrize("buckets", [[], ["--bucket-mb", "0.00005"]])
+def test_nccl_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path, buckets):
+    source = write_hdf5(tmp_path, rows=32)
+    on0, on1, w_on = nccl_run(procs, tmp_path, "on", source, buckets)
+    off0, off1, w_off = nccl_run(procs, tmp_path, "off", source, ["--no-overlap"])
+    want_buckets = "4 bucket(s)" if buckets else "1 bucket(s)"
+    assert want_buckets in w_on[0].log() and "overlap off" in w_off[0].log()
+    assert_equal(on0, off0)
+    assert_equal(on1, on0)              # the replicas never drift apart
+
+
+@needs_two
+def test_nccl_overlap_with_iter_size_matches_one_gpu(procs, tmp_path):
+    """2 ranks at batch 2 with iter_size 2: the buckets go in the second pass only, and
+    training follows one GPU at batch 8."""
+    source = write_hdf5(tmp_path, rows=32)
+    want = reference(tmp_path, source)
+    got0, got1, _ = nccl_run(procs, tmp_path, "it", source, k=2, iter_size=2)
+    assert_close(got0, want)
+    assert_equal(got1, got0)
+
+
+DUMMY_NET = """
+name: "events"
+layer { name: "data" type: "DummyData" top: "data" top: "target"
+  dummy_data_param { shape { dim: 64 dim: 256 } shape { dim: 64 dim: 16 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "gaussian" std: 1 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+  inner_product_param { num_output: 256 weight_filler { type: "xavier" } } }
+layer { name: "relu" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+  inner_product_param { num_output: 256 weight_filler { type: "xavier" } } }
+layer { name: "ip3" type: "InnerProduct" bottom: "ip2" top: "ip3"
+  inner_product_param { num_output: 16 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip3" bottom: "target" top: "loss" }
+"""
+
+
+@pytest.mark.skipif(gpu_count() < 1, reason="needs a GPU")
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_stream_waiting_on_the_hook_event_reads_the_final_diffs(wait):
+    """A 4096^3 GEMM chain queued before every forward holds the compute stream back; a
+    side stream that waits on the event copies the final diffs, one that does not (the
+    control) reads stale ones."""
+    import cupy
+    from minicaffe.proto import caffe_pb2, parse_text
+    from minicaffe.solver import Solver
+    from ps.overlap import GradientOverlap
+    p = caffe_pb2.SolverParameter()
+    p.net_param.CopyFrom(parse_text(DUMMY_NET, caffe_pb2.NetParameter))
+    p.base_lr, p.lr_policy, p.momentum, p.iter_size, p.random_seed = 0.01, "fixed", 0.9, 2, 1
+    solver = Solver(p, mode="GPU", verbose=False)
+    params = solver.net.learnable_params
+    side = cupy.cuda.Stream(non_blocking=True)
+    big = cupy.ones((4096, 4096), dtype=cupy.float32)
+    snaps, mismatches = {}, []
+
+    class Delay:
+        def on_start(self, s):          # after clear_param_diffs, before forward: on compute
+            for _ in range(10):
+                big @ big
+
+    def on_ready(g, event):
+        if wait:
+            side.wait_event(event)
+        with side:
+            snaps[g] = params[g].diff.copy()
+
+    overlap = GradientOverlap(solver.net, [[i] for i in range(len(params))], 2, on_ready,
+                              gpu=True)
+
+    def apply_update(display=False):
+        overlap.flush()
+        cupy.cuda.Device().synchronize()
+        mismatches.append(sum(not bool((snaps[g] == params[g].diff).all())
+                              for g in range(len(params))))
+        snaps.clear()
+        overlap.reset()
+        type(solver).apply_update(solver, display)
+
+    solver.callbacks.append(Delay())
+    solver.apply_update = apply_update
+    solver.step(3)
+    if wait:
+        assert mismatches == [0, 0, 0]
+    else:
+        assert sum(mismatches) > 0, "the control read the final diffs: the delay is too short"
+
+
+@needs_two
+@pytest.mark.parametrize("extra", [[], ["--no-overlap"]])
+def test_nccl_dead_rank_is_named(procs, tmp_path, extra):
     source = write_hdf5(tmp_path, rows=32)
     solver = write_solver(tmp_path, "d", HDF5_NET, k=4, source=source, max_iter=10_000_000)
     ep = f"tcp://127.0.0.1:{free_port()}"
     workers = [procs.train(f"d_w{r}", ["--solver", solver, "--comm", "nccl", "--ps", ep,
                                         "--rank", str(r), "--world-size", "2", "--gpu", str(r),
-                                        "--ps-timeout", "5"]) for r in range(2)]
+                                        "--ps-timeout", "5", *extra]) for r in range(2)]
     deadline = time.monotonic() + 120
     while "communicator of 2 rank(s) ready" not in workers[1].log():
         assert time.monotonic() < deadline and workers[1].popen.poll() is None, logs(*workers)

@@ -7,6 +7,7 @@ computation/communication split of data-parallel training on 1, 2, 4 GPUs.
     python3 scripts/ps_scaling.py --profile resnet101=r101.json --accudnn-batch resnet101=96
     python3 scripts/ps_scaling.py --quick                          # CPU, tiny net, < 1 minute
     python3 scripts/ps_scaling.py --nets resnet152 --append        # add rows to the CSV
+    python3 scripts/ps_scaling.py --overlap on,off                 # with and without overlap
     python3 scripts/ps_scaling.py --dry-run                        # the configurations only
 
 The paper's Table 2 (section 6) trains on 8 servers of one GPU each and
@@ -17,7 +18,9 @@ shards (``python -m ps server``) and W workers (``minicaffe train --ps ...
 --rank r --world-size W --gpu r``), or W NCCL ranks (``--comm nccl``).
 
 Modes (each with the ZeroMQ parameter server, with and without link
-emulation, and with ``--comm nccl``):
+emulation, and with ``--comm nccl``; each with gradient communication that
+overlaps backward, ``--overlap on``, the workers' default, and/or after
+backward, ``--overlap off``: ``minicaffe train --no-overlap``, ps/overlap.py):
 
 * ``caffe_ps``: workers run ``--swap none --budget B`` at ``--caffe-batch``
   (default: the largest k whose ``none`` plan fits 90 % of the budget, the
@@ -81,6 +84,7 @@ from scripts.launch_ps import free_port, wait_endpoint  # noqa: E402
 MODES = ("caffe_ps", "accudnn_ps")
 COMMS = ("ps", "nccl")
 LINKS = ("none", "emulated")
+OVERLAPS = ("on", "off")
 
 # Table 2 of the paper: speedup of 8 workers over one (one M40 per server).
 PAPER_8GPU = {("resnet101", "caffe_ps"): 4.4, ("resnet101", "accudnn_ps"): 7.2,
@@ -89,7 +93,7 @@ PAPER_8GPU = {("resnet101", "caffe_ps"): 4.4, ("resnet101", "accudnn_ps"): 7.2,
 QUICK = dict(nets="cifar10_quick", gpus="1,2", caffe_batch="cifar10_quick=4",
              accudnn_batch="cifar10_quick=4", warmup=3, iters=10, timeout=60.0, ps_timeout=20.0)
 
-CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency_ms",
+CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency_ms", "overlap",
                "world_size", "batch_per_worker", "shards", "status", "images_per_s", "iter_s",
                "speedup", "efficiency", "compute_s", "comm_s", "comp_comm_ratio",
                "compute_s_per_rank", "comm_s_per_rank", "mb_pushed_per_iter",
@@ -115,6 +119,12 @@ def parse_args(argv=None):
     ap.add_argument("--links", default=",".join(LINKS),
                     help="for --comm ps: none (loopback as it is) and/or emulated "
                          "(--link-gbps, --link-latency-ms)")
+    ap.add_argument("--overlap", default="on",
+                    help="on (communication overlaps backward, the workers' default) and/or off "
+                         "(after backward: --no-overlap); default on")
+    ap.add_argument("--bucket-mb", type=float, default=None,
+                    help="--comm nccl with overlap: the workers' largest all-reduce bucket (MiB; "
+                         "default theirs, 25)")
     ap.add_argument("--link-gbps", type=float, default=10.0, help="emulated bandwidth (Gb/s)")
     ap.add_argument("--link-latency-ms", type=float, default=0.1, help="emulated latency (ms)")
     ap.add_argument("--shards", default="W",
@@ -152,8 +162,8 @@ def parse_args(argv=None):
     ap.add_argument("--md", default=os.path.join(ROOT, "docs", "results", "ps_scaling.md"))
     ap.add_argument("--append", action="store_true",
                     help="keep the rows of --csv that this run does not measure again (same net, "
-                         "mode, comm, link and W), so that the matrix can be measured in several "
-                         "runs; each row keeps its device, date and command")
+                         "mode, comm, link, overlap and W), so that the matrix can be measured in "
+                         "several runs; each row keeps its device, date and command")
     ap.add_argument("--work-dir", default=None,
                     help="nets, solvers, logs and stats of every configuration (default: a new "
                          "temporary directory, kept)")
@@ -211,6 +221,7 @@ class Config:
     batch: int
     swap: list           # minicaffe train options of the mode
     note: str = ""
+    overlap: str = "on"  # on | off
 
     @property
     def swap_name(self) -> str:
@@ -218,7 +229,8 @@ class Config:
 
     @property
     def tag(self) -> str:
-        return f"{self.net}_{self.mode}_{self.comm}_{self.link}_W{self.world}"
+        return (f"{self.net}_{self.mode}_{self.comm}_{self.link}_W{self.world}"
+                + ("" if self.overlap == "on" else "_nooverlap"))
 
 
 def auto_caffe_batch(net: str, budget: int, fraction: float = 0.9, engine=None) -> int:
@@ -253,6 +265,7 @@ def plan_configs(args) -> tuple:
     modes = _names(args.modes, MODES, "--modes")
     comms = _names(args.comms, COMMS, "--comms")
     links = _names(args.links, LINKS, "--links")
+    overlaps = _names(args.overlap, OVERLAPS, "--overlap")
     try:
         worlds = sorted({int(w) for w in args.gpus.split(",") if w.strip()})
     except ValueError:
@@ -311,8 +324,9 @@ def plan_configs(args) -> tuple:
                              f"run --swap naive (every feature map offloaded) at minibatch {k}, "
                              "NOT AccUDNN's dynamic plan: those rows measure naive swapping.")
             for comm, link in variants:
-                for w in worlds:
-                    configs.append(Config(net, mode, comm, link, w, k, swap, note))
+                for overlap in overlaps:
+                    for w in worlds:
+                        configs.append(Config(net, mode, comm, link, w, k, swap, note, overlap))
     return configs, notes
 
 
@@ -463,6 +477,10 @@ def worker_cmd(cfg: Config, args, rank, solver, ps_arg, run_dir) -> list:
            *(["--cpu"] if args.cpu else ["--gpu", str(rank)]), "--ps-timeout",
            str(args.ps_timeout), "--ps-stats", os.path.join(run_dir, f"rank{rank}.jsonl"),
            *link_args(cfg, args), *cfg.swap]
+    if cfg.overlap == "off":
+        cmd.append("--no-overlap")
+    elif cfg.comm == "nccl" and args.bucket_mb:
+        cmd += ["--bucket-mb", str(args.bucket_mb)]
     if args.engine:
         cmd += ["--engine", args.engine]
     return cmd
@@ -536,7 +554,7 @@ def run_config(cfg: Config, args, work) -> dict:
 def base_row(cfg: Config, args, shards) -> dict:
     row = {c: "" for c in CSV_COLUMNS}
     row.update(net=cfg.net, mode=cfg.mode, swap=cfg.swap_name, comm=cfg.comm, link=cfg.link,
-               world_size=cfg.world, batch_per_worker=cfg.batch, note=cfg.note,
+               overlap=cfg.overlap, world_size=cfg.world, batch_per_worker=cfg.batch, note=cfg.note,
                shards=shards if cfg.comm == "ps" else 0)
     if cfg.link == "emulated":
         row.update(link_gbps=args.link_gbps, link_latency_ms=args.link_latency_ms)
@@ -595,13 +613,13 @@ def summarise(records_by_rank, warmup: int, iters: int, batch: int) -> dict:
 
 
 def add_scaling(rows):
-    """speedup = images/s over the same (net, mode, comm, link) at W = 1;
+    """speedup = images/s over the same (net, mode, comm, link, overlap) at W = 1;
     efficiency = speedup / W.  Left empty where that baseline failed or was not run."""
-    base = {(r["net"], r["mode"], r["comm"], r["link"]): r["images_per_s"] for r in rows
-            if r["status"] == "ok" and int(r["world_size"]) == 1}
+    base = {(r["net"], r["mode"], r["comm"], r["link"], r["overlap"]): r["images_per_s"]
+            for r in rows if r["status"] == "ok" and int(r["world_size"]) == 1}
     for r in rows:
         r["speedup"] = r["efficiency"] = ""
-        b = base.get((r["net"], r["mode"], r["comm"], r["link"]))
+        b = base.get((r["net"], r["mode"], r["comm"], r["link"], r["overlap"]))
         if r["status"] == "ok" and b:
             r["speedup"] = r["images_per_s"] / b
             r["efficiency"] = r["speedup"] / int(r["world_size"])
@@ -625,12 +643,14 @@ def write_csv(path, rows):
 
 
 def read_csv_rows(path) -> list:
-    """Rows written by :func:`write_csv`, numbers as numbers (empty cells stay "")."""
+    """Rows written by :func:`write_csv`, numbers as numbers (empty cells stay "").
+    Rows written before the overlap column were measured without overlap: "off"."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     for r in rows:
         for c in CSV_COLUMNS:
             r.setdefault(c, "")
+        r["overlap"] = r["overlap"] or "off"
         for c in FLOAT_COLUMNS:
             if r[c] != "":
                 r[c] = float(r[c])
@@ -641,19 +661,19 @@ def read_csv_rows(path) -> list:
 
 
 def row_key(r) -> tuple:
-    return r["net"], r["mode"], r["comm"], r["link"], int(r["world_size"])
+    return r["net"], r["mode"], r["comm"], r["link"], r["overlap"], int(r["world_size"])
 
 
 def merge_rows(old, new) -> list:
     """``old`` rows not measured again in ``new``, then ``new``; ordered by net (as first
-    seen), mode, comm, link and W."""
+    seen), mode, comm, link, overlap and W."""
     keys = {row_key(r) for r in new}
     rows = [r for r in old if row_key(r) not in keys] + list(new)
     nets = list(dict.fromkeys(r["net"] for r in rows))
-    order = {m: i for i, m in enumerate(MODES + COMMS + LINKS)}
+    order = {m: i for i, m in enumerate(MODES + COMMS + LINKS + OVERLAPS)}
     return sorted(rows, key=lambda r: (nets.index(r["net"]), order.get(r["mode"], 99),
                                        order.get(r["comm"], 99), order.get(r["link"], 99),
-                                       int(r["world_size"])))
+                                       order.get(r["overlap"], 99), int(r["world_size"])))
 
 
 def _link_words(r) -> str:
@@ -665,8 +685,8 @@ def _link_words(r) -> str:
 
 
 def table_lines(rows) -> list:
-    head = ["net", "mode", "swap", "comm", "link", "W", "k", "images/s", "speedup", "efficiency",
-            "compute ms", "comm ms", "comp/comm", "MB pushed", "status"]
+    head = ["net", "mode", "swap", "comm", "link", "overlap", "W", "k", "images/s", "speedup",
+            "efficiency", "compute ms", "comm ms", "comp/comm", "MB pushed", "status"]
     out = [head]
     for r in rows:
         ok = r["status"] == "ok"
@@ -676,7 +696,7 @@ def table_lines(rows) -> list:
             if not ok or v == "":
                 return "-"
             return "inf" if v == float("inf") else fmt.format(v * scale)
-        out.append([r["net"], r["mode"], r["swap"], r["comm"], _link_words(r),
+        out.append([r["net"], r["mode"], r["swap"], r["comm"], _link_words(r), r["overlap"],
                     str(r["world_size"]), str(r["batch_per_worker"]),
                     num("images_per_s", fmt="{:.1f}"), num("speedup", fmt="{:.2f}x"),
                     num("efficiency", fmt="{:.0%}"), num("compute_s", 1e3, "{:.1f}"),
@@ -724,8 +744,8 @@ def write_md(path, rows, args, notes):
         lines = [f"Parameter-server scaling (issue 6), {device}, {date}", "", f"`{command}`", ""]
     else:
         lines = ["Parameter-server scaling (issue 6), rows of several runs (--append); "
-                 "speedups compare rows of one net, mode, comm and link, which may come from "
-                 "different runs:", ""]
+                 "speedups compare rows of one net, mode, comm, link and overlap, which may come "
+                 "from different runs:", ""]
         lines += [f"- {date}, {device}: `{command}`" for device, date, command in runs] + [""]
     lines += [f"Settings of the last run. Per worker: "
               f"{'CPU' if args.cpu else 'one GPU (rank r on GPU r)'}, budget "
@@ -739,9 +759,10 @@ def write_md(path, rows, args, notes):
     for b in body[1:]:
         lines.append("| " + " | ".join(b) + " |")
     lines += ["", "images/s: W x k over the median iteration period (per BSP round, the slowest "
-              "rank's compute + sync). speedup: over the same net, mode, comm and link at W = 1; "
-              "efficiency = speedup / W. compute: forward + backward; comm: the synchronisation "
-              "(copies, push/pull or NCCL barrier and all-reduce, waiting for the slowest peer); "
+              "rank's compute + sync). speedup: over the same net, mode, comm, link and overlap "
+              "at W = 1; efficiency = speedup / W. compute: forward + backward; comm: the "
+              "synchronisation (copies, push/pull or NCCL barrier and all-reduce, waiting for the "
+              "slowest peer; with overlap on, only what backward did not hide); "
               "both medians over every rank and timed iteration (ps/worker.py, --ps-stats). "
               "Link emulation delays each worker-shard link on its own; it does not model a "
               "network card shared by several links (docs/PS.md)."]
@@ -757,7 +778,8 @@ def write_md(path, rows, args, notes):
     if failed:
         lines += ["", f"{len(failed)} of {len(rows)} configuration(s) failed:", ""]
         for r in failed:
-            lines += [f"{r['net']} {r['mode']} {r['comm']} {r['link']} W={r['world_size']}:",
+            lines += [f"{r['net']} {r['mode']} {r['comm']} {r['link']} overlap {r['overlap']} "
+                      f"W={r['world_size']}:",
                       "```", r["error"], "```"]
     lines.append(f"\n{len(ok)} of {len(rows)} configuration(s) measured.")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -822,8 +844,8 @@ def main(argv=None) -> int:
     if failed:
         print(f"{len(failed)} configuration(s) failed:", file=sys.stderr)
         for r in failed:
-            print(f"--- {r['net']} {r['mode']} {r['comm']} {r['link']} W={r['world_size']}: "
-                  f"{r['error']}", file=sys.stderr)
+            print(f"--- {r['net']} {r['mode']} {r['comm']} {r['link']} overlap {r['overlap']} "
+                  f"W={r['world_size']}: {r['error']}", file=sys.stderr)
         return 1
     return 0
 

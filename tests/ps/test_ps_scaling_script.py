@@ -79,8 +79,9 @@ def test_quick_run_measures_every_configuration(tmp_path):
 
 def synthetic_row(mode, link, w, ips, **kw):
     row = {c: "" for c in ps_scaling.CSV_COLUMNS}
-    row.update(net="cifar10_quick", mode=mode, swap="none", comm="ps", link=link, world_size=w,
-               batch_per_worker=4, shards=w, status="ok", images_per_s=ips, iter_s=w * 4 / ips,
+    row.update(net="cifar10_quick", mode=mode, swap="none", comm="ps", link=link, overlap="on",
+               world_size=w, batch_per_worker=4, shards=w, status="ok", images_per_s=ips,
+               iter_s=w * 4 / ips,
                compute_s=0.01, comm_s=0.002, comp_comm_ratio=5.0, device="an earlier device",
                date="2026-01-01 00:00", command="an earlier command", **kw)
     return row
@@ -125,6 +126,44 @@ def test_dry_run_lists_the_gpu_matrix():
     assert "NOT AccUDNN's dynamic plan" in r.stdout
 
 
+def test_dry_run_with_and_without_overlap():
+    r = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--caffe-batch", "resnet101=18",
+                        "--nets", "resnet101", "--overlap", "on,off",
+                        "--bucket-mb", "50"], cwd=ROOT, env=env(), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    tags = [ln.split(":")[0] for ln in lines if ln.startswith("resnet")]
+    # 2 modes x (ps loopback, ps emulated, nccl) x (overlap on, off) x W = 1, 2, 4
+    assert len(tags) == 36 and len(set(tags)) == 36
+    assert sum(t.endswith("_nooverlap") for t in tags) == 18
+    cmds = {t: lines[lines.index(next(ln for ln in lines if ln.startswith(t + ":"))) + 1]
+            for t in tags}
+    assert "--no-overlap" in cmds["resnet101_caffe_ps_nccl_none_W2_nooverlap"]
+    assert "--no-overlap" not in cmds["resnet101_caffe_ps_nccl_none_W2"]
+    assert "--bucket-mb 50.0" in cmds["resnet101_caffe_ps_nccl_none_W2"]
+    assert "--bucket-mb" not in cmds["resnet101_caffe_ps_ps_none_W2"]
+    bad = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--quick", "--overlap", "maybe"],
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "known: on, off" in bad.stderr
+
+
+def test_rows_from_before_the_overlap_column_read_as_overlap_off(tmp_path):
+    old_columns = [c for c in ps_scaling.CSV_COLUMNS if c != "overlap"]
+    path = tmp_path / "old.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=old_columns)
+        w.writeheader()
+        w.writerow({c: "" for c in old_columns} | {"net": "n", "mode": "caffe_ps", "comm": "ps",
+                                                   "link": "none", "world_size": "2",
+                                                   "status": "ok", "images_per_s": "10"})
+    old = ps_scaling.read_csv_rows(path)
+    assert old[0]["overlap"] == "off"
+    new = dict(old[0], overlap="on", images_per_s=12.0)
+    merged = ps_scaling.merge_rows(old, [new])
+    assert [r["overlap"] for r in merged] == ["on", "off"]      # both kept, on first
+
+
 def rec(it, compute, delta, pushed=100, pulled=100):
     return {"iteration": it, "compute_s": compute, "delta_s": delta, "bytes_pushed": pushed,
             "bytes_pulled": pulled}
@@ -148,8 +187,9 @@ def test_summarise_uses_the_slowest_rank_and_medians():
 
 def test_add_scaling_needs_the_one_worker_baseline():
     def row(mode, w, ips, status="ok"):
-        return {"net": "n", "mode": mode, "comm": "ps", "link": "none", "world_size": w,
-                "images_per_s": ips, "status": status, "speedup": "", "efficiency": ""}
+        return {"net": "n", "mode": mode, "comm": "ps", "link": "none", "overlap": "on",
+                "world_size": w, "images_per_s": ips, "status": status, "speedup": "",
+                "efficiency": ""}
     rows = ps_scaling.add_scaling([row("a", 1, 100.0), row("a", 2, 150.0), row("a", 4, 280.0),
                                    row("b", 1, 0.0, "failed"), row("b", 2, 90.0)])
     assert [r["speedup"] for r in rows[:3]] == pytest.approx([1.0, 1.5, 2.8])

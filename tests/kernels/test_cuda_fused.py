@@ -715,6 +715,36 @@ def test_fused_layers_allocate_nothing_in_the_steady_state(cp):
 
 
 @pytest.mark.gpu
+def test_fused_dropout_allocates_nothing(cp):
+    """TRAIN Dropout's fused forward and backward take no memory from CuPy's pool: the
+    counter is read and advanced on the device, no array is made on the host's side."""
+    from cupy.cuda import memory_hook
+
+    class Count(memory_hook.MemoryHook):
+        name = "count"
+
+        def __init__(self):
+            self.n = 0
+
+        def malloc_preprocess(self, **kw):
+            self.n += 1
+
+    layer = make_layer('name: "d" type: "Dropout"', xp=cp, dtype=F32, phase=caffe_pb2.TRAIN)
+    x = Blob((4, 8, 6, 6), xp=cp, dtype=F32)
+    layer.setup([x], [x])
+    assert layer._fused
+    x.data[...] = 1.0
+    layer.forward([x], [x])
+    hook = Count()
+    with hook:
+        for _ in range(3):
+            layer.forward([x], [x])
+            layer.backward([x], [True], [x])
+    assert hook.n == 0
+    assert layer.state_dict()["counter"] == 4
+
+
+@pytest.mark.gpu
 def test_fused_kernels_run_on_the_current_stream(cp):
     """A kernel queued behind a long one on a side stream sees that stream's order."""
     s = cp.cuda.Stream(non_blocking=True)

@@ -441,7 +441,8 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
                 else:
                     caffe = Size(0, False)
             chunk = getattr(layer, "chunk", None)
-            if cap is not None and not it.saved and chunk and nb % chunk == 0:
+            if (cap is not None and iname in ("col", "top_diff_t") and chunk
+                    and nb % chunk == 0):
                 # a convolution's scratch holds a chunk of min(k, cap) images
                 size = Size(nb // chunk, True, cap)
             else:

@@ -141,6 +141,21 @@ def release_shared_scratch():
     _shared_scratch.clear()
 
 
+# The shortest slice of columns a split weight gradient sums per partial product.
+_WGRAD_SEGMENT = 4096
+_MAX_SEGMENTS = 64
+# Rows of ones (1, S) per (device, dtype, S): the split weight gradient's reduction.
+_ones_rows: dict = {}
+
+
+def _ones_row(xp, dtype, s: int):
+    key = (-1 if xp is np else xp.cuda.runtime.getDevice(), np.dtype(dtype).str, s)
+    row = _ones_rows.get(key)
+    if row is None:
+        row = _ones_rows[key] = xp.ones((1, s), dtype=dtype)
+    return row
+
+
 def balanced_chunk(num: int, bound: int) -> int:
     """The chunk of at most ``bound`` images that splits ``num`` into the fewest, most
     even chunks (64 images with a bound of 9: 8 chunks of 8, not 7 of 9 and one of 1)."""
@@ -167,6 +182,9 @@ class ConvolutionLayer(Layer):
     # the net holds the largest layer's chunk once).  0, or a col_buffer_bytes of 0
     # (Caffe's one-image lowering), turns it off.  $MINICAFFE_SHARED_COL sets it.
     shared_col_bytes = _shared_col_default()
+    # Weights of at most this many elements get a split weight gradient on the GPU
+    # (see _wgrad_segments); 0 turns it off.  $MINICAFFE_WGRAD_SPLIT_MAX sets it.
+    wgrad_split_max = int(os.environ.get("MINICAFFE_WGRAD_SPLIT_MAX", "65536"))
     engine = engines.CAFFE
 
     def layer_setup(self, bottom, top):
@@ -268,11 +286,18 @@ class ConvolutionLayer(Layer):
             # grows with the batch only until the chunk reaches its bound
             self.internals["col"].batch_scaled = self.chunk == self.num
             if self.chunk > 1 or "top_diff_t" in self.internals:
-                # (M, chunk*OH*OW): a chunk's top diff, transposed for the weight
-                # gradient GEMM; scratch within backward, unused for one-image chunks
+                # (M, chunk*OH*OW): a chunk's top, and its top diff, transposed (the
+                # forward GEMM's output, the weight gradient's operand); unused for
+                # one-image chunks
                 shape = (self.num_output, self.chunk * self.out_spatial) if self.chunk > 1 else (0,)
                 self.add_internal("top_diff_t", shape, saved=False)
                 self.internals["top_diff_t"].batch_scaled = self.chunk == self.num
+            if self._splits_wgrad() or "wgrad_parts" in self.internals:
+                # (S <= 64, M, C*kh*kw/G): the split weight gradient's partial sums, within
+                # backward; the same size for every batch
+                size = _MAX_SEGMENTS * self.num_output * self.kdim // self.group
+                self.add_internal("wgrad_parts", (size if self._splits_wgrad() else 0,),
+                                  saved=False, batch_scaled=False)
         else:
             self.chunk = max(1, self.num)
             self._shared_chunk = self.chunk
@@ -288,6 +313,24 @@ class ConvolutionLayer(Layer):
         it = self.internals.get("col")
         return (it is not None and self._shared_chunk > self.chunk
                 and not it.blob.data_storage.external)
+
+    def _splits_wgrad(self) -> bool:
+        return (cublas.enabled_for(self.xp) and not self.is_1x1
+                and self.num_output * self.kdim // self.group <= self.wgrad_split_max)
+
+    def _wgrad_segments(self, columns: int) -> int:
+        """How many slices of its ``columns`` (b*OH*OW) the weight gradient of one chunk is
+        split into on the GPU (1: not split).  A weight of at most ``wgrad_split_max``
+        elements (VGG's conv1_1: 64 x 27, AlexNet's conv1: 96 x 363) gives cuBLAS too few
+        output tiles for a sum over hundreds of thousands of columns; S partial products
+        over slices of at least ``_WGRAD_SEGMENT`` columns in one strided-batched launch,
+        then one GEMM with a row of ones that adds them into the diff, fill the device."""
+        if not self._splits_wgrad():
+            return 1
+        for s in (_MAX_SEGMENTS, 48, 32, 24, 16, 12, 8, 6, 4):
+            if columns % s == 0 and columns // s >= _WGRAD_SEGMENT:
+                return s
+        return 1
 
     def _run_chunk(self) -> int:
         return self._shared_chunk if self._shared() else self.chunk
@@ -436,7 +479,10 @@ class ConvolutionLayer(Layer):
         if need_w:
             col = self._lower(x, b, batch_major=False).reshape(g, kg, b * L)
             wdiff = self._grouped_weight(self.blobs[0].diff)
-            if fast:
+            segments = self._wgrad_segments(b * L) if fast else 1
+            if segments > 1:
+                self._split_wgrad(dyt, col, wdiff, segments)
+            elif fast:
                 # dW[g] += dtop[g] @ col[g]^T, every group in one launch (accumulates: beta = 1)
                 cublas.gemm_strided_batched(dyt, col, wdiff, trans_b=True, beta=1.0)
             else:
@@ -451,6 +497,22 @@ class ConvolutionLayer(Layer):
             else:
                 xp.matmul(weight.transpose(0, 2, 1), dyt, out=dcol)  # (G, K/G, M/G) @ (G, M/G, b*L)
             self._fold(dcol.reshape(self.kdim, b, L), dx)
+
+    def _split_wgrad(self, dyt, col, wdiff, s):
+        """dW[g] += dtop[g] @ col[g]^T as ``s`` partial products over slices of the
+        columns (one strided-batched launch per group: slice i of dtop (M/G, n/s) times
+        slice i of col transposed), summed into the diff by a GEMM with a row of ones
+        (beta = 1).  The same sum as one GEMM, in another order."""
+        g, mg, n = dyt.shape
+        kg = col.shape[1]
+        seg = n // s
+        parts = self._scratch("wgrad_parts", (s, mg, kg))
+        ones = _ones_row(self.xp, self.dtype, s)
+        for gi in range(g):
+            a = dyt[gi].reshape(mg, s, seg).transpose(1, 0, 2)      # (s, M/G, seg) views
+            c = col[gi].reshape(kg, s, seg).transpose(1, 0, 2)      # (s, K/G, seg)
+            cublas.gemm_strided_batched(a, c, parts, trans_b=True)
+            cublas.gemm(ones, parts.reshape(s, mg * kg), wdiff[gi].reshape(1, mg * kg), beta=1.0)
 
     def _backward_1x1(self, dy, x, dx, need_w):
         """A 1x1 chunk: the bottom is its own column matrix (b, C, L)."""

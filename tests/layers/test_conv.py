@@ -533,3 +533,59 @@ def test_gpu_shared_column_buffer_matches_cpu(cp, case, rng, monkeypatch):
             (pg.diff, pc.diff) for pg, pc in zip(gpu.blobs, cpu.blobs)]:
         g = to_numpy(g)
         assert np.abs(g - c).max() <= 1e-5 * max(np.abs(c).max(), 1e-30)
+
+
+@pytest.mark.parametrize("body", ["num_output: 4 kernel_size: 3 pad: 1",
+                                  "num_output: 4 kernel_size: 3 pad: 1 group: 2"])
+def test_split_weight_gradient_sums_like_one_gemm(body, monkeypatch):
+    """A small weight's gradient over many columns (here 2 x 96 x 96) is summed as S
+    partial products and a GEMM with a row of ones (the GPU's cuBLAS calls, run on the
+    host): the NumPy path's numbers, accumulated over two backward passes."""
+    from minicaffe.testing.cublas_host import on_host
+    shape = (2, 4, 96, 96)
+    ref = _conv_run(body, shape)
+    with on_host(monkeypatch) as calls:
+        layer = make_layer(conv_text(body))
+        run(layer, np.zeros(shape))
+        assert layer._wgrad_segments(2 * 96 * 96) == 4
+        assert layer.internal("wgrad_parts").shape == (64 * 4 * 36 // layer.group,)
+        got = _conv_run(body, shape)
+    assert "gemm" in calls  # the reduction with the row of ones
+    for g, c in zip(got, ref):
+        np.testing.assert_allclose(g, c, rtol=1e-11, atol=1e-11)
+
+
+def test_split_weight_gradient_off_for_large_weights(monkeypatch):
+    from minicaffe.testing.cublas_host import on_host
+    with on_host(monkeypatch):
+        monkeypatch.setattr(ConvolutionLayer, "wgrad_split_max", 100)
+        layer = make_layer(conv_text("num_output: 4 kernel_size: 3 pad: 1"))
+        run(layer, np.zeros((2, 4, 96, 96)))
+        assert layer._wgrad_segments(2 * 96 * 96) == 1 and "wgrad_parts" not in layer.internals
+
+
+@pytest.mark.gpu
+def test_gpu_split_weight_gradient_matches_cpu(cp, rng, monkeypatch):
+    body = "num_output: 8 kernel_size: 3 pad: 1"
+    x = rng.standard_normal((4, 3, 64, 64)).astype(np.float32)
+    monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", 0)
+    cpu = make_layer(conv_text(body))
+    (cb,), (ct,) = run(cpu, x)
+    monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", 64 << 20)
+    gpu = make_layer(conv_text(body), xp=cp, dtype=np.float32)
+    gb = make_blob(x, xp=cp, dtype=np.float32)
+    gt = Blob(xp=cp, dtype=np.float32)
+    gpu.setup([gb], [gt])
+    assert gpu._wgrad_segments(4 * 64 * 64) == 4
+    for pc, pg in zip(cpu.blobs, gpu.blobs):
+        pg.data[...] = cp.asarray(pc.data, dtype=np.float32)
+    gpu.forward([gb], [gt])
+    dy = rng.standard_normal(ct.shape)
+    ct.diff[...] = dy
+    gt.diff[...] = cp.asarray(dy, dtype=np.float32)
+    for p in cpu.blobs + gpu.blobs:
+        p.diff[...] = 0
+    cpu.backward([ct], [True], [cb])
+    gpu.backward([gt], [True], [gb])
+    g, c = to_numpy(gpu.blobs[0].diff), cpu.blobs[0].diff
+    assert np.abs(g - c).max() <= 1e-5 * np.abs(c).max()

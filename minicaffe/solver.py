@@ -15,7 +15,7 @@ With ``cuda_graph`` (``minicaffe train --cuda-graph``, ``MINICAFFE_CUDA_GRAPH=1`
 each iteration's clear-diffs, forward, backward and SGD update are replayed as
 one CUDA graph (:class:`minicaffe.graph.IterationGraph`); test, display and
 snapshots stay here.  Where the iteration cannot be captured (CPU mode, a
-solver other than plain SGD, Dropout...) the reasons are logged once and the
+solver other than plain SGD, an Accuracy layer...) the reasons are logged once and the
 iteration runs eagerly.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ the median of ``--iters`` is reported, and every configuration is timed
 
 ``--graph`` adds, per engine, minicaffe with each iteration replayed as one CUDA
 graph (``Solver(cuda_graph=True)``, rows "CUDNN+graph", "CAFFE+graph"); where the
-iteration cannot be captured (Dropout in AlexNet, VGG-16, GoogLeNet...) the row
+iteration cannot be captured (a solver other than SGD, an Accuracy layer...) the row
 runs eagerly and the reason is printed under the table.
 
 PyTorch runs torchvision's architectures in float32 with TF32 off and

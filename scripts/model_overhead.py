@@ -121,10 +121,13 @@ def coupled(device, host) -> float:
     return end
 
 
-def replan(name: str, result: dict, profile, host=None, ks=()) -> dict:
+def replan(name: str, result: dict, profile, host=None, ks=(),
+           granularity: str = "type") -> dict:
     """Algorithm 2 again on the CPU, from the profile: without O(k), with it, and with O(k)
     and the host model ``host`` (where given); and, at each k of ``ks``, the stall-free
-    device sum, the host sum and :func:`coupled` (module doc)."""
+    device sum, the host sum and :func:`coupled` (module doc).  granularity: of the throughput
+    curves; "type" (the runs' model, what this report shows) or "step" (the tuner's default
+    since, compared in ``scripts/model_refit.py``)."""
     import dataclasses
 
     from scripts.swap_budgets import _solver
@@ -151,8 +154,9 @@ def replan(name: str, result: dict, profile, host=None, ks=()) -> dict:
         k_max = min(k_max, int(profile.meta["k_max"]))   # the run's own k_max, host bound in
     pcie = PCIeModel.from_profile(profile)
     method = result.get("search", "bisect")
-    with_o = ComputeModel.from_profile(profile, host=False)
-    models = [("old", ComputeModel.from_profile(profile, overhead=False, host=False)),
+    with_o = ComputeModel.from_profile(profile, granularity=granularity, host=False)
+    models = [("old", ComputeModel.from_profile(profile, granularity=granularity,
+                                                overhead=False, host=False)),
               ("new", with_o)]
     if host is not None:
         models.append(("host", dataclasses.replace(with_o, host=host)))

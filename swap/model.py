@@ -43,8 +43,8 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   default): against the measured iterations per step is closer at AlexNet's and GoogLeNet's
   k* (by 1.7 points) and mixed at small k (up to 5 points better or worse), and Algorithm 2
   picks another k* on 4 of the 7 profiles (-3 to +4 %) with no measurement to say which is
-  right.  The large misses of AlexNet and ResNet-34 at k* lie in
-  those runs' measurements, not in the curves (docs/results/model_refit.md).
+  right.  The large misses of AlexNet and ResNet-34 at k* lie in those runs' measurements,
+  not in the curves (docs/results/model_refit.md).
 
   eq. (2): ``t_iter(k) = sum_j t_j(k)`` (stall-free); eq. (3):
   ``t_whole(k) = E * m / k * (max(t_iter(k), H(k)) + O(k) + Delta)`` with Delta the time

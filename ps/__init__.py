@@ -8,6 +8,8 @@ Layers by responsibility, as in ps-lite:
 * :mod:`ps.update`    a shard's SGD update, by minicaffe's own Solver code
 * :mod:`ps.server`    one shard: join, BSP rounds, snapshots, failure reports
 * :mod:`ps.worker`    a Solver whose update step pushes gradients and pulls parameters
+* :mod:`ps.overlap`   when a group of gradients is final in backward, so that
+                      communication overlaps the rest of the backward pass
 * :mod:`ps.nccl`      the NCCL all-reduce alternative for the GPUs of one host
 * :mod:`ps.cli`       ``minicaffe ps server|keys`` and the data-parallel ``train`` options
 

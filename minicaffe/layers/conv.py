@@ -185,6 +185,9 @@ class ConvolutionLayer(Layer):
     # Weights of at most this many elements get a split weight gradient on the GPU
     # (see _wgrad_segments); 0 turns it off.  $MINICAFFE_WGRAD_SPLIT_MAX sets it.
     wgrad_split_max = int(os.environ.get("MINICAFFE_WGRAD_SPLIT_MAX", "65536"))
+    # Groups up to this many take one plain GEMM each (see _per_group); 0: always one
+    # strided-batched launch.  $MINICAFFE_GROUP_LOOP_MAX sets it.
+    group_loop_max = int(os.environ.get("MINICAFFE_GROUP_LOOP_MAX", "4"))
     engine = engines.CAFFE
 
     def layer_setup(self, bottom, top):
@@ -383,6 +386,18 @@ class ConvolutionLayer(Layer):
             for bi in range(b):
                 cublas.gemm_strided_batched(weight, x[bi], out[bi], trans_a=trans_a)
 
+    def _per_group(self, a, b, out, trans_a=False, trans_b=False, beta=0.0):
+        """out[g] = op(a[g]) @ op(b[g]) (+ beta out[g]) for every group through cuBLAS: a
+        plain GEMM per group for up to ``group_loop_max`` groups (cuBLAS's heuristics
+        for a plain GEMM split long sums, its strided-batched ones did not: AlexNet's
+        two-group conv2), one strided-batched launch for more."""
+        g = out.shape[0]
+        if g <= self.group_loop_max:
+            for gi in range(g):
+                cublas.gemm(a[gi], b[gi], out[gi], trans_a=trans_a, trans_b=trans_b, beta=beta)
+        else:
+            cublas.gemm_strided_batched(a, b, out, trans_a=trans_a, trans_b=trans_b, beta=beta)
+
     def _grouped_weight(self, arr):
         g = self.group
         return arr.reshape(g, self.num_output // g, self.kdim // g)
@@ -432,7 +447,7 @@ class ConvolutionLayer(Layer):
         col = self._lower(x, b, batch_major=False).reshape(g, kg, b * L)
         out = self._scratch("top_diff_t", (g, mg, b * L))
         if fast:  # out[g] = W[g] @ col[g], every group in one launch
-            cublas.gemm_strided_batched(weight, col, out)
+            self._per_group(weight, col, out)
         else:
             xp.matmul(weight, col, out=out)
         src = out.reshape(self.num_output, b, L).transpose(1, 0, 2)
@@ -484,7 +499,7 @@ class ConvolutionLayer(Layer):
                 self._split_wgrad(dyt, col, wdiff, segments)
             elif fast:
                 # dW[g] += dtop[g] @ col[g]^T, every group in one launch (accumulates: beta = 1)
-                cublas.gemm_strided_batched(dyt, col, wdiff, trans_b=True, beta=1.0)
+                self._per_group(dyt, col, wdiff, trans_b=True, beta=1.0)
             else:
                 for gi in range(g):
                     # (M/G, b*L) @ (b*L, K/G): sums over the chunk's images and pixels
@@ -493,7 +508,7 @@ class ConvolutionLayer(Layer):
             dcol = self._scratch("col", (g, kg, b * L))
             weight = self._grouped_weight(self.blobs[0].data)  # (G, M/G, K/G)
             if fast:  # dcol[g] = W[g]^T @ dtop[g], every group in one launch
-                cublas.gemm_strided_batched(weight, dyt, dcol, trans_a=True)
+                self._per_group(weight, dyt, dcol, trans_a=True)
             else:
                 xp.matmul(weight.transpose(0, 2, 1), dyt, out=dcol)  # (G, K/G, M/G) @ (G, M/G, b*L)
             self._fold(dcol.reshape(self.kdim, b, L), dx)
@@ -533,7 +548,7 @@ class ConvolutionLayer(Layer):
                 else:
                     dyt = xp.ascontiguousarray(dyg.transpose(1, 2, 0, 3)).reshape(g, mg, b * L)
                     xt = xp.ascontiguousarray(xg.transpose(1, 2, 0, 3)).reshape(g, kg, b * L)
-                cublas.gemm_strided_batched(dyt, xt, wdiff, trans_b=True, beta=1.0)
+                self._per_group(dyt, xt, wdiff, trans_b=True, beta=1.0)
             else:
                 for gi in range(g):
                     wdiff[gi] += xp.tensordot(dyg[:, gi], xg[:, gi], axes=([0, 2], [0, 2]))

@@ -391,18 +391,23 @@ def _conv_run(body, shape, calls=2, two_bottoms=False):
 @pytest.mark.parametrize("case", sorted(CUBLAS_CASES))
 @pytest.mark.parametrize("limit", [64 << 20, 0])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_cublas_branch_computes_the_numpy_branch(case, limit, batch, monkeypatch):
+@pytest.mark.parametrize("loop", [0, 4])
+def test_cublas_branch_computes_the_numpy_branch(case, limit, batch, loop, monkeypatch):
     """The GPU's cuBLAS calls (planned by minicaffe.cublas, run on the host by
     minicaffe.testing.cublas_host) give the NumPy path's numbers: whole-batch and
-    one-image chunks, groups, 1x1, param diffs accumulating over two passes."""
+    one-image chunks, groups (a GEMM per group, or one batched launch), 1x1, param
+    diffs accumulating over two passes."""
     from minicaffe.testing.cublas_host import on_host
     monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", limit)
+    monkeypatch.setattr(ConvolutionLayer, "group_loop_max", loop)
     body, _, shape = CUBLAS_CASES[case]
     shape = (batch,) + shape[1:]
     ref = _conv_run(body, shape)
     with on_host(monkeypatch) as calls:
         got = _conv_run(body, shape)
-    assert calls and set(calls) == {"gemm_strided_batched"}
+    assert calls and set(calls) <= {"gemm", "gemm_strided_batched"}
+    if loop == 0:
+        assert set(calls) == {"gemm_strided_batched"}
     for g, c in zip(got, ref):
         np.testing.assert_allclose(g, c, rtol=1e-12, atol=1e-12)
 

@@ -547,6 +547,7 @@ def test_split_weight_gradient_sums_like_one_gemm(body, monkeypatch):
     partial products and a GEMM with a row of ones (the GPU's cuBLAS calls, run on the
     host): the NumPy path's numbers, accumulated over two backward passes."""
     from minicaffe.testing.cublas_host import on_host
+    monkeypatch.setattr(ConvolutionLayer, "wgrad_split_max", 1 << 16)  # off by default
     shape = (2, 4, 96, 96)
     ref = _conv_run(body, shape)
     with on_host(monkeypatch) as calls:
@@ -572,6 +573,7 @@ def test_split_weight_gradient_off_for_large_weights(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_split_weight_gradient_matches_cpu(cp, rng, monkeypatch):
     body = "num_output: 8 kernel_size: 3 pad: 1"
+    monkeypatch.setattr(ConvolutionLayer, "wgrad_split_max", 1 << 16)  # off by default
     x = rng.standard_normal((4, 3, 64, 64)).astype(np.float32)
     monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", 0)
     cpu = make_layer(conv_text(body))

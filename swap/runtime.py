@@ -1609,6 +1609,10 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
         set_lowering(n, lowering)
         n.set_bn_scale_fusion(False)      # a plan runs the layers unpaired (swap/gmap.py)
     net.reshape()                         # every layer's internals exist at their sizes
+    # the column buffers GPU convolutions shared before a plan bound their scratch: the
+    # plan places its own, so these would be device memory outside the budget
+    from minicaffe.layers.conv import release_shared_scratch
+    release_shared_scratch()
     if scratch is None:
         scratch = default_scratch()
     g = build_gmap(net, solver_type=solver.type if solver is not None else "SGD")

@@ -53,7 +53,9 @@ def conv_shapes(name: str, batch: int) -> list[dict]:
     return out
 
 
-def _median_ms(fn, reps: int) -> float:
+def median_ms(fn, reps: int) -> float:
+    """Median of ``reps`` timings of ``fn`` on the current stream (CUDA events), after
+    one untimed call."""
     import cupy as cp
     fn()
     cp.cuda.Device().synchronize()
@@ -88,7 +90,7 @@ def time_cudnn(c: dict, rule: str, reps: int) -> dict:
     calls = {"fwd": lambda: ops.conv2d_forward(x, w, None, y, *geo, **kw),
              "bwd_data": lambda: ops.conv2d_backward_data(w, dy, dx, *geo, **kw),
              "bwd_filter": lambda: ops.conv2d_backward_filter(x, dy, dw, *geo, **kw)}
-    return {d: (algos[d].name, algos[d].workspace, _median_ms(calls[d], reps)) for d in DIRECTIONS}
+    return {d: (algos[d].name, algos[d].workspace, median_ms(calls[d], reps)) for d in DIRECTIONS}
 
 
 def time_torch(c: dict, reps: int) -> dict:
@@ -113,7 +115,7 @@ def time_torch(c: dict, reps: int) -> dict:
              "bwd_data": back([True, False, False]),
              "bwd_filter": back([False, True, False])}
     with stream:
-        return {d: ("torch", 0, _median_ms(calls[d], reps)) for d in DIRECTIONS}
+        return {d: ("torch", 0, median_ms(calls[d], reps)) for d in DIRECTIONS}
 
 
 def main() -> int:

@@ -53,17 +53,8 @@ SHAPES = {
 
 
 def _time(cp, fn, reps):
-    fn()
-    cp.cuda.Device().synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(cp.cuda.get_elapsed_time(a, b))
-    return statistics.median(out)
+    from scripts.conv_algos import median_ms
+    return median_ms(fn, reps)
 
 
 def _square(cp, cublas):

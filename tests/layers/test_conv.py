@@ -497,6 +497,26 @@ def test_cpu_layers_keep_their_own_column_buffer(monkeypatch):
     assert layer.chunk == 1 and layer._run_chunk() == 1 and layer.internal("col").has_data
 
 
+def _gpu_step_beside(cp, cpu, gpu, x, cb, ct, rng):
+    """Set the float32 GPU layer up on x with the CPU layer's weights, then forward and one
+    backward of both from zeroed param diffs (the CPU layer has run forward on x)."""
+    gb = make_blob(x, xp=cp, dtype=np.float32)
+    gt = Blob(xp=cp, dtype=np.float32)
+    gpu.setup([gb], [gt])
+    for pc, pg in zip(cpu.blobs, gpu.blobs):
+        pg.data[...] = cp.asarray(pc.data, dtype=np.float32)
+    cpu.forward([cb], [ct])
+    gpu.forward([gb], [gt])
+    dy = rng.standard_normal(ct.shape)
+    ct.diff[...] = dy
+    gt.diff[...] = cp.asarray(dy, dtype=np.float32)
+    for p in cpu.blobs + gpu.blobs:
+        p.diff[...] = 0
+    cpu.backward([ct], [True], [cb])
+    gpu.backward([gt], [True], [gb])
+    return gb, gt
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["basic", "groups", "no_bias", "pad_stride", "one_by_one"])
 def test_gpu_shared_column_buffer_matches_cpu(cp, case, rng, monkeypatch):
@@ -517,20 +537,7 @@ def test_gpu_shared_column_buffer_matches_cpu(cp, case, rng, monkeypatch):
     monkeypatch.setattr(ConvolutionLayer, "shared_col_bytes", 3 * per_image)
     conv_mod.release_shared_scratch()
     gpu = make_layer(conv_text(body), xp=cp, dtype=np.float32)
-    gb = make_blob(x, xp=cp, dtype=np.float32)
-    gt = Blob(xp=cp, dtype=np.float32)
-    gpu.setup([gb], [gt])
-    for pc, pg in zip(cpu.blobs, gpu.blobs):
-        pg.data[...] = cp.asarray(pc.data, dtype=np.float32)
-    cpu.forward([cb], [ct])
-    gpu.forward([gb], [gt])
-    dy = rng.standard_normal(ct.shape)
-    ct.diff[...] = dy
-    gt.diff[...] = cp.asarray(dy, dtype=np.float32)
-    for p in cpu.blobs + gpu.blobs:
-        p.diff[...] = 0
-    cpu.backward([ct], [True], [cb])
-    gpu.backward([gt], [True], [gb])
+    gb, gt = _gpu_step_beside(cp, cpu, gpu, x, cb, ct, rng)
     if not gpu.is_1x1:
         assert gpu.chunk == 1 and gpu._run_chunk() == 3
         assert not gpu.internal("col").has_data  # the shared buffer served it
@@ -580,19 +587,7 @@ def test_gpu_split_weight_gradient_matches_cpu(cp, rng, monkeypatch):
     (cb,), (ct,) = run(cpu, x)
     monkeypatch.setattr(ConvolutionLayer, "col_buffer_bytes", 64 << 20)
     gpu = make_layer(conv_text(body), xp=cp, dtype=np.float32)
-    gb = make_blob(x, xp=cp, dtype=np.float32)
-    gt = Blob(xp=cp, dtype=np.float32)
-    gpu.setup([gb], [gt])
+    _gpu_step_beside(cp, cpu, gpu, x, cb, ct, rng)
     assert gpu._wgrad_segments(4 * 64 * 64) == 4
-    for pc, pg in zip(cpu.blobs, gpu.blobs):
-        pg.data[...] = cp.asarray(pc.data, dtype=np.float32)
-    gpu.forward([gb], [gt])
-    dy = rng.standard_normal(ct.shape)
-    ct.diff[...] = dy
-    gt.diff[...] = cp.asarray(dy, dtype=np.float32)
-    for p in cpu.blobs + gpu.blobs:
-        p.diff[...] = 0
-    cpu.backward([ct], [True], [cb])
-    gpu.backward([gt], [True], [gb])
     g, c = to_numpy(gpu.blobs[0].diff), cpu.blobs[0].diff
     assert np.abs(g - c).max() <= 1e-5 * np.abs(c).max()

@@ -40,12 +40,14 @@ SHAPES = {
                 ("conv3", 256, 256, 13, 13, 384, 3, 1, 1, 1),
                 ("conv4", 256, 384, 13, 13, 384, 3, 1, 1, 2),
                 ("conv5", 256, 384, 13, 13, 256, 3, 1, 1, 2)],
-    "vgg16": [("conv1_2", 64, 64, 224, 224, 64, 3, 1, 1, 1),
+    "vgg16": [("conv1_1", 64, 3, 224, 224, 64, 3, 1, 1, 1),
+              ("conv1_2", 64, 64, 224, 224, 64, 3, 1, 1, 1),
               ("conv2_2", 64, 128, 112, 112, 128, 3, 1, 1, 1),
               ("conv3_2", 64, 256, 56, 56, 256, 3, 1, 1, 1),
               ("conv4_2", 64, 512, 28, 28, 512, 3, 1, 1, 1),
               ("conv5_2", 64, 512, 14, 14, 512, 3, 1, 1, 1)],
-    "resnet34": [("l1", 128, 64, 56, 56, 64, 3, 1, 1, 1),
+    "resnet34": [("conv1", 128, 3, 224, 224, 64, 7, 2, 3, 1),
+                 ("l1", 128, 64, 56, 56, 64, 3, 1, 1, 1),
                  ("l2", 128, 128, 28, 28, 128, 3, 1, 1, 1),
                  ("l3", 128, 256, 14, 14, 256, 3, 1, 1, 1),
                  ("l4", 128, 512, 7, 7, 512, 3, 1, 1, 1)],
@@ -63,7 +65,7 @@ def _square(cp, cublas):
     return _time(cp, lambda: cublas.gemm(a, a, c), 5)
 
 
-def layer_rows(cp, cublas, shape, max_col, reps):
+def layer_rows(cp, cublas, shape, max_col, reps, only=None):
     name, n, c, h, w, m, k, s, p, g = shape
     oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
     L, K = oh * ow, c // g * k * k
@@ -75,6 +77,8 @@ def layer_rows(cp, cublas, shape, max_col, reps):
     dw = cp.zeros((mg, K), cp.float32)
     bmax = max(1, min(n, max_col // (K * L * 4)))
     chunks = sorted({b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= bmax} | {bmax})
+    if only:
+        chunks = sorted({min(b, bmax) for b in only})
     for b in chunks:
         iters = -(-n // b) * g                 # chunks x groups per layer iteration
         col_bm = rng.standard_normal((b, K, L), dtype=cp.float32)
@@ -108,6 +112,16 @@ def layer_rows(cp, cublas, shape, max_col, reps):
                 cublas.gemm(ones, part.reshape(split, mg * K), dw.reshape(1, mg * K), beta=1.0)
             t[f"wgrad split {split}"] = _time(cp, rep(split_k), reps)
         t["dgrad"] = _time(cp, rep(lambda: cublas.gemm(wt, dy, col, trans_a=True)), reps)
+        if K % 4:  # rows of K floats are not 16-byte aligned: the same GEMMs on K padded
+            kp = -(-K // 4) * 4
+            wtp = cp.zeros((mg, kp), cp.float32)
+            dwp = cp.zeros((mg, kp), cp.float32)
+            colp = cp.zeros((kp, b * L), cp.float32)
+            t[f"fwd flat, K {kp}"] = _time(cp, rep(lambda: cublas.gemm(wtp, colp, yt)), reps)
+            t[f"wgrad, K {kp}"] = _time(
+                cp, rep(lambda: cublas.gemm(dy, colp, dwp, trans_b=True, beta=1.0)), reps)
+            t[f"dgrad, K {kp}"] = _time(
+                cp, rep(lambda: cublas.gemm(wtp, dy, colp, trans_a=True)), reps)
         for what, ms in t.items():
             rows.append({"layer": name, "chunk": b, "what": what, "ms": ms,
                          "tflops": None if "transpose" in what else flop / ms / 1e9})
@@ -149,6 +163,9 @@ def torch_rows(shape, reps):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nets", default="vgg16,alexnet,resnet34")
+    ap.add_argument("--layers", default=None, help="only these layers (comma-separated names)")
+    ap.add_argument("--chunks", default=None,
+                    help="only these chunk sizes (comma-separated; the largest that fits)")
     ap.add_argument("--max-col", type=int, default=1 << 30, help="column buffer bound, bytes")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None)
@@ -164,7 +181,10 @@ def main() -> int:
     result = {"square_tflops": 2 * 8192 ** 3 / sq / 1e9, "layers": []}
     for net in args.nets.split(","):
         for shape in SHAPES[net]:
-            rows, flop = layer_rows(cp, cublas, shape, args.max_col, args.reps)
+            if args.layers and shape[0] not in args.layers.split(","):
+                continue
+            only = [int(v) for v in args.chunks.split(",")] if args.chunks else None
+            rows, flop = layer_rows(cp, cublas, shape, args.max_col, args.reps, only)
             rows += torch_rows(shape, args.reps)
             result["layers"].append({"net": net, "shape": shape, "flop": flop, "rows": rows})
             print(f"{net} {shape[0]} {shape[1:]}  one GEMM pass = {flop / 1e9:.1f} GFLOP")

@@ -11,9 +11,10 @@ computed again.  Per network with a saved profile (``<net>_profile.json`` or
    k*: per layer type and phase, the profiled sum of the steps, the per-type model's sum
    (:meth:`swap.model.ComputeModel.from_profile`, granularity "type": the runs' model), the
    range of its error over the single steps of the type, and the per-step model's sum
-   (granularity "step", available, not the tuner's default).  Whether k* lies inside the
-   profiled ks (extrapolation), and the profiled time per image at each k (a line through
-   the origin is flat).
+   (granularity "step", available, not the tuner's default); the single steps the per-type
+   curve misses most, with their FLOP/s (what cancels in a type's sum).  Whether k* lies
+   inside the profiled ks (extrapolation), and the profiled time per image at each k (a line
+   through the origin is flat).
 2. **Held out on the profile** (:func:`swap.model.leave_one_out`): each profiled k predicted by
    the curves fitted to the other four, per type and per step.
 3. **Held out on the runs**: every measured iteration of the run that took the profile
@@ -32,6 +33,8 @@ computed again.  Per network with a saved profile (``<net>_profile.json`` or
 
     python3 scripts/model_refit.py               # the committed H200 results, 3 to 6 minutes
     python3 scripts/model_refit.py --no-replan   # the tables alone, about 15 s
+    python3 scripts/model_refit.py --tuner-dir docs/results/tuner_s5 --run1 '' \\
+        --table3-dir '' --out docs/results/model_refit_s5.md   # session 5's runs alone, 30 s
 
 Writes ``--out`` (default ``docs/results/model_refit.md``) and prints it.
 """
@@ -112,6 +115,37 @@ def type_errors(profile, models, k: int) -> list:
     for r in rows.values():
         r["share"] = r["measured"] / total
     return sorted(rows.values(), key=lambda r: -r["measured"])
+
+
+def step_misses(profile, models, k: int, n: int = 6) -> dict:
+    """The single steps behind the per-type sum at the profiled ``k``: the ``n`` largest
+    misses of the per-type curve (profiled seconds, per-type seconds, their FLOP/s) and the
+    sums of all its misses below and above the profile (what cancels in the type's sum)."""
+    steps = {s.step: s for s in profile.steps}
+    rows = []
+    for c in profile.compute:
+        if c.k != k or c.time <= 0:
+            continue
+        s = steps[c.step]
+        t = models["type"].step_time(s, c.flops)
+        rows.append({"name": s.name, "type": s.type, "phase": s.phase, "measured": c.time,
+                     "type_fit": t, "miss": t - c.time, "flops": c.flops})
+    # several timed iterations of one step at k: their mean
+    merged: dict = {}
+    for r in rows:
+        m = merged.setdefault((r["name"], r["phase"]), dict(r, measured=0.0, type_fit=0.0,
+                                                             miss=0.0, n=0))
+        for key in ("measured", "type_fit", "miss"):
+            m[key] += r[key]
+        m["n"] += 1
+    out = []
+    for m in merged.values():
+        for key in ("measured", "type_fit", "miss"):
+            m[key] /= m["n"]
+        out.append(m)
+    return {"worst": sorted(out, key=lambda r: -abs(r["miss"]))[:n],
+            "below": sum(r["miss"] for r in out if r["miss"] < 0),
+            "above": sum(r["miss"] for r in out if r["miss"] > 0)}
 
 
 def per_image(profile) -> list:
@@ -263,6 +297,7 @@ def analyse(tuner_dir: str, run1_path: str, table3_dir: str, do_replan: bool = T
                  "ks": list(prof.ks), "k_star": k_star, "near": near,
                  "host_from": None if hsrc is None else _rel(hsrc),
                  "types": type_errors(prof, models, near), "per_image": per_image(prof),
+                 "misses": step_misses(prof, models, near),
                  "loo": {g: leave_one_out(prof, g) for g in ("type", "step")},
                  "points": run_points(result, prof, models, hm),
                  "other": [] if name.endswith("_host") else other_points(base, prof, models,
@@ -379,6 +414,17 @@ def report(res: dict, command: str) -> str:
                  f"{_pct((tot['type_fit'] - tot['measured']) / tot['measured'])} | | "
                  f"{1e3 * tot['step_fit']:.1f} | "
                  f"{_pct((tot['step_fit'] - tot['measured']) / tot['measured'])} |")
+        m = n["misses"]
+        L += ["", (f"Its largest single-step misses (all steps: {1e3 * m['below']:+.1f} ms below "
+                   f"the profile, {1e3 * m['above']:+.1f} ms above):"), "",
+              "| step | type | phase | profiled ms | TFLOP/s | per type ms | TFLOP/s | miss ms |",
+              "|---|---|---|---|---|---|---|---|"]
+        for r in m["worst"]:
+            tf = ("-", "-") if r["flops"] <= 0 else (f"{r['flops'] / r['measured'] / 1e12:.1f}",
+                                                     f"{r['flops'] / r['type_fit'] / 1e12:.1f}")
+            L.append(f"| {r['name']} | {r['type']} | {r['phase']} | {1e3 * r['measured']:.2f} | "
+                     f"{tf[0]} | {1e3 * r['type_fit']:.2f} | {tf[1]} | "
+                     f"{1e3 * r['miss']:+.2f} |")
         L.append("")
     # ---- 2. leave one out
     L += ["## 2. Held out on the profile: each k predicted from the other four", "",
@@ -459,8 +505,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tuner-dir", default=os.path.join(RESULTS, "tuner"))
     ap.add_argument("--run1", default=os.path.join(RESULTS, "tuner_table_run1.md"),
-                    help="the first tuner-table run's report (its model-error table)")
-    ap.add_argument("--table3-dir", default=os.path.join(RESULTS, "table3"))
+                    help="the first tuner-table run's report (its model-error table); '' skips it")
+    ap.add_argument("--table3-dir", default=os.path.join(RESULTS, "table3"),
+                    help="Table 3's run JSONs; '' skips them")
     ap.add_argument("--no-replan", dest="replan", action="store_false",
                     help="skip running Algorithm 2 again on the CPU")
     ap.add_argument("--out", default=os.path.join(RESULTS, "model_refit.md"))

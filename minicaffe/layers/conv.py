@@ -32,9 +32,9 @@ the largest chunk once, as it holds cuDNN's one shared workspace.  On a GPU the
 lowering uses the CUDA kernels of :mod:`minicaffe.kernels.cuda_vision` and the GEMMs
 call cuBLAS through :mod:`minicaffe.cublas` (capturable in a CUDA graph): one-image
 forward chunks one strided-batched GEMM per group (per image over the groups where
-groups outnumber images), the others and backward one strided-batched GEMM over the
-groups for each of the forward product, the weight diff (accumulating, ``beta = 1``)
-and the column diff.  Where that binding does not load they go through
+groups outnumber images); the others, and backward, a plain GEMM per group for up to
+``group_loop_max`` groups (one strided-batched launch over more) for each of the
+forward product, the weight diff (accumulating, ``beta = 1``) and the column diff.  Where that binding does not load they go through
 ``cupy.matmul``/``dot``/``tensordot`` (the same math).
 
 The CUDNN engine (``engine: CUDNN``, or DEFAULT in GPU mode with cuDNN; see
@@ -125,8 +125,8 @@ _shared_scratch: dict = {}
 
 def _shared_buffer(cp, dtype, name: str, count: int):
     """The device's shared scratch ``name`` with at least ``count`` elements.  The calls
-    of one stream run one after another, so one buffer serves every layer, as Caffe's
-    one column buffer per layer would not; growing drops the old one into CuPy's pool."""
+    of one stream run one after another, so one buffer serves every layer (Caffe keeps
+    one per layer); growing drops the old one into CuPy's pool."""
     key = (cp.cuda.runtime.getDevice(), np.dtype(dtype).str, name)
     buf = _shared_scratch.get(key)
     if buf is None or buf.size < count:
@@ -325,11 +325,12 @@ class ConvolutionLayer(Layer):
 
     def _wgrad_segments(self, columns: int) -> int:
         """How many slices of its ``columns`` (b*OH*OW) the weight gradient of one chunk is
-        split into on the GPU (1: not split).  A weight of at most ``wgrad_split_max``
-        elements (VGG's conv1_1: 64 x 27, AlexNet's conv1: 96 x 363) gives cuBLAS too few
-        output tiles for a sum over hundreds of thousands of columns; S partial products
-        over slices of at least ``_WGRAD_SEGMENT`` columns in one strided-batched launch,
-        then one GEMM with a row of ones that adds them into the diff, fill the device."""
+        split into on the GPU (1: not split), for a weight of at most ``wgrad_split_max``
+        elements: S partial products over slices of at least ``_WGRAD_SEGMENT`` columns in
+        one strided-batched launch, then one GEMM with a row of ones that adds them into
+        the diff.  Meant for small weights summed over hundreds of thousands of columns
+        (few output tiles); off by default, since cuBLAS's plain GEMMs did as well or
+        better on the H200 (see ``wgrad_split_max``)."""
         if not self._splits_wgrad():
             return 1
         for s in (_MAX_SEGMENTS, 48, 32, 24, 16, 12, 8, 6, 4):

@@ -274,7 +274,7 @@ def _fits_device(g, k, reserve, gpu) -> bool:
 
 
 def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, search,
-            out_dir, r152_batch, profile_dir=None) -> dict:
+            out_dir, r152_batch, profile_dir=None, granularity="type") -> dict:
     from scripts.swap_budgets import _device, _solver
     from swap.gmap import build_gmap
     from swap.memory import caffe_max_batch
@@ -288,7 +288,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     net = solver.net
     out = {"net": name, "k_base": k_base, "budget": budget, "host_budget": host_budget,
            "device": _device(gpu), "mode": mode, "engine": engine, "search": search,
-           "date": time.strftime("%Y-%m-%d")}
+           "granularity": granularity, "date": time.strftime("%Y-%m-%d")}
     out["k_caffe"] = caffe_max_batch(build_gmap(net), budget)
     # ---- 1. Caffe mode
     k_none, tp_none = _none_max_k(solver, budget, gpu, log)
@@ -310,11 +310,11 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     t0 = time.perf_counter()
     ex, td = train_dynamic(solver, budget, auto_batch=True, method=search, log=log,
                            host_budget=host_budget if gpu else None, keep_epochs=False,
-                           profile=reused)
+                           profile=reused, granularity=granularity)
     t_tuner = time.perf_counter() - t0  # without profiling when a profile was reused
     dec = td.decision
     g = ex.gmap
-    model, pcie = profile_models(td.profile, g)
+    model, pcie = profile_models(td.profile, g, granularity)
     t0 = time.perf_counter()
     again = tune(g, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
                  scratch=td.scratch)
@@ -608,6 +608,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profiles", default=None,
                     help="a folder of saved profiles (NAME_profile.json, as this script writes "
                          "them): the tuner reuses them instead of profiling again")
+    ap.add_argument("--granularity", default="type", choices=("type", "step"),
+                    help="throughput curves per layer type (the paper's) or per step")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--torch-one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)
@@ -623,7 +625,7 @@ def main(argv=None) -> int:
         name, k = args.one.split(":")
         hb = parse_bytes(args.host_budget) if args.host_budget else None
         r = run_net(name, int(k), budget, hb, args.iters, args.warmup, args.engine, mode,
-                    args.search, out_dir, args.r152_batch, args.profiles)
+                    args.search, out_dir, args.r152_batch, args.profiles, args.granularity)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     if args.torch_one:
@@ -643,7 +645,7 @@ def main(argv=None) -> int:
         extra = ["--one", f"{name}:{k}", "--budget", args.budget, "--iters", str(args.iters),
                  "--warmup", str(args.warmup), "--engine", args.engine, "--search",
                  args.search, "--r152-batch", str(args.r152_batch), "--mode", mode,
-                 "--out", args.out]
+                 "--out", args.out, "--granularity", args.granularity]
         if args.profiles:
             extra += ["--profiles", args.profiles]
         if hb:
@@ -667,7 +669,8 @@ def main(argv=None) -> int:
     device = ordered[0]["device"] if ordered else "?"
     cmd = "python3 scripts/tuner_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
     header = (f"Tuner table, {device}, {mode} mode, engine {args.engine}, budget {args.budget}, "
-              f"{args.search} search, {args.iters} timed iterations after {args.warmup}; "
+              f"{args.search} search, {args.granularity} curves, "
+              f"{args.iters} timed iterations after {args.warmup}; "
               f"{len(gpus)} GPU(s) side by side (`{cmd.strip()}`, {time.strftime('%Y-%m-%d')})")
     _, md = write_tables(ordered, peers, os.path.join(args.out, "tuner_table.csv"),
                          os.path.join(args.out, "tuner_table.md"), header)

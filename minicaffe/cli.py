@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Algorithm 2's search over k (linear: the paper's walk)")
     t.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall",
                    help="which feature maps to pin first (docs/SWAP.md)")
+    t.add_argument("--granularity", choices=["type", "step"], default="step",
+                   help="with --swap dynamic: one throughput curve per step (default) or per "
+                        "layer type (the paper's)")
     t.add_argument("--host-budget", default=None,
                    help="with --swap dynamic: pinned host memory the plans may offload to, "
                         "which bounds k_max too (default $MINICAFFE_HOST_BUDGET or half the "
@@ -180,9 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --plot: a --memory-trace CSV to draw the observed iteration beside")
     pl.add_argument("--search", choices=["linear", "bisect"], default="linear")
     pl.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall")
-    pl.add_argument("--granularity", choices=["type", "step"], default="type",
-                    help="with --profile: one throughput curve per layer type (the paper) or "
-                         "per step")
+    pl.add_argument("--granularity", choices=["type", "step"], default="step",
+                    help="with --profile: one throughput curve per step (the tuner's default) "
+                         "or per layer type (the paper's)")
     pl.add_argument("--solver-type", default="SGD", choices=["SGD", "Nesterov", "Adam"])
     pl.add_argument("--peak-flops", default="50T",
                     help="synthetic device: saturated FLOP/s (decimal units, default 50T)")
@@ -317,7 +320,8 @@ def _install_dynamic(args, solver, budget):
     ex, _ = train_dynamic(solver, budget, auto_batch=args.auto_batch, batch=args.batch,
                           lr_rule=args.lr_rule or "eq9", convexity=args.convexity,
                           method=args.search, rule=args.pin_rule, profile=args.profile,
-                          save_profile=args.save_profile, trace=args.memory_trace, log=log,
+                          granularity=args.granularity, save_profile=args.save_profile,
+                          trace=args.memory_trace, log=log,
                           host_budget=("auto" if args.host_budget is None
                                        else parse_bytes(args.host_budget)))
     return ex

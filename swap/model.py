@@ -39,12 +39,15 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   curve misses single steps by tens of per cent (AlexNet at k = 1236: its convolutions by
   -29 to +42 %, conv2's backward, 23 % of the iteration, by -21 %), which cancel to -2.1 % on
   the iteration; per step the iteration is within 0.2 % at every profiled k, held out or not.
-  The tuner keeps the paper's per-type curves all the same (``swap.tuner.profile_models``'
-  default): against the measured iterations per step is closer at AlexNet's and GoogLeNet's
-  k* (by 1.7 points) and mixed at small k (up to 5 points better or worse), and Algorithm 2
-  picks another k* on 4 of the 7 profiles (-3 to +4 %) with no measurement to say which is
-  right.  The large misses of AlexNet and ResNet-34 at k* lie in those runs' measurements,
-  not in the curves (docs/results/model_refit.md).
+  The tuner fits per step (:data:`TUNER_GRANULARITY`, ``swap.tuner.profile_models``'
+  default).  The plans it makes were measured on one H200 (2026-11-21, the session-5
+  profiles, ``scripts/tuner_table.py --granularity step``): VGG-16 within -0.2 to +0.1 % at
+  k* = 216, 108 and 84 (per type: -9.5 to -5.1 %, its convolutions all at one throughput
+  while conv1_2's backward runs at half of it); ResNet-34 within +0.7 to +3.0 % at k* = 342,
+  171 and 106, with no stall (dynamic / none 0.95 to 1.01); AlexNet within 0.3 % at 881 and
+  705 and -6.0 % at k* = 1411, where ``none`` itself takes 300 ms against 283 ms at 1529 (a
+  minibatch that fills its GEMM tiles badly; no smooth curve in k holds that).  The paper's
+  per-type curves stay available (``granularity="type"``, ``--granularity type``).
 
   eq. (2): ``t_iter(k) = sum_j t_j(k)`` (stall-free); eq. (3):
   ``t_whole(k) = E * m / k * (max(t_iter(k), H(k)) + O(k) + Delta)`` with Delta the time
@@ -490,6 +493,9 @@ class HostModel:
 
 # ------------------------------------------------------------ compute model
 GRANULARITIES = ("type", "step")
+# the tuner's curves (``swap.tuner.profile_models``, ``train_dynamic``, ``minicaffe plan``):
+# per step since the H200 plans of 2026-11-21 measured it (module doc)
+TUNER_GRANULARITY = "step"
 
 
 def _key(step, granularity: str) -> tuple:
@@ -841,6 +847,6 @@ def paper_k_max(gmap: GMAP, budget: int) -> int:
 
 
 __all__ = ["H2D", "D2H", "ThroughputCurve", "fit_curve", "IterationOverhead", "overhead_samples",
-           "HostModel", "HOST_METHODS", "ComputeModel", "GRANULARITIES",
+           "HostModel", "HOST_METHODS", "ComputeModel", "GRANULARITIES", "TUNER_GRANULARITY",
            "restrict_profile", "step_sums", "leave_one_out", "t_iter", "t_whole",
            "images_per_second", "PCIeModel", "peak_memory", "paper_k_max", "FORWARD", "BACKWARD"]

@@ -58,7 +58,7 @@ import numpy as np
 from .arena import align
 from .gmap import GMAP, build_gmap, net_batch_size
 from .memory import fmt_bytes
-from .model import D2H, H2D, ComputeModel, PCIeModel
+from .model import D2H, H2D, TUNER_GRANULARITY, ComputeModel, PCIeModel
 from .plan import BudgetError, _base_intervals, _place_returns, make_plan
 from .planner import (RULES, DynamicPlan, PinResult, algorithm1, choose_pins,
                       make_dynamic_plan)
@@ -564,8 +564,10 @@ def device_models(peak_flops: float = DEFAULT_DEVICE["peak_flops"],
 
 
 def profile_models(profile, gmap: GMAP | None = None,
-                   granularity: str = "type") -> tuple[ComputeModel, PCIeModel]:
-    """The fitted models of a profile (checked against ``gmap`` when given)."""
+                   granularity: str = TUNER_GRANULARITY) -> tuple[ComputeModel, PCIeModel]:
+    """The fitted models of a profile (checked against ``gmap`` when given); curves per step
+    by default (:data:`swap.model.TUNER_GRANULARITY`), per layer type as the paper with
+    ``granularity="type"``."""
     if gmap is not None:
         profile.check_net(gmap)
     return (ComputeModel.from_profile(profile, granularity=granularity),
@@ -616,7 +618,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                   lr_rule: str = "eq9", convexity: float | None = None,
                   method: str = "linear", rule: str = "stall", profile=None,
                   save_profile: str | None = None, warmup: int = 1, iterations: int = 1,
-                  granularity: str = "type", keep_epochs: bool = True, delta: float = 0.0,
+                  granularity: str = TUNER_GRANULARITY, keep_epochs: bool = True,
+                  delta: float = 0.0,
                   trace: str | None = None, log=None, scratch="auto", host_budget="auto"):
     """The three stages of section 6 on ``solver``: profile, decide, install the plan.
 

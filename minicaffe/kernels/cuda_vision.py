@@ -15,6 +15,9 @@ computes, with Caffe's index math (``im2col.cu``, ``pooling_layer.cu``,
   (Caffe stores the mask in a float top then).
 * LRN across and within channels, forward (scale and output in one pass) and
   backward.
+* ``swap_outer``: (A, B, L) -> (B, A, L) with an optional bias per A, the
+  convolution's transposing passes (32-bit indices where they fit; CuPy's copy of a
+  transposed view is a general strided kernel).
 
 The module imports without CuPy or a GPU; the kernels are compiled by NVRTC on
 first use (float and double instantiations of C++ templates) and launched on
@@ -131,6 +134,27 @@ __global__ void col2im_batch(const I total, const T* __restrict__ col,
       }
     }
     im[idx] = val;
+  }
+}
+
+// ------------------------------------------------------- outer transpose
+// src (A, B, L) -> dst (B, A, L), plus bias[a] when has_bias: the convolution's
+// flat GEMM result (M, b, L) into its top (b, M, L) with the bias, and its top diff
+// (b, M, L) into (M, b, L).  One thread per element of dst; reads and writes run
+// along L.  I as in im2col.
+template <typename T, typename I>
+__global__ void swap_outer(const I total, const T* __restrict__ src, const int A,
+    const int B, const int L, const T* __restrict__ bias, const int has_bias,
+    T* __restrict__ dst) {
+  for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (I)blockDim.x * gridDim.x) {
+    const int l = idx % L;
+    const I t = idx / L;
+    const int a = t % A;
+    const I b = t / A;
+    T v = src[((I)a * B + b) * L + l];
+    if (has_bias) v += bias[a];
+    dst[idx] = v;
   }
 }
 
@@ -363,7 +387,7 @@ __global__ void lrn_within_backward(const long long total, const T* __restrict__
 """
 
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-_TEMPLATES_TI = ("im2col_batch", "col2im_batch")
+_TEMPLATES_TI = ("im2col_batch", "col2im_batch", "swap_outer")
 _TEMPLATES_T = ("ave_pool_forward", "ave_pool_backward",
                 "lrn_across_forward", "lrn_across_backward", "lrn_within_forward",
                 "lrn_within_backward")
@@ -488,6 +512,24 @@ def col2im(col, out, kernel, pad, stride, dilation, out_hw, batch_major=True):
     _launch(_name_i("col2im_batch", dt, wide), total,
             head + (col, _i32(c), _i32(h), _i32(w), _i32(kh), _i32(kw), _i32(ph), _i32(pw),
                     _i32(sh), _i32(sw), _i32(dh), _i32(dw), _i32(oh), _i32(ow)) + strides + (out,))
+    return out
+
+
+# ------------------------------------------------------- outer transpose
+def swap_outer(src, out, bias=None):
+    """src (A, B, L) -> out (B, A, L), plus ``bias[a]`` (length A) when given."""
+    dt = _check(src, out) if bias is None else _check(src, out, bias)
+    a, b, l = src.shape
+    if out.shape != (b, a, l):
+        raise ValueError(f"swap_outer: out has shape {out.shape}, expected {(b, a, l)}")
+    if bias is not None and bias.size != a:
+        raise ValueError(f"swap_outer: bias has {bias.size} elements, expected {a}")
+    total = src.size
+    wide = total >= 1 << 30
+    it = _i64 if wide else _i32
+    _launch(_name_i("swap_outer", dt, wide), total,
+            (it(total), src, _i32(a), _i32(b), _i32(l), src if bias is None else bias,
+             _i32(bias is not None), out))
     return out
 
 

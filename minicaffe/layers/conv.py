@@ -156,6 +156,18 @@ def _ones_row(xp, dtype, s: int):
     return row
 
 
+def _swap_outer(xp, src, out):
+    """``out`` (any shape of B*A*L elements) = ``src`` (A, B, L) transposed to (B, A, L):
+    the CUDA kernel on a GPU (CuPy's copy of a transposed view indexes every element in
+    general strided form), NumPy's copy otherwise."""
+    a, b, l = src.shape
+    if cuda_vision.enabled_for(xp):
+        cuda_vision.swap_outer(src, out.reshape(b, a, l))
+    else:
+        out.reshape(b, a, l)[...] = src.transpose(1, 0, 2)
+    return out
+
+
 def balanced_chunk(num: int, bound: int) -> int:
     """The chunk of at most ``bound`` images that splits ``num`` into the fewest, most
     even chunks (64 images with a bound of 9: 8 chunks of 8, not 7 of 9 and one of 1)."""
@@ -454,6 +466,10 @@ class ConvolutionLayer(Layer):
             self._per_group(weight, col, out)
         else:
             xp.matmul(weight, col, out=out)
+        if cuda_vision.enabled_for(xp):
+            cuda_vision.swap_outer(out.reshape(self.num_output, b, L), y,
+                                   None if bias is None else self.blobs[1].data)
+            return
         src = out.reshape(self.num_output, b, L).transpose(1, 0, 2)
         if bias is None:
             y[...] = src
@@ -492,7 +508,7 @@ class ConvolutionLayer(Layer):
             dyt = dy.reshape(g, mg, L)
         else:  # (M, b, L): one copy of the (small) top diff instead of the columns
             dyt = self._scratch("top_diff_t", (g, mg, b, L))
-            dyt[...] = dy.reshape(b, g, mg, L).transpose(1, 2, 0, 3)
+            _swap_outer(xp, dy, dyt)
             dyt = dyt.reshape(g, mg, b * L)
         fast = cublas.enabled_for(xp)
         if need_w:
@@ -550,8 +566,9 @@ class ConvolutionLayer(Layer):
                 if b == 1:
                     dyt, xt = dyg.reshape(g, mg, L), xg.reshape(g, kg, L)
                 else:
-                    dyt = xp.ascontiguousarray(dyg.transpose(1, 2, 0, 3)).reshape(g, mg, b * L)
-                    xt = xp.ascontiguousarray(xg.transpose(1, 2, 0, 3)).reshape(g, kg, b * L)
+                    dyt = _swap_outer(xp, dy, xp.empty((g, mg, b * L), self.dtype))
+                    xt = _swap_outer(xp, x.reshape(b, g * kg, L),
+                                     xp.empty((g, kg, b * L), self.dtype))
                 self._per_group(dyt, xt, wdiff, trans_b=True, beta=1.0)
             else:
                 for gi in range(g):

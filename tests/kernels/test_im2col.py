@@ -203,3 +203,22 @@ def test_cuda_im2col_large_batch(cp, rng):
     cuda_vision.col2im(col, img, 3, 1, 1, 1, (32, 32))
     ref = col2im(cp.asnumpy(col).astype(np.float64), x.shape, 3, 1, 1)
     np.testing.assert_allclose(cp.asnumpy(img), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (96, 4, 3025), (2, 300, 1), (1, 1, 1)])
+def test_cuda_swap_outer_transposes_and_adds_the_bias(cp, shape, dtype, rng):
+    """(A, B, L) -> (B, A, L), with and without a bias per A: the convolution's passes
+    between its GEMMs and its top (forward) and top diff (backward)."""
+    src = rng.standard_normal(shape).astype(dtype)
+    bias = rng.standard_normal(shape[0]).astype(dtype)
+    out = cp.full((shape[1], shape[0], shape[2]), 7.0, dtype=dtype)
+    cuda_vision.swap_outer(cp.asarray(src), out)
+    np.testing.assert_array_equal(cp.asnumpy(out), src.transpose(1, 0, 2))
+    cuda_vision.swap_outer(cp.asarray(src), out, cp.asarray(bias))
+    np.testing.assert_array_equal(cp.asnumpy(out),
+                                  src.transpose(1, 0, 2) + bias[None, :, None])
+    with pytest.raises(ValueError, match="expected"):
+        cuda_vision.swap_outer(cp.asarray(src),
+                               cp.empty((shape[1] + 1, shape[0], shape[2]), dtype=dtype))

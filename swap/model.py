@@ -45,8 +45,9 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   k* = 216, 108 and 84 (per type: -9.5 to -5.1 %, its convolutions all at one throughput
   while conv1_2's backward runs at half of it); ResNet-34 within +0.7 to +3.0 % at k* = 342,
   171 and 106, with no stall (dynamic / none 0.95 to 1.01); AlexNet within 0.3 % at 881 and
-  705 and -6.0 % at k* = 1411, where ``none`` itself takes 300 ms against 283 ms at 1529 (a
-  minibatch that fills its GEMM tiles badly; no smooth curve in k holds that).  The paper's
+  705 and -6.0 % at k* = 1411, where ``none`` under the executor took 300 ms in the same
+  process against 283 ms at 1529 in an earlier one (the plain net trains 1411 images in 223
+  ms and 1529 in 239: the minibatch itself is not slow; not explained).  The paper's
   per-type curves stay available (``granularity="type"``, ``--granularity type``).
 
   eq. (2): ``t_iter(k) = sum_j t_j(k)`` (stall-free); eq. (3):

@@ -15,6 +15,9 @@ computes, with Caffe's index math (``im2col.cu``, ``pooling_layer.cu``,
   (Caffe stores the mask in a float top then).
 * LRN across and within channels, forward (scale and output in one pass) and
   backward.
+* ``im2col_fixed`` / ``col2im_fixed``: the same lowering for square 3, 5, 7 and 11
+  kernels with dilation 1, the window's size known when compiling (loops unrolled,
+  loads issued together; col2im sums in the generic kernel's order).
 * ``swap_outer``: (A, B, L) -> (B, A, L) with an optional bias per A, the
   convolution's transposing passes (32-bit indices where they fit; CuPy's copy of a
   transposed view is a general strided kernel).
@@ -140,21 +143,29 @@ __global__ void col2im_batch(const I total, const T* __restrict__ col,
 // ------------------------------------------------------- outer transpose
 // src (A, B, L) -> dst (B, A, L), plus bias[a] when has_bias: the convolution's
 // flat GEMM result (M, b, L) into its top (b, M, L) with the bias, and its top diff
-// (b, M, L) into (M, b, L).  One thread per element of dst; reads and writes run
-// along L.  I as in im2col.
+// (b, M, L) into (M, b, L).  Block x is one row (b, a) of dst, block y a stretch of
+// 4 * blockDim.x of its L elements, each thread 4 of them blockDim.x apart: no
+// division per element, four loads in flight.  I as in im2col.
 template <typename T, typename I>
-__global__ void swap_outer(const I total, const T* __restrict__ src, const int A,
-    const int B, const int L, const T* __restrict__ bias, const int has_bias,
-    T* __restrict__ dst) {
-  for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-       idx += (I)blockDim.x * gridDim.x) {
-    const int l = idx % L;
-    const I t = idx / L;
-    const int a = t % A;
-    const I b = t / A;
-    T v = src[((I)a * B + b) * L + l];
-    if (has_bias) v += bias[a];
-    dst[idx] = v;
+__global__ void swap_outer(const T* __restrict__ src, const int A, const int B,
+    const int L, const T* __restrict__ bias, const int has_bias, T* __restrict__ dst) {
+  const I r = blockIdx.x;
+  const int a = r % A;
+  const I b = r / A;
+  const T add = has_bias ? bias[a] : T(0);
+  const T* s = src + ((I)a * B + b) * L;
+  T* d = dst + r * L;
+  const int l0 = blockIdx.y * (4 * blockDim.x) + threadIdx.x;
+  T v[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int l = l0 + k * blockDim.x;
+    v[k] = l < L ? s[l] : T(0);
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int l = l0 + k * blockDim.x;
+    if (l < L) d[l] = v[k] + add;
   }
 }
 
@@ -386,6 +397,80 @@ __global__ void lrn_within_backward(const long long total, const T* __restrict__
 }
 """
 
+# Square kernels of a size known when compiling (dilation 1): im2col issues each window
+# row's loads together, col2im its K*K gathers (in the generic kernels' order, so the sums
+# are the same bits).  Compiled per (dtype, index type, K, stride 1 or not) on first use.
+_FIXED_SOURCE = r"""
+template <typename T, typename I, int K>
+__global__ void im2col_fixed(const I total, const T* __restrict__ im,
+    const int channels, const int height, const int width, const int pad_h,
+    const int pad_w, const int stride_h, const int stride_w, const int out_h,
+    const int out_w, const I col_batch_stride, const I col_row_stride,
+    T* __restrict__ col) {
+  for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (I)blockDim.x * gridDim.x) {
+    const int ow = idx % out_w;
+    const I t = idx / out_w;
+    const int oh = t % out_h;
+    const I nc = t / out_h;
+    const I n = nc / channels;
+    const int c = nc - n * channels;
+    const int h0 = oh * stride_h - pad_h;
+    const int w0 = ow * stride_w - pad_w;
+    const T* src = im + nc * height * width;
+    T* dst = col + n * col_batch_stride + (I)c * (K * K) * col_row_stride
+             + (I)oh * out_w + ow;
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      const int h = h0 + i;
+      const bool h_in = h >= 0 && h < height;
+      T v[K];
+#pragma unroll
+      for (int j = 0; j < K; ++j) {
+        const int w = w0 + j;
+        v[j] = (h_in && w >= 0 && w < width) ? src[h * width + w] : T(0);
+      }
+#pragma unroll
+      for (int j = 0; j < K; ++j) dst[(I)(i * K + j) * col_row_stride] = v[j];
+    }
+  }
+}
+
+template <typename T, typename I, int K, bool S1>
+__global__ void col2im_fixed(const I total, const T* __restrict__ col,
+    const int channels, const int height, const int width, const int pad_h,
+    const int pad_w, const int stride_h, const int stride_w, const int out_h,
+    const int out_w, const I col_batch_stride, const I col_row_stride,
+    T* __restrict__ im) {
+  for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (I)blockDim.x * gridDim.x) {
+    const int w = idx % width + pad_w;
+    const I t = idx / width;
+    const int h = t % height + pad_h;
+    const I nc = t / height;
+    const I n = nc / channels;
+    const int c = nc - n * channels;
+    const T* src = col + n * col_batch_stride + (I)c * (K * K) * col_row_stride;
+    T val = 0;
+#pragma unroll
+    for (int i = K - 1; i >= 0; --i) {  // oh ascending, as the generic kernel sums
+      const int hh = h - i;
+      const int oh = S1 ? hh : hh / stride_h;
+      const bool h_ok = hh >= 0 && (S1 || hh % stride_h == 0) && oh < out_h;
+#pragma unroll
+      for (int j = K - 1; j >= 0; --j) {
+        const int ww = w - j;
+        const int ow = S1 ? ww : ww / stride_w;
+        if (h_ok && ww >= 0 && (S1 || ww % stride_w == 0) && ow < out_w)
+          val += src[(I)(i * K + j) * col_row_stride + oh * out_w + ow];
+      }
+    }
+    im[idx] = val;
+  }
+}
+"""
+FIXED_SIZES = (3, 5, 7, 11)
+
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _TEMPLATES_TI = ("im2col_batch", "col2im_batch", "swap_outer")
 _TEMPLATES_T = ("ave_pool_forward", "ave_pool_backward",
@@ -434,10 +519,25 @@ def _module():
     return _cp.RawModule(code=_SOURCE, options=("--std=c++14",), name_expressions=_all_names())
 
 
-def _launch(name: str, total: int, args):
+@functools.lru_cache(maxsize=None)
+def _fixed_function(name: str):
+    """One instantiation of the fixed-size lowering kernels, compiled on first use."""
+    if not available():
+        raise RuntimeError("cuda_vision kernels need CuPy and a CUDA device")
+    mod = _cp.RawModule(code=_FIXED_SOURCE, options=("--std=c++14",), name_expressions=(name,))
+    return mod.get_function(name)
+
+
+def _fixed(kernel, dilation):
+    """K where (kernel, dilation) takes the fixed-size kernels, else None."""
+    (kh, kw), (dh, dw) = kernel, dilation
+    return kh if kh == kw and kh in FIXED_SIZES and dh == dw == 1 else None
+
+
+def _launch(name: str, total: int, args, fn=None):
     if total <= 0:
         return
-    fn = _module().get_function(name)
+    fn = fn or _module().get_function(name)
     blocks = min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
     # RawKernel launches go on CuPy's current stream; no host synchronisation.
     fn((blocks,), (_THREADS,), args)
@@ -491,6 +591,13 @@ def im2col(x, out, kernel, pad, stride, dilation, out_hw, batch_major=True):
     total = n * c * oh * ow
     wide, head, strides = _index_args(out, x, _col_strides(n, c * kh * kw, oh * ow, batch_major),
                                       total)
+    k = _fixed((kh, kw), (dh, dw))
+    if k:
+        name = f"im2col_fixed<{_CTYPE[dt]},{'long long' if wide else 'int'},{k}>"
+        _launch(name, total, head + (x, _i32(c), _i32(h), _i32(w), _i32(ph), _i32(pw), _i32(sh),
+                                     _i32(sw), _i32(oh), _i32(ow)) + strides + (out,),
+                _fixed_function(name))
+        return out
     _launch(_name_i("im2col_batch", dt, wide), total,
             head + (x, _i32(c), _i32(h), _i32(w), _i32(kh), _i32(kw), _i32(ph), _i32(pw),
                     _i32(sh), _i32(sw), _i32(dh), _i32(dw), _i32(oh), _i32(ow)) + strides + (out,))
@@ -509,6 +616,14 @@ def col2im(col, out, kernel, pad, stride, dilation, out_hw, batch_major=True):
     total = n * c * h * w
     wide, head, strides = _index_args(col, out, _col_strides(n, c * kh * kw, oh * ow,
                                                              batch_major), total)
+    k = _fixed((kh, kw), (dh, dw))
+    if k:
+        s1 = "true" if sh == sw == 1 else "false"
+        name = f"col2im_fixed<{_CTYPE[dt]},{'long long' if wide else 'int'},{k},{s1}>"
+        _launch(name, total, head + (col, _i32(c), _i32(h), _i32(w), _i32(ph), _i32(pw),
+                                     _i32(sh), _i32(sw), _i32(oh), _i32(ow)) + strides + (out,),
+                _fixed_function(name))
+        return out
     _launch(_name_i("col2im_batch", dt, wide), total,
             head + (col, _i32(c), _i32(h), _i32(w), _i32(kh), _i32(kw), _i32(ph), _i32(pw),
                     _i32(sh), _i32(sw), _i32(dh), _i32(dw), _i32(oh), _i32(ow)) + strides + (out,))
@@ -524,12 +639,15 @@ def swap_outer(src, out, bias=None):
         raise ValueError(f"swap_outer: out has shape {out.shape}, expected {(b, a, l)}")
     if bias is not None and bias.size != a:
         raise ValueError(f"swap_outer: bias has {bias.size} elements, expected {a}")
-    total = src.size
-    wide = total >= 1 << 30
-    it = _i64 if wide else _i32
-    _launch(_name_i("swap_outer", dt, wide), total,
-            (it(total), src, _i32(a), _i32(b), _i32(l), src if bias is None else bias,
-             _i32(bias is not None), out))
+    if src.size == 0:
+        return out
+    threads = min(128, -(-(-(-l // 4)) // 32) * 32)    # 4 elements per thread, whole warps
+    grid = (a * b, -(-l // (4 * threads)))
+    if grid[1] > 65535:
+        raise ValueError(f"swap_outer: rows of {l} elements are too long for one grid")
+    fn = _module().get_function(_name_i("swap_outer", dt, src.size >= 1 << 31))
+    fn(grid, (threads,), (src, _i32(a), _i32(b), _i32(l), src if bias is None else bias,
+                          _i32(bias is not None), out))
     return out
 
 

@@ -34,8 +34,13 @@ call cuBLAS through :mod:`minicaffe.cublas` (capturable in a CUDA graph): one-im
 forward chunks one strided-batched GEMM per group (per image over the groups where
 groups outnumber images); the others, and backward, a plain GEMM per group for up to
 ``group_loop_max`` groups (one strided-batched launch over more) for each of the
-forward product, the weight diff (accumulating, ``beta = 1``) and the column diff.  Where that binding does not load they go through
-``cupy.matmul``/``dot``/``tensordot`` (the same math).
+forward product, the weight diff (accumulating, ``beta = 1``) and the column diff.
+Where that binding does not load they go through ``cupy.matmul``/``dot``/``tensordot``
+(the same math).  Between the GEMMs and the blobs, one kernel transposes a chunk's
+result into the top with the bias, and its top diff into ``(M, B, OH*OW)``
+(``cuda_vision.swap_outer``); the bias gradient of a top of at least
+``_BIAS_GEMM_MIN_PIXELS`` pixels is two GEMMs with rows of ones, as Caffe sums it
+(per image over its pixels into the ``bias_sums`` internal, then over the images).
 
 The CUDNN engine (``engine: CUDNN``, or DEFAULT in GPU mode with cuDNN; see
 :mod:`minicaffe.engine`) calls cuDNN's convolution forward, backward data,
@@ -144,8 +149,14 @@ def release_shared_scratch():
 # The shortest slice of columns a split weight gradient sums per partial product.
 _WGRAD_SEGMENT = 4096
 _MAX_SEGMENTS = 64
-# Rows of ones (1, S) per (device, dtype, S): the split weight gradient's reduction.
+# Rows of ones (1, S) per (device, dtype, S): the split weight gradient's reduction and the
+# bias gradient's sums (Caffe's bias_multiplier).
 _ones_rows: dict = {}
+# The fewest output pixels for which the GPU's bias gradient is two GEMMs, not CuPy's
+# reduction over axes (0, 2): on the H200 (scripts/conv_passes.py) the GEMMs take 0.25 ms
+# where the reduction takes 3.0 on VGG-16's 224x224 tops, 0.070 against 0.081 at 28x28,
+# and lose below (0.070 against 0.036 at 14x14).
+_BIAS_GEMM_MIN_PIXELS = 512
 
 
 def _ones_row(xp, dtype, s: int):
@@ -290,6 +301,10 @@ class ConvolutionLayer(Layer):
         self.out_spatial = oh * ow
         if self.engine == engines.CUDNN and self._reshape_cudnn():
             return
+        if self._bias_by_gemm() or "bias_sums" in self.internals:
+            # (N, M): each image's bias gradient summed over its pixels (backward only)
+            self.add_internal("bias_sums", (self.num, self.num_output) if self._bias_by_gemm()
+                              else (0,), saved=False)
         if not self.is_1x1:
             per_image = self.kdim * self.out_spatial * self.dtype.itemsize
             self.chunk = max(1, min(self.num, self.col_buffer_bytes // max(per_image, 1)))
@@ -330,6 +345,25 @@ class ConvolutionLayer(Layer):
         it = self.internals.get("col")
         return (it is not None and self._shared_chunk > self.chunk
                 and not it.blob.data_storage.external)
+
+    def _bias_by_gemm(self) -> bool:
+        return (self.bias_term and cublas.enabled_for(self.xp)
+                and self.out_spatial >= _BIAS_GEMM_MIN_PIXELS)
+
+    def _bias_diff(self, dy):
+        """bias diff += the sum of dy (N, M, L) over images and pixels.  On a GPU with
+        large tops, as Caffe sums it: per image over its pixels by a GEMM with a row of
+        ones (one strided-batched launch into the ``bias_sums`` internal), then over the
+        images by a second GEMM that accumulates into the diff; else one reduction."""
+        diff = self.blobs[1].diff
+        if not self._bias_by_gemm():
+            diff[...] += dy.sum(axis=(0, 2))
+            return
+        n, m, L = dy.shape
+        sums = self.internal("bias_sums").data.reshape(n, m)
+        cublas.gemm_strided_batched(dy, _ones_row(self.xp, self.dtype, L).reshape(L, 1),
+                                    sums.reshape(n, m, 1))
+        cublas.gemm(_ones_row(self.xp, self.dtype, n), sums, diff.reshape(1, m), beta=1.0)
 
     def _splits_wgrad(self) -> bool:
         return (cublas.enabled_for(self.xp) and not self.is_1x1
@@ -484,7 +518,7 @@ class ConvolutionLayer(Layer):
         for i, (t_blob, b_blob) in enumerate(zip(top, bottom)):
             dy = t_blob.diff.reshape(self.num, self.num_output, self.out_spatial)
             if need_b:
-                self.blobs[1].diff[...] += dy.sum(axis=(0, 2))
+                self._bias_diff(dy)
             if not (need_w or propagate_down[i]):
                 continue
             x = self._images(b_blob.data) if need_w else None

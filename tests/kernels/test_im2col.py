@@ -222,3 +222,36 @@ def test_cuda_swap_outer_transposes_and_adds_the_bias(cp, shape, dtype, rng):
     with pytest.raises(ValueError, match="expected"):
         cuda_vision.swap_outer(cp.asarray(src),
                                cp.empty((shape[1] + 1, shape[0], shape[2]), dtype=dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kernel,pad,stride", [(3, 1, 1), (3, 0, 2), (5, 2, 1), (7, 3, 2),
+                                               (11, 0, 4), (11, 2, 3)])
+def test_cuda_fixed_size_lowering_is_the_generic_kernel(cp, kernel, pad, stride, dtype, rng,
+                                                        monkeypatch):
+    """The unrolled kernels for square 3/5/7/11 windows give the generic kernels' bits, in
+    both column layouts (col2im sums in the same order)."""
+    assert cuda_vision._fixed((kernel, kernel), (1, 1)) == kernel
+    shape = (3, 2, 19, 23)
+    x = cp.asarray(rng.standard_normal(shape).astype(dtype))
+    out_hw = (conv_out_size(19, kernel, pad, stride, 1), conv_out_size(23, kernel, pad, stride, 1))
+    cshape = col_shape(shape, kernel, pad, stride, 1)
+    c = cp.asarray(rng.standard_normal(cshape).astype(dtype))
+    for batch_major in (True, False):
+        cs = cshape if batch_major else cshape[1::-1] + cshape[2:]
+        cc = c if batch_major else cp.ascontiguousarray(c.transpose(1, 0, 2))
+        got = [cuda_vision.im2col(x, cp.full(cs, 5.0, dtype=dtype), kernel, pad, stride, 1,
+                                  out_hw, batch_major=batch_major),
+               cuda_vision.col2im(cc, cp.full(shape, 5.0, dtype=dtype), kernel, pad, stride, 1,
+                                  out_hw, batch_major=batch_major)]
+        with monkeypatch.context() as m:
+            m.setattr(cuda_vision, "_fixed", lambda kernel, dilation: None)
+            ref = [cuda_vision.im2col(x, cp.empty(cs, dtype=dtype), kernel, pad, stride, 1,
+                                      out_hw, batch_major=batch_major),
+                   cuda_vision.col2im(cc, cp.empty(shape, dtype=dtype), kernel, pad, stride, 1,
+                                      out_hw, batch_major=batch_major)]
+        for g, r in zip(got, ref):
+            np.testing.assert_array_equal(cp.asnumpy(g), cp.asnumpy(r))
+    np.testing.assert_array_equal(cp.asnumpy(got[0]).transpose(1, 0, 2),
+                                  im2col(cp.asnumpy(x), kernel, pad, stride, 1))

@@ -422,10 +422,43 @@ def test_cublas_branch_two_bottoms(monkeypatch):
         np.testing.assert_allclose(g, c, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("case", ["groups", "one_by_one", "one_by_one_groups"])
-def test_cublas_branch_gradient(case, rng, monkeypatch):
+@pytest.mark.parametrize("case", ["basic", "groups", "one_by_one", "groups_dilation_stride"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cublas_bias_gradient_by_gemm(case, batch, monkeypatch):
+    """Tops of at least _BIAS_GEMM_MIN_PIXELS pixels take the bias gradient as two GEMMs
+    (per image over its pixels into the ``bias_sums`` internal, then over the images,
+    accumulating): the same diffs as the reduction, over two backward passes."""
+    from minicaffe.layers import conv as conv_mod
     from minicaffe.testing.cublas_host import on_host
     body, _, shape = CUBLAS_CASES[case]
+    shape = (batch,) + shape[1:]
+    ref = _conv_run(body, shape)
+    monkeypatch.setattr(conv_mod, "_BIAS_GEMM_MIN_PIXELS", 1)
+    with on_host(monkeypatch):
+        layer = make_layer(conv_text(body))
+        run(layer, np.zeros(shape))
+        assert layer.internal("bias_sums").shape == (batch, layer.num_output)
+        got = _conv_run(body, shape)
+    for g, c in zip(got, ref):
+        np.testing.assert_allclose(g, c, rtol=1e-12, atol=1e-12)
+
+
+def test_bias_sums_only_where_the_gemm_takes_the_bias():
+    """NumPy layers (and small tops on a GPU) reduce in place: no internal is declared,
+    so the memory model of a CPU net is what it was."""
+    layer = make_layer(conv_text("num_output: 2 kernel_size: 3 pad: 1"))
+    run(layer, np.zeros((2, 3, 30, 30)))
+    assert "bias_sums" not in layer.internals
+
+
+@pytest.mark.parametrize("case", ["groups", "one_by_one", "one_by_one_groups"])
+@pytest.mark.parametrize("bias_gemm", [False, True])
+def test_cublas_branch_gradient(case, bias_gemm, rng, monkeypatch):
+    from minicaffe.layers import conv as conv_mod
+    from minicaffe.testing.cublas_host import on_host
+    body, _, shape = CUBLAS_CASES[case]
+    if bias_gemm:
+        monkeypatch.setattr(conv_mod, "_BIAS_GEMM_MIN_PIXELS", 1)
     with on_host(monkeypatch):
         layer = make_layer(conv_text(body))
         check_gradient(layer, [make_blob(rng.standard_normal((2,) + shape[1:]))])

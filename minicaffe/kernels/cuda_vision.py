@@ -18,6 +18,9 @@ computes, with Caffe's index math (``im2col.cu``, ``pooling_layer.cu``,
 * ``im2col_fixed`` / ``col2im_fixed``: the same lowering for square 3, 5, 7 and 11
   kernels with dilation 1, the window's size known when compiling (loops unrolled,
   loads issued together; col2im sums in the generic kernel's order).
+* ``lrn_across_walk_*``: LRN across 3, 5 or 7 channels with one thread per pixel
+  walking the channels (Caffe's GPU scheme), the window held in registers; the same
+  sums, in the same order, as the per-element kernels.
 * ``swap_outer``: (A, B, L) -> (B, A, L) with an optional bias per A, the
   convolution's transposing passes (32-bit indices where they fit; CuPy's copy of a
   transposed view is a general strided kernel).
@@ -468,8 +471,85 @@ __global__ void col2im_fixed(const I total, const T* __restrict__ col,
     im[idx] = val;
   }
 }
+
+// LRN across channels with a window of SIZE channels known when compiling: one thread
+// per (n, h, w) walks the channels, holding the window in registers, so each input is
+// loaded once (forward) and each top_diff * top / scale is computed once (backward).
+// The window sums add the same terms in the same order as lrn_across_forward /
+// lrn_across_backward (channels outside the image are skipped), so the bits agree.
+template <typename T, typename I, int SIZE>
+__global__ void lrn_across_walk_forward(const I total, const T* __restrict__ bottom,
+    const int channels, const int plane, const T alpha_over_size, const T k,
+    const T neg_beta, T* __restrict__ scale, T* __restrict__ top) {
+  const int pre = (SIZE - 1) / 2;
+  for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (I)blockDim.x * gridDim.x) {
+    const I n = idx / plane;
+    const int hw = idx - n * plane;
+    const I base = n * channels * plane + hw;
+    T win[SIZE];
+#pragma unroll
+    for (int s = 0; s < SIZE; ++s) {  // channels -pre .. SIZE-1-pre
+      const int cc = s - pre;
+      win[s] = (cc >= 0 && cc < channels) ? bottom[base + (I)cc * plane] : T(0);
+    }
+    for (int c = 0; c < channels; ++c) {
+      T acc = 0;
+      int first = max(0, pre - c);  // window slots below channel 0 hold nothing
+#pragma unroll
+      for (int s = 0; s < SIZE; ++s) {
+        if (s >= first && c - pre + s < channels) acc += win[s] * win[s];
+      }
+      const I j = base + (I)c * plane;
+      const T sc = k + alpha_over_size * acc;
+      scale[j] = sc;
+      top[j] = win[pre] * pow(sc, neg_beta);
+#pragma unroll
+      for (int s = 0; s + 1 < SIZE; ++s) win[s] = win[s + 1];
+      const int cn = c + SIZE - pre;
+      win[SIZE - 1] = cn < channels ? bottom[base + (I)cn * plane] : T(0);
+    }
+  }
+}
+
+template <typename T, typename I, int SIZE>
+__global__ void lrn_across_walk_backward(const I total, const T* __restrict__ bottom,
+    const T* __restrict__ top, const T* __restrict__ scale, const T* __restrict__ top_diff,
+    const int channels, const int plane, const T neg_beta, const T cache_ratio,
+    T* __restrict__ bottom_diff) {
+  const int pre = (SIZE - 1) / 2;
+  for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (I)blockDim.x * gridDim.x) {
+    const I n = idx / plane;
+    const int hw = idx - n * plane;
+    const I base = n * channels * plane + hw;
+    T win[SIZE];
+#pragma unroll
+    for (int s = 0; s < SIZE; ++s) {
+      const int cc = s - pre;
+      const I j = base + (I)cc * plane;
+      win[s] = (cc >= 0 && cc < channels) ? top_diff[j] * top[j] / scale[j] : T(0);
+    }
+    for (int c = 0; c < channels; ++c) {
+      T acc = 0;
+      int first = max(0, pre - c);
+#pragma unroll
+      for (int s = 0; s < SIZE; ++s) {
+        if (s >= first && c - pre + s < channels) acc += win[s];
+      }
+      const I j = base + (I)c * plane;
+      bottom_diff[j] = top_diff[j] * pow(scale[j], neg_beta) - cache_ratio * bottom[j] * acc;
+#pragma unroll
+      for (int s = 0; s + 1 < SIZE; ++s) win[s] = win[s + 1];
+      const int cn = c + SIZE - pre;
+      const I jn = base + (I)cn * plane;
+      win[SIZE - 1] = cn < channels ? top_diff[jn] * top[jn] / scale[jn] : T(0);
+    }
+  }
+}
 """
 FIXED_SIZES = (3, 5, 7, 11)
+LRN_WALK_SIZES = (3, 5, 7)
 
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _TEMPLATES_TI = ("im2col_batch", "col2im_batch", "swap_outer")
@@ -694,11 +774,24 @@ def ave_pool_backward(top_diff, bottom_diff, kernel, stride, pad):
 
 
 # --------------------------------------------------------------------- LRN
+def _walk_name(kernel, dt, size, count):
+    """The channel-walking LRN kernel for ``size`` (None: the per-element kernel)."""
+    if size not in LRN_WALK_SIZES:
+        return None
+    return f"{kernel}<{_CTYPE[dt]},{'long long' if count >= 1 << 31 else 'int'},{size}>"
+
+
 def lrn_across_forward(bottom, scale, top, size, alpha, beta, k):
     dt = _check(bottom, scale, top)
     n, c, h, w = bottom.shape
     total = bottom.size
     T = dt.type
+    name = _walk_name("lrn_across_walk_forward", dt, size, total)
+    if name and h * w < 1 << 31:
+        it = _i64 if total >= 1 << 31 else _i32
+        _launch(name, n * h * w, (it(n * h * w), bottom, _i32(c), _i32(h * w), T(alpha / size),
+                                  T(k), T(-beta), scale, top), _fixed_function(name))
+        return
     _launch(_name("lrn_across_forward", dt), total,
             (_i64(total), bottom, _i32(c), _i64(h * w), _i32(size), T(alpha / size), T(k),
              T(-beta), scale, top))
@@ -709,6 +802,13 @@ def lrn_across_backward(bottom, top, scale, top_diff, bottom_diff, size, alpha, 
     n, c, h, w = bottom.shape
     total = bottom.size
     T = dt.type
+    name = _walk_name("lrn_across_walk_backward", dt, size, total)
+    if name and h * w < 1 << 31:
+        it = _i64 if total >= 1 << 31 else _i32
+        _launch(name, n * h * w, (it(n * h * w), bottom, top, scale, top_diff, _i32(c),
+                                  _i32(h * w), T(-beta), T(2.0 * alpha * beta / size),
+                                  bottom_diff), _fixed_function(name))
+        return
     _launch(_name("lrn_across_backward", dt), total,
             (_i64(total), bottom, top, scale, top_diff, _i32(c), _i64(h * w), _i32(size),
              T(-beta), T(2.0 * alpha * beta / size), bottom_diff))

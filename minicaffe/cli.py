@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Algorithm 2's search over k (linear: the paper's walk)")
     t.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall",
                    help="which feature maps to pin first (docs/SWAP.md)")
+    t.add_argument("--no-fill", dest="fill", action="store_false",
+                   help="with --swap dynamic: pin only what constraint (6) needs (the paper), "
+                        "not also what the spare memory can hold (docs/SWAP.md)")
     t.add_argument("--granularity", choices=["type", "step"], default="step",
                    help="with --swap dynamic: one throughput curve per step (default) or per "
                         "layer type (the paper's)")
@@ -183,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --plot: a --memory-trace CSV to draw the observed iteration beside")
     pl.add_argument("--search", choices=["linear", "bisect"], default="linear")
     pl.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall")
+    pl.add_argument("--no-fill", dest="fill", action="store_false",
+                    help="pin only what constraint (6) needs (the paper), not also what the "
+                         "spare memory can hold")
     pl.add_argument("--granularity", choices=["type", "step"], default="step",
                     help="with --profile: one throughput curve per step (the tuner's default) "
                          "or per layer type (the paper's)")
@@ -321,7 +327,7 @@ def _install_dynamic(args, solver, budget):
                           lr_rule=args.lr_rule or "eq9", convexity=args.convexity,
                           method=args.search, rule=args.pin_rule, profile=args.profile,
                           granularity=args.granularity, save_profile=args.save_profile,
-                          trace=args.memory_trace, log=log,
+                          trace=args.memory_trace, log=log, fill=args.fill,
                           host_budget=("auto" if args.host_budget is None
                                        else parse_bytes(args.host_budget)))
     return ex
@@ -373,10 +379,10 @@ def cmd_plan(args):
                   f"{args.x_half:g} FLOPs, {bw / 1e9:g} GB/s each way, {both / 1e9:g} GB/s both)")
     if args.batch is not None:
         dec = plan_at(gmap, args.batch, budget, model, pcie, rule=args.pin_rule,
-                      delta=args.delta)
+                      delta=args.delta, fill=args.fill)
     else:
         dec = tune(gmap, budget, model, pcie, method=args.search, rule=args.pin_rule,
-                   delta=args.delta)
+                   delta=args.delta, fill=args.fill)
     print(f"net {gmap.net_name!r}: {gmap.n_steps} steps, {len(gmap.feature_maps())} feature "
           f"maps; budget {fmt_bytes(budget)}; model: {source}")
     print(dec.describe())

@@ -32,6 +32,17 @@ reports:
     python3 scripts/executor_overhead.py --net resnet50 --iters 20
     python3 scripts/executor_overhead.py --quick               # a few seconds (the CPU test)
 
+On the GPU (``--gpu``; ``--size 0`` for the net's own images) each timed pass ends with a
+synchronization, and ``host`` (until ``forward_backward`` returns) is reported beside the
+iteration: where they are equal the host bounds the iteration.  ``--profile P --budget B``
+adds the tuner's own plan at the batch (``tuned``: spare memory filled with pins;
+``tuned-nofill``: the paper's pins only).  ``--op-by-op`` turns the executor's compiled
+iteration off (every iteration issues the plan op by op, as the first one does):
+
+    python3 scripts/executor_overhead.py --gpu --net resnet152 --batch 16 --size 0 \
+        --strategies plain,none,tuned-nofill,tuned \
+        --profile docs/results/tuner_s6/resnet152_profile.json
+
 Timers (``time.perf_counter``) around each layer and op cost ~0.1 us each and are counted in
 ``layers`` / the op kinds; ``overhead`` excludes nothing else.
 """
@@ -51,6 +62,9 @@ if REPO not in sys.path:
 from swap.plan import OFFLOAD, PREFETCH, SWAP_IN, SWAP_OUT  # noqa: E402
 
 STRATEGIES = ("plain", "none", "naive", "vdnn", "dynamic")
+# the tuner's own dynamic plan at the batch (``--profile`` and ``--budget``): with its spare
+# memory filled with pins (the default) and without (swap.planner.fill_pins)
+TUNED = ("tuned", "tuned-nofill")
 
 
 def net_param(name: str, batch: int, size: int | None):
@@ -69,26 +83,30 @@ def net_param(name: str, batch: int, size: int | None):
     return p
 
 
-def make_solver(name: str, batch: int, size: int | None):
+def make_solver(name: str, batch: int, size: int | None, mode: str = "CPU"):
     import numpy as np
     from minicaffe.proto import caffe_pb2
     from minicaffe.solver import Solver
     p = caffe_pb2.SolverParameter(base_lr=1e-4, momentum=0.9, weight_decay=5e-4,
                                   lr_policy="fixed", max_iter=10**9, display=0, random_seed=1)
     p.net_param.CopyFrom(net_param(name, batch, size))
-    s = Solver(p, mode="CPU", verbose=False)
+    s = Solver(p, mode=mode, verbose=False)
+    xp = s.net.xp
     rng = np.random.default_rng(0)
     d, lab = s.net.blobs["data"], s.net.blobs["label"]
-    d.data[...] = rng.standard_normal(d.shape, dtype=np.float32)
-    lab.data[...] = rng.integers(0, 10, lab.shape).astype(np.float32)
+    d.data[...] = xp.asarray(rng.standard_normal(d.shape, dtype=np.float32))
+    lab.data[...] = xp.asarray(rng.integers(0, 10, lab.shape).astype(np.float32))
     return s
 
 
-def install_strategy(solver, strategy: str):
-    """The executor of ``strategy`` (None for ``plain``)."""
+def install_strategy(solver, strategy: str, tuned=None):
+    """The executor of ``strategy`` (None for ``plain``); ``tuned``: (profile path, budget
+    bytes) for the strategies of :data:`TUNED`."""
     from swap.gmap import build_gmap
     from swap.plan import make_plan
     from swap.runtime import install, set_lowering
+    if strategy in TUNED:
+        return install_tuned(solver, strategy == "tuned", *tuned)
     if strategy == "plain":
         set_lowering(solver.net, "chunked")     # the lowering the swapping strategies run with
         solver.net.set_bn_scale_fusion(False)   # a plan runs the layers unpaired
@@ -100,6 +118,23 @@ def install_strategy(solver, strategy: str):
         naive = make_plan(build_gmap(solver.net), "naive")
         pinned = frozenset(sorted(naive.offloaded)[::2])
     return install(solver, strategy, None, pinned=pinned, lowering="chunked")
+
+
+def install_tuned(solver, fill: bool, profile: str, budget: int):
+    """The tuner's dynamic plan at the net's batch under ``budget`` (the plan's share: no
+    scratch reserve), from the performance model of a saved profile (per-step curves)."""
+    from swap.gmap import build_gmap, net_batch_size
+    from swap.profiler import Profile
+    from swap.runtime import set_lowering
+    from swap.tuner import install_decision, plan_at, profile_models
+    net = solver.net
+    set_lowering(net, "chunked")
+    net.set_bn_scale_fusion(False)
+    net.reshape()
+    g = build_gmap(net, solver_type=solver.type)
+    model, pcie = profile_models(Profile.load(profile), g)
+    d = plan_at(g, net_batch_size(net), budget, model, pcie, fill=fill)
+    return install_decision(solver, d, budget, budget)
 
 
 class _Timers:
@@ -155,32 +190,54 @@ class _Timers:
         self.count.clear()
 
 
+def _synchronizer(gpu: bool):
+    if not gpu:
+        return lambda: None
+    import cupy as cp
+    return cp.cuda.Device().synchronize
+
+
 def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
-            iters: int) -> dict:
-    """One strategy: medians of the timed pass, then one instrumented pass per op kind."""
+            iters: int, gpu: bool = False, tuned=None, fast: bool = True) -> dict:
+    """One strategy: medians of the timed pass, then one instrumented pass per op kind.
+
+    On the GPU every timed pass ends with a device synchronization: ``iteration`` is the
+    wall time of the pass until the device is done, ``host`` the time until
+    ``forward_backward`` returned (the host's issue time; iteration ~ host: host-bound), and
+    ``layers`` / ``copies`` the host's time inside the layer calls and the copy calls."""
     from swap.gmap import build_gmap
-    solver = make_solver(name, batch, size)
+    solver = make_solver(name, batch, size, "GPU" if gpu else "CPU")
     net = solver.net
-    ex = install_strategy(solver, strategy)
+    sync = _synchronizer(gpu)
+    ex = install_strategy(solver, strategy, tuned)
+    if ex is not None:
+        ex.fast = fast
     try:
         timers = _Timers(net, ex, per_op=False)
         for _ in range(warmup):
             net.forward_backward()
-        total, layers, copies = [], [], []
+        sync()
+        total, host, layers, copies = [], [], [], []
         for _ in range(iters):
             timers.reset()
             t = time.perf_counter()
             net.forward_backward()
+            host.append(time.perf_counter() - t)
+            sync()
             total.append(time.perf_counter() - t)
             layers.append(timers.layers)
             copies.append(timers.copies)
-        over = [a - b - c for a, b, c in zip(total, layers, copies)]
+        over = [a - b - c for a, b, c in zip(host, layers, copies)]
         steps = ex.gmap.n_steps if ex is not None else build_gmap(net).n_steps
         row = {"strategy": strategy, "steps": steps,
                "iteration_ms": 1e3 * statistics.median(total),
+               "host_ms": 1e3 * statistics.median(host),
                "layers_ms": 1e3 * statistics.median(layers),
                "copies_ms": 1e3 * statistics.median(copies),
-               "overhead_ms": 1e3 * statistics.median(over), "alone_ms": None, "kinds": {}}
+               "overhead_ms": 1e3 * statistics.median(over), "alone_ms": None, "kinds": {},
+               "transfers": 0}
+        if ex is not None:
+            row["transfers"] = sum(1 for op in ex.plan.ops if op.kind in (OFFLOAD, PREFETCH))
         row["overhead_us_per_step"] = 1e3 * row["overhead_ms"] / row["steps"]
         if ex is not None:
             # the executor alone: the same pass with every layer call a no-op (its data are
@@ -191,18 +248,22 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
             for _ in range(iters):
                 t = time.perf_counter()
                 net.forward_backward()
+                sync()
                 alone.append(time.perf_counter() - t)
             row["alone_ms"] = 1e3 * statistics.median(alone)
             net2 = solver.net
             del net2.forward_layer, net2.backward_layer     # back to the methods
             del ex.streams.copy
+            ex.fast = False                                 # op by op: each op is timed
             timers = _Timers(net2, ex, per_op=True)
             runs = []
             for _ in range(max(1, iters // 2)):
                 timers.reset()
                 t = time.perf_counter()
                 net2.forward_backward()
-                runs.append((time.perf_counter() - t, timers.layers,
+                t_host = time.perf_counter() - t
+                sync()
+                runs.append((t_host, timers.layers,
                              dict(timers.copies_by), dict(timers.by_kind), dict(timers.count)))
             runs.sort(key=lambda r: r[0])
             t, lay, copies_by, by_kind, count = runs[len(runs) // 2]
@@ -214,15 +275,26 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
     finally:
         if ex is not None:
             ex.close()
+            ex.device.release()
+        if gpu:             # the next strategy builds its own net: give this one's memory back
+            import gc
+
+            import cupy as cp
+            solver = net = ex = None
+            gc.collect()
+            cp.get_default_memory_pool().free_all_blocks()
+            cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def report(rows: list, title: str) -> str:
     lines = [title, "",
-             "| strategy | steps | iteration ms | layers ms | copies ms | overhead ms | "
-             "overhead us/step | executor alone ms |", "|---|---|---|---|---|---|---|---|"]
+             "| strategy | steps | transfers | iteration ms | host ms | layers ms | copies ms | "
+             "overhead ms | overhead us/step | executor alone ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         alone = "-" if r["alone_ms"] is None else f"{r['alone_ms']:.2f}"
-        lines.append(f"| {r['strategy']} | {r['steps']} | {r['iteration_ms']:.1f} | "
+        lines.append(f"| {r['strategy']} | {r['steps']} | {r['transfers']} | "
+                     f"{r['iteration_ms']:.1f} | {r['host_ms']:.1f} | "
                      f"{r['layers_ms']:.1f} | {r['copies_ms']:.2f} | {r['overhead_ms']:.2f} | "
                      f"{r['overhead_us_per_step']:.2f} | {alone} |")
     lines += ["", "Per op kind (instrumented pass; copies excluded):", "",
@@ -245,17 +317,32 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--quick", action="store_true",
                     help="cifar10_quick at batch 1, 1 warm-up, 2 iterations (the CPU test)")
+    ap.add_argument("--gpu", action="store_true",
+                    help="on the GPU (CuPy): every timed pass ends with a synchronization")
+    ap.add_argument("--profile", default=None,
+                    help="a saved profile: adds the tuner's plans (strategies tuned, tuned-nofill)")
+    ap.add_argument("--budget", default="12G", help="the tuned plans' budget")
+    ap.add_argument("--op-by-op", action="store_true",
+                    help="every iteration issues the plan op by op (no compiled iteration)")
     args = ap.parse_args(argv)
     if args.quick:
         args.net, args.size, args.warmup, args.iters = "cifar10_quick", 0, 1, 2
+    tuned = None
+    if args.profile:
+        from swap.memory import parse_bytes
+        tuned = (args.profile, parse_bytes(args.budget))
     rows = []
     for strategy in args.strategies.split(","):
-        if strategy not in STRATEGIES:
-            ap.error(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+        if strategy not in STRATEGIES + (TUNED if tuned else ()):
+            known = STRATEGIES + TUNED
+            ap.error(f"unknown strategy {strategy!r} (known: {', '.join(known)}; "
+                     f"{', '.join(TUNED)} with --profile)")
         rows.append(measure(args.net, args.batch, args.size or None, strategy, args.warmup,
-                            args.iters))
+                            args.iters, args.gpu, tuned, not args.op_by_op))
     size = f"{args.size}x{args.size}" if args.size else "its own image size"
-    title = (f"Executor host overhead, {args.net} at batch {args.batch}, {size}, CPU (NumPy), "
+    where = ("GPU (CuPy)" if args.gpu else "CPU (NumPy)") + (", op by op" if args.op_by_op
+                                                            else "")
+    title = (f"Executor host overhead, {args.net} at batch {args.batch}, {size}, {where}, "
              f"median of {args.iters} iterations (`python3 scripts/executor_overhead.py"
              + "".join(f" {a}" for a in argv) + f"`, {time.strftime('%Y-%m-%d')})")
     print(report(rows, title))

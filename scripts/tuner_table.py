@@ -300,6 +300,8 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     out["none_chunked"] = _time_none(solver, k_none, None, "chunked", None, iters, warmup, gpu)
     # ---- 2. the tuner
     _close(net)
+    if gpu:
+        log(f"device memory before the tuner: {_memory_report()}")
     set_batch_size(net, k_base)
     reused = None
     if profile_dir:  # a profile saved by an earlier run: stage 1 (profiling) is skipped
@@ -333,6 +335,8 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         prof_path = os.path.join(out_dir, f"{name}_profile.json")
         td.profile.save(prof_path)
         out["profile"] = os.path.relpath(prof_path, REPO)
+    if gpu:
+        log(f"device memory after the tuner: {_memory_report()}")
     # ---- 3. model error at k*, k_none, k*/2 (each plan from the same model)
     ks = [dec.k_star] + sorted({k for k in (k_none, max(1, dec.k_star // 2))
                                 if k != dec.k_star}, reverse=True)
@@ -354,6 +358,8 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
             except Exception as e:
                 r["none_error"] = f"{type(e).__name__}: {e}"[:400]
         out["dynamic"].append(r)
+        if gpu:
+            log(f"device memory after k = {k}: {_memory_report()}")
     # ---- 5. the paper's ResNet-152 point: least memory at <= 3 % slowdown
     if r152_batch and name == "resnet152":
         try:

@@ -805,21 +805,38 @@ class DynamicPlan:
         return self.pins.feasible and self.timeline.feasible()
 
 
-def make_dynamic_plan(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
-                 rule: str = "stall", pins: PinResult | None = None) -> DynamicPlan:
-    """Choose the pinned set at ``gmap.k`` (:func:`choose_pins`), make the executable
-    ``dynamic`` plan with it and replay it (:func:`simulate`).
+FILL_MARGIN = 0.02      # of the budget, kept free of fill pins for the layout and early prefetches
 
-    The plan keeps each offloaded region reserved until its offload is predicted done
-    (:func:`hold_steps`) when that fits the budget, so that the fixed layout never makes an
-    allocation wait for a copy; of the plans with and without that hold, the one whose replay
-    stalls least is kept (the hold one on a tie).
 
-    pins: a :class:`PinResult` already computed for this gmap and times.
-    Raises :class:`swap.plan.BudgetError` when not even the naive plan fits the budget."""
-    times = np.asarray(times, dtype=np.float64)
-    if pins is None:
-        pins = choose_pins(gmap, budget, times, pcie, rule=rule)
+def spare_pins(sk: Sketch, budget: int | None, margin: float = FILL_MARGIN) -> list:
+    """The offloaded feature maps of ``sk`` that the spare memory can hold as well: the
+    smallest first, each while the just-in-time usage with it stays within ``budget * (1 -
+    margin)`` over the steps it would have been away (eq. 4); all of them without a budget.
+
+    Once constraint (6) holds, an offload buys nothing but memory, and a plan at a k below
+    the largest has memory to spare.  Each offload costs two copies on the link and their
+    issue on the host (an offload, a prefetch, their waits and events: about 10 us of Python
+    and driver time each, which adds to the iteration where the host, not the device, is the
+    bottleneck: small k, deep nets).  Smallest first removes the most transfers per byte of
+    spare memory."""
+    cand = sorted(sk.swapped, key=lambda b: (sk.sizes[b], b))
+    if budget is None:
+        return cand
+    cap = int(budget * (1 - margin))
+    jit = sk.jit_usage.copy()
+    out = []
+    for b in cand:
+        lo, hi = sk.pin_cost(b)
+        if hi > lo:
+            if int(jit[lo:hi].max()) + sk.sizes[b] > cap:
+                continue
+            jit[lo:hi] += sk.sizes[b]
+        out.append(b)
+    return out
+
+
+def _executable(gmap, budget, times, pcie, pins) -> DynamicPlan:
+    """The executable plan of ``pins`` (with region holds where they fit and stall least)."""
     best = None
     hold = hold_steps(pins.sketch, pins.readiness)
     if hold:
@@ -836,6 +853,58 @@ def make_dynamic_plan(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
     if best is None or cand.timeline.total_stall < best.timeline.total_stall:
         best = cand
     return best
+
+
+def make_dynamic_plan(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
+                      rule: str = "stall", pins: PinResult | None = None,
+                      fill: bool = True) -> DynamicPlan:
+    """Choose the pinned set at ``gmap.k`` (:func:`choose_pins`), make the executable
+    ``dynamic`` plan with it and replay it (:func:`simulate`).
+
+    The plan keeps each offloaded region reserved until its offload is predicted done
+    (:func:`hold_steps`) when that fits the budget, so that the fixed layout never makes an
+    allocation wait for a copy; of the plans with and without that hold, the one whose replay
+    stalls least is kept (the hold one on a tie).
+
+    fill (default): the spare memory is then filled with more pins (:func:`spare_pins`: the
+    smallest offloaded feature maps first), so that nothing is offloaded that the budget could
+    keep.  The filled plan is kept when its layout fits the budget and its replay stalls no
+    more than the unfilled one's (plus 0.1 % of the compute); otherwise the fill is halved
+    (keeping the smallest), three times at most, before the unfilled plan is kept.  This is
+    not the paper's rule (it pins only what constraint (6) needs); measured on the H200 in
+    docs/RESULTS.md (ResNet-152 at small k, where the executor's host work on the transfers
+    made ``dynamic`` 1.3x slower than ``none``).
+
+    pins: a :class:`PinResult` already computed for this gmap and times (before the fill).
+    Raises :class:`swap.plan.BudgetError` when not even the naive plan fits the budget."""
+    times = np.asarray(times, dtype=np.float64)
+    if pins is None:
+        pins = choose_pins(gmap, budget, times, pcie, rule=rule)
+    base = _executable(gmap, budget, times, pcie, pins)
+    if not fill or not pins.sketch.swapped:
+        return base
+    extra = spare_pins(pins.sketch, budget)
+    tol = 1e-3 * base.timeline.t_model
+    sketcher = None
+    for _ in range(4):
+        if not extra:
+            break
+        pinned = frozenset(pins.pinned) | frozenset(extra)
+        if sketcher is None:
+            sketcher = Sketcher(gmap, budget)
+        sk = sketcher.sketch(pinned)
+        r = algorithm1(sk, times, pcie)
+        filled = PinResult(pins.feasible and r.feasible, pinned, sk, r, pins.rounds,
+                           pins.reason)
+        try:
+            cand = _executable(gmap, budget, times, pcie, filled)
+        except BudgetError:
+            cand = None
+        if (cand is not None and (budget is None or cand.plan.arena_bytes <= budget)
+                and cand.timeline.total_stall <= base.timeline.total_stall + tol):
+            return cand
+        extra = extra[:len(extra) // 2]
+    return base
 
 
 # ------------------------------------------------------------------- plots
@@ -957,5 +1026,5 @@ def plot_timeline(timeline: Timeline, path, *, trace=None, title: str | None = N
 
 
 __all__ = ["RULES", "Sketch", "sketch", "Sketcher", "Readiness", "algorithm1", "PinResult",
-           "choose_pins", "Timeline", "simulate", "hold_steps", "DynamicPlan", "make_dynamic_plan",
+           "choose_pins", "Timeline", "simulate", "hold_steps", "DynamicPlan", "make_dynamic_plan", "spare_pins",
            "read_trace", "plot_timeline"]

@@ -169,7 +169,30 @@ class Residency:
 
 
 # --------------------------------------------------------------- streams
-class HostStreams:
+def _overridden(streams, name: str, args):
+    """``(method, args)`` where the instance's ``name`` was replaced (a test's or a timer's
+    wrapper: the compiled iteration goes through it too), else None."""
+    fn = vars(streams).get(name)
+    return None if fn is None else (fn, args)
+
+
+class Streams:
+    """What the executor asks of its streams: ``event``, ``record``, ``wait``, ``copy``,
+    ``fill``, ``synchronize``, and for the compiled iteration (``Executor._compile``) each of
+    ``wait`` / ``record`` / ``copy`` as a ``(function, args)`` primitive (None: nothing to do),
+    by default the method itself; subclasses resolve them further."""
+
+    def wait_action(self, stream: str, event):
+        return self.wait, (stream, [event])
+
+    def record_action(self, event, stream: str):
+        return self.record, (event, stream)
+
+    def copy_action(self, dst, src, stream: str):
+        return self.copy, (dst, src, stream)
+
+
+class HostStreams(Streams):
     """CPU mode: copies complete when issued; there are no events to wait on."""
 
     gpu = False
@@ -186,6 +209,16 @@ class HostStreams:
     def copy(self, dst, src, stream: str):
         dst[...] = src           # synchronous
 
+    # the compiled iteration's primitives, ``(function, args)`` or None (Executor._compile)
+    def wait_action(self, stream: str, event):
+        return _overridden(self, "wait", (stream, [event]))
+
+    def record_action(self, event, stream: str):
+        return _overridden(self, "record", (event, stream))
+
+    def copy_action(self, dst, src, stream: str):
+        return _overridden(self, "copy", (dst, src, stream)) or (np.copyto, (dst, src))
+
     def fill(self, device: DeviceArena, offset: int, nbytes: int, stream: str):
         device.fill(offset, nbytes)
 
@@ -193,7 +226,7 @@ class HostStreams:
         pass
 
 
-class CudaStreams:  # pragma: no cover - exercised on the GPU machine only
+class CudaStreams(Streams):  # pragma: no cover - exercised on the GPU machine only
     """GPU mode: compute is the current stream; swap-out and swap-in are non-blocking streams."""
 
     gpu = True
@@ -223,11 +256,29 @@ class CudaStreams:  # pragma: no cover - exercised on the GPU machine only
     def copy(self, dst, src, stream: str):
         """Asynchronous copy between a device region and a pinned host region (uint8 arrays,
         both contiguous): one ``cudaMemcpyAsync`` on ``stream``, no synchronization."""
+        fn, args = self._memcpy_call(dst, src, stream)
+        fn(*args)
+
+    def _memcpy_call(self, dst, src, stream: str):
         s = self.streams[stream]
         if isinstance(dst, np.ndarray):          # device -> host, into pinned memory
-            self._memcpy(dst.ctypes.data, src.data.ptr, src.nbytes, self._d2h, s.ptr)
-        else:                                     # host -> device, from pinned memory
-            self._memcpy(dst.data.ptr, src.ctypes.data, dst.nbytes, self._h2d, s.ptr)
+            return self._memcpy, (dst.ctypes.data, src.data.ptr, src.nbytes, self._d2h, s.ptr)
+        return self._memcpy, (dst.data.ptr, src.ctypes.data, dst.nbytes, self._h2d, s.ptr)
+
+    # the compiled iteration's primitives: the runtime's own calls on raw handles, resolved
+    # once (Executor._compile); the events and arrays outlive the executor's tables
+    def wait_action(self, stream: str, event):
+        return (_overridden(self, "wait", (stream, [event]))
+                or (self.cp.cuda.runtime.streamWaitEvent, (self.streams[stream].ptr,
+                                                           event.ptr, 0)))
+
+    def record_action(self, event, stream: str):
+        return (_overridden(self, "record", (event, stream))
+                or (self.cp.cuda.runtime.eventRecord, (event.ptr, self.streams[stream].ptr)))
+
+    def copy_action(self, dst, src, stream: str):
+        return (_overridden(self, "copy", (dst, src, stream))
+                or self._memcpy_call(dst, src, stream))
 
     def fill(self, device: DeviceArena, offset: int, nbytes: int, stream: str):
         """Poison ``[offset, offset + nbytes)`` with 0xFF bytes, in order on ``stream``."""
@@ -753,6 +804,8 @@ class Executor:
         measure: iterations of the dry run (transients counted per step); 0: none.
         nvtx: NVTX ranges (default: ``MINICAFFE_NVTX``).
         test_nets: nets whose forward passes share the arena (default: the solver's).
+        fast: run steady-state iterations from the compiled tables (:meth:`_compile`);
+            False: every iteration issues the plan op by op.
 
     Install with :func:`install` (or set ``net.executor``); ``Net.forward_backward`` then
     delegates here.
@@ -761,7 +814,7 @@ class Executor:
     def __init__(self, net, plan: Plan, *, budget: int | None = None, solver=None,
                  trace: str | None = None, poison: bool = False, scratch: int | None = None,
                  strict: bool | None = None, measure: int = 1, nvtx: bool | None = None,
-                 test_nets=None):
+                 test_nets=None, fast: bool = True):
         g = plan.gmap
         if g.n_layers != len(net.layers) or g.layer_names != tuple(net.layer_names):
             raise ValueError(f"the plan was made for net {g.net_name!r} with {g.n_layers} layers, "
@@ -776,6 +829,7 @@ class Executor:
         self.gmap = g
         self.solver = solver
         self.poison = bool(poison)
+        self.fast = bool(fast)
         self.strict = default_strict() if strict is None else bool(strict)
         self.measure = max(0, int(measure))
         xp = net.xp
@@ -926,6 +980,8 @@ class Executor:
         for op in ops:
             if op.step != SETUP and op.kind not in self._issue:
                 raise ValueError(f"unknown op kind {op.kind!r}")
+        self._own_issue = dict(self._issue)
+        self._recomputes = any(op.kind == RECOMPUTE for op in ops)
         self._build_issue_tables()
         self._prefetch_event = {}          # buffer -> event of its in-flight prefetch
         self._offset = {}                  # buffer -> offset of the region it holds now
@@ -942,6 +998,7 @@ class Executor:
         """Per step, the (issue method, op index) pairs the loop calls, from ``self._issue``
         (a profiler that wraps entries of it calls this again, and again to remove them)."""
         ops = self._ops
+        self._compiled = None             # the compiled iteration follows the tables
         if self._nv is not None:
             fn = lambda i: self._do                         # noqa: E731
         else:
@@ -1155,6 +1212,123 @@ class Executor:
             if flag:
                 layer.recompute = False
 
+    # ------------------------------------------------------ compiled iteration
+    def _compilable(self) -> bool:
+        """Whether a full pass may run from the compiled tables: a steady-state iteration (the
+        layout replayed and checked once), nothing that observes the ops one by one (NVTX
+        ranges, a memory trace, the dry run's meter, a profiler's or a timer's wrappers of the
+        issue methods), no recomputation.  Poisoning is compiled too; so are wrappers of the
+        streams' ``wait`` / ``record`` / ``copy`` (:func:`_overridden`)."""
+        return (self.fast and not self._replay and not self._force_replay
+                and self._nv is None and self.trace is None
+                and not (self._meter is not None and self._meter.active)
+                and not self._recomputes and self._issue == self._own_issue)
+
+    def _compile(self):
+        """Per step, the primitives that a steady-state iteration issues before and after the
+        layer, as ``(function, args)`` with every argument resolved: the stream waits, copies,
+        event records (and poisoning fills) of the plan's ops (raw runtime calls on the GPU),
+        the blobs' binds and releases, and the compute stream's waits on the prefetches a
+        step reads.
+
+        Every full iteration issues the same operations on the same regions (the plan is
+        fixed), so what the op-by-op loop decides per op and iteration (its residency checks
+        and state, the byte counts, which prefetch a step waits for) is decided here once.
+        The residency states are not stepped: a full pass leaves every per-iteration buffer
+        FREED, where it found them, and the op-by-op loop checked that in the first
+        iteration.  On the GPU this halves or better the host's time per op, the critical
+        path when the host, not the device, bounds the iteration (deep nets at small k)."""
+        st, ops = self.streams, self._ops
+        prefetching = {}                  # buffer -> event of a prefetch not yet waited on
+
+        def bind(i, bid, out):
+            binder = self._binders[bid]
+            if binder is None:
+                return
+            v = self._views[i]
+            if v is None:
+                v = self._views[i] = self.device.view(ops[i].offset, self._raw[bid],
+                                                      self._dtype[bid])
+            out.append((binder, (v,)))
+
+        def actions(i, out):
+            op = ops[i]
+            bid = op.buffer
+            if op.kind == ALLOCATE:
+                out.extend(st.wait_action(COMPUTE, e) for e in self._waits[i])
+                if self.poison:
+                    out.append((st.fill, (self.device, op.offset, op.nbytes, COMPUTE)))
+                bind(i, bid, out)
+            elif op.kind == PREFETCH:
+                out.extend(st.wait_action(SWAP_IN, e) for e in self._waits[i])
+                out.append(st.copy_action(*self._copy_args(i, op), SWAP_IN))
+                out.append(st.record_action(self._op_event[i], SWAP_IN))
+                prefetching[bid] = self._op_event[i]
+                bind(i, bid, out)
+            elif op.kind == OFFLOAD:
+                out.extend(st.wait_action(SWAP_OUT, e) for e in self._waits[i])
+                out.append(st.copy_action(*self._copy_args(i, op), SWAP_OUT))
+                out.append(st.record_action(self._op_event[i], SWAP_OUT))
+            elif op.kind == RELEASE:
+                r = self._releasers[bid]
+                if r is not None:
+                    out.append((r, ()))
+                if self.poison:     # on the region's stream; the region's free event follows
+                    out.append((st.fill, (self.device, op.offset, op.nbytes, op.stream)))
+                    out.append(st.record_action(self._op_event[i], op.stream))
+            else:
+                raise ValueError(f"op {i}: a {op.kind!r} cannot be compiled")
+
+        before, after = [], []
+        for j in range(self.gmap.n_steps):
+            a = []
+            for i in self._before[j]:
+                actions(i, a)
+            for bid in self._check[j]:
+                if bid in prefetching:
+                    a.append(st.wait_action(COMPUTE, prefetching.pop(bid)))
+            b = []
+            if self._record[j]:
+                b.append(st.record_action(self._step_event[j], COMPUTE))
+            for i in self._after[j]:
+                actions(i, b)
+            before.append(tuple(x for x in a if x is not None))
+            after.append(tuple(x for x in b if x is not None))
+        self._compiled = (before, after, self._wrappers())
+        return self._compiled
+
+    def _wrappers(self):
+        v = vars(self.streams)
+        return v.get("wait"), v.get("record"), v.get("copy")
+
+    def _run_compiled(self, sc):
+        net = self.net
+        forward, backward = net.forward_layer, net.backward_layer
+        c = self._compiled
+        if c is None or c[2] != self._wrappers():   # a stream method wrapped since
+            c = self._compile()
+        before, after, _ = c
+        fwd, layer = self._fwd, self._layer
+        loss = 0.0
+        try:
+            for j in range(len(before)):
+                if sc is not None:
+                    sc.where = j
+                for fn, args in before[j]:
+                    fn(*args)
+                if fwd[j]:
+                    loss = loss + forward(layer[j])
+                else:
+                    backward(layer[j])
+                for fn, args in after[j]:
+                    fn(*args)
+        except BaseException:
+            # the pass stopped midway: no blob keeps a view of a region the plan may reuse
+            for bid in self._dynamic:
+                self._unbind(bid)
+            raise
+        return loss
+
     def _labels(self):
         """(scratch reserve, meter, nvtx ranges) to update per step, or None each."""
         sc = self.scratch if self._allocator is not None else None
@@ -1179,38 +1353,42 @@ class Executor:
         fwd, layer, step_event = self._fwd, self._layer, self._step_event
         issue_before, issue_after = self._issue_before, self._issue_after
         loss = 0.0
-        for j in range(last_step + 1):
-            if sc is not None:
-                sc.where = j
-            if meter is not None:
-                meter.label(j)
-            if tracing:
-                a = time.perf_counter()
-                if st.gpu:
-                    ev0 = st.event(timing=True)
-                    st.record(ev0, COMPUTE)
-            for fn, i in issue_before[j]:
-                fn(i)
-            if check[j]:
-                self._ready(j)
-            if nv is not None:
-                nv.push(self._step_names[j])
-            if fwd[j]:
-                loss = loss + net.forward_layer(layer[j])
-            else:
-                net.backward_layer(layer[j])
-            if nv is not None:
-                nv.pop()
-            if record[j]:
-                st.record(step_event[j], COMPUTE)
-            for fn, i in issue_after[j]:
-                fn(i)
-            if tracing:
-                if st.gpu:
-                    ev1 = st.event(timing=True)
-                    st.record(ev1, COMPUTE)
-                    t_events.append((ev0, ev1))
-                rows.append(self._trace_row(j, (a - t0) * 1e3, (time.perf_counter() - t0) * 1e3))
+        if last_step == self.gmap.n_steps - 1 and self._compilable():
+            loss = self._run_compiled(sc)
+        else:
+            for j in range(last_step + 1):
+                if sc is not None:
+                    sc.where = j
+                if meter is not None:
+                    meter.label(j)
+                if tracing:
+                    a = time.perf_counter()
+                    if st.gpu:
+                        ev0 = st.event(timing=True)
+                        st.record(ev0, COMPUTE)
+                for fn, i in issue_before[j]:
+                    fn(i)
+                if check[j]:
+                    self._ready(j)
+                if nv is not None:
+                    nv.push(self._step_names[j])
+                if fwd[j]:
+                    loss = loss + net.forward_layer(layer[j])
+                else:
+                    net.backward_layer(layer[j])
+                if nv is not None:
+                    nv.pop()
+                if record[j]:
+                    st.record(step_event[j], COMPUTE)
+                for fn, i in issue_after[j]:
+                    fn(i)
+                if tracing:
+                    if st.gpu:
+                        ev1 = st.event(timing=True)
+                        st.record(ev1, COMPUTE)
+                        t_events.append((ev0, ev1))
+                    rows.append(self._trace_row(j, (a - t0) * 1e3,
+                                                (time.perf_counter() - t0) * 1e3))
         if self._end_events:
             st.record(self._end_events[0], SWAP_OUT)
             st.record(self._end_events[1], SWAP_IN)
@@ -1438,6 +1616,12 @@ class Executor:
             self.net.executor = None
         if self.trace is not None:
             self.trace.close()
+        # the executor's own views of the arenas: a closed executor that stays referenced (a
+        # caller's variable, a decision) must not keep the cudaMalloc alive through them
+        self._views = [None] * len(self._views)
+        self._copies = [None] * len(self._copies)
+        self._compiled = None
+        self._prefetch_event.clear()
         # Page-locked host memory and the device arena are scarce: free them with the executor,
         # not at garbage collection (the profiler and the tuner's measurements build one
         # executor after another in one process, and a closed executor may stay referenced).
@@ -1589,7 +1773,8 @@ def set_lowering(net, lowering: str) -> int:
 def install(target, strategy: str = "naive", budget: int | None = None, *,
             trace: str | None = None, poison: bool = False, pinned=frozenset(),
             scratch: int | None = None, strict: bool | None = None, measure: int = 1,
-            nvtx: bool | None = None, test_nets=None, lowering: str | None = None) -> Executor:
+            nvtx: bool | None = None, test_nets=None, lowering: str | None = None,
+            fast: bool = True) -> Executor:
     """Plan ``strategy`` for a Solver's train net (or a Net) and make it run under the plan.
 
     Builds the GMAP at the net's minibatch, the plan, and an Executor, and sets
@@ -1638,7 +1823,7 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
             budget=budget, min_budget=need, max_k=e.max_k, strategy=strategy, k=g.k) from None
     ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, poison=poison,
                   scratch=scratch, strict=strict, measure=measure, nvtx=nvtx,
-                  test_nets=test_nets)
+                  test_nets=test_nets, fast=fast)
     net.executor = ex
     return ex
 

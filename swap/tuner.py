@@ -93,7 +93,7 @@ class Search:
 
     def __init__(self, gmap: GMAP, budget: int, model: ComputeModel | None, pcie: PCIeModel, *,
                  rule: str = "stall", prune: bool = True, times_fn=None, margin: float = 0.01,
-                 scratch=None):
+                 scratch=None, fill: bool = True):
         if rule not in RULES:
             raise ValueError(f"unknown pinning rule {rule!r} (known: {', '.join(RULES)})")
         if not 0 <= margin < 1:
@@ -106,6 +106,7 @@ class Search:
         self.pcie = pcie
         self.rule = rule
         self.prune = prune
+        self.fill = fill
         self.times = times_fn if times_fn is not None else model.times_fn(gmap)
         self._cache: dict = {}
         self.evaluations: list = []
@@ -370,7 +371,7 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
          method: str = "linear", rule: str = "stall", k_max: int | None = None, k_min: int = 1,
          prune: bool = True, delta: float = 0.0, verify_tol: float = 0.01,
          verify_steps: int = 8, margin: float = 0.01, refits: int = 3, scratch=None,
-         times_fn=None) -> Decision:
+         times_fn=None, fill: bool = True) -> Decision:
     """Algorithm 2 (module doc): the efficiency-optimal minibatch under ``budget`` bytes.
 
     gmap: the net's GMAP (any k; ``gmap.k0`` is k_base).  model / pcie: the performance model.
@@ -386,6 +387,8 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     k_max and the feasibility at every k are decided under ``budget - scratch(k)`` (Algorithm
     2's M_ws; ``budget`` is then what the plan and the reserve share, the test nets' persistent
     buffers already taken off).  None: the whole budget.
+    fill: the plan at the k found gets its spare memory filled with pins
+    (:func:`swap.planner.make_dynamic_plan`; the search itself decides feasibility without).
     Raises :class:`swap.plan.BudgetError` when not even k = 1 fits the budget.
     """
     if budget is None:
@@ -405,7 +408,7 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     upper = km
     for attempt in range(refits + 1):
         search = Search(gmap, budget, model, pcie, rule=rule, prune=prune, times_fn=times_fn,
-                        margin=margin, scratch=scratch)
+                        margin=margin, scratch=scratch, fill=fill)
         k = find(search, upper, k_min)
         evaluations += search.evaluations
         search.evaluations = []
@@ -468,20 +471,22 @@ def _replay(search: Search, k: int) -> DynamicPlan | None:
     res = search.result(k)
     try:
         return make_dynamic_plan(search.gmap.at(k), search.plan_budget_at(k), search.times(k),
-                                 search.pcie, rule=search.rule, pins=res)
+                                 search.pcie, rule=search.rule, pins=res, fill=search.fill)
     except BudgetError:
         return None
 
 
 def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeModel, *,
-            rule: str = "stall", delta: float = 0.0, scratch=None) -> Decision:
+            rule: str = "stall", delta: float = 0.0, scratch=None, fill: bool = True) -> Decision:
     """The dynamic plan at a fixed k (``--batch k``): only the swaps are planned (under
-    ``budget - scratch(k)``, as :func:`tune`)."""
+    ``budget - scratch(k)``, as :func:`tune`); ``fill``: spare memory filled with pins
+    (:func:`swap.planner.make_dynamic_plan`)."""
     from .profiler import max_batch_scratch
-    search = Search(gmap, int(budget), model, pcie, rule=rule, prune=False, scratch=scratch)
+    search = Search(gmap, int(budget), model, pcie, rule=rule, prune=False, scratch=scratch,
+                    fill=fill)
     res = search.result(int(k))
     dyn = make_dynamic_plan(gmap.at(k), search.plan_budget_at(int(k)), search.times(k), pcie,
-                            rule=rule, pins=res)
+                            rule=rule, pins=res, fill=fill)
     km = max_batch_scratch(gmap, int(budget), scratch)
     return Decision(k_star=int(k), k_max=km, k_base=gmap.k0, budget=int(budget), method="fixed",
                     rule=rule, stall_free=dyn.feasible, dynamic=dyn,
@@ -531,7 +536,7 @@ def _verified(search: Search, k: int, k_min: int, tol: float, steps: int, stall_
         attempts += 1
         try:
             dyn = make_dynamic_plan(search.gmap.at(kk), search.plan_budget_at(kk), search.times(kk),
-                               search.pcie, rule=search.rule, pins=res)
+                               search.pcie, rule=search.rule, pins=res, fill=search.fill)
         except BudgetError:             # the layout needs more than the budget: lower k
             kk -= 1
             continue
@@ -620,7 +625,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                   save_profile: str | None = None, warmup: int = 1, iterations: int = 1,
                   granularity: str = TUNER_GRANULARITY, keep_epochs: bool = True,
                   delta: float = 0.0,
-                  trace: str | None = None, log=None, scratch="auto", host_budget="auto"):
+                  trace: str | None = None, log=None, scratch="auto", host_budget="auto",
+                  fill: bool = True):
     """The three stages of section 6 on ``solver``: profile, decide, install the plan.
 
     1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
@@ -754,10 +760,10 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         say(f"AccUDNN stage 2: k_max {k_max}{reserve_words(k_max)}")
     if auto_batch:
         dec = tune(g0, base, model, pcie, method=method, rule=rule, k_max=k_max, delta=delta,
-                   scratch=scratch)
+                   scratch=scratch, fill=fill)
     else:
         dec = plan_at(g0, batch or k_base, base, model, pcie, rule=rule, delta=delta,
-                      scratch=scratch)
+                      scratch=scratch, fill=fill)
     k_star = dec.k_star
     base_lr = float(solver.param.base_lr)
     lr = base_lr if k_star == k_base else scale_lr(base_lr, k_star, k_base, lr_rule, convexity)

@@ -186,10 +186,43 @@ def test_simulate_replays_the_runtime_dependencies():
 
 def test_dynamic_plan_of_the_chain_is_stall_free():
     g = chain()
-    dyn = make_dynamic_plan(g, AMPLE, T1, PCIE)
+    dyn = make_dynamic_plan(g, AMPLE, T1, PCIE, fill=False)     # the paper's pins only
     assert dyn.feasible and dyn.plan.strategy == "dynamic"
     assert dyn.plan.pinned == {g.find("x1").id}
     assert dyn.timeline.total_stall == 0 and dyn.timeline.t_iter == pytest.approx(5.0)
+    # with the spare memory filled, the ample budget keeps every feature map
+    full = make_dynamic_plan(g, AMPLE, T1, PCIE)
+    assert full.feasible and full.plan.pinned == set(g.feature_maps())
+    assert not full.plan.offloaded and full.timeline.total_stall == 0
+
+
+@pytest.mark.parametrize("which", ["lenet", "resnet"])
+def test_fill_pins_what_the_spare_memory_holds(build_net, which):
+    """The filled plan keeps the paper's pins, adds the smallest offloaded feature maps that
+    fit, never breaks eq. (4) or the budget, and stalls no more than the unfilled plan."""
+    from swap.planner import spare_pins
+    g = build_gmap(build_net(which, 4))
+    times = ComputeModel.uniform(ThroughputCurve(1e9, 1e5)).step_times(g)
+    pcie = PCIeModel(h2d=5e8, d2h=5e8)
+    lo, hi = min_budget(g, "naive"), min_budget(g, "none")
+    grew = 0
+    for f in (1.0, 1.2, 1.5, 2.0):
+        budget = int(lo * f)
+        paper = make_dynamic_plan(g, budget, times, pcie, fill=False)
+        filled = make_dynamic_plan(g, budget, times, pcie)
+        assert paper.plan.pinned <= filled.plan.pinned
+        assert filled.plan.arena_bytes <= budget
+        filled.timeline.check_eq4(budget)
+        filled.timeline.check_regions()
+        tol = 1e-3 * paper.timeline.t_model
+        assert filled.timeline.total_stall <= paper.timeline.total_stall + tol
+        grew += len(filled.plan.pinned) > len(paper.plan.pinned)
+        extra = spare_pins(paper.pins.sketch, budget)
+        sizes = paper.pins.sketch.sizes
+        assert extra == sorted(extra, key=lambda b: (sizes[b], b))      # smallest first
+        assert set(extra) <= set(paper.plan.offloaded)
+    assert grew                     # somewhere between naive and none there was room
+    assert not make_dynamic_plan(g, hi + (1 << 20), times, pcie).plan.offloaded
 
 
 @pytest.mark.parametrize("which", ["lenet", "resnet"])
@@ -256,7 +289,7 @@ def test_dynamic_plans_with_hold_train_bit_identically(make_solver):
     times = ComputeModel.uniform(ThroughputCurve(1e9, 1e5)).step_times(g)
     pcie = PCIeModel(h2d=5e8, d2h=5e8)
     budget = 2 * min_budget(g, "naive")
-    dyn = make_dynamic_plan(g, budget, times, pcie)
+    dyn = make_dynamic_plan(g, budget, times, pcie, fill=False)
     assert dyn.plan.pinned and dyn.plan.offloaded
     off = {op.buffer: op.step for op in dyn.plan.ops if op.kind == OFFLOAD}
     held = [op.buffer for op in dyn.plan.ops

@@ -18,8 +18,8 @@ from swap.arena import ALIGN, ScratchReserve, align
 from swap.gmap import build_gmap
 from swap.nvtx import Ranges, ranges
 from swap.plan import COMPUTE, SWAP_IN, SWAP_OUT, BudgetError, make_plan, min_budget
-from swap.runtime import (OUTSIDE, ArenaLayout, Executor, TestNetMemory, arena_layout, install,
-                          measure_scratch)
+from swap.runtime import (OUTSIDE, ArenaLayout, Executor, Streams, TestNetMemory, arena_layout,
+                          install, measure_scratch)
 
 from swap_nets import net_param  # tests/swap/swap_nets.py
 
@@ -293,7 +293,7 @@ class _Event:
         self.pos = None
 
 
-class LazyStreams:
+class LazyStreams(Streams):
     """The executor's three streams with GPU semantics on the CPU: compute runs at once (NumPy),
     swap-out and swap-in queue their copies and fills, which run only when something waits on
     an event recorded after them (or at synchronize), as late as the events allow.  A wait on

@@ -420,11 +420,15 @@ def test_plan_command(net_file, tmp_path, capsys):
             "--ops"]
     if importlib.util.find_spec("matplotlib"):
         args += ["--plot", str(tmp_path / "t.png")]
-    assert main(args) == 0
+    assert main(args + ["--no-fill"]) == 0          # the paper's pins only
     out = capsys.readouterr().out
     assert "k* = 16 " in out and f"profile {pj}" in out and " prefetch " in out
     if "--plot" in args:
         assert (tmp_path / "t.png").stat().st_size > 1000 and "timeline drawn to" in out
+    paper = out.count(" prefetch ")
+    assert main(args) == 0                          # spare memory filled with pins
+    out = capsys.readouterr().out
+    assert "k* = 16 " in out and out.count(" prefetch ") < paper
 
 
 def test_plan_command_errors(net_file, tmp_path, capsys):

@@ -449,33 +449,52 @@ class TransientProfile:
 _INSTALLED: list = []               # scratch allocators installed in CuPy now (at most one)
 
 
-class _NoRoom(Exception):
-    """The reserve has no block for a new pool chunk (caught by ScratchAllocator.malloc)."""
-
-
 class _RegionFunctions:  # pragma: no cover - GPU machine only
-    """malloc/free of raw pointers in the reserve, for ``PythonFunctionAllocator``.  Holds the
-    arena's memory, so chunks still alive after the executor is gone stay valid."""
+    """malloc/free of raw pointers in the reserve, for ``PythonFunctionAllocator``: called
+    by the CuPy pool only when it needs a new chunk (or gives cached ones back), never per
+    allocation.  Holds the arena's memory, so chunks still alive after the executor is gone
+    stay valid.
 
-    def __init__(self, reserve: ScratchReserve, base_ptr: int, owner):
+    A chunk the reserve cannot hold is first refused with the runtime's out-of-memory
+    status, on which CuPy's pool gives its cached free chunks back (they merge in the
+    reserve) and asks again; refused a second time in a row, it goes to ``overflow(size)``,
+    which raises :class:`ScratchOverflow` or returns a chunk of CuPy's own pool (kept here
+    until the pool frees it)."""
+
+    def __init__(self, cp, reserve: ScratchReserve, base_ptr: int, owner, overflow):
         self.reserve = reserve
         self.base_ptr = base_ptr
         self.owner = owner
+        self.overflow = overflow
+        rt = cp.cuda.runtime
+        self.no_room = lambda: rt.CUDARuntimeError(getattr(rt, "errorMemoryAllocation", 2))
+        self.refused = None              # size of the chunk refused last (the pool retries)
+        self.fallback = {}               # ptr -> MemoryPointer of CuPy's pool
 
     def malloc(self, nbytes, device_id):
         off = self.reserve.malloc(nbytes)
-        if off is None:
-            raise _NoRoom(nbytes)
-        return self.base_ptr + off
+        if off is not None:
+            self.refused = None
+            return self.base_ptr + off
+        if self.refused != nbytes:
+            self.refused = nbytes
+            raise self.no_room()
+        self.refused = None
+        mp = self.overflow(nbytes)
+        self.fallback[mp.ptr] = mp
+        return mp.ptr
 
     def free(self, ptr, device_id):
-        self.reserve.free(ptr - self.base_ptr)
+        if self.fallback.pop(ptr, None) is None:
+            self.reserve.free(ptr - self.base_ptr)
 
 
 class ScratchAllocator:  # pragma: no cover - exercised on the GPU machine only
     """The CuPy allocator installed while an executor runs: a CuPy memory pool (per-stream
-    free lists, splitting, so most allocations never leave C) whose chunks are carved from the
-    scratch reserve of the arena.  When no chunk fits, the pool's cached free chunks go back to
+    free lists, splitting) whose chunks are carved from the scratch reserve of the arena.
+    CuPy calls the pool's own ``malloc`` (``self.malloc``), so an allocation costs what it
+    costs with CuPy's default pool: no Python on the way unless a new chunk is needed
+    (:class:`_RegionFunctions`).  When no chunk fits, the pool's cached free chunks go back to
     the reserve and the allocation is retried once; then it overflows: :class:`ScratchOverflow`
     in strict mode, else CuPy's default pool with a logged warning.  During the dry run
     (``permissive``) an overflow always falls back and is counted.
@@ -492,26 +511,16 @@ class ScratchAllocator:  # pragma: no cover - exercised on the GPU machine only
         self.permissive = False
         self.describe = describe
         self.budget_hint = budget_hint
-        fns = _RegionFunctions(reserve, device.ptr + reserve.base, device._memory)
+        fns = self._fns = _RegionFunctions(cp, reserve, device.ptr + reserve.base,
+                                           device._memory, self._overflow)
         self._inner = cp.cuda.memory.PythonFunctionAllocator(fns.malloc, fns.free)
         self.pool = cp.cuda.MemoryPool(self._inner.malloc)
+        self.malloc = self.pool.malloc
         self.fallbacks = 0
         self.fallback_bytes = 0
         self.fallback_where: dict = {}
         self._prev = None
         self.installed = False
-
-    def malloc(self, size):
-        try:
-            return self.pool.malloc(size)
-        except _NoRoom:
-            pass
-        # give the pool's cached free chunks back to the reserve (they merge there), retry
-        self.pool.free_all_blocks()
-        try:
-            return self.pool.malloc(size)
-        except _NoRoom:
-            return self._overflow(size)
 
     def _overflow(self, size):
         r = self.reserve
@@ -536,6 +545,13 @@ class ScratchAllocator:  # pragma: no cover - exercised on the GPU machine only
                 f"from CuPy's pool, outside the budget", level="W", where="swap")
         self.fallback_where[r.where] = self.fallback_where.get(r.where, 0) + int(size)
         return self.cp.get_default_memory_pool().malloc(size)
+
+    def trim(self):
+        """Give chunks that overflowed to CuPy's pool back once they are free (the pool would
+        otherwise serve later allocations from them, outside the budget and uncounted): at
+        the end of the dry run and after every iteration that overflowed."""
+        if self._fns.fallback:
+            self.pool.free_all_blocks()
 
     def install(self):
         if self.installed:
@@ -1432,6 +1448,8 @@ class Executor:
             self.end_dry_run()
         loss = self._run(self.gmap.n_steps - 1)
         self._check_all_freed()
+        if self._allocator is not None:     # pragma: no cover - GPU machine only
+            self._allocator.trim()
         self.iterations += 1
         # the layout was replayed (checked) through the arena once; every later iteration
         # issues the same operations, so it only counts bytes (forward passes still replay)
@@ -1492,6 +1510,7 @@ class Executor:
         a = self._allocator
         if a is not None and a.permissive:  # pragma: no cover - GPU machine only
             a.permissive = False
+            a.trim()
             tp = self.transients
             if not check:
                 return tp

@@ -63,14 +63,33 @@ def _sync(gpu):
         cp.cuda.Device().synchronize()
 
 
+GC = {"collections": 0, "ms": 0.0}     # Python's garbage collections in the last _timed
+
+
 def _timed(solver, iters, warmup, gpu):
     """Median ms of ``iters`` solver steps after ``warmup`` (the executor's dry run is the
-    first warm-up step)."""
+    first warm-up step).  Python's garbage collections during the timed steps (count and
+    host time) are left in :data:`GC`: a process that holds many plans and profiles pays
+    more per full collection, on the host's critical path at small k."""
+    import gc
     from scripts.swap_budgets import _timed_steps
     for _ in range(warmup):
         solver.step(1)
     _sync(gpu)
-    times = _timed_steps(solver, iters, gpu)
+    GC.update(collections=0, ms=0.0)
+    start = []
+
+    def watch(phase, info):
+        if phase == "start":
+            start.append(time.perf_counter())
+        elif start:
+            GC["collections"] += 1
+            GC["ms"] += 1e3 * (time.perf_counter() - start.pop())
+    gc.callbacks.append(watch)
+    try:
+        times = _timed_steps(solver, iters, gpu)
+    finally:
+        gc.callbacks.remove(watch)
     return statistics.median(times), times
 
 
@@ -171,6 +190,7 @@ def _time_none(solver, k, budget, lowering, tp, iters, warmup, gpu, margin=0.10)
     try:
         ms, times = _timed(solver, iters, warmup, gpu)
         return {"k": k, "ms": ms, "times": times, "images_per_s": k * 1e3 / ms,
+                "gc_collections": GC["collections"], "gc_ms": GC["ms"],
                 "arena": int(ex.budget), "lowering": lowering, **_mem(ex)}
     finally:
         solver.net.executor = None
@@ -220,6 +240,7 @@ def _measure_dynamic(solver, dec, budget, plan_budget, reserve, iters, warmup, g
         pred_total = int(dec.peak) + pred_t
         meas_total = m["peak_in_use"] + m["transients"]
         return {"k": dec.k_star, "ms": ms, "times": times, "images_per_s": dec.k_star * 1e3 / ms,
+                "gc_collections": GC["collections"], "gc_ms": GC["ms"],
                 "pred_ms": 1e3 * dec.t_iter, "pred_compute_ms": 1e3 * dec.timeline.t_model,
                 "time_err": (1e3 * dec.t_iter - ms) / ms,
                 "pred_peak": int(dec.peak), "pred_arena": int(p.arena_bytes),
@@ -354,6 +375,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
             try:
                 n = _time_none(solver, k, None, "chunked", None, iters, warmup, gpu)
                 r["none_ms"] = n["ms"]
+                r["none_gc_ms"] = n["gc_ms"]
                 r["slowdown"] = r["ms"] / n["ms"]
             except Exception as e:
                 r["none_error"] = f"{type(e).__name__}: {e}"[:400]

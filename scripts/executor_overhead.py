@@ -36,7 +36,8 @@ On the GPU (``--gpu``; ``--size 0`` for the net's own images) each timed pass en
 synchronization, and ``host`` (until ``forward_backward`` returns) is reported beside the
 iteration: where they are equal the host bounds the iteration.  ``--profile P --budget B``
 adds the tuner's own plan at the batch (``tuned``: spare memory filled with pins;
-``tuned-nofill``: the paper's pins only).  ``--op-by-op`` turns the executor's compiled
+``tuned-nofill``: the paper's pins only; with ``-pool``, CuPy's allocations stay in CuPy's
+pool instead of the scratch reserve).  ``--op-by-op`` turns the executor's compiled
 iteration off (every iteration issues the plan op by op, as the first one does):
 
     python3 scripts/executor_overhead.py --gpu --net resnet152 --batch 16 --size 0 \
@@ -107,6 +108,8 @@ def install_strategy(solver, strategy: str, tuned=None):
     from swap.runtime import install, set_lowering
     if strategy in TUNED:
         return install_tuned(solver, strategy == "tuned", *tuned)
+    if strategy.startswith("tuned") and strategy.endswith("-pool"):
+        return install_tuned(solver, strategy == "tuned-pool", *tuned, reserve=False)
     if strategy == "plain":
         set_lowering(solver.net, "chunked")     # the lowering the swapping strategies run with
         solver.net.set_bn_scale_fusion(False)   # a plan runs the layers unpaired
@@ -120,9 +123,11 @@ def install_strategy(solver, strategy: str, tuned=None):
     return install(solver, strategy, None, pinned=pinned, lowering="chunked")
 
 
-def install_tuned(solver, fill: bool, profile: str, budget: int):
+def install_tuned(solver, fill: bool, profile: str, budget: int, reserve: bool = True):
     """The tuner's dynamic plan at the net's batch under ``budget`` (the plan's share: no
-    scratch reserve), from the performance model of a saved profile (per-step curves)."""
+    scratch reserve), from the performance model of a saved profile (per-step curves), in an
+    arena of the budget whose rest serves CuPy's allocations (``reserve``), or of the plan's
+    own size with CuPy's allocations left in CuPy's pool."""
     from swap.gmap import build_gmap, net_batch_size
     from swap.profiler import Profile
     from swap.runtime import set_lowering
@@ -134,7 +139,7 @@ def install_tuned(solver, fill: bool, profile: str, budget: int):
     g = build_gmap(net, solver_type=solver.type)
     model, pcie = profile_models(Profile.load(profile), g)
     d = plan_at(g, net_batch_size(net), budget, model, pcie, fill=fill)
-    return install_decision(solver, d, budget, budget)
+    return install_decision(solver, d, budget if reserve else None, budget)
 
 
 class _Timers:
@@ -239,6 +244,7 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
         if ex is not None:
             row["transfers"] = sum(1 for op in ex.plan.ops if op.kind in (OFFLOAD, PREFETCH))
         row["overhead_us_per_step"] = 1e3 * row["overhead_ms"] / row["steps"]
+        row["by_type"] = step_times_by_type(ex, net, sync) if (gpu and ex is not None) else {}
         if ex is not None:
             # the executor alone: the same pass with every layer call a no-op (its data are
             # left stale, so this runs last but one; the plan's ops and checks run as ever)
@@ -286,6 +292,34 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
             cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
+def step_times_by_type(ex, net, sync, iters: int = 3) -> dict:
+    """Device time per layer type and phase (ms, median over ``iters`` traced passes): the
+    executor's memory trace times every step with CUDA events on the compute stream (the
+    traced passes run op by op; a step's time includes any wait of the device for the host
+    within it)."""
+    import csv
+    import tempfile
+    from swap.runtime import MemoryTrace
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.csv")
+        ex.trace = MemoryTrace(path)
+        try:
+            for _ in range(iters):
+                net.forward_backward()
+            sync()
+        finally:
+            ex.trace.close()
+            ex.trace = None
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
+    per = defaultdict(lambda: defaultdict(float))     # (type, phase) -> iteration -> ms
+    for r in rows:
+        li = ex.gmap.steps[int(r["step"])].layer
+        key = f"{net.layers[li].type} {r['phase']}"
+        per[key][r["iteration"]] += float(r["t_end_ms"]) - float(r["t_start_ms"])
+    return {k: statistics.median(v.values()) for k, v in per.items()}
+
+
 def report(rows: list, title: str) -> str:
     lines = [title, "",
              "| strategy | steps | transfers | iteration ms | host ms | layers ms | copies ms | "
@@ -303,6 +337,17 @@ def report(rows: list, title: str) -> str:
         for kind, (n, ms) in sorted(r["kinds"].items()):
             lines.append(f"| {r['strategy']} | {kind} | {n} | {ms:.2f} | "
                          f"{1e3 * ms / max(n, 1):.2f} |")
+    typed = [r for r in rows if r.get("by_type")]
+    if typed:
+        keys = sorted({k for r in typed for k in r["by_type"]},
+                      key=lambda k: -max(r["by_type"].get(k, 0.0) for r in typed))
+        lines += ["", "Device time per layer type (ms, traced passes: CUDA events per step):", "",
+                  "| layer type | " + " | ".join(r["strategy"] for r in typed) + " |",
+                  "|---|" + "---|" * len(typed)]
+        for k in keys + ["all"]:
+            vals = [sum(r["by_type"].values()) if k == "all" else r["by_type"].get(k, 0.0)
+                    for r in typed]
+            lines.append(f"| {k} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
     return "\n".join(lines)
 
 
@@ -333,7 +378,8 @@ def main(argv=None) -> int:
         tuned = (args.profile, parse_bytes(args.budget))
     rows = []
     for strategy in args.strategies.split(","):
-        if strategy not in STRATEGIES + (TUNED if tuned else ()):
+        pool = tuple(f"{t}-pool" for t in TUNED)
+        if strategy not in STRATEGIES + (TUNED + pool if tuned else ()):
             known = STRATEGIES + TUNED
             ap.error(f"unknown strategy {strategy!r} (known: {', '.join(known)}; "
                      f"{', '.join(TUNED)} with --profile)")

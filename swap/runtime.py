@@ -81,8 +81,11 @@ forward/backward and every memory operation.
 Host overhead per iteration is kept to what the plan needs: views of every region are made
 once and rebound (a blob sees the same view object every iteration, so its own view cache
 holds), waits are precomputed per operation, resident buffers are never touched after setup,
-and the arena bookkeeping replays (and so checks) the plan's offsets in the first iteration
-and in forward-only passes; later iterations, identical by construction, only count bytes.
+and the first iteration (and every forward-only pass) issues the plan op by op, replaying and
+so checking the arena's offsets and the residency states.  Later full iterations, identical by
+construction, run from compiled tables (``Executor._compile``): per step, the device calls
+(raw runtime waits, copies, records) and the storage assignments (binds, releases), resolved
+once.  ``fast=False`` keeps every iteration op by op.
 
 ``MemoryTrace`` (``--memory-trace out.csv``) records per step the bytes allocated and released on
 each stream, with timestamps (host clock in CPU mode; CUDA events, read once per iteration, in

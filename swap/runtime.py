@@ -1125,35 +1125,33 @@ class Executor:
     # at small k: keep them to the plan's work).  The arena bookkeeping replays the layout
     # (and so checks it) in the first iteration and in forward-only passes; later iterations
     # only count bytes (module doc).
-    def _allocate(self, i: int):
+    def _take_region(self, i: int, stream: str, event: str):
+        """The arena side of an allocation or prefetch: claim op ``i``'s region (replayed
+        through the arena or only counted), wait on ``stream`` for its previous occupants,
+        step the buffer's residency by ``event``."""
         op = self._ops[i]
-        bid = op.buffer
         if self._replay or self._force_replay:
             self.device.allocate(op.nbytes, op.offset)
         else:
             self.device.in_use += op.nbytes
-        self._offset[bid] = op.offset
+        self._offset[op.buffer] = op.offset
         w = self._waits[i]
         if w:
-            self.streams.wait(COMPUTE, w)
-        self.residency.apply(bid, "allocate")
+            self.streams.wait(stream, w)
+        self.residency.apply(op.buffer, event)
+        return op
+
+    def _allocate(self, i: int):
+        op = self._take_region(i, COMPUTE, "allocate")
+        bid = op.buffer
         if self.poison:
             self.streams.fill(self.device, op.offset, op.nbytes, COMPUTE)
         self._bind_op(i, bid, op.offset)
 
     def _prefetch(self, i: int):
-        op = self._ops[i]
+        op = self._take_region(i, SWAP_IN, "prefetch")
         bid = op.buffer
         st = self.streams
-        if self._replay or self._force_replay:
-            self.device.allocate(op.nbytes, op.offset)
-        else:
-            self.device.in_use += op.nbytes
-        self._offset[bid] = op.offset
-        w = self._waits[i]
-        if w:
-            st.wait(SWAP_IN, w)
-        self.residency.apply(bid, "prefetch")
         dst, src = self._copy_args(i, op)
         st.copy(dst, src, SWAP_IN)
         ev = self._op_event[i]

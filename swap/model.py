@@ -72,9 +72,10 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   6.2 ms for ResNet-101 (``scripts/model_overhead.py``).
 
 * **The host's issue time** (:class:`HostModel`, not in the paper): per step ``h_j(k) = a_j +
-  b_j k`` seconds for the host (Python, kernel launches) to issue step j, fitted under the
-  profile's host times (the line below every sample: under the naive plan a launch into a full
-  queue waits for the device, which only adds).  The predicted iteration is
+  b_j k`` seconds for the host (Python, kernel launches) to issue step j, fitted to host times
+  taken at small k under the plan "none", where no launch waits for the device (method
+  "issue"; older profiles: the line below the compute profile's host times, where a launch
+  into a full queue waits for the device, which only adds).  The predicted iteration is
   ``max(device, sum_j h_j(k)) + O(k)`` (:meth:`ComputeModel.iteration`): the device's steps
   (eq. 2 plus stalls) cannot end before the host has issued them.  It binds at small k, where
   the device's work shrinks and the host's does not (ResNet-152 on the H200 at k = 16).
@@ -345,7 +346,7 @@ class IterationOverhead:
 
 
 # ------------------------------------------------------------- host issue
-HOST_METHODS = ("line", "min")
+HOST_METHODS = ("issue", "line", "min")
 
 
 def _envelope(ks, h) -> tuple:
@@ -412,6 +413,16 @@ class HostModel:
     transfer-bound and the minimum is not a floor.  ``"line"`` sums to 107.5 ms at k = 16
     (85.3 ms + 1.39 ms per image), 124.2 ms at k = 28, 164.4 ms at k = 57.
 
+    * ``"issue"`` (the default where the profile has them): from the host samples of
+      :func:`swap.profiler.profile_host_issue`, taken at small k (1/16, 1/8 and 1/4 of the
+      smallest profiled k) under the plan "none", where the device finishes each step before
+      the host has issued the next and no launch waits: per step the least-squares line
+      through the median host time at each of those k.  Only the sums ``sum_j a_j`` and
+      ``sum_j b_j`` are used, and the sum of per-step least-squares lines is the
+      least-squares line of the sums, so a step's ``b_j`` may be negative (its noise); a
+      negative total slope is set to zero.  The slope holds the work that grows with k
+      (the column-chunk loops of chunked convolutions), extrapolated from those small k.
+
     What it does not hold: the host's work between the steps (the executor's offload,
     prefetch, allocate and release ops, the loop over them) is not timed by the profiler, so
     neither a per-step executor cost nor the difference between strategies is modelled: the
@@ -449,6 +460,8 @@ class HostModel:
     @classmethod
     def fit(cls, samples, method: str = "line", ks=()) -> "HostModel":
         """From ``samples[j] = [(k, seconds), ...]`` per step (class doc for ``method``)."""
+        if method == "issue":
+            return cls.fit_issue(samples, ks)
         if method not in HOST_METHODS:
             raise ValueError(f"host model method {method!r}: use one of "
                              f"{', '.join(HOST_METHODS)}")
@@ -467,12 +480,52 @@ class HostModel:
         return cls(a=tuple(a), b=tuple(b), method=method, ks=tuple(int(x) for x in ks))
 
     @classmethod
-    def from_profile(cls, profile, method: str = "line") -> "HostModel | None":
+    def fit_issue(cls, samples, ks=()) -> "HostModel":
+        """Method "issue" (class doc) from ``samples[j] = [(k, seconds), ...]`` per step,
+        several iterations per k."""
+        a, b = [], []
+        for j, pts in enumerate(samples):
+            if not pts:
+                raise ValueError(f"host model: step {j} has no sample")
+            by_k: dict = {}
+            for k, h in pts:
+                by_k.setdefault(int(k), []).append(float(h))
+            x = np.array(sorted(by_k), dtype=np.float64)
+            y = np.array([float(np.median(by_k[k])) for k in sorted(by_k)])
+            if len(x) < 2:
+                a.append(float(y[0]))
+                b.append(0.0)
+                continue
+            bj = float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
+            a.append(float(y.mean() - bj * x.mean()))
+            b.append(bj)
+        if sum(b) < 0:           # no growth with k: the mean of the medians, as a constant
+            a = [float(np.mean([np.median([h for kk, h in pts if kk == k])
+                                for k in sorted({kk for kk, _ in pts})])) for pts in samples]
+            b = [0.0] * len(samples)
+        return cls(a=tuple(a), b=tuple(b), method="issue", ks=tuple(int(x) for x in ks))
+
+    @classmethod
+    def from_profile(cls, profile, method: str = "auto") -> "HostModel | None":
         """Fit to a profile's host times; None where it has none (profiles from before
         ``ComputeSample.host``, a step never sampled) or was taken on the CPU or from a model
-        (class doc)."""
+        (class doc).  ``method`` "auto": "issue" where the profile has host samples
+        (:attr:`swap.profiler.Profile.host_samples`), else "line"."""
         if profile.mode != "GPU" or not profile.compute:
             return None
+        own = tuple(getattr(profile, "host_samples", ()) or ())
+        if method == "auto":
+            method = "issue" if own else "line"
+        if method == "issue":
+            if not own:
+                raise ValueError(f"host model method 'issue': the profile of {profile.net!r} "
+                                 f"has no host samples (profile again, or use 'line')")
+            samples = [[] for _ in profile.steps]
+            for c in own:
+                samples[c.step].append((c.k, c.host))
+            if any(not s for s in samples):
+                return None
+            return cls.fit_issue(samples, ks=sorted({c.k for c in own}))
         if any(c.host is None for c in profile.compute):
             return None
         samples = [[] for _ in profile.steps]
@@ -625,7 +678,7 @@ class ComputeModel:
         curves = tuple((key, fit_curve(x, t)) for key, (x, t) in sorted(groups.items()))
         hm = None
         if host:
-            hm = HostModel.from_profile(profile, "line" if host is True else host)
+            hm = HostModel.from_profile(profile, "auto" if host is True else host)
         return cls(curves=curves, granularity=granularity,
                    overhead=IterationOverhead.from_profile(profile) if overhead else None,
                    host=hm)

@@ -159,6 +159,10 @@ class Profile:
     date: str = ""
     meta: dict = field(default_factory=dict)
     solver_steps: tuple = ()        # SolverStepSample per measured iteration (none in old files)
+    # ComputeSample per step of iterations at small k under the plan "none", for the host's
+    # issue time (profile_host_issue; none in old files): not compute samples, since at those
+    # k a step's events hold the host's launch gaps
+    host_samples: tuple = ()
 
     def step_times(self, k: int) -> np.ndarray:
         """Mean measured seconds of every step at ``k`` (NaN where not measured)."""
@@ -185,6 +189,7 @@ class Profile:
             "transfers": [asdict(t) for t in self.transfers],
             "iterations": [list(x) for x in self.iterations],
             "solver_steps": [asdict(x) for x in self.solver_steps],
+            "host_samples": [asdict(c) for c in self.host_samples],
             "bandwidth": self.bandwidth, "meta": self.meta,
         }
 
@@ -206,6 +211,8 @@ class Profile:
                        iterations=tuple((int(k), float(s)) for k, s in d.get("iterations", [])),
                        solver_steps=tuple(SolverStepSample(**x)
                                           for x in d.get("solver_steps", [])),
+                       host_samples=tuple(ComputeSample(**c)
+                                          for c in d.get("host_samples", [])),
                        bandwidth=d.get("bandwidth"), meta=d.get("meta", {}))
         except (KeyError, TypeError) as e:
             raise ValueError(f"{where}: malformed profile ({e})") from None
@@ -773,6 +780,13 @@ def default_host_budget() -> int | None:
 PROFILE_RETRIES = 3
 
 
+def _install_plain(solver, budget, scratch=None):
+    """The plan "none" with the convolutions lowered as the swap plans lower them (chunks of
+    images, not Caffe's one image): the host's per-step work of the dynamic plan."""
+    from .runtime import install
+    return install(solver, "none", budget, scratch=scratch, lowering="chunked")
+
+
 def _install_naive(solver, budget, strategy="naive", scratch=None):
     from .runtime import install
     if scratch is None:
@@ -780,11 +794,75 @@ def _install_naive(solver, budget, strategy="naive", scratch=None):
     return install(solver, strategy, budget, scratch=scratch)
 
 
+# the host's issue time is profiled at these fractions of the smallest profiled k (module doc)
+HOST_FRACTIONS = (1 / 16, 1 / 8, 1 / 4)
+
+
+def host_issue_ks(k_min: int, fractions=HOST_FRACTIONS) -> tuple:
+    """The small minibatches at which :func:`profile_host_issue` times the host: ``fractions``
+    of ``k_min`` (the smallest k of the compute profile), rounded down, at least 1, distinct."""
+    return tuple(sorted({max(1, int(k_min * f)) for f in fractions}))
+
+
+def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: int = 3,
+                       scratch: ScratchModel | None = None, log=None) -> tuple:
+    """The host's time to issue each step, at small minibatches ``ks`` under the plan "none".
+
+    The compute profile's host times are taken under the naive plan, whose iterations are
+    transfer-bound: the host runs hundreds of launches ahead of the device, a launch into the
+    full queue blocks until the device retires one, and a step's host time holds the device's
+    time (:class:`swap.model.HostModel`).  At a small k with nothing swapped the device is
+    done with each step before the host has issued the next, the queue never fills, and
+    ``perf_counter`` around a step is what the host itself costs: Python, the layer's code,
+    the launches (one per column chunk in a chunked convolution).  Each k runs ``warmup +
+    iterations`` real training iterations (they count in ``solver.iter``), as the compute
+    profile's do.  A k whose scratch reserve overflows is skipped with a log line: the host
+    model then rests on the others (or on the compute profile's host times, where none is
+    left).
+
+    Returns ``(samples, runs, meta)``: the :class:`ComputeSample` of every measured step (its
+    ``time`` holds the host's launch gaps at these k, so it is not a compute sample), the
+    ``[k, iterations run]`` of each k, and per k the mean sums of the host and event times.
+    """
+    from .runtime import ScratchOverflow
+    net = solver.net
+    samples, runs, sums = [], [], []
+    for k in ks:
+        set_batch_size(net, k)
+        it0 = solver.iter
+        reserve = scratch(k) if scratch is not None else None
+        ex = _install_plain(solver, budget, reserve)
+        inst = _Instrument(ex, k)
+        try:
+            for it in range(warmup + iterations):
+                inst.recording = it >= warmup
+                inst.begin_step()
+                solver.step(1)
+                inst.end_step()
+        except ScratchOverflow as e:
+            if log is not None:
+                log(f"Host issue time at minibatch {k} not profiled: {e}")
+            continue
+        finally:
+            inst.remove()
+            ex.close()
+            runs.append([k, solver.iter - it0])
+        samples += inst.compute
+        n = max(1, sum(1 for c in inst.compute if c.step == 0))
+        host = sum(c.host for c in inst.compute) / n
+        dev = sum(c.time for c in inst.compute) / n
+        sums.append({"k": k, "host": host, "events": dev})
+        if log is not None:
+            log(f"Host issue time at minibatch {k} (plan none): {1e3 * host:.3f} ms per "
+                f"iteration for the steps ({1e3 * dev:.3f} ms between their events)")
+    return samples, runs, {"host_ks": [s["k"] for s in sums], "host_sums": sums}
+
+
 def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int = 1,
                    strategy: str = "naive", bandwidth: bool | None = None,
                    log=None, scratch: ScratchModel | None = None,
                    plan_budget: int | None = None, fractions=None,
-                   host_budget: int | None = None) -> Profile:
+                   host_budget: int | None = None, host_ks="auto") -> Profile:
     """Profile real training iterations of ``solver`` at every k of ``ks`` (module doc).
 
     Each k runs ``warmup + iterations`` iterations of ``solver.step(1)`` under ``strategy``
@@ -799,6 +877,11 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     again (:func:`max_batch_scratch` on ``plan_budget``, the budget less the test nets) and the
     ks still to profile become ``profile_ks(k_max, fractions)`` above the last one profiled.
     ``meta`` records the ks, reserves, measured transients and iterations run.
+
+    host_ks: the small minibatches of :func:`profile_host_issue` after the compute profile
+    ("auto": :func:`host_issue_ks` of the smallest profiled k, in GPU mode only, where the host
+    and the device run apart; None or (): none); their iterations are in ``meta["host_runs"]``
+    and the net is left at the compute profile's last k.
     """
     from .runtime import ScratchOverflow
     net = solver.net
@@ -925,10 +1008,21 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             new_k_max(f"transients measured at minibatch {k}")
     if steps is None:
         steps = step_infos(build_gmap(net))
+    if isinstance(host_ks, str):
+        if host_ks != "auto":
+            raise ValueError(f"host_ks: minibatches, None or 'auto', not {host_ks!r}")
+        host_ks = host_issue_ks(min(done)) if (done and net.mode == "GPU") else ()
+    host_samples, host_meta = (), {}
+    if host_ks:
+        host_samples, host_runs, host_meta = profile_host_issue(
+            solver, budget, host_ks, scratch=scratch, log=log)
+        host_meta["host_runs"] = host_runs
+        set_batch_size(net, done[-1])
     bw = None
     if bandwidth or (bandwidth is None and net.mode == "GPU"):
         bw = measure_bandwidth(net.xp)
-    meta = {"warmup": warmup, "iterations": iterations, "strategy": strategy, "budget": budget}
+    meta = {"warmup": warmup, "iterations": iterations, "strategy": strategy, "budget": budget,
+            **host_meta}
     if scratch is not None:
         meta.update(scratch=reserves, transients=measured, runs=runs)
         if k_max is not None:
@@ -936,10 +1030,11 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     return Profile(net=net.name, device=device_name(net), mode=net.mode, k_base=k_base,
                    ks=tuple(done), steps=steps, compute=tuple(compute), transfers=tuple(transfers),
                    iterations=tuple(iters), bandwidth=bw, date=_now(), meta=meta,
-                   solver_steps=tuple(solver_steps))
+                   solver_steps=tuple(solver_steps), host_samples=tuple(host_samples))
 
 
 __all__ = ["SCHEMA", "VERSION", "PROFILE_FRACTIONS", "profile_ks", "StepInfo", "ComputeSample",
            "TransferSample", "SolverStepSample", "Profile", "synthetic_profile", "set_batch_size",
            "measure_bandwidth", "device_name", "profile_solver", "step_infos", "ScratchModel",
-           "scratch_estimate", "max_batch_scratch", "default_host_budget"]
+           "scratch_estimate", "max_batch_scratch", "default_host_budget", "HOST_FRACTIONS",
+           "host_issue_ks", "profile_host_issue"]

@@ -723,6 +723,9 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                                  log=say, scratch=scratch, plan_budget=base,
                                  fractions=PROFILE_FRACTIONS if auto_batch else None,
                                  host_budget=host_budget)
+        host_runs = profile.meta.get("host_runs", [])
+        images += sum(k * n for k, n in host_runs)
+        it0 += sum(n for _, n in host_runs)
         if scratch is None:
             images += sum(k * (warmup + iterations) for k in ks)
             assert solver.iter - it0 == len(ks) * (warmup + iterations)
@@ -737,6 +740,15 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         path = profile
         profile = Profile.load(path)
         say(f"AccUDNN stage 1: profile of {profile.net!r} on {profile.device} loaded from {path}")
+        if not profile.host_samples and net.mode == "GPU" and profile.mode == "GPU":
+            # a profile from before the host's own issue time: take it now (a few seconds)
+            import dataclasses
+            from .profiler import host_issue_ks, profile_host_issue
+            samples, runs, meta = profile_host_issue(
+                solver, budget, host_issue_ks(min(profile.ks)), scratch=scratch, log=say)
+            images += sum(k * n for k, n in runs)
+            profile = dataclasses.replace(profile, host_samples=tuple(samples),
+                                          meta={**profile.meta, **meta, "host_runs": runs})
     if scratch is not None and profile.mode == net.mode and profile.meta.get("transients"):
         for k, peak in profile.meta["transients"]:
             scratch.add(k, peak)

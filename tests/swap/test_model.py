@@ -348,8 +348,51 @@ def test_host_line_lies_under_samples_that_waits_only_lengthen():
     m = HostModel.fit([on_line, waited], "min")
     assert m.a == (pytest.approx(14 * US), pytest.approx(14 * US)) and m.b == (0.0, 0.0)
     assert HostModel.from_dict(h.to_dict()) == h
-    with pytest.raises(ValueError, match="use one of line, min"):
+    with pytest.raises(ValueError, match="use one of issue, line, min"):
         HostModel.fit([on_line], "median")
+
+
+def test_host_issue_fit_is_the_least_squares_line_of_the_sums():
+    """Method "issue": per step the least-squares line through the median host time at each
+    small k (an outlier iteration does not move a median); a step whose times fall with k may
+    get a negative slope, which the sum absorbs; a total slope below zero gives constants."""
+    grow = [(k, (50 + 2 * k + (900 if (k, i) == (4, 0) else 0)) * US)
+            for k in (2, 4, 8) for i in range(3)]
+    fall = [(k, (30 - k / 2) * US) for k in (2, 4, 8) for _ in range(3)]
+    h = HostModel.fit_issue([grow, fall], ks=(2, 4, 8))
+    assert h.method == "issue" and h.ks == (2, 4, 8)
+    assert h.a[0] == pytest.approx(50 * US) and h.b[0] == pytest.approx(2 * US)
+    assert h.a[1] == pytest.approx(30 * US) and h.b[1] == pytest.approx(-0.5 * US)
+    assert h(10) == pytest.approx((70 + 25) * US)
+    flat = HostModel.fit([fall, [(k, 40 * US) for k in (2, 4, 8)]], "issue")
+    assert flat.b == (0.0, 0.0)
+    assert flat.a == (pytest.approx((30 - 14 / 6) * US), pytest.approx(40 * US))
+    assert HostModel.from_dict(h.to_dict()) == h
+
+
+def test_host_model_prefers_the_small_k_issue_times_when_the_profile_has_them(build_net):
+    """A profile whose compute-profile host times waited in a full launch queue (they grow
+    with the device's work) and whose small-k host samples say 20 us per step: the default
+    model is the small-k one; "line" still fits the compute profile's host times; "issue"
+    without host samples is refused with the reason."""
+    import dataclasses
+    g = build_gmap(build_net("resnet", 4))
+    truth = ComputeModel.uniform(ThroughputCurve(2e9, 1e5))
+    ks = (4, 8, 16, 32)
+    prof = with_host(synthetic_profile(g, ks, truth, PCIeModel(1e9, 1e9)),
+                     lambda k, j: (100 + 10 * k) * US)
+    own = tuple(dataclasses.replace(c, k=kk, host=20 * US)
+                for kk in (1, 2) for c in prof.compute if c.k == 4)
+    both = dataclasses.replace(prof, host_samples=own)
+    n = g.n_steps
+    m = ComputeModel.from_profile(both)
+    assert m.host.method == "issue" and m.host.ks == (1, 2)
+    assert m.host_at(40) == pytest.approx(n * 20 * US)
+    line = ComputeModel.from_profile(both, host="line").host
+    assert line.method == "line" and line(40) == pytest.approx(n * 500 * US)
+    assert ComputeModel.from_profile(prof).host.method == "line"
+    with pytest.raises(ValueError, match="no host samples"):
+        ComputeModel.from_profile(prof, host="issue")
 
 
 def test_host_bound_at_small_k_device_bound_at_large_k(build_net):

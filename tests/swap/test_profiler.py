@@ -10,7 +10,7 @@ from minicaffe.proto import caffe_pb2, parse_text
 from swap.gmap import build_gmap, net_batch_size
 from swap.model import ComputeModel, PCIeModel, ThroughputCurve
 from swap.plan import min_budget
-from swap.profiler import (SCHEMA, VERSION, Profile, profile_ks, profile_solver,
+from swap.profiler import (SCHEMA, VERSION, Profile, host_issue_ks, profile_ks, profile_solver,
                            set_batch_size, synthetic_profile)
 
 
@@ -155,6 +155,34 @@ def test_profile_solver_measures_real_training_iterations(make_solver, tmp_path)
     assert again == prof
     d = json.loads(path.read_text())
     assert d["schema"] == SCHEMA and d["version"] == VERSION and d["device"].startswith("CPU")
+
+
+def test_profile_solver_times_the_hosts_issue_at_small_k_without_swaps(make_solver, tmp_path):
+    """host_ks: after the compute profile, real training iterations at the small ks under the
+    plan "none" (nothing offloaded, nothing prefetched), kept apart from the compute samples;
+    the net is left at the compute profile's last k; CPU profiles take none by default."""
+    s = make_solver("resnet", batch=4)
+    budget = 3 * min_budget(build_gmap(s.net).at(8), "naive")
+    prof = profile_solver(s, budget, (4, 8), warmup=1, iterations=1, host_ks=(1, 2))
+    n = build_gmap(s.net).n_steps
+    assert s.iter == 2 * 2 + 2 * 5            # 2 + 3 iterations at each host k
+    assert net_batch_size(s.net) == 8 and s.net.executor is None
+    assert prof.meta["host_runs"] == [[1, 5], [2, 5]]
+    assert prof.meta["host_ks"] == [1, 2]
+    for k in (1, 2):
+        hs = [c for c in prof.host_samples if c.k == k]
+        assert len(hs) == 3 * n and {c.step for c in hs} == set(range(n))
+        assert all(c.host is not None and c.host > 0 for c in hs)
+    assert {c.k for c in prof.compute} == {4, 8}
+    assert not [t for t in prof.transfers if t.k in (1, 2)]
+    again = Profile.load(prof.save(tmp_path / "h.json") or tmp_path / "h.json")
+    assert again == prof
+    # the default on the CPU: none
+    s2 = make_solver("resnet", batch=4)
+    assert profile_solver(s2, budget, (4,), warmup=0, iterations=1).host_samples == ()
+    assert host_issue_ks(63) == (3, 7, 15) and host_issue_ks(4) == (1,)
+    with pytest.raises(ValueError, match="host_ks"):
+        profile_solver(s2, budget, (4,), host_ks="small")
 
 
 def test_profile_solver_marks_the_solver_step_around_the_pass(make_solver, tmp_path):

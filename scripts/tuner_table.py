@@ -242,6 +242,7 @@ def _measure_dynamic(solver, dec, budget, plan_budget, reserve, iters, warmup, g
         return {"k": dec.k_star, "ms": ms, "times": times, "images_per_s": dec.k_star * 1e3 / ms,
                 "gc_collections": GC["collections"], "gc_ms": GC["ms"],
                 "pred_ms": 1e3 * dec.t_iter, "pred_compute_ms": 1e3 * dec.timeline.t_model,
+                "pred_device_ms": 1e3 * dec.timeline.t_iter, "pred_host_ms": 1e3 * dec.host,
                 "time_err": (1e3 * dec.t_iter - ms) / ms,
                 "pred_peak": int(dec.peak), "pred_arena": int(p.arena_bytes),
                 "pred_transients": pred_t, "pred_total": pred_total, "meas_total": meas_total,
@@ -349,9 +350,17 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                     "decision_seconds": t_decide, "repeat_k_star": again.k_star,
                     "profiled_ks": list(td.profile.ks), "pcie_h2d": pcie.h2d, "pcie_d2h": pcie.d2h,
                     "describe": dec.describe(limit=6), "log": lines[-40:]}
+    hm = model.host
+    out["tuner"]["host_model"] = None if hm is None else {
+        "method": hm.method, "ks": list(hm.ks), "intercept_ms": 1e3 * hm.intercept,
+        "slope_us": 1e6 * hm.slope, "meta": td.profile.meta.get("host_sums")}
     if reused:
         out["profile"] = os.path.relpath(reused, REPO)
         out["profile_reused"] = True
+        if td.profile.host_samples:      # the host's issue time was taken in this run
+            prof_path = os.path.join(out_dir, f"{name}_profile.json")
+            td.profile.save(prof_path)
+            out["profile_with_host"] = os.path.relpath(prof_path, REPO)
     else:
         prof_path = os.path.join(out_dir, f"{name}_profile.json")
         td.profile.save(prof_path)

@@ -875,13 +875,48 @@ def make_dynamic_plan(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
     docs/RESULTS.md (ResNet-152 at small k, where the executor's host work on the transfers
     made ``dynamic`` 1.3x slower than ``none``).
 
+    With the fill, a plan that offloads nothing gives way to Caffe's plan (:func:`resident`,
+    strategy "none") where that fits the budget: every buffer stays where it is for the whole
+    iteration, with no allocation or release between the steps.
+
     pins: a :class:`PinResult` already computed for this gmap and times (before the fill).
     Raises :class:`swap.plan.BudgetError` when not even the naive plan fits the budget."""
     times = np.asarray(times, dtype=np.float64)
     if pins is None:
         pins = choose_pins(gmap, budget, times, pcie, rule=rule)
     base = _executable(gmap, budget, times, pcie, pins)
-    if not fill or not pins.sketch.swapped:
+    if not fill:
+        return base
+    return resident(gmap, budget, times, pcie, _filled(gmap, budget, times, pcie, pins, base))
+
+
+def resident(gmap: GMAP, budget: int | None, times, pcie: PCIeModel,
+             dyn: DynamicPlan) -> DynamicPlan:
+    """``dyn``, or Caffe's plan ("none": every buffer allocated once, for the whole iteration)
+    where ``dyn`` offloads nothing and that plan's layout fits ``budget``.
+
+    A dynamic plan that offloads nothing still allocates and releases the buffers that are
+    live for part of the iteration (the diffs, the layers' scratch) at the steps the GMAP
+    says, which saves memory and costs host time: ResNet-152 at k = 16 (2141 allocations and
+    as many releases per iteration) spent 0.8 to 3.1 ms more of the executor's host time per
+    iteration than under "none" in two runs on the H200 (2026-11-21,
+    docs/results/executor_s7), which adds to the iteration where the host is the bottleneck.
+    When the budget holds everything at once, the memory is not needed.  The pins are kept
+    (every feature map is pinned)."""
+    if budget is None or dyn.plan.offloaded:
+        return dyn
+    try:
+        plan = make_plan(gmap, "none", budget, dyn.plan.pinned)
+    except BudgetError:
+        return dyn
+    if plan.arena_bytes > budget:
+        return dyn
+    return DynamicPlan(plan=plan, timeline=simulate(plan, times, pcie), pins=dyn.pins)
+
+
+def _filled(gmap, budget, times, pcie, pins, base) -> DynamicPlan:
+    """make_dynamic_plan's fill (its doc): ``base`` with more pins, or ``base``."""
+    if not pins.sketch.swapped:
         return base
     extra = spare_pins(pins.sketch, budget)
     tol = 1e-3 * base.timeline.t_model
@@ -1027,4 +1062,5 @@ def plot_timeline(timeline: Timeline, path, *, trace=None, title: str | None = N
 
 __all__ = ["RULES", "Sketch", "sketch", "Sketcher", "Readiness", "algorithm1", "PinResult",
            "choose_pins", "Timeline", "simulate", "hold_steps", "DynamicPlan", "make_dynamic_plan", "spare_pins",
+           "resident",
            "read_trace", "plot_timeline"]

@@ -355,11 +355,13 @@ class Decision:
              f"budget {fmt_bytes(self.budget)}"
              + (f" less a scratch reserve of {fmt_bytes(self.scratch)}" if self.scratch else "")
              + f", pinned host {fmt_bytes(p.host_bytes)}"),
-            f"feature maps: {len(self.pinned)} of {len(fms)} pinned ({fmt_bytes(pin_b)}), "
-            f"{len(p.offloaded)} offloaded ({fmt_bytes(off_b)} out, {fmt_bytes(pre_b)} in per "
-            "iteration)",
+            (f"feature maps: {len(self.pinned)} of {len(fms)} pinned ({fmt_bytes(pin_b)}), "
+             f"{len(p.offloaded)} offloaded ({fmt_bytes(off_b)} out, {fmt_bytes(pre_b)} in per "
+             "iteration)") if p.strategy != "none" else
+            (f"feature maps: all {len(fms)} resident: nothing to swap at this k, and Caffe's "
+             f"plan (every buffer allocated for the whole iteration) fits the budget"),
         ]
-        names = self.pinned_names()
+        names = self.pinned_names() if p.strategy != "none" else ()
         if names:
             shown = ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)"
                                                 if len(names) > limit else "")
@@ -817,10 +819,13 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
     g = build_gmap(net, solver_type=solver.type)
     names = set(dec.pinned_names())
     pinned = frozenset(b.id for b in g.buffers if b.name in names)
-    hold = _hold_by_name(dec, g)
-    plan = make_plan(g, "dynamic", plan_budget, pinned, hold=hold)
-    if plan.arena_bytes > plan_budget:
-        plan = make_plan(g, "dynamic", plan_budget, pinned)
+    if dec.plan.strategy == "none":         # nothing to swap: Caffe's plan fits (planner.resident)
+        plan = make_plan(g, "none", plan_budget, pinned)
+    else:
+        hold = _hold_by_name(dec, g)
+        plan = make_plan(g, "dynamic", plan_budget, pinned, hold=hold)
+        if plan.arena_bytes > plan_budget:
+            plan = make_plan(g, "dynamic", plan_budget, pinned)
     ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, scratch=scratch)
     net.executor = ex
     return ex

@@ -4,7 +4,7 @@ import pytest
 
 from swap.gmap import BACKWARD, DATA, FORWARD, GMAP, SCRATCH, Buffer, Size, Step, build_gmap
 from swap.model import ComputeModel, PCIeModel, ThroughputCurve
-from swap.plan import ALLOCATE, OFFLOAD, RELEASE, SWAP_OUT, make_plan, min_budget
+from swap.plan import ALLOCATE, OFFLOAD, RELEASE, SETUP, SWAP_OUT, make_plan, min_budget
 from swap.planner import (Sketcher, algorithm1, choose_pins, hold_steps, make_dynamic_plan,
                           plot_timeline, read_trace, simulate, sketch)
 
@@ -223,6 +223,34 @@ def test_fill_pins_what_the_spare_memory_holds(build_net, which):
         assert set(extra) <= set(paper.plan.offloaded)
     assert grew                     # somewhere between naive and none there was room
     assert not make_dynamic_plan(g, hi + (1 << 20), times, pcie).plan.offloaded
+
+
+@pytest.mark.parametrize("which", ["lenet", "resnet"])
+def test_a_plan_that_offloads_nothing_runs_resident_where_caffes_plan_fits(build_net, which):
+    """With the fill, nothing offloaded and room for Caffe's plan: the plan is "none" (no
+    operation between the steps), every feature map pinned, its replay the same compute; with
+    a budget between the all-pinned dynamic plan and Caffe's, the dynamic plan stays; without
+    the fill, the paper's plan stays whatever the budget."""
+    from swap.planner import resident
+    g = build_gmap(build_net(which, 4))
+    times = ComputeModel.uniform(ThroughputCurve(1e9, 1e5)).step_times(g)
+    pcie = PCIeModel(h2d=5e8, d2h=5e8)
+    hi = min_budget(g, "none")
+    ample = make_dynamic_plan(g, hi, times, pcie)
+    assert ample.plan.strategy == "none" and ample.plan.arena_bytes <= hi
+    assert ample.plan.pinned == frozenset(g.feature_maps()) and not ample.plan.offloaded
+    assert {op.step for op in ample.plan.ops} <= {SETUP}
+    assert ample.timeline.t_model == pytest.approx(float(np.sum(times)))
+    assert ample.feasible
+    paper = make_dynamic_plan(g, hi, times, pcie, fill=False)
+    assert paper.plan.strategy == "dynamic"
+    all_pinned = make_plan(g, "dynamic", None, frozenset(g.feature_maps()))
+    between = all_pinned.arena_bytes
+    assert between < hi
+    tight = make_dynamic_plan(g, between, times, pcie)
+    assert tight.plan.strategy == "dynamic"
+    assert resident(g, between, times, pcie, tight) is tight
+    assert resident(g, None, times, pcie, tight) is tight
 
 
 @pytest.mark.parametrize("which", ["lenet", "resnet"])

@@ -76,7 +76,7 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   taken at small k under the plan "none", where no launch waits for the device (method
   "issue"; older profiles: the line below the compute profile's host times, where a launch
   into a full queue waits for the device, which only adds).  The predicted iteration is
-  ``max(device, sum_j h_j(k)) + O(k)`` (:meth:`ComputeModel.iteration`): the device's steps
+  ``max(device + tail, sum_j h_j(k) + O(k))`` (:func:`iteration_time`): the device's steps
   (eq. 2 plus stalls) cannot end before the host has issued them.  It binds at small k, where
   the device's work shrinks and the host's does not (ResNet-152 on the H200 at k = 16).
   Profiles without host times (before ``ComputeSample.host``) give no host model and the
@@ -96,6 +96,7 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -308,6 +309,7 @@ class IterationOverhead:
     a: float = 0.0
     b: float = 0.0
     samples: tuple = ()
+    tail: float = 0.0       # seconds of it the device itself spends: the solver update
 
     def __call__(self, k) -> float:
         return self.a + self.b * float(k)
@@ -334,15 +336,19 @@ class IterationOverhead:
     def from_profile(cls, profile) -> "IterationOverhead":
         """Fit to :func:`overhead_samples` of a profile (each profiled k one point)."""
         rows = overhead_samples(profile)
-        return cls.fit([r["k"] for r in rows], [r["seconds"] for r in rows])
+        fit = cls.fit([r["k"] for r in rows], [r["seconds"] for r in rows])
+        tail = float(np.mean([r["tail"] for r in rows])) if rows else 0.0
+        return dataclasses.replace(fit, tail=tail)
 
     def to_dict(self) -> dict:
-        return {"a": self.a, "b": self.b, "samples": [list(x) for x in self.samples]}
+        return {"a": self.a, "b": self.b, "samples": [list(x) for x in self.samples],
+                "tail": self.tail}
 
     @classmethod
     def from_dict(cls, d) -> "IterationOverhead":
         return cls(a=float(d.get("a", 0.0)), b=float(d.get("b", 0.0)),
-                   samples=tuple((int(k), float(t)) for k, t in d.get("samples", [])))
+                   samples=tuple((int(k), float(t)) for k, t in d.get("samples", [])),
+                   tail=float(d.get("tail", 0.0)))
 
 
 # ------------------------------------------------------------- host issue
@@ -385,7 +391,7 @@ class HostModel:
     host-bound and the device model (eq. 2 plus stalls) under-predicts it: ResNet-152 on the
     H200 measured 147.8 ms at k = 16 and 152.8 ms at k = 28 under the dynamic plan (2026-11-21)
     where eq. (2) plus stalls and O(k) predicted 94.3 and 134.9 ms.  :meth:`ComputeModel.iteration`
-    takes ``max(device, sum_j h_j(k)) + O(k)``.
+    takes the larger of the device's and the host's bounds (:func:`iteration_time`).
 
     Samples: :attr:`swap.profiler.ComputeSample.host`, ``perf_counter`` around each step's
     ``forward_layer`` / ``backward_layer``.  They are not the host's own cost under the
@@ -545,6 +551,32 @@ class HostModel:
                    method=d.get("method", "line"), ks=tuple(int(k) for k in d.get("ks", ())))
 
 
+def iteration_time(device: float, host: float | None, overhead: float,
+                   tail: float = 0.0) -> float:
+    """One iteration from its parts (:meth:`ComputeModel.iteration`, the tuner's decision):
+    ``max(device + tail, host + overhead)``; without a host model (``host`` None or 0)
+    ``device + overhead``, the model of before host times were profiled.
+
+    device: the compute stream's time for the steps; host: the host's time to issue them,
+    H(k); overhead: O(k), the rest of the iteration as the profile saw it (the head before the
+    first step, the gaps between steps, the solver update: ``tail``, the device's own part).
+
+    The two bounds: the device cannot end the iteration before it has run the steps and the
+    solver update, and it cannot end it before the host has issued the steps and what lies
+    between them.  The profile's head and gaps are host time seen on the device (each profiled
+    iteration starts on an idle device; between the steps the device waits for the next
+    launch): where the host runs ahead of a busy device they overlap its work and cost
+    nothing.  Measured on the H200 (2026-11-22, docs/RESULTS.md, session 8): ResNet-50 at
+    k = 107 took 136.5 ms with 136.5 ms of predicted device steps and an O(k) of 5.6 ms
+    (``max(device, H) + O(k)`` said +4.1 %, +9.7 % and +13.2 % at k = 107, 53, 35); ResNet-152
+    at k = 16, host-bound, took 92.8 ms against H + O = 90.6 ms.  Where host and device take
+    turns within one iteration (some steps host-bound, others not) both bounds are low; a per
+    step form would need the launch queue's depth."""
+    if not host:
+        return device + overhead
+    return max(device + tail, host + overhead)
+
+
 # ------------------------------------------------------------ compute model
 GRANULARITIES = ("type", "step")
 # the tuner's curves (``swap.tuner.profile_models``, ``train_dynamic``, ``minicaffe plan``):
@@ -636,18 +668,11 @@ class ComputeModel:
 
     def iteration(self, device: float, k: int) -> float:
         """The predicted iteration at ``k`` from ``device``, the compute stream's time for the
-        steps (eq. 2, or Algorithm 1's timeline with its stalls):
-        ``max(device, sum_j h_j(k)) + O(k)``.
-
-        Per iteration, the simplest form the profile supports: the device cannot finish the
-        steps before the host has issued them, and the host cannot issue them faster than
-        ``h_j``; O(k) (the head before the first step, the gaps, the solver update) comes on
-        top either way.  A finer max (per step, or per stretch between synchronizations) would
-        need the launch queue's depth and the host's time between steps, which the profile
-        does not record.  Without a host model: ``device + O(k)``, exactly as before."""
-        if self.host is None:
-            return device + self.overhead_at(k)
-        return max(device, float(self.host(k))) + self.overhead_at(k)
+        steps (eq. 2, or Algorithm 1's timeline with its stalls): :func:`iteration_time` of
+        it, the host's issue time ``sum_j h_j(k)``, O(k) and O's device tail."""
+        tail = self.overhead.tail if self.overhead is not None else 0.0
+        return iteration_time(device, self.host_at(k) if self.host is not None else None,
+                              self.overhead_at(k), tail)
 
     # ---- construction
     @classmethod

@@ -286,6 +286,7 @@ class Decision:
     delta: float = 0.0
     scratch: int = 0            # the scratch reserve at k* (Algorithm 2's M_ws), bytes
     overhead: float = 0.0       # O(k*): seconds of the iteration outside the layer steps
+    tail: float = 0.0           # the device's own part of O (the solver update)
     host: float = 0.0           # H(k*): the host's seconds to issue the steps (0: no host model)
 
     @property
@@ -302,17 +303,17 @@ class Decision:
 
     @property
     def t_iter(self) -> float:
-        """Predicted seconds per iteration: the op-level replay (compute and stalls), or the
-        host's issue time H(k*) where that is longer, plus the time outside the layer steps,
-        O(k*) (the solver update, gaps between steps)."""
-        if not self.host:
-            return self.timeline.t_iter + self.overhead
-        return max(self.timeline.t_iter, self.host) + self.overhead
+        """Predicted seconds per iteration (:func:`swap.model.iteration_time`): the op-level
+        replay (compute and stalls) and the solver update, or the host's issue time H(k*) and
+        the time outside the layer steps O(k*) where that is longer."""
+        from .model import iteration_time
+        return iteration_time(self.timeline.t_iter, self.host, self.overhead, self.tail)
 
     @property
     def host_bound(self) -> bool:
         """The host's issue time, not the device's, sets the predicted iteration."""
-        return self.host > self.timeline.t_iter
+        return bool(self.host) and (self.host + self.overhead
+                                    > self.timeline.t_iter + self.tail)
 
     @property
     def images_per_s(self) -> float:
@@ -443,6 +444,12 @@ def _overhead_of(model):
     return model.overhead_at
 
 
+def _tail_of(model) -> float:
+    """The device's own part of O(k), the solver update (0 without a model or O(k))."""
+    oh = getattr(model, "overhead", None) if model is not None else None
+    return 0.0 if oh is None else float(oh.tail)
+
+
 def _host_of(model):
     """``k -> H(k)``, the host's issue time of the steps (0 without a model or host times)."""
     if model is None or getattr(model, "host", None) is None:
@@ -464,7 +471,7 @@ def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delt
                     rule=rule, stall_free=stall_free, dynamic=dyn,
                     evaluations=tuple(evaluations), delta=delta,
                     scratch=search.plan_budget - search.plan_budget_at(dyn.k),
-                    overhead=float(_overhead_of(model)(dyn.k)),
+                    overhead=float(_overhead_of(model)(dyn.k)), tail=_tail_of(model),
                     host=float(_host_of(model)(dyn.k)))
 
 
@@ -494,7 +501,7 @@ def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeMode
                     rule=rule, stall_free=dyn.feasible, dynamic=dyn,
                     evaluations=tuple(search.evaluations), delta=delta,
                     scratch=search.plan_budget - search.plan_budget_at(int(k)),
-                    overhead=float(_overhead_of(model)(int(k))),
+                    overhead=float(_overhead_of(model)(int(k))), tail=_tail_of(model),
                     host=float(_host_of(model)(int(k))))
 
 

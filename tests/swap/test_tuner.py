@@ -203,7 +203,7 @@ def test_the_time_outside_the_steps_is_in_the_predicted_iteration(build_net):
 def test_a_host_floor_changes_the_predicted_time_not_k_star(build_net):
     """A host model whose floor lies above the device's timeline at small k and below it at
     k*: the same k*, pins and timeline as without; at k* the prediction is the timeline plus
-    O(k) (device-bound); at a small fixed k it is the host's floor plus O(k) (host-bound), and
+    the solver update (device-bound); at a small fixed k it is the host's floor plus O(k) (host-bound), and
     the decision says so."""
     import dataclasses
 
@@ -224,7 +224,11 @@ def test_a_host_floor_changes_the_predicted_time_not_k_star(build_net):
     assert d1.timeline.t_iter == d0.timeline.t_iter
     assert d0.host == 0.0 and d1.host == pytest.approx(host(d1.k_star))
     assert d1.timeline.t_iter > d1.host and not d1.host_bound
-    assert d1.t_iter == d0.t_iter
+    # device-bound with a host model: the steps and the solver update (O's device tail); the
+    # head and gaps of O are the host's, under the device's work
+    assert d1.tail == pytest.approx(1e-3) and d1.overhead > d1.tail
+    assert d1.t_iter == pytest.approx(d1.timeline.t_iter + d1.tail)
+    assert d0.t_iter == pytest.approx(d0.timeline.t_iter + d0.overhead)
     assert "host issue" in d1.describe() and "host-bound" not in d1.describe()
     assert "host issue" not in d0.describe()
     f0, f1 = (plan_at(g, 2, budget, m, pcie) for m in (m0, m1))

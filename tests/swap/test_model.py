@@ -2,6 +2,8 @@
 layer steps, the PCIe model (eq. 5) and the memory model (eq. 4), fitted from profiles."""
 import math
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -362,22 +364,23 @@ def test_iteration_time_is_the_larger_of_the_device_and_host_bounds():
     assert iteration_time(3.0, 5.0, 2.0, 1.0) == 7.0         # host-bound
 
 
-def test_host_issue_fit_is_the_least_squares_line_of_the_sums():
-    """Method "issue": per step the least-squares line through the median host time at each
-    small k (an outlier iteration does not move a median); a step whose times fall with k may
-    get a negative slope, which the sum absorbs; a total slope below zero gives constants."""
-    grow = [(k, (50 + 2 * k + (900 if (k, i) == (4, 0) else 0)) * US)
-            for k in (2, 4, 8) for i in range(3)]
-    fall = [(k, (30 - k / 2) * US) for k in (2, 4, 8) for _ in range(3)]
-    h = HostModel.fit_issue([grow, fall], ks=(2, 4, 8))
+def test_host_issue_fit_is_the_least_disturbed_small_k():
+    """Method "issue": per k the median of each step over the iterations (an outlier iteration
+    does not move it); the k whose medians sum to the least gives a constant (a host that
+    was slow through a whole k does not become a slope)."""
+    a = [(k, (50 + (900 if i == 0 else 0) + (40 if k == 8 else 0)) * US)
+         for k in (2, 4, 8) for i in range(3)]
+    b = [(k, (30 + (1 if k == 2 else 0)) * US) for k in (2, 4, 8) for _ in range(3)]
+    h = HostModel.fit_issue([a, b], ks=(2, 4, 8))
     assert h.method == "issue" and h.ks == (2, 4, 8)
-    assert h.a[0] == pytest.approx(50 * US) and h.b[0] == pytest.approx(2 * US)
-    assert h.a[1] == pytest.approx(30 * US) and h.b[1] == pytest.approx(-0.5 * US)
-    assert h(10) == pytest.approx((70 + 25) * US)
-    flat = HostModel.fit([fall, [(k, 40 * US) for k in (2, 4, 8)]], "issue")
-    assert flat.b == (0.0, 0.0)
-    assert flat.a == (pytest.approx((30 - 14 / 6) * US), pytest.approx(40 * US))
+    assert h.a == (pytest.approx(50 * US), pytest.approx(30 * US)) and h.b == (0.0, 0.0)
+    assert h(1000) == pytest.approx(80 * US)
+    assert HostModel.fit([a, b], "issue") == dataclasses.replace(h, ks=())
     assert HostModel.from_dict(h.to_dict()) == h
+    with pytest.raises(ValueError, match="step 1 has no sample"):
+        HostModel.fit_issue([a, []])
+    with pytest.raises(ValueError, match="no minibatch has a sample of every step"):
+        HostModel.fit_issue([[(2, US)], [(4, US)]])
 
 
 def test_host_model_prefers_the_small_k_issue_times_when_the_profile_has_them(build_net):

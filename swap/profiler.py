@@ -780,6 +780,16 @@ def default_host_budget() -> int | None:
 PROFILE_RETRIES = 3
 
 
+def _recorded_steps(inst, solver, warmup: int, iterations: int):
+    """``warmup + iterations`` training iterations under ``inst``, the last ``iterations``
+    recorded."""
+    for it in range(warmup + iterations):
+        inst.recording = it >= warmup
+        inst.begin_step()
+        solver.step(1)
+        inst.end_step()
+
+
 def _install_plain(solver, budget, scratch=None):
     """The plan "none" with the convolutions lowered as the swap plans lower them (chunks of
     images, not Caffe's one image): the host's per-step work of the dynamic plan."""
@@ -834,11 +844,7 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
         ex = _install_plain(solver, budget, reserve)
         inst = _Instrument(ex, k)
         try:
-            for it in range(warmup + iterations):
-                inst.recording = it >= warmup
-                inst.begin_step()
-                solver.step(1)
-                inst.end_step()
+            _recorded_steps(inst, solver, warmup, iterations)
         except ScratchOverflow as e:
             if log is not None:
                 log(f"Host issue time at minibatch {k} not profiled: {e}")
@@ -940,11 +946,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                 steps = step_infos(ex.gmap)
             inst = _Instrument(ex, k)
             try:
-                for it in range(warmup + iterations):
-                    inst.recording = it >= warmup
-                    inst.begin_step()
-                    solver.step(1)
-                    inst.end_step()
+                _recorded_steps(inst, solver, warmup, iterations)
             except ScratchOverflow as e:
                 inst.remove()
                 ex.close()

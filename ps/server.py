@@ -38,7 +38,7 @@ from minicaffe.proto import caffe_pb2
 
 from . import protocol as P
 from .protocol import Op, ProtocolError
-from .transport import CurveServer, LinkModel, poll_until, router, send
+from .transport import CurveServer, LinkModel, SendFailed, poll_until, router, send
 from .update import ShardSolver, read_shard_state, update_fields
 
 
@@ -222,9 +222,10 @@ class ShardServer:
             sends.append((("reply", rank), self._sock, frames, rid))
         try:
             self.link.send_all(sends)
-        except zmq.ZMQError as e:
-            raise RoundFailed(f"cannot answer the workers at iteration {iteration}: {e} "
-                              "(a worker has gone)") from None
+        except SendFailed as e:
+            ranks = _ranks(rank for _, rank in e.keys)
+            raise RoundFailed(f"iteration {iteration}: cannot answer rank(s) {ranks}: "
+                              f"{e.failures[0][1]} (the worker has gone)") from None
         return sum(P.frames_nbytes(f) for _, _, f, _ in sends)
 
     def abort_all(self, reason: str):

@@ -244,17 +244,44 @@ class LinkModel:
 
     def send_all(self, sends):
         """Send every message of ``sends`` = [(link key, socket, frames, routing id)],
-        each at its emulated arrival time (earliest first)."""
-        if not self.enabled:
-            for _, sock, frames, rid in sends:
+        each at its emulated arrival time (earliest first).
+
+        A message that cannot leave does not stop the others; once all were
+        tried, :class:`SendFailed` names every link that failed.
+        """
+        if self.enabled:
+            due = self.schedule([(key, frames_nbytes(frames)) for key, _, frames, _ in sends])
+            timed = sorted(zip(due, sends), key=lambda x: x[0])
+        else:
+            timed = [(None, s) for s in sends]
+        failed = []
+        for t, (key, sock, frames, rid) in timed:
+            if t is not None and t - self._clock() > 0:
+                self._sleep(t - self._clock())
+            try:
                 send(sock, frames, rid)
-            return
-        due = self.schedule([(key, frames_nbytes(frames)) for key, _, frames, _ in sends])
-        for t, (_, sock, frames, rid) in sorted(zip(due, sends), key=lambda x: x[0]):
-            wait = t - self._clock()
-            if wait > 0:
-                self._sleep(wait)
-            send(sock, frames, rid)
+            except zmq.ZMQError as e:
+                failed.append((key, e))
+        if failed:
+            raise SendFailed(failed)
+
+
+class SendFailed(zmq.ZMQError):
+    """Some messages of one :meth:`LinkModel.send_all` could not leave.
+
+    ``failures`` is [(link key, zmq.ZMQError)], in sending order; ``errno``
+    is the first failure's, so a caller that catches ``zmq.Again`` by errno
+    still can.
+    """
+
+    def __init__(self, failures):
+        self.failures = list(failures)
+        first = self.failures[0][1]
+        super().__init__(first.errno, "; ".join(f"{key}: {e}" for key, e in self.failures))
+
+    @property
+    def keys(self) -> list:
+        return [key for key, _ in self.failures]
 
 
 def poll_until(poller, deadline: float) -> list:

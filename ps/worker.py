@@ -72,7 +72,7 @@ from . import protocol as P
 from .overlap import GradientOverlap, backward_order, overlap_default
 from .protocol import Op, ProtocolError
 from .sharding import assign_shards, assign_shards_in_order, shard_bytes
-from .transport import LinkModel, dealer, poll_until
+from .transport import LinkModel, SendFailed, dealer, poll_until
 
 
 class PSError(RuntimeError):
@@ -188,9 +188,13 @@ class ParameterClient:
         if self.link.enabled:
             try:
                 self.link.send_all(sends)
-            except self._zmq.Again:
-                raise PSError(f"iteration {iteration}: sending to the servers timed out after "
-                              f"{c.timeout:g} s") from None
+            except SendFailed as e:
+                shards = ", ".join(self.name(s) for _, s in e.keys)
+                if all(isinstance(err, self._zmq.Again) for _, err in e.failures):
+                    raise PSError(f"iteration {iteration}: sending to {shards} timed out after "
+                                  f"{c.timeout:g} s (server down?)") from None
+                raise PSError(f"iteration {iteration}: cannot send to {shards}: "
+                              f"{e.failures[0][1]}") from None
         return sum(P.frames_nbytes(f) for _, _, f, _ in sends)
 
     def _send_one(self, s, frames):

@@ -135,3 +135,33 @@ def test_link_model_sends_each_message_at_its_arrival_time():
     assert not LinkModel().enabled
     with pytest.raises(ValueError):
         LinkModel(latency_ms=-1)
+
+
+@pytest.mark.parametrize("gbps", [None, 8.0])
+def test_send_all_tries_every_message_and_names_each_link_that_failed(gbps):
+    import zmq
+    from ps.transport import SendFailed
+    clock = FakeClock()
+    link = LinkModel(gbps=gbps, clock=clock, sleep=clock.sleep)
+    sent = []
+
+    class Sock:
+        def __init__(self, name, error=None):
+            self.name, self.error = name, error
+
+        def send_multipart(self, frames, copy=True):
+            if self.error is not None:
+                raise self.error
+            sent.append(self.name)
+
+    msg = P.encode(Op.PARAMS, 3, 0, 0, [(0, np.zeros(4, np.float32))])
+    gone = zmq.ZMQError(zmq.EHOSTUNREACH)
+    with pytest.raises(SendFailed) as info:
+        link.send_all([(("reply", 0), Sock("r0"), msg, b"a"),
+                       (("reply", 1), Sock("r1", gone), msg, b"b"),
+                       (("reply", 2), Sock("r2"), msg, b"c"),
+                       (("reply", 3), Sock("r3", zmq.Again()), msg, b"d")])
+    assert sorted(sent) == ["r0", "r2"]                 # the failures stopped nobody
+    assert info.value.keys == [("reply", 1), ("reply", 3)]
+    assert info.value.errno == zmq.EHOSTUNREACH
+    assert "('reply', 1)" in str(info.value) and "('reply', 3)" in str(info.value)

@@ -250,17 +250,20 @@ def cudnn_options() -> CudnnOptions:
                         find=_flag(ENV_FIND, default=True), workspace_limit=ops.workspace_limit())
 
 
-def bound_workspaces(net, budget: int | None) -> int:
+def bound_workspaces(net, budget: int | None, *, limit: int | None = None) -> int:
     """Bound every CUDNN convolution's workspace of ``net`` for training inside ``budget``
-    bytes (:func:`minicaffe.cudnn.ops.workspace_limit_under_budget`); the algorithms are
+    bytes (:func:`minicaffe.cudnn.ops.workspace_limit_under_budget`), or to ``limit`` bytes
+    when given (Caffe's 8 MiB per algorithm for the Caffe baseline);
+    ``$MINICAFFE_CUDNN_WORKSPACE_LIMIT``, when set, wins over both.  The algorithms are
     chosen again at the next reshape.  Returns the limit (bytes)."""
     from .cudnn import ops
-    limit = ops.workspace_limit_under_budget(budget)
+    if limit is None or os.environ.get(ops.ENV_WORKSPACE_LIMIT, "").strip():
+        limit = ops.workspace_limit_under_budget(budget)
     for layer in net.layers:
         setter = getattr(layer, "set_workspace_limit", None)
         if setter is not None:
             setter(limit)
-    return limit
+    return int(limit)
 
 
 # ----------------------------------------------------- in-place hazards

@@ -435,9 +435,13 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
             if layer.type == "Convolution" and not it.saved:
                 # Caffe keeps one image of im2col per CAFFE-engine layer, nothing for cuDNN,
                 # and has no other convolution scratch (see swap.memory).
+                # A running cuDNN convolution's workspace is one stream's; Caffe's two
+                # more streams are in _caffe_only.
                 engine = _conv_engine(layer, caffe_engine)
                 if iname == "col" and engine == "CAFFE":
                     caffe = Size(layer.kdim * layer.out_spatial * layer.dtype.itemsize, False)
+                elif iname == "workspace" and engine == "CUDNN":
+                    caffe = Size(nb, False)
                 else:
                     caffe = Size(0, False)
             chunk = getattr(layer, "chunk", None)
@@ -557,8 +561,10 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
       (``x_norm_``'s diff) for backward;
     * a CAFFE-engine convolution that computes its weight gradient writes its bottom's diff even
       where nothing needs it (``mutable_gpu_diff`` before the propagate_down test), so the data
-      blob gets a diff; a cuDNN convolution does not, and instead keeps workspaces of up to
-      8 MiB per algorithm, per stream (3) and per group.
+      blob gets a diff; a cuDNN convolution does not, and instead keeps one workspace per
+      stream (3) and per group, each the largest need of its three algorithms within 8 MiB:
+      two more of the layer's own ``workspace`` where it runs cuDNN (the same algorithms,
+      which :func:`swap.runtime.set_lowering` bounds as Caffe does), else the bound.
     """
     out = []
     backward = set(bwd_layers)
@@ -582,9 +588,12 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
         elif layer.type == "Convolution":
             engine = _conv_engine(layer, caffe_engine)
             if engine == "CUDNN":
-                out.append((f"caffe:{layer.name}/cudnn_workspace", CAFFE, np.uint8,
-                            Size(CUDNN_WORKSPACE_LIMIT * CUDNN_STREAMS_PER_GROUP * layer.group,
-                                 False), ()))
+                own = layer.internals.get("workspace")
+                extra = ((CUDNN_STREAMS_PER_GROUP - 1) * own.blob.nbytes if own is not None
+                         else CUDNN_WORKSPACE_LIMIT * CUDNN_STREAMS_PER_GROUP * layer.group)
+                if extra:
+                    out.append((f"caffe:{layer.name}/cudnn_workspace", CAFFE, np.uint8,
+                                Size(extra, False), ()))
             elif li in backward and layer.param_propagate_down and layer.param_propagate_down[0]:
                 for bi, b in enumerate(bottoms):
                     if id(b.diff_storage) not in diff_of and b.nbytes:

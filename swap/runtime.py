@@ -106,7 +106,8 @@ import numpy as np
 
 from . import nvtx as _nvtx
 from .arena import ALIGN, Arena, DeviceArena, HostArena, ScratchReserve, align
-from .gmap import DATA, FORWARD, PARAM, SAVED, SCRATCH, build_gmap, net_batch_size
+from .gmap import (CUDNN_WORKSPACE_LIMIT, DATA, FORWARD, PARAM, SAVED, SCRATCH, build_gmap,
+                   net_batch_size)
 from .plan import (ALLOCATE, BEFORE, COMPUTE, OFFLOAD, PREFETCH, RECOMPUTE, RELEASE, SETUP,
                    SWAP_IN, SWAP_OUT, BudgetError, Plan, make_plan)
 
@@ -1784,14 +1785,23 @@ def lowering_for(strategy: str, lowering: str | None = None) -> str:
     return lowering
 
 
-def set_lowering(net, lowering: str) -> int:
-    """Make every CAFFE-engine convolution of ``net`` lower one image at a time into a
-    one-image column buffer, as Caffe does ("caffe"), or chunks of images up to
-    ``ConvolutionLayer.col_buffer_bytes`` ("chunked", minicaffe's default: fewer, larger
-    GEMMs, more scratch).  Takes effect at the next ``net.reshape()``; returns the number of
-    layers it applies to."""
+def set_lowering(net, lowering: str, budget: int | None = None) -> int:
+    """Give every convolution of ``net`` Caffe's scratch ("caffe") or minicaffe's
+    ("chunked", the default of every strategy but ``none``).  Takes effect at the next
+    ``net.reshape()``; returns the number of convolutions it applies to.
+
+    * A CAFFE-engine convolution lowers one image at a time into a one-image column buffer,
+      as Caffe does ("caffe"), or chunks of images up to ``ConvolutionLayer.col_buffer_bytes``
+      ("chunked": fewer, larger GEMMs, more scratch).
+    * A CUDNN-engine convolution's workspace is bounded by Caffe's 8 MiB per algorithm
+      (``cudnn_conv_layer.cpp``; "caffe"), or by a sixteenth of ``budget`` ("chunked";
+      the engine's 4 GiB without one): under Caffe's plan every layer keeps its own
+      workspace for the whole iteration, so an unbounded one would cost the minibatch.
+    """
     if lowering not in LOWERINGS:
         raise ValueError(f"convolution lowering {lowering!r}: use one of {', '.join(LOWERINGS)}")
+    from minicaffe.engine import bound_workspaces
+    bound_workspaces(net, budget, limit=CUDNN_WORKSPACE_LIMIT if lowering == "caffe" else None)
     n = 0
     for layer in net.layers:
         if not hasattr(type(layer), "col_buffer_bytes"):
@@ -1825,7 +1835,7 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     lowering = lowering_for(strategy, lowering)
     for n in [net] + list(test_nets if test_nets is not None
                           else getattr(solver, "test_nets", ()) or ()):
-        set_lowering(n, lowering)
+        set_lowering(n, lowering, budget)
         n.set_bn_scale_fusion(False)      # a plan runs the layers unpaired (swap/gmap.py)
     net.reshape()                         # every layer's internals exist at their sizes
     # the column buffers GPU convolutions shared before a plan bound their scratch: the

@@ -142,6 +142,30 @@ def test_caffe_accounting_with_chunked_im2col(build_net):
     assert g.find("scratch:res2_a/top_diff_t").caffe_nbytes(8) == 0
 
 
+def test_caffe_accounting_of_cudnn_workspaces(build_net):
+    """A cuDNN convolution in Caffe keeps three streams' workspaces, each at most 8 MiB per
+    algorithm: where the layer runs cuDNN (its own ``workspace`` internal, one stream's), Caffe
+    holds two more of it; where it does not (CPU mode), the bound is reserved."""
+    import numpy as np
+    net = build_net("resnet")
+    conv = net.layers[net.layer_index("res2_a")]
+    conv.param.convolution_param.engine = 2            # CUDNN, as the prototxt says
+    g = build_gmap(net)
+    assert g.find("caffe:res2_a/cudnn_workspace").nbytes(g.k) == 3 * (8 << 20) * conv.group
+    # as the layer is on a GPU: no column buffer, a workspace of the chosen algorithms
+    for name in list(conv.internals):
+        conv.internals.pop(name)
+    conv.add_internal("workspace", (3 << 20,), saved=False, batch_scaled=False, dtype=np.uint8)
+    g = build_gmap(net)
+    ws = g.find("scratch:res2_a/workspace")
+    assert ws.nbytes(g.k) == ws.caffe_nbytes(g.k) == 3 << 20
+    assert g.find("caffe:res2_a/cudnn_workspace").nbytes(g.k) == 2 * (3 << 20)
+    assert g.find("caffe:res2_a/cudnn_workspace").nbytes(4 * g.k) == 2 * (3 << 20)   # no k
+    conv.internals["workspace"].blob.reshape((0,))     # zero-workspace algorithms
+    g = build_gmap(net)
+    assert not any(b.name == "caffe:res2_a/cudnn_workspace" for b in g.buffers)
+
+
 def test_adam_keeps_two_history_slots(build_net):
     net = build_net("lenet")
     assert build_gmap(net, solver_type="Adam").total((HISTORY,)) == \

@@ -338,3 +338,32 @@ def test_a_closed_executor_holds_no_view_of_its_arenas(make_solver):
     for a in _arrays_in(vars(ex)):
         assert not np.shares_memory(a, dev)
         assert host is None or not np.shares_memory(a, host)
+
+
+def test_lowering_bounds_cudnn_workspaces_as_caffe_or_by_the_budget(monkeypatch):
+    """Caffe's scratch ("caffe") bounds a cuDNN convolution's workspace by Caffe's 8 MiB per
+    algorithm; minicaffe's ("chunked") by a sixteenth of the budget (the engine's own 4 GiB
+    without one); the user's $MINICAFFE_CUDNN_WORKSPACE_LIMIT wins over both."""
+    monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", raising=False)
+
+    class Conv:
+        col_buffer_bytes = 1 << 20
+
+        def __init__(self):
+            self.limits = []
+
+        def set_workspace_limit(self, limit):
+            self.limits.append(limit)
+
+    class Net:
+        layers = [Conv(), object(), Conv()]
+
+    assert set_lowering(Net, "caffe") == 2
+    assert set_lowering(Net, "chunked", 12 << 30) == 2
+    assert set_lowering(Net, "chunked") == 2
+    monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", "1M")
+    set_lowering(Net, "caffe")
+    for conv in (Net.layers[0], Net.layers[2]):
+        assert conv.limits == [8 << 20, 768 << 20, 4 << 30, 1 << 20]
+    with pytest.raises(ValueError, match="lowering"):
+        set_lowering(Net, "fast")

@@ -301,6 +301,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     from swap.gmap import build_gmap
     from swap.memory import caffe_max_batch
     from swap.profiler import set_batch_size
+    from swap.runtime import set_lowering
     from swap.tuner import profile_models, train_dynamic, tune
     gpu = mode == "GPU"
     lines, log = collecting_log()
@@ -311,6 +312,9 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     out = {"net": name, "k_base": k_base, "budget": budget, "host_budget": host_budget,
            "device": _device(gpu), "mode": mode, "engine": engine, "search": search,
            "granularity": granularity, "date": time.strftime("%Y-%m-%d")}
+    # Caffe's accounting: its one-image im2col and its cuDNN workspaces (swap.runtime)
+    set_lowering(net, "caffe")
+    net.reshape()
     out["k_caffe"] = caffe_max_batch(build_gmap(net), budget)
     # ---- 1. Caffe mode
     k_none, tp_none = _none_max_k(solver, budget, gpu, log)

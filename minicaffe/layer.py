@@ -82,10 +82,14 @@ class BackwardReads:
     bottom: indices of bottoms whose *data* backward reads.
     top: indices of tops whose *data* backward reads.
     internals: names of saved internal buffers (see ``Layer.add_internal``).
+    others: (layer, internal name) of another layer's internals that this backward reads
+        (saved ones) or uses as scratch within its call (a fused pair's, see
+        minicaffe/layers/batchnorm.py).
     """
     bottom: tuple = ()
     top: tuple = ()
     internals: tuple = ()
+    others: tuple = ()
 
 
 @dataclass

@@ -407,14 +407,19 @@ class Net:
             raise KeyError(f"net {self.name!r} has no layer {name!r}") from None
 
     # ------------------------------------------------------- layer fusion
-    def find_bn_scale_pairs(self) -> list[tuple[int, int]]:
+    def find_bn_scale_pairs(self, planned: bool = False) -> list[tuple[int, int]]:
         """(BatchNorm index, Scale index) of every pair that can run fused: a TRAIN
         BatchNorm (batch statistics) on the fused GPU kernels, followed directly by a
         Scale with one bottom that runs in place on the BatchNorm's top, with a
-        per-channel scale (and bias) and no explicit ``propagate_down``, no memory
-        plan installed.  See minicaffe/layers/batchnorm.py."""
+        per-channel scale (and bias), neither with an explicit ``propagate_down``.
+        See minicaffe/layers/batchnorm.py.
+
+        ``planned``: for a memory plan about to be made (swap.runtime.install), which
+        also needs the BatchNorm in place, so that the pair's backward, run in the Scale's
+        step, writes no diff but the Scale's own (swap/gmap.py); otherwise none while a
+        plan is installed (its GMAP was made for the layers as they were)."""
         pairs = []
-        if self.executor is not None:
+        if self.executor is not None and not planned:
             return pairs
         for i in range(len(self.layers) - 1):
             bn, sc = self.layers[i], self.layers[i + 1]
@@ -422,28 +427,31 @@ class Net:
                 continue
             if not getattr(bn, "_fused", False) or bn.use_global_stats:
                 continue
-            top = self.top_vecs[i]
+            bb, top = self.bottom_vecs[i], self.top_vecs[i]
             sb, st = self.bottom_vecs[i + 1], self.top_vecs[i + 1]
             if len(top) != 1 or len(sb) != 1 or sb[0] is not top[0] or st[0] is not sb[0]:
                 continue
-            if len(self.param.layer[i + 1].propagate_down) or not sc.pairable(sb):
+            if planned and bb[0] is not top[0]:
+                continue
+            explicit = any(len(self.param.layer[k].propagate_down) for k in (i, i + 1))
+            if explicit or not sc.pairable(sb):
                 continue
             pairs.append((i, i + 1))
         return pairs
 
-    def set_bn_scale_fusion(self, enabled: bool):
+    def set_bn_scale_fusion(self, enabled: bool, planned: bool = False):
         """Pair (or unpair) BatchNorm and Scale layers for the fused GPU path
-        (:meth:`find_bn_scale_pairs`); the affected layers are reshaped, so a Scale
-        drops or regains its copy of the input.  The memory manager unpairs before
-        it plans: its GMAP counts each layer's buffers as Caffe keeps them."""
+        (:meth:`find_bn_scale_pairs`, ``planned`` for a memory plan about to be made); the
+        affected layers are reshaped, so a Scale drops or regains its copy of the input."""
         for i, j in self.bn_scale_pairs:
             self.layers[i].fused_scale = None
+            self.layers[i].pair_vecs = None
             self.layers[j].fused_bn = None
-            self.layers[j].pair_sums_ready = False
         changed = {k for pair in self.bn_scale_pairs for k in pair}
-        self.bn_scale_pairs = self.find_bn_scale_pairs() if enabled else []
+        self.bn_scale_pairs = self.find_bn_scale_pairs(planned) if enabled else []
         for i, j in self.bn_scale_pairs:
             self.layers[i].fused_scale = self.layers[j]
+            self.layers[i].pair_vecs = (self.bottom_vecs[i], self.top_vecs[i])
             self.layers[j].fused_bn = self.layers[i]
             changed |= {i, j}
         for li in sorted(changed):

@@ -105,14 +105,14 @@ def install_strategy(solver, strategy: str, tuned=None):
     bytes) for the strategies of :data:`TUNED`."""
     from swap.gmap import build_gmap
     from swap.plan import make_plan
-    from swap.runtime import install, set_lowering
+    from swap.runtime import install, pair_bn_scale, set_lowering
     if strategy in TUNED:
         return install_tuned(solver, strategy == "tuned", *tuned)
     if strategy.startswith("tuned") and strategy.endswith("-pool"):
         return install_tuned(solver, strategy == "tuned-pool", *tuned, reserve=False)
     if strategy == "plain":
         set_lowering(solver.net, "chunked")     # the lowering the swapping strategies run with
-        solver.net.set_bn_scale_fusion(False)   # a plan runs the layers unpaired
+        solver.net.set_bn_scale_fusion(pair_bn_scale("dynamic"), planned=True)   # as a plan
         solver.net.reshape()
         return None
     pinned = frozenset()
@@ -130,11 +130,11 @@ def install_tuned(solver, fill: bool, profile: str, budget: int, reserve: bool =
     own size with CuPy's allocations left in CuPy's pool."""
     from swap.gmap import build_gmap, net_batch_size
     from swap.profiler import Profile
-    from swap.runtime import set_lowering
+    from swap.runtime import pair_bn_scale, set_lowering
     from swap.tuner import install_decision, plan_at, profile_models
     net = solver.net
     set_lowering(net, "chunked")
-    net.set_bn_scale_fusion(False)
+    net.set_bn_scale_fusion(pair_bn_scale("dynamic"), planned=True)
     net.reshape()
     g = build_gmap(net, solver_type=solver.type)
     model, pcie = profile_models(Profile.load(profile), g)

@@ -311,11 +311,13 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
     Reads layer declarations only (``backward_reads()``, ``internals``, ``flops()``); it
     allocates nothing and does not touch blob contents.  One exception: a net whose
     BatchNorm and Scale layers run paired (the fused GPU path, Net.set_bn_scale_fusion) is
-    unpaired first, so that the GMAP holds every layer's buffers as Caffe keeps them and as
-    a memory plan runs them.
+    paired again as a plan runs pairs (each BatchNorm in place: the pair's backward, in the
+    Scale's step, reads the BatchNorm's internals and writes no diff but the Scale's own).
+    A paired Scale keeps no copy of its input; Caffe's copy is counted in the Caffe
+    accounting.
     """
     if getattr(net, "bn_scale_pairs", None):
-        net.set_bn_scale_fusion(False)
+        net.set_bn_scale_fusion(True, planned=True)
     if solver_type not in HISTORY_SLOTS:
         raise ValueError(f"unknown solver type {solver_type!r} (known: {', '.join(HISTORY_SLOTS)})")
     n = len(net.layers)
@@ -476,6 +478,7 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
         raw_steps.append((li, FORWARD, reads, writes, scratch, float(fl[0])))
     diff_writers: dict[int, set] = {}
     diff_readers: dict[int, set] = {}
+    index_of = {id(layer): li for li, layer in enumerate(net.layers)}
     for li in bwd_layers:
         layer = net.layers[li]
         j = bstep[li]
@@ -483,6 +486,11 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
         br = layer.backward_reads()
         reads = {data_buf(bottoms[i]) for i in br.bottom} | {data_buf(tops[i]) for i in br.top}
         reads |= {internal_of[(li, n_)] for n_ in br.internals if (li, n_) in internal_of}
+        borrowed_scratch = set()
+        for other, n_ in br.others:
+            bid = internal_of.get((index_of[id(other)], n_))
+            if bid is not None:
+                (reads if other.internals[n_].saved else borrowed_scratch).add(bid)
         writes = set()
         for t in tops:
             d = diff_buf(t)
@@ -497,7 +505,7 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
                     diff_writers.setdefault(d, set()).add(j)
         scratch = {bid for iname, it in layer.internals.items()
                    if not it.saved and BACKWARD in it.uses
-                   and (bid := internal_of.get((li, iname))) is not None}
+                   and (bid := internal_of.get((li, iname))) is not None} | borrowed_scratch
         for pi, p in enumerate(layer.blobs):
             if id(p.data_storage) in pdata:
                 reads.add(pdata[id(p.data_storage)])
@@ -559,6 +567,8 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
     * BatchNorm always keeps ``temp_`` and ``x_norm_`` (full size; minicaffe declares them only
       with batch statistics) and, when in place, a full-size copy of the top diff
       (``x_norm_``'s diff) for backward;
+    * a Scale in place keeps a copy of its input (a Scale paired with a BatchNorm does not:
+      it reads the BatchNorm's ``x_norm``);
     * a CAFFE-engine convolution that computes its weight gradient writes its bottom's diff even
       where nothing needs it (``mutable_gpu_diff`` before the propagate_down test), so the data
       blob gets a diff; a cuDNN convolution does not, and instead keeps one workspace per
@@ -585,6 +595,10 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
             if tops[0] is bottoms[0] and li in backward:
                 out.append((f"caffe:{layer.name}/x_norm_diff", CAFFE, layer.dtype,
                             size_of(full, True), ()))
+        elif layer.type == "Scale" and getattr(layer, "fused_bn", None) is not None:
+            if tops[0] is bottoms[0]:
+                out.append((f"caffe:{layer.name}/bottom_copy", CAFFE, layer.dtype,
+                            size_of(bottoms[0].nbytes, True), ()))
         elif layer.type == "Convolution":
             engine = _conv_engine(layer, caffe_engine)
             if engine == "CUDNN":

@@ -1814,6 +1814,15 @@ def set_lowering(net, lowering: str, budget: int | None = None) -> int:
     return n
 
 
+def pair_bn_scale(strategy: str) -> bool:
+    """Whether a plan of ``strategy`` runs BatchNorm+Scale pairs fused (where the net's
+    fusion is on, ``$MINICAFFE_FUSE_BN_SCALE``): every strategy but the recomputing ones,
+    whose BatchNorm forward, run again in backward, would also write the Scale's output
+    over an in-place chain's data."""
+    from minicaffe.net import fusion_default
+    return fusion_default() and strategy not in ("recompute", "superneurons")
+
+
 def install(target, strategy: str = "naive", budget: int | None = None, *,
             trace: str | None = None, poison: bool = False, pinned=frozenset(),
             scratch: int | None = None, strict: bool | None = None, measure: int = 1,
@@ -1836,7 +1845,7 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     for n in [net] + list(test_nets if test_nets is not None
                           else getattr(solver, "test_nets", ()) or ()):
         set_lowering(n, lowering, budget)
-        n.set_bn_scale_fusion(False)      # a plan runs the layers unpaired (swap/gmap.py)
+        n.set_bn_scale_fusion(pair_bn_scale(strategy), planned=True)
     net.reshape()                         # every layer's internals exist at their sizes
     # the column buffers GPU convolutions shared before a plan bound their scratch: the
     # plan places its own, so these would be device memory outside the budget

@@ -82,6 +82,7 @@ class BatchNormLayer(Layer):
     recompute = False
     # The Scale layer fused into this one (module doc), or None.
     fused_scale = None
+    pair_vecs = None      # (bottom, top) while paired
 
     def layer_setup(self, bottom, top):
         p = self.param.batch_norm_param
@@ -133,13 +134,17 @@ class BatchNormLayer(Layer):
                 # float64: the fused kernels' per-block partial sums and per-channel
                 # pivots, (C * (2P + 1),); with a paired Scale, whose backward sums into
                 # it for this layer's, (C * 4P,).  Scratch within one forward call, and
-                # between the pair's two backward calls.
-                width = 4 if self.fused_scale is not None else 2
+                # within the paired Scale's backward (this layer's then uses none).
+                paired = self.fused_scale is not None
                 self.add_internal("fused_ws", (cuda_fused.workspace_size(
-                    self.channels, self._chunks[0], width),), saved=False, batch_scaled=False,
-                    dtype=np.float64)
+                    self.channels, self._chunks[0], 4 if paired else 2),), saved=False,
+                    batch_scaled=False, dtype=np.float64)
+                self.internals["fused_ws"].uses = ("forward",) if paired else \
+                    ("forward", "backward")
 
     def backward_reads(self) -> BackwardReads:
+        if self.fused_scale is not None:
+            return BackwardReads()     # paired: the Scale's backward ran this one's
         internals = ("std",) if self.use_global_stats else ("x_norm", "std")
         return BackwardReads(bottom=(), top=(), internals=internals)
 
@@ -239,7 +244,10 @@ class BatchNormLayer(Layer):
             length, gamma, beta)
 
     def _backward_fused(self, top, bottom):
-        """The backward above in one (global statistics) or two (TRAIN) launches."""
+        """The backward above in one (global statistics) or two (TRAIN) launches; nothing
+        when paired (the Scale's backward ran this layer's, :meth:`pair_backward_apply`)."""
+        if self.fused_scale is not None:
+            return
         dy = self._ncs(top[0].diff)
         dx = self._ncs(bottom[0].diff)      # the same array as dy when in place
         std = self.internal("std").data
@@ -247,21 +255,21 @@ class BatchNormLayer(Layer):
         if self.use_global_stats:
             cuda_fused.bn_backward_global(dy, std, dx, p, length)
             return
-        x_norm = self._ncs(self.internal("x_norm").data)
-        ws = self.internal("fused_ws").data
-        scale = self.fused_scale
-        if scale is None:
-            cuda_fused.bn_backward_train(dy, x_norm, std, dx, ws, p, length)
-            return
-        # Paired: dy is the Scale's top diff; its backward left both layers' sums in ws.
-        if not scale.pair_sums_ready:
-            raise RuntimeError(
-                f"layer {self.name!r} of type BatchNorm: its paired Scale {scale.name!r} did not "
-                "run backward first in this pass (a partial backward that splits the pair "
-                "should have unpaired them: Net.set_bn_scale_fusion)")
-        scale.pair_sums_ready = False
-        gamma, _ = scale.pair_operands()
-        # The Scale's bottom diff is the top diff of this layer: kept as Caffe leaves it
-        # when this layer is not in place (in place, dx overwrites it anyway).
+        cuda_fused.bn_backward_train(dy, self._ncs(self.internal("x_norm").data), std, dx,
+                                     self.internal("fused_ws").data, p, length)
+
+    def pair_backward_apply(self, dy):
+        """The paired Scale's last launch, in its own backward: ``dx = BN'(dy * gamma)`` from
+        the sums its first launch left in ``fused_ws``; ``dy`` is the Scale's top diff.  The
+        Scale's bottom diff (this layer's top diff) is left as Caffe leaves it, ``dy * gamma``,
+        when this layer is not in place (in place, dx overwrites it anyway).  ``pair_vecs``
+        (this layer's bottom and top vectors) is set by Net.set_bn_scale_fusion."""
+        bottom, top = self.pair_vecs
+        gamma, _ = self.fused_scale.pair_operands()
+        dy = self._ncs(dy)
+        dx = self._ncs(bottom[0].diff)
         dy_out = None if top[0] is bottom[0] else dy
-        cuda_fused.bn_scale_backward_apply(dy, x_norm, std, gamma, dx, dy_out, ws, p, length)
+        p, length = self._chunks
+        cuda_fused.bn_scale_backward_apply(dy, self._ncs(self.internal("x_norm").data),
+                                           self.internal("std").data, gamma, dx, dy_out,
+                                           self.internal("fused_ws").data, p, length)

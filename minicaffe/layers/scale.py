@@ -100,7 +100,6 @@ class ScaleLayer(Layer):
     # or None; then forward does nothing and backward sums both layers' gradients.
     fused_bn = None
     # Set by a paired backward when it left BatchNorm's sums in its workspace.
-    pair_sums_ready = False
 
     def layer_setup(self, bottom, top):
         p = self.param.scale_param
@@ -179,9 +178,9 @@ class ScaleLayer(Layer):
 
     def backward_reads(self) -> BackwardReads:
         if self.fused_bn is not None:
-            # Paired: reads the BatchNorm's x_norm (no memory plan runs a pair: the
-            # swap install unpairs first).
-            return BackwardReads(bottom=(), top=(), internals=())
+            # Paired: the pair's backward runs here, on the BatchNorm's internals
+            bn = self.fused_bn
+            return BackwardReads(others=((bn, "x_norm"), (bn, "std"), (bn, "fused_ws")))
         bottoms, internals = [], []
         if self._scale_grad_needed():
             if self._in_place:
@@ -241,14 +240,16 @@ class ScaleLayer(Layer):
             xp.multiply(dy, scale.data.reshape(1, dim, 1), out=dx)
 
     def _backward_paired(self, dy, propagate_down):
-        """Paired with a BatchNorm: one pass over dy and x_norm sums this layer's and
-        the BatchNorm's gradients into the BatchNorm's workspace, then this layer's
-        parameter gradients are finalized from it; the bottom diff (dy * gamma) is
-        left to the BatchNorm's backward, which needs it only inside its own pass."""
+        """Paired with a BatchNorm, the pair's whole backward, in this layer's step: one pass
+        over dy and x_norm sums this layer's and the BatchNorm's gradients into the
+        BatchNorm's workspace, this layer's parameter gradients are finalized from it, and
+        the BatchNorm's bottom diff is written (:meth:`BatchNormLayer.pair_backward_apply`;
+        the BatchNorm's own backward then does nothing).  One step, so that a memory plan
+        holds the workspace within it and a backward listener sees this layer's gradients
+        final after it."""
         bn = self.fused_bn
         need_scale = bool(self.param_propagate_down[0])
         need_bias = self.bias_term and bool(self.param_propagate_down[-1])
-        self.pair_sums_ready = False
         if not (need_scale or need_bias or propagate_down[0]):
             return
         ws = bn.internal("fused_ws").data
@@ -257,7 +258,8 @@ class ScaleLayer(Layer):
         cuda_fused.bn_scale_backward_partial(dy, x_norm, self.blobs[0].data, ws, p, length)
         cuda_fused.scale_backward_finalize(ws, self.blobs[0].diff if need_scale else None,
                                            self.blobs[-1].diff if need_bias else None, p, 4)
-        self.pair_sums_ready = bool(propagate_down[0])
+        if propagate_down[0]:   # the BatchNorm's top needs a diff iff its bottom does
+            bn.pair_backward_apply(dy)
 
     def _backward_fused(self, dy, propagate_down, bottom):
         """The backward above in two launches: dx and the partial sums in one pass

@@ -909,14 +909,78 @@ def test_bn_scale_not_paired_with_explicit_propagate_down(monkeypatch):
 
 def test_bn_scale_pairs_off_on_the_cpu_and_by_environment(monkeypatch):
     """No pairs where the fused kernels do not run (plain NumPy), none with
-    MINICAFFE_FUSE_BN_SCALE=0, and none once the swap memory manager plans the net."""
+    MINICAFFE_FUSE_BN_SCALE=0; a memory plan keeps the pairs whose BatchNorm is in place."""
     assert _build_pair_net(np, pair_net()).bn_scale_pairs == []
     monkeypatch.setattr(cuda_fused, "enabled_for", lambda xp, dtype=None: xp is np)
     monkeypatch.setenv("MINICAFFE_FUSE_BN_SCALE", "0")
     assert _build_pair_net(np, pair_net()).bn_scale_pairs == []
     monkeypatch.setenv("MINICAFFE_FUSE_BN_SCALE", "1")
+    from swap.gmap import CAFFE, build_gmap
     net = _build_pair_net(np, pair_net())
     assert net.bn_scale_pairs == [(2, 3)]
-    from swap.gmap import build_gmap
-    build_gmap(net)  # the GMAP counts the Scale's input copy, as Caffe keeps it
+    g = build_gmap(net)
+    assert net.bn_scale_pairs == [(2, 3)] and "bottom_copy" not in net.layers[3].internals
+    # Caffe keeps the Scale's copy of its input: the Caffe accounting counts it
+    copy = g.find("caffe:scale/bottom_copy")
+    assert copy.kind == CAFFE and copy.nbytes(g.k) == net.blobs["conv"].nbytes
+    # a BatchNorm not in place: the pair's backward would write a diff that is not the
+    # Scale's own, so a plan runs that pair unpaired
+    net = _build_pair_net(np, pair_net(bn_in_place=False))
+    assert net.bn_scale_pairs == [(2, 3)]
+    build_gmap(net)
     assert net.bn_scale_pairs == [] and "bottom_copy" in net.layers[3].internals
+
+
+def test_bn_scale_pair_gmap_runs_the_pairs_backward_in_the_scales_step(monkeypatch):
+    """The paired Scale's backward step reads the BatchNorm's x_norm and std and holds its
+    workspace; the BatchNorm's own backward step reads neither."""
+    monkeypatch.setattr(cuda_fused, "enabled_for", lambda xp, dtype=None: xp is np)
+    from swap.gmap import BACKWARD, build_gmap
+    net = _build_pair_net(np, pair_net())
+    g = build_gmap(net)
+
+    def backward_step(name):
+        li = net.layer_index(name)
+        return next(s for s in g.steps if s.layer == li and s.phase == BACKWARD).index
+
+    sc, bn = backward_step("scale"), backward_step("bn")
+    assert bn == sc + 1
+    for name in ("saved:bn/x_norm", "saved:bn/std"):
+        assert g.find(name).uses[-1] == sc, name
+    ws = g.find("scratch:bn/fused_ws")
+    assert sc in ws.uses and bn not in ws.uses
+
+
+@pytest.mark.parametrize("strategy", ["none", "naive", "dynamic"])
+def test_bn_scale_pair_under_a_memory_plan_is_bitwise_the_two_layers(monkeypatch, strategy):
+    """Under a plan (every feature map offloaded with naive, poisoned when released), the
+    paired net computes exactly what the unplanned unpaired one does: the data diff, every
+    parameter and its gradient, the statistics, the loss."""
+    emu = _emulator()
+    if emu is None:
+        pytest.skip("no C++ compiler for the CPU emulator")
+    monkeypatch.setattr(cuda_fused, "enabled_for", lambda xp, dtype=None: xp is np)
+    monkeypatch.setattr(cuda_fused, "_fn", emu.fn)
+    from swap.runtime import install
+
+    def run(planned):
+        net = _build_pair_net(np, pair_net())
+        if planned:
+            install(net, strategy, None, poison=True, lowering="chunked")
+            assert net.bn_scale_pairs == [(2, 3)]
+        else:
+            net.set_bn_scale_fusion(False)
+        out = []
+        for _ in range(3):
+            net.clear_param_diffs()
+            loss = float(net.forward_backward())
+            out.append({"loss": loss, "data diff": net.blobs["data"].diff.copy(),
+                        **{f"{net.layer_names[li]} param {pi} {what}": getattr(b, what).copy()
+                           for li, layer in enumerate(net.layers)
+                           for pi, b in enumerate(layer.blobs) for what in ("data", "diff")}})
+        return out
+
+    for it, (a, b) in enumerate(zip(run(True), run(False))):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"iteration {it}: {key}")

@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .gmap import BACKWARD, FORWARD, GMAP, build_gmap, net_batch_size
-from .plan import OFFLOAD, PREFETCH, SWAP_IN, SWAP_OUT
+from .plan import OFFLOAD, PREFETCH, SWAP_IN, SWAP_OUT, BudgetError
 
 SCHEMA = "minicaffe.swap.profile"
 VERSION = 1
@@ -837,11 +837,26 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
     from .runtime import ScratchOverflow
     net = solver.net
     samples, runs, sums = [], [], []
+    done = set()
     for k in ks:
-        set_batch_size(net, k)
+        ex = None
+        while ex is None and k not in done:
+            set_batch_size(net, k)
+            reserve = scratch(k) if scratch is not None else None
+            try:
+                ex = _install_plain(solver, budget, reserve)
+            except BudgetError as e:
+                # nothing swapped does not fit at k: the largest k that the plan fits
+                fits = e.max_k if e.max_k is not None and 1 <= e.max_k < k else None
+                if log is not None:
+                    log(f"Host issue time at minibatch {k}: the plan none does not fit the "
+                        f"budget" + (f"; minibatch {fits} instead" if fits else ""))
+                done.add(k)
+                k = fits if fits is not None else k
+        if ex is None:
+            continue
+        done.add(k)
         it0 = solver.iter
-        reserve = scratch(k) if scratch is not None else None
-        ex = _install_plain(solver, budget, reserve)
         inst = _Instrument(ex, k)
         try:
             _recorded_steps(inst, solver, warmup, iterations)

@@ -481,3 +481,25 @@ def test_scratch_model_expected_is_the_least_squares_line():
     assert S.need(250) > S.expected(250)
     S.add(100, 900)                                    # a lower repeat keeps the larger peak
     assert S.expected(250) == 2650
+
+
+def test_host_issue_falls_back_to_the_largest_k_whose_plan_none_fits(make_solver):
+    """A host k at which nothing-swapped does not fit the budget is timed at the largest k
+    that does (ResNet-152 under the CUDNN engine: k = 12 needed 13.7 GiB of a 12 GiB budget);
+    one that cannot fit at all is skipped with a log line."""
+    from swap.profiler import profile_host_issue
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    three, four = (min_budget(g.at(k), "none") for k in (3, 4))
+    budget = (three + four) // 2
+    lines = []
+    samples, runs, meta = profile_host_issue(s, budget, (2, 6), warmup=0, iterations=1,
+                                             log=lines.append)
+    assert meta["host_ks"] == [2, 3]
+    assert [r[0] for r in runs] == [2, 3]
+    assert {c.k for c in samples} == {2, 3}
+    assert any("minibatch 6" in line and "minibatch 3 instead" in line for line in lines)
+    lines.clear()
+    samples, runs, meta = profile_host_issue(s, min_budget(g.at(1), "none") // 2, (1,),
+                                             warmup=0, iterations=1, log=lines.append)
+    assert meta["host_ks"] == [] and samples == [] and "does not fit" in lines[0]

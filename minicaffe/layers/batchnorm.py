@@ -26,12 +26,15 @@ plan (it stays declared: Caffe allocates it, and the ``none`` baseline counts it
 Pairing with a Scale (GPU fast path): Caffe's nets follow a TRAIN BatchNorm
 with a Scale (``bias_term: true``) that runs in place on the BatchNorm's top.
 :meth:`minicaffe.net.Net.set_bn_scale_fusion` pairs the two (``fused_scale`` here,
-``fused_bn`` on the Scale) when both fast paths are on and no memory plan is
-installed; then this layer's forward writes ``x_norm`` and the Scale's output
-``x_norm * gamma + beta`` in one pass and the Scale's forward does nothing; in
-backward the Scale sums both layers' gradients in one pass over its top diff and
-``x_norm`` (and finalizes its own parameter gradients), and this layer applies
-``dx = BN'(dy * gamma)`` in one more.  Each product is rounded as the separate
+``fused_bn`` on the Scale) when both fast paths are on (a memory plan keeps the pairs
+whose BatchNorm is in place too, swap.runtime.install); then this layer's forward
+writes ``x_norm`` and the Scale's output ``x_norm * gamma + beta`` in one pass and
+the Scale's forward does nothing; the pair's whole backward runs in the Scale's: one
+pass over its top diff and ``x_norm`` sums both layers' gradients (and finalizes
+the Scale's parameter gradients), one more applies ``dx = BN'(dy * gamma)``
+(:meth:`pair_backward_apply`), and this layer's backward does nothing.  The Scale
+declares the internals of this layer it uses (``BackwardReads.others``), so that a
+memory plan holds them for its step.  Each product is rounded as the separate
 kernels round it, so every output is bit for bit the unpaired one; the Scale
 keeps no copy of its input (``x_norm`` is that input), which saves one
 activation per pair.  Seen from outside (blobs, diffs, statistics, parameter

@@ -797,6 +797,25 @@ def _install_plain(solver, budget, scratch=None):
     return install(solver, "none", budget, scratch=scratch, lowering="chunked")
 
 
+def _install_plain_fitting(solver, budget, k, scratch, done, log):
+    """(executor, k) of :func:`_install_plain` at minibatch ``k``, or where nothing swapped
+    does not fit the budget there, at the largest k that fits (once, unless ``done`` has it);
+    (None, k) when neither can be installed."""
+    for _ in range(2):
+        set_batch_size(solver.net, k)
+        try:
+            return _install_plain(solver, budget, scratch(k) if scratch is not None else None), k
+        except BudgetError as e:
+            fits = e.max_k if e.max_k is not None and 1 <= e.max_k < k else None
+            if log is not None:
+                log(f"Host issue time at minibatch {k}: the plan none does not fit the "
+                    f"budget" + (f"; minibatch {fits} instead" if fits else ""))
+            if fits is None or fits in done:
+                return None, k
+            k = fits
+    return None, k
+
+
 def _install_naive(solver, budget, strategy="naive", scratch=None):
     from .runtime import install
     if scratch is None:
@@ -835,24 +854,10 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
     ``[k, iterations run]`` of each k, and per k the mean sums of the host and event times.
     """
     from .runtime import ScratchOverflow
-    net = solver.net
     samples, runs, sums = [], [], []
     done = set()
     for k in ks:
-        ex = None
-        while ex is None and k not in done:
-            set_batch_size(net, k)
-            reserve = scratch(k) if scratch is not None else None
-            try:
-                ex = _install_plain(solver, budget, reserve)
-            except BudgetError as e:
-                # nothing swapped does not fit at k: the largest k that the plan fits
-                fits = e.max_k if e.max_k is not None and 1 <= e.max_k < k else None
-                if log is not None:
-                    log(f"Host issue time at minibatch {k}: the plan none does not fit the "
-                        f"budget" + (f"; minibatch {fits} instead" if fits else ""))
-                done.add(k)
-                k = fits if fits is not None else k
+        ex, k = _install_plain_fitting(solver, budget, k, scratch, done, log)
         if ex is None:
             continue
         done.add(k)

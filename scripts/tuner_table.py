@@ -190,13 +190,17 @@ def largest_verified_k(solver, strategy, budget, log, lowering=None, margin=0.10
     raise RuntimeError(f"{strategy}: no minibatch fits the budget with its temporaries")
 
 
-def _time_none(solver, k, budget, lowering, tp, iters, warmup, gpu, margin=0.10):
+def _time_none(solver, k, budget, lowering, tp, iters, warmup, gpu, margin=0.10,
+               workspace_budget=None):
+    """``none`` at k (in ``budget``, or outside any with None); ``workspace_budget``: the
+    budget whose share bounds the cuDNN workspaces (the swap plans' algorithms at k)."""
     from swap.profiler import set_batch_size
     from swap.runtime import install
     _close(solver.net)
     set_batch_size(solver.net, k)
     reserve = tp.reserve(margin=margin) if tp is not None else None
-    ex = install(solver, "none", budget, lowering=lowering, scratch=reserve)
+    ex = install(solver, "none", budget, lowering=lowering, scratch=reserve,
+                 workspace_budget=workspace_budget)
     try:
         ms, times = _timed(solver, iters, warmup, gpu)
         return {"k": k, "ms": ms, "times": times, "images_per_s": k * 1e3 / ms,
@@ -333,7 +337,8 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     log(f"none at k_none = {k_none}: {out['none']['ms']:.1f} ms")
     # the same k with the chunked im2col of the other strategies, outside the budget: the
     # engine's own speed at Caffe's largest k (Caffe-faithful one-image GEMMs are slow here)
-    out["none_chunked"] = _time_none(solver, k_none, None, "chunked", None, iters, warmup, gpu)
+    out["none_chunked"] = _time_none(solver, k_none, None, "chunked", None, iters, warmup, gpu,
+                                     workspace_budget=budget)
     # ---- 2. the tuner
     _close(net)
     if gpu:
@@ -364,6 +369,9 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                     "decision_seconds": t_decide, "repeat_k_star": again.k_star,
                     "profiled_ks": list(td.profile.ks), "pcie_h2d": pcie.h2d, "pcie_d2h": pcie.d2h,
                     "describe": dec.describe(limit=6), "log": lines[-40:]}
+    if gpu and engine == "CUDNN":      # cuDNN's algorithm choices so far (per-k workspaces)
+        from minicaffe.cudnn import ops as cudnn_ops
+        out["tuner"]["cudnn_cache"] = cudnn_ops.algo_cache_info()
     hm = model.host
     out["tuner"]["host_model"] = None if hm is None else {
         "method": hm.method, "ks": list(hm.ks), "intercept_ms": 1e3 * hm.intercept,
@@ -396,7 +404,8 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         # ---- 4. none at the same k, same lowering, where it fits the device
         if "error" not in r and _fits_device(g, k, S(k) if S is not None else None, gpu):
             try:
-                n = _time_none(solver, k, None, "chunked", None, iters, warmup, gpu)
+                n = _time_none(solver, k, None, "chunked", None, iters, warmup, gpu,
+                               workspace_budget=budget)
                 r["none_ms"] = n["ms"]
                 r["none_gc_ms"] = n["gc_ms"]
                 r["slowdown"] = r["ms"] / n["ms"]

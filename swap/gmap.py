@@ -8,7 +8,8 @@ prefetched when every feature map is swapped out (the naive pattern, from which 
 strategies of :mod:`swap.plan` schedule).  It is the same every iteration and does not depend on
 the minibatch size k: only the sizes do, linearly (section 3: "as minibatch size maps to one
 channel of input, the corresponding size of feature maps related operation is proportional to
-minibatch size"), and so do the FLOPs of every layer (eq. 1).
+minibatch size"), and so do the FLOPs of every layer (eq. 1).  One size is neither: a cuDNN
+convolution's workspace, which cuDNN sizes anew for each shape (:class:`Size`, ``per_k``).
 
 The memory objects (:class:`Buffer`) are what Caffe allocates, by storage identity:
 
@@ -83,12 +84,21 @@ class Size:
 
     ``cap`` bounds the images a batch-scaled buffer grows to (the convolution's im2col chunk
     stops growing at ``col_buffer_bytes``); None means linear for every k.
+
+    ``per_k``, where given, is the answer at every k (``per_k(k)`` bytes; ``item`` is the
+    answer at the GMAP's own k): a cuDNN convolution's workspace, which is neither constant
+    nor linear in k, because cuDNN chooses other algorithms at other shapes
+    (:meth:`minicaffe.layers.conv.ConvolutionLayer.workspace_model`).  It is not part of
+    the value (equality, hashing, repr).
     """
     item: int
     scaled: bool
     cap: int | None = None
+    per_k: object = field(default=None, compare=False, repr=False)
 
     def at(self, k: int) -> int:
+        if self.per_k is not None:
+            return int(self.per_k(k))
         if not self.scaled:
             return self.item
         return self.item * (k if self.cap is None else min(k, self.cap))
@@ -292,6 +302,27 @@ def _recomputable(layer) -> bool:
     return True
 
 
+def _workspace_at(layer, net, li: int, k0: int):
+    """``fn(k) -> bytes`` of a cuDNN convolution's workspace at minibatch k (None where the
+    layer does not run cuDNN, or its images are not a multiple of the net's minibatch): the
+    layer's :meth:`workspace_model`, with the options it has now, at its own images scaled
+    from ``k0`` to k.  At ``k0`` it is the workspace the layer has."""
+    model = getattr(layer, "workspace_model", None)
+    fn = model() if model is not None else None
+    if fn is None or "workspace" not in layer.internals:
+        return None
+    num0 = int(getattr(layer, "num", 0) or 0)
+    if num0 <= 0 or num0 % k0:
+        return None
+    per_image = num0 // k0
+    own = int(layer.internals["workspace"].blob.nbytes)
+
+    def at(k: int) -> int:
+        k = int(k)
+        return own if k == k0 else fn(per_image * k)
+    return at
+
+
 def _conv_engine(layer, default: str) -> str:
     engine = layer.param.convolution_param.engine
     return {1: "CAFFE", 2: "CUDNN"}.get(engine, default)
@@ -428,9 +459,11 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
     internal_of: dict[tuple, int] = {}
     for li, layer in enumerate(net.layers):
         cap = _conv_cap(layer)
+        ws_at = _workspace_at(layer, net, li, k0)
         for iname, it in layer.internals.items():
             nb = it.blob.nbytes
-            if nb == 0:
+            per_k = ws_at if iname == "workspace" else None
+            if nb == 0 and per_k is None:
                 continue
             kind = SAVED if it.saved else SCRATCH
             caffe = None
@@ -443,7 +476,7 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
                 if iname == "col" and engine == "CAFFE":
                     caffe = Size(layer.kdim * layer.out_spatial * layer.dtype.itemsize, False)
                 elif iname == "workspace" and engine == "CUDNN":
-                    caffe = Size(nb, False)
+                    caffe = Size(nb, False, per_k=per_k)
                 else:
                     caffe = Size(0, False)
             chunk = getattr(layer, "chunk", None)
@@ -451,6 +484,8 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
                     and nb % chunk == 0):
                 # a convolution's scratch holds a chunk of min(k, cap) images
                 size = Size(nb // chunk, True, cap)
+            elif per_k is not None:
+                size = Size(nb, False, per_k=per_k)
             else:
                 size = size_of(nb, it.batch_scaled)
             internal_of[(li, iname)] = new(f"{kind}:{layer.name}/{iname}", kind, it.blob.dtype,
@@ -605,7 +640,13 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
                 own = layer.internals.get("workspace")
                 extra = ((CUDNN_STREAMS_PER_GROUP - 1) * own.blob.nbytes if own is not None
                          else CUDNN_WORKSPACE_LIMIT * CUDNN_STREAMS_PER_GROUP * layer.group)
-                if extra:
+                ws_at = _workspace_at(layer, net, li, k0) if own is not None else None
+                if ws_at is not None:      # two more of the workspace cuDNN chooses at k
+                    out.append((f"caffe:{layer.name}/cudnn_workspace", CAFFE, np.uint8,
+                                Size(extra, False, per_k=_times(ws_at,
+                                                                CUDNN_STREAMS_PER_GROUP - 1)),
+                                ()))
+                elif extra:
                     out.append((f"caffe:{layer.name}/cudnn_workspace", CAFFE, np.uint8,
                                 Size(extra, False), ()))
             elif li in backward and layer.param_propagate_down and layer.param_propagate_down[0]:
@@ -614,6 +655,10 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
                         out.append((f"caffe:{layer.name}/bottom{bi}_diff", CAFFE, b.dtype,
                                     size_of(b.nbytes, True), ()))
     return out
+
+
+def _times(fn, n: int):
+    return lambda k: n * fn(k)
 
 
 def _naive_pattern(net, raw_steps, buffers, n) -> tuple:

@@ -961,7 +961,24 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
         inst = None
         for attempt in range(PROFILE_RETRIES + 1):
             it0 = solver.iter
-            ex = _install_naive(solver, budget, strategy, reserve)
+            try:
+                ex = _install_naive(solver, budget, strategy, reserve)
+            except BudgetError as e:
+                # shaped for k, the layers need more than the GMAP of an earlier k said (cuDNN
+                # chooses other algorithms, with other workspaces, at other shapes): profile
+                # the largest k that fits instead, and nothing above it
+                fits = e.max_k if e.max_k is not None and 1 <= e.max_k < k else None
+                if fits is None or fits in done or attempt == PROFILE_RETRIES:
+                    raise
+                say(f"Minibatch {k} does not fit the budget under the {strategy} plan: "
+                    f"{str(e)[:200]}; profiling minibatch {fits} instead")
+                if k_max is not None and fits < k_max:
+                    k_max = fits
+                k = fits
+                todo = [x for x in todo if x < k]
+                set_batch_size(net, k)
+                reserve = scratch(k) if scratch is not None else None
+                continue
             if steps is None:
                 steps = step_infos(ex.gmap)
             inst = _Instrument(ex, k)

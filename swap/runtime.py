@@ -1827,7 +1827,7 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
             trace: str | None = None, poison: bool = False, pinned=frozenset(),
             scratch: int | None = None, strict: bool | None = None, measure: int = 1,
             nvtx: bool | None = None, test_nets=None, lowering: str | None = None,
-            fast: bool = True) -> Executor:
+            fast: bool = True, workspace_budget: int | None = None) -> Executor:
     """Plan ``strategy`` for a Solver's train net (or a Net) and make it run under the plan.
 
     Builds the GMAP at the net's minibatch, the plan, and an Executor, and sets
@@ -1837,14 +1837,16 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     iteration, with :class:`swap.plan.BudgetError` naming the smallest budget that works and
     the largest minibatch that fits.  ``lowering``: the convolutions' im2col
     (:func:`lowering_for`; ``none`` defaults to Caffe's one image, so that its memory is
-    Caffe's).  The other options are the Executor's.
+    Caffe's).  ``workspace_budget``: the budget whose share bounds the cuDNN workspaces
+    (:func:`set_lowering`; default ``budget``), for a run without a budget that should choose
+    the algorithms a budgeted plan chose.  The other options are the Executor's.
     """
     solver = target if hasattr(target, "net") and hasattr(target, "rule") else None
     net = target.net if solver is not None else target
     lowering = lowering_for(strategy, lowering)
     for n in [net] + list(test_nets if test_nets is not None
                           else getattr(solver, "test_nets", ()) or ()):
-        set_lowering(n, lowering, budget)
+        set_lowering(n, lowering, budget if workspace_budget is None else workspace_budget)
         n.set_bn_scale_fusion(pair_bn_scale(strategy), planned=True)
     net.reshape()                         # every layer's internals exist at their sizes
     # the column buffers GPU convolutions shared before a plan bound their scratch: the

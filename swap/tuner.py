@@ -129,6 +129,8 @@ class Search:
         self._scaled = np.array([b.size.scaled for b in bufs], dtype=bool)
         self._cap = np.array([b.size.cap if b.size.cap is not None else -1 for b in bufs],
                              dtype=np.int64)
+        # sizes that are neither constant nor linear in k (cuDNN workspaces): asked at each k
+        self._per_k = [(b.id, b.size.per_k) for b in bufs if b.size.per_k is not None]
         sw = [p[0] for p in pending]
         self._fm = np.array(sw, dtype=np.int64)
         self._gap_lo = np.array([bufs[b].forward_uses[-1] + 1 for b in sw], dtype=np.int64)
@@ -158,6 +160,8 @@ class Search:
     def _sizes(self, k: int) -> np.ndarray:
         kk = np.where(self._cap >= 0, np.minimum(k, self._cap), k)
         raw = np.where(self._scaled, self._item * kk, self._item)
+        for i, fn in self._per_k:
+            raw[i] = fn(k)
         return -(-raw // 512) * 512          # swap.arena.align, vectorized
 
     def bound_ok(self, k: int) -> tuple[bool, str]:
@@ -684,7 +688,10 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     if getattr(net, "executor", None) is not None:
         net.executor.close()
     from .runtime import set_lowering
-    set_lowering(net, "chunked")          # what the naive and dynamic plans run with
+    # what the naive and dynamic plans run with: the convolutions' lowering, and cuDNN
+    # workspaces bounded by the budget's share, so that g0, the profile and the final plan
+    # choose the same algorithms at every k (swap.runtime.set_lowering)
+    set_lowering(net, "chunked", budget)
     net.reshape()
     k_base = net_batch_size(net)
     g0 = build_gmap(net, solver_type=solver.type)
@@ -820,7 +827,7 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
     net = solver.net
     if getattr(net, "executor", None) is not None:
         net.executor.close()
-    set_lowering(net, "chunked")
+    set_lowering(net, "chunked", budget)   # as profiled and planned (train_dynamic)
     set_batch_size(net, dec.k_star)
     net.reshape()
     g = build_gmap(net, solver_type=solver.type)

@@ -309,3 +309,31 @@ def test_bound_workspaces_sets_each_cudnn_convolution():
 
     assert engine.bound_workspaces(Net, 12 << 30) == 768 << 20
     assert [c.limits for c in (Net.layers[0], Net.layers[2])] == [[768 << 20], [768 << 20]]
+
+
+def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
+    """A CUDNN convolution's workspace at another minibatch is what its reshape there would
+    size it to: the same call (cached per shape, so the reshape gets these algorithms), with
+    the layer's options as they were when the model was taken; the limit where cuDNN cannot
+    compute the shape.  A CAFFE-engine layer has no workspace model."""
+    import dataclasses
+    from minicaffe.cudnn import lib as cudnn_lib
+    from minicaffe.cudnn import ops
+    layer, bottom, top = setup_layer("Convolution", "pad: 1")
+    assert layer.workspace_model() is None                    # CPU: the CAFFE engine
+    layer.engine = engine.CUDNN
+    layer._cudnn = dataclasses.replace(engine.cudnn_options(), workspace_limit=1 << 20)
+    calls = []
+
+    def choose(x_shape, w_shape, pad, stride, dilation, groups, dtype, **kw):
+        calls.append((x_shape, kw["workspace_limit"]))
+        if x_shape[0] > 100:
+            raise cudnn_lib.CudnnUnsupported("too large")
+        return {"fwd": 64 * x_shape[0], "bwd_data": 0, "bwd_filter": 32 * x_shape[0]}
+    monkeypatch.setattr(ops, "conv_workspace_bytes", choose)
+    monkeypatch.setattr(ops, "algo_cache_info", lambda: {"searches": 0})
+    fn = layer.workspace_model()
+    layer.set_workspace_limit(8 << 20)                        # later: not this model's
+    assert fn(10) == 640 and fn(10) == 640
+    assert calls == [((10, 4, 4, 4), 1 << 20)]                # asked once per shape
+    assert fn(101) == 1 << 20 and fn(0) == 0

@@ -639,6 +639,59 @@ class ConvolutionLayer(Layer):
         if o is not None and o.workspace_limit != int(limit):
             self._cudnn = dataclasses.replace(o, workspace_limit=int(limit))
 
+    def workspace_model(self):
+        """``fn(num) -> bytes``: this layer's ``workspace`` internal at an input of ``num``
+        images, with the cuDNN options it has now (its workspace limit included); None where
+        the layer does not run cuDNN.
+
+        The answer is what a reshape at ``num`` would size the workspace to: the same call
+        (:func:`minicaffe.cudnn.ops.conv_workspace_bytes`), whose algorithm choice is cached
+        per shape and options, so the later reshape at ``num`` gets exactly these
+        algorithms.  A memory model that plans other minibatches than the net's own
+        (:func:`swap.gmap.build_gmap`) takes each convolution's workspace from here: cuDNN
+        chooses other algorithms, with other workspaces, at other minibatches.  A miss runs
+        the choice (a timed search with ``find``) on temporary operands of that shape, outside
+        any arena; do not call it while an executor is installed.  Where the search itself
+        runs out of device memory (a minibatch far beyond what fits), the answer is the
+        limit, an upper bound; where cuDNN cannot compute that shape (the reshape would fall
+        back to the CAFFE engine), it is the limit too.
+        """
+        if self.engine != engines.CUDNN or getattr(self, "_cudnn", None) is None:
+            return None
+        o = self._cudnn
+        geometry = (self.channels,) + tuple(self.in_hw)
+        w_shape = tuple(self.blobs[0].shape)
+        conv = (self.pad, self.stride, self.dilation, self.group)
+        dtype = self.dtype
+        cache: dict = {}
+
+        def fn(num: int) -> int:
+            num = int(num)
+            if num <= 0:
+                return 0
+            if num in cache:
+                return cache[num]
+            searches = cudnn_ops.algo_cache_info()["searches"]
+            try:
+                ws = cudnn_ops.conv_workspace_bytes(
+                    (num,) + geometry, w_shape, *conv, dtype, tf32=o.tf32,
+                    deterministic=o.deterministic, find=o.find,
+                    workspace_limit=o.workspace_limit)
+                need = max(ws.values())
+            except cudnn_lib.CudnnUnsupported:
+                need = int(o.workspace_limit)
+            except Exception as e:          # pragma: no cover - GPU machine only
+                if type(e).__name__ != "OutOfMemoryError":
+                    raise
+                need = int(o.workspace_limit)
+            if cudnn_ops.algo_cache_info()["searches"] != searches:
+                # the search's temporary operands go back to the device, not to CuPy's pool
+                import cupy
+                cupy.get_default_memory_pool().free_all_blocks()
+            cache[num] = int(need)
+            return cache[num]
+        return fn
+
     def _reshape_cudnn(self) -> bool:
         """Choose the three algorithms for this shape and size the workspace; False
         (after falling back to CAFFE for good) when cuDNN cannot do this shape."""

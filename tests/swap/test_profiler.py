@@ -503,3 +503,29 @@ def test_host_issue_falls_back_to_the_largest_k_whose_plan_none_fits(make_solver
     samples, runs, meta = profile_host_issue(s, min_budget(g.at(1), "none") // 2, (1,),
                                              warmup=0, iterations=1, log=lines.append)
     assert meta["host_ks"] == [] and samples == [] and "does not fit" in lines[0]
+
+
+def test_a_profiled_k_that_does_not_fit_once_shaped_is_profiled_at_the_largest_that_does(
+        make_solver):
+    """The ks come from a GMAP taken at another k; shaped for k, the layers may need more
+    (cuDNN's workspaces at that shape). The naive plan's BudgetError names the largest k that
+    fits: that k is profiled instead, the larger ones are dropped, and k_max follows."""
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    fits = 5
+    budget = min_budget(g.at(fits), "naive")
+    assert min_budget(g.at(fits + 1), "naive") > budget
+    lines = []
+    prof = profile_solver(s, budget, (2, fits + 3, fits + 5), log=lines.append)
+    assert prof.ks == (2, fits)
+    assert any(f"Minibatch {fits + 3} does not fit" in x and f"minibatch {fits} instead" in x
+               for x in lines)
+    assert s.net.executor is None
+
+
+def test_a_profiled_k_with_nothing_that_fits_below_it_is_raised(make_solver):
+    from swap.plan import BudgetError
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    with pytest.raises(BudgetError):
+        profile_solver(s, min_budget(g.at(1), "naive") // 2, (2,))

@@ -186,3 +186,84 @@ def test_chunked_im2col_scales_up_to_its_bound(build_net, monkeypatch):
             assert g.at(k).sizes() == build_gmap(build_net("resnet", batch=k)).sizes(), (built, k)
     col = build_gmap(build_net("resnet", batch=8)).find("scratch:conv1/col")
     assert col.nbytes(1) == per_image and col.nbytes(3) == col.nbytes(50) == 3 * per_image
+
+
+def _fake_cudnn_conv(net, name, ws_of_num, own=3 << 20):
+    """Make the convolution ``name`` look as it does on a GPU under the CUDNN engine: a
+    ``workspace`` internal of ``own`` bytes and a workspace model ``ws_of_num`` (images ->
+    bytes), as cuDNN's choice at each shape would give."""
+    import numpy as np
+    conv = net.layers[net.layer_index(name)]
+    conv.param.convolution_param.engine = 2
+    for iname in list(conv.internals):
+        conv.internals.pop(iname)
+    conv.add_internal("workspace", (own,), saved=False, batch_scaled=False, dtype=np.uint8)
+    conv.workspace_model = lambda: ws_of_num
+    return conv
+
+
+def test_a_cudnn_workspace_is_taken_at_each_k(build_net):
+    """cuDNN chooses other algorithms, with other workspaces, at other minibatches: the GMAP
+    asks the layer's workspace model at k (its images scaled from the net's k), for the
+    layer's own scratch and for Caffe's two more streams; at the net's own k it is the
+    workspace the layer has."""
+    net = build_net("resnet", batch=4)
+    asked = []
+
+    def ws(num):
+        asked.append(num)
+        return 0 if num < 8 else (1 << 20) * num      # zero-workspace algorithms below 8
+
+    _fake_cudnn_conv(net, "res2_a", ws)
+    g = build_gmap(net)
+    b = g.find("scratch:res2_a/workspace")
+    assert b.nbytes(4) == 3 << 20 and not asked         # the layer's own at k0
+    assert b.nbytes(16) == 16 << 20 and asked == [16]
+    assert b.nbytes(2) == 0 and b.caffe_nbytes(32) == 32 << 20
+    assert g.find("caffe:res2_a/cudnn_workspace").nbytes(16) == 2 * (16 << 20)
+    for k in (2, 16, 64):
+        assert g.at(k).nbytes(b.id) == ws(k)
+    assert b.size == type(b.size)(3 << 20, False)        # per_k is not part of the value
+    # the plans see it: Caffe's none plan at 64 holds the 64 MiB workspace and two more
+    from swap.plan import plan_none
+    base = plan_none(g.at(64)).peak
+    _fake_cudnn_conv(net, "res2_a", lambda num: 0)
+    assert base - plan_none(build_gmap(net).at(64)).peak >= 64 << 20
+
+
+def test_a_zero_workspace_at_the_nets_k_is_still_asked_at_others(build_net):
+    """A convolution whose algorithms need no workspace at the net's k keeps its (empty)
+    workspace buffer in the GMAP, so that a k where cuDNN wants one counts it."""
+    net = build_net("resnet", batch=4)
+    _fake_cudnn_conv(net, "res2_a", lambda num: (5 << 20) if num > 4 else 0, own=0)
+    g = build_gmap(net)
+    b = g.find("scratch:res2_a/workspace")
+    assert b.nbytes(4) == 0 and b.nbytes(8) == 5 << 20
+    assert g.find("caffe:res2_a/cudnn_workspace").nbytes(8) == 10 << 20
+
+
+def test_tuner_sizes_ask_the_workspace_at_k(build_net):
+    """The tuner's vectorized sizes agree with the GMAP's, per-k workspaces included."""
+    from swap.arena import align
+    from swap.tuner import Search, device_models
+    net = build_net("resnet", batch=4)
+    _fake_cudnn_conv(net, "res2_a", lambda num: (1 << 20) * num + 7)
+    g = build_gmap(net)
+    model, pcie = device_models()
+    s = Search(g, 1 << 40, model, pcie)
+    for k in (1, 4, 9, 33):
+        assert list(s._sizes(k)) == [align(b.nbytes(k)) for b in g.buffers]
+
+
+def test_caffe_max_batch_walks_up_past_the_line_through_one_and_two(build_net):
+    """The closed form takes the line through k = 1 and 2; a workspace that grows there and
+    stops at its limit (an FFT algorithm's) makes that line too steep and the answer too
+    small, so the exact total is walked up too."""
+    from swap.memory import caffe_max_batch
+    net = build_net("resnet", batch=4)
+    _fake_cudnn_conv(net, "res2_a", lambda num: min(num, 2) * (64 << 20))
+    g = build_gmap(net)
+    budget = caffe_total(g.at(12))
+    k = caffe_max_batch(g, budget)
+    assert caffe_total(g.at(k)) <= budget < caffe_total(g.at(k + 1))
+    assert k >= 12

@@ -935,8 +935,10 @@ class Executor:
             if op.step != SETUP:
                 (self._before if op.when == BEFORE else self._after)[op.step].append(i)
         self._touches = [s.touches for s in g.steps]
-        # a step checks the residency of what it touches, resident buffers excepted
-        self._check = [tuple(b for b in t if b not in self._resident) for t in self._touches]
+        # a step checks the residency of what it touches, resident buffers excepted, and
+        # empty ones (a cuDNN workspace of zero bytes at this k), which no plan places
+        skip = self._resident | {b.id for b in g.buffers if b.nbytes(g.k) == 0}
+        self._check = [tuple(b for b in t if b not in skip) for t in self._touches]
         self._dynamic = tuple(sorted({op.buffer for op in ops
                                       if op.step != SETUP and op.kind != RECOMPUTE}
                                      - self._resident))

@@ -312,10 +312,10 @@ def test_bound_workspaces_sets_each_cudnn_convolution():
 
 
 def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
-    """A CUDNN convolution's workspace at another minibatch is what its reshape there would
-    size it to: the same call (cached per shape, so the reshape gets these algorithms), with
-    the layer's options as they were when the model was taken; the limit where cuDNN cannot
-    compute the shape.  A CAFFE-engine layer has no workspace model."""
+    """A CUDNN convolution's workspace at another minibatch comes from cuDNN's choices
+    (minicaffe.cudnn.ops.conv_workspace_estimate), asked once per shape, with the layer's
+    options as they were when the model was taken; the limit where cuDNN cannot compute the
+    shape.  A CAFFE-engine layer has no workspace model."""
     import dataclasses
     from minicaffe.cudnn import lib as cudnn_lib
     from minicaffe.cudnn import ops
@@ -330,7 +330,7 @@ def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
         if x_shape[0] > 100:
             raise cudnn_lib.CudnnUnsupported("too large")
         return {"fwd": 64 * x_shape[0], "bwd_data": 0, "bwd_filter": 32 * x_shape[0]}
-    monkeypatch.setattr(ops, "conv_workspace_bytes", choose)
+    monkeypatch.setattr(ops, "conv_workspace_estimate", choose)
     monkeypatch.setattr(ops, "algo_cache_info", lambda: {"searches": 0})
     fn = layer.workspace_model()
     layer.set_workspace_limit(8 << 20)                        # later: not this model's

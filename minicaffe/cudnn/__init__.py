@@ -12,7 +12,7 @@ from .lib import (CudnnError, CudnnNotFound, CudnnUnsupported, available, librar
                   load_report, version)
 from .ops import (AVE, MAX, AlgoChoice, algo_cache_info, caffe_pooled_size, clear_cache,
                   conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter,
-                  conv2d_forward, conv_algorithms, conv_geometry, conv_workspace_bytes,
+                  conv2d_forward, conv_algorithms, conv_geometry, conv_workspace_bytes, conv_workspace_estimate,
                   lrn_backward, lrn_forward, lrn_supported, pool2d_backward, pool2d_forward,
                   pool2d_supported, release_workspaces, softmax_backward, softmax_forward,
                   workspace_limit)
@@ -22,7 +22,7 @@ __all__ = [
     "load_report", "version",
     "AVE", "MAX", "AlgoChoice", "algo_cache_info", "caffe_pooled_size", "clear_cache",
     "conv2d_backward_bias", "conv2d_backward_data", "conv2d_backward_filter", "conv2d_forward",
-    "conv_algorithms", "conv_geometry", "conv_workspace_bytes", "lrn_backward", "lrn_forward",
+    "conv_algorithms", "conv_geometry", "conv_workspace_bytes", "conv_workspace_estimate", "lrn_backward", "lrn_forward",
     "lrn_supported", "pool2d_backward", "pool2d_forward", "pool2d_supported",
     "release_workspaces", "softmax_backward", "softmax_forward", "workspace_limit",
 ]

@@ -816,6 +816,66 @@ def conv_workspace_bytes(x_shape, w_shape, pad=0, stride=1, dilation=1, groups=1
     return {d: c.workspace for d, c in algos.items()}
 
 
+def conv_workspace_estimate(x_shape, w_shape, pad=0, stride=1, dilation=1, groups=1,
+                            dtype=np.float32, *, tf32=False, deterministic=False, find=True,
+                            workspace_limit=None) -> dict:
+    """Workspace bytes of each direction at this shape, as :func:`conv_workspace_bytes`
+    says, without a timed search where the same convolution was searched at another
+    minibatch: for a memory model that asks many minibatches (``swap.gmap``), where a search
+    at each would cost seconds.
+
+    * a shape already searched with these options: its choices' workspaces, exactly;
+    * else, where the same convolution (every dimension but the minibatch, the same options)
+      was searched at other minibatches: the algorithms chosen at the nearest one (by ratio),
+      their workspaces at this shape (cuDNN's size query, no timing), each at most the limit
+      (past it, a search here would choose an algorithm within the limit);
+    * else: the search itself (:func:`conv_workspace_bytes`).
+
+    A reshape at this shape later searches it for real; the choice there may differ (cuDNN's
+    timings decide), and its workspace is then the layer's, which a plan built at that shape
+    holds exactly.
+    """
+    geom = conv_geometry(x_shape, w_shape, pad, stride, dilation, groups)
+    dt = np.dtype(dtype)
+    if dt not in _DTYPES:
+        raise TypeError(f"conv_workspace_estimate: dtype {dt}; cuDNN ops take float32 or "
+                        "float64")
+    limit = workspace_limit_value(workspace_limit)
+    keys = {d: (d, int(limit), bool(deterministic), bool(find)) for d in DIRECTIONS}
+    dev = _cupy().cuda.runtime.getDevice()
+    exact = _plans.get((dev, geom, dt.str, bool(tf32)))
+    if exact is not None and all(keys[d] in exact.choices for d in DIRECTIONS):
+        return {d: exact.choices[keys[d]].workspace for d in DIRECTIONS}
+    n = geom.x_shape[0]
+    nearest = None
+    for (pdev, g, pdt, ptf), p in list(_plans.items()):
+        if (pdev, pdt, ptf) != (dev, dt.str, bool(tf32)) or g.x_shape[1:] != geom.x_shape[1:]:
+            continue
+        if (g.w_shape, g.pad, g.stride, g.dilation, g.groups) != (
+                geom.w_shape, geom.pad, geom.stride, geom.dilation, geom.groups):
+            continue
+        if not all(keys[d] in p.choices for d in DIRECTIONS):
+            continue
+        ratio = abs(math.log(g.x_shape[0] / n))
+        if nearest is None or ratio < nearest[0]:
+            nearest = (ratio, p)
+    if nearest is None:
+        return conv_workspace_bytes(x_shape, w_shape, pad, stride, dilation, groups, dtype,
+                                    tf32=tf32, deterministic=deterministic, find=find,
+                                    workspace_limit=workspace_limit)
+    lib, h = _handle()
+    plan = _plan(geom, dt, tf32, lib, h)          # descriptors only: nothing is searched
+    out = {}
+    for d in DIRECTIONS:
+        c = nearest[1].choices[keys[d]]
+        before = plan.conv_math[d]
+        plan.set_math(lib, d, c.math_type)
+        need = _ws_size(lib, h, plan, d, c.algo)
+        plan.set_math(lib, d, before)
+        out[d] = int(limit) if need is None or need > limit else int(need)
+    return out
+
+
 def algo_cache_info() -> dict:
     """Counters of the algorithm cache: plans, cached choices, searches run, hits."""
     return {"plans": len(_plans), "choices": sum(len(p.choices) for p in _plans.values()),

@@ -644,17 +644,18 @@ class ConvolutionLayer(Layer):
         images, with the cuDNN options it has now (its workspace limit included); None where
         the layer does not run cuDNN.
 
-        The answer is what a reshape at ``num`` would size the workspace to: the same call
-        (:func:`minicaffe.cudnn.ops.conv_workspace_bytes`), whose algorithm choice is cached
-        per shape and options, so the later reshape at ``num`` gets exactly these
-        algorithms.  A memory model that plans other minibatches than the net's own
+        A memory model that plans other minibatches than the net's own
         (:func:`swap.gmap.build_gmap`) takes each convolution's workspace from here: cuDNN
-        chooses other algorithms, with other workspaces, at other minibatches.  A miss runs
-        the choice (a timed search with ``find``) on temporary operands of that shape, outside
-        any arena; do not call it while an executor is installed.  Where the search itself
-        runs out of device memory (a minibatch far beyond what fits), the answer is the
-        limit, an upper bound; where cuDNN cannot compute that shape (the reshape would fall
-        back to the CAFFE engine), it is the limit too.
+        chooses other algorithms, with other workspaces, at other minibatches.  The answer
+        (:func:`minicaffe.cudnn.ops.conv_workspace_estimate`) is exactly what a reshape at
+        ``num`` sizes the workspace to where that shape was searched (the net's own minibatch,
+        every profiled one); elsewhere it is the workspace, at ``num``, of the algorithms
+        chosen at the nearest searched minibatch, at most the limit, with no timed search (a
+        search per asked minibatch would cost seconds each).  A convolution never searched
+        with these options is searched, on temporary operands, outside any arena: do not call
+        it while an executor is installed.  Where that search runs out of device memory, or
+        cuDNN cannot compute the shape (the reshape would fall back to the CAFFE engine), the
+        answer is the limit.
         """
         if self.engine != engines.CUDNN or getattr(self, "_cudnn", None) is None:
             return None
@@ -673,7 +674,7 @@ class ConvolutionLayer(Layer):
                 return cache[num]
             searches = cudnn_ops.algo_cache_info()["searches"]
             try:
-                ws = cudnn_ops.conv_workspace_bytes(
+                ws = cudnn_ops.conv_workspace_estimate(
                     (num,) + geometry, w_shape, *conv, dtype, tf32=o.tf32,
                     deterministic=o.deterministic, find=o.find,
                     workspace_limit=o.workspace_limit)

@@ -727,3 +727,36 @@ def test_ops_run_on_the_current_stream(cp, cu, rng):
 def test_module_imports_without_gpu():
     assert isinstance(cudnn_lib.available(), bool)
     assert isinstance(cudnn_lib.load_report(), str)
+
+
+@pytest.mark.gpu
+def test_workspace_estimate_exact_where_searched_nearest_choice_elsewhere(cp, cu):
+    """conv_workspace_estimate: a searched shape gives its choices' workspaces; another
+    minibatch of the same convolution gives the workspaces, at that shape, of the algorithms
+    chosen at the nearest searched one (no search), each within the limit; a convolution never
+    searched is searched."""
+    cu.clear_cache()
+    _, w_shape, pad, stride, dil, groups = CONV_CASES["wide"]
+    x8 = (8,) + CONV_CASES["wide"][0][1:]
+    limit = 1 << 20
+    kw = dict(workspace_limit=limit)
+    exact8 = cu.conv_workspace_bytes(x8, w_shape, pad, stride, dil, groups, **kw)
+    searches = cu.algo_cache_info()["searches"]
+    assert cu.conv_workspace_estimate(x8, w_shape, pad, stride, dil, groups, **kw) == exact8
+    x64 = (64,) + x8[1:]
+    est = cu.conv_workspace_estimate(x64, w_shape, pad, stride, dil, groups, **kw)
+    assert cu.algo_cache_info()["searches"] == searches           # no search for it
+    chosen = cu.conv_algorithms(x8, w_shape, pad, stride, dil, groups, **kw)
+    lib, h = cu._handle()
+    plan = cu._plan(cu.conv_geometry(x64, w_shape, pad, stride, dil, groups), np.float32,
+                    False, lib, h)
+    for d, c in chosen.items():
+        plan.set_math(lib, d, c.math_type)
+        need = cu._ws_size(lib, h, plan, d, c.algo)
+        assert est[d] == min(need, limit) and est[d] <= limit
+    # searched at 64 too: exact there
+    exact64 = cu.conv_workspace_bytes(x64, w_shape, pad, stride, dil, groups, **kw)
+    assert cu.conv_workspace_estimate(x64, w_shape, pad, stride, dil, groups, **kw) == exact64
+    # other options: never searched, so searched now
+    cu.conv_workspace_estimate(x64, w_shape, pad, stride, dil, groups, workspace_limit=0)
+    assert cu.algo_cache_info()["searches"] > searches

@@ -367,3 +367,33 @@ def test_lowering_bounds_cudnn_workspaces_as_caffe_or_by_the_budget(monkeypatch)
         assert conv.limits == [8 << 20, 768 << 20, 4 << 30, 1 << 20]
     with pytest.raises(ValueError, match="lowering"):
         set_lowering(Net, "fast")
+
+
+@pytest.mark.parametrize("strategy", ["none", "naive", "dynamic"])
+def test_an_empty_workspace_is_no_residency_error(make_solver, strategy, monkeypatch):
+    """A cuDNN convolution whose algorithms need no workspace at this k keeps an empty
+    workspace buffer in the GMAP (it has bytes at other k); no plan places it, and a step
+    that touches it runs (the GPU's ResidencyError: 'scratch:conv1/workspace ... FREED')."""
+    from swap.gmap import build_gmap
+    from swap.runtime import install
+    s = make_solver("resnet", batch=4)
+    conv = s.net.layers[s.net.layer_index("res2_a")]
+    monkeypatch.setattr(type(conv), "workspace_model",
+                        lambda self: (lambda num: 1 << 20) if self is conv else None)
+    real_reshape = type(conv).reshape
+
+    def reshape(self, bottom, top):
+        real_reshape(self, bottom, top)
+        if self is conv:
+            self.add_internal("workspace", (0,), saved=False, batch_scaled=False,
+                              dtype=np.uint8)
+    monkeypatch.setattr(type(conv), "reshape", reshape)
+    s.net.reshape()
+    g = build_gmap(s.net)
+    b = g.find("scratch:res2_a/workspace")
+    assert b.nbytes(4) == 0 and b.nbytes(8) == 1 << 20
+    ex = install(s, strategy, None)
+    try:
+        s.step(2)
+    finally:
+        ex.close()

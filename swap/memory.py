@@ -102,20 +102,12 @@ def caffe_total(gmap: GMAP) -> int:
 
 
 def caffe_max_batch(gmap: GMAP, budget: int, k_limit: int = 1 << 20) -> int:
-    """Caffe's max trainable minibatch under ``budget`` (the Table 1 baseline): a closed form
-    for linear sizes, then checked against the exact total, down and up (a cuDNN
-    convolution's workspace is neither constant nor linear in k, so the line through k = 1
-    and 2 is only a start)."""
-    const = caffe_total(gmap.at(1))
-    per = caffe_total(gmap.at(2)) - const
-    if const > budget:
-        return 0
-    k = k_limit if per <= 0 else min(k_limit, max(1, int((budget - const) // per) + 1))
-    while k > 0 and caffe_total(gmap.at(k)) > budget:
-        k -= 1
-    while 0 < k < k_limit and caffe_total(gmap.at(k + 1)) <= budget:
-        k += 1
-    return k
+    """Caffe's max trainable minibatch under ``budget`` (the Table 1 baseline): the largest k
+    whose exact total fits, by doubling and bisection (:func:`swap.plan.largest_k`).  Not a
+    line through k = 1 and 2: a cuDNN convolution's workspace is neither constant nor linear
+    in k (AlexNet under CUDNN: a line flatter than the truth started a walk near k_limit)."""
+    from .plan import largest_k
+    return largest_k(lambda k: caffe_total(gmap.at(k)) <= budget, k_limit)
 
 
 def memory_report(gmap: GMAP, budget: int | None = None,

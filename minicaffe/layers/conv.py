@@ -627,7 +627,9 @@ class ConvolutionLayer(Layer):
         o = self._cudnn
         ws = self.internal("workspace")
         return ((self.pad, self.stride, self.dilation, self.group),
-                {"workspace": ws.data if ws.data_storage.external else None, "tf32": o.tf32,
+                # an empty workspace (no bytes needed at this shape) is never bound
+                {"workspace": ws.data if ws.data_storage.external and ws.nbytes else None,
+                 "tf32": o.tf32,
                  "deterministic": o.deterministic, "find": o.find,
                  "workspace_limit": o.workspace_limit})
 

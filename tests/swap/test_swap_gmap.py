@@ -255,13 +255,21 @@ def test_tuner_sizes_ask_the_workspace_at_k(build_net):
         assert list(s._sizes(k)) == [align(b.nbytes(k)) for b in g.buffers]
 
 
-def test_caffe_max_batch_walks_up_past_the_line_through_one_and_two(build_net):
-    """The closed form takes the line through k = 1 and 2; a workspace that grows there and
-    stops at its limit (an FFT algorithm's) makes that line too steep and the answer too
-    small, so the exact total is walked up too."""
+@pytest.mark.parametrize("shape", ["steep", "flat"])
+def test_caffe_max_batch_takes_the_exact_total_not_a_line(build_net, shape):
+    """A line through k = 1 and 2 misses where a workspace grows there and stops at its limit
+    (too steep: the answer too small) or shrinks there by about an image's bytes (too flat: a
+    walk down from near k_limit, AlexNet's timeout under CUDNN); the exact total decides."""
     from swap.memory import caffe_max_batch
     net = build_net("resnet", batch=4)
-    _fake_cudnn_conv(net, "res2_a", lambda num: min(num, 2) * (64 << 20))
+    _fake_cudnn_conv(net, "res2_a", lambda num: 0)
+    g = build_gmap(net)
+    per_image = caffe_total(g.at(2)) - caffe_total(g.at(1))     # own + Caffe's 2 streams: 3x
+    if shape == "steep":
+        ws = lambda num: min(num, 2) * (64 << 20)                  # noqa: E731
+    else:
+        ws = lambda num: (64 << 20) - (0 if num == 1 else per_image // 3 - 1024)  # noqa: E731
+    _fake_cudnn_conv(net, "res2_a", ws)
     g = build_gmap(net)
     budget = caffe_total(g.at(12))
     k = caffe_max_batch(g, budget)

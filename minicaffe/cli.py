@@ -131,9 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-fill", dest="fill", action="store_false",
                    help="with --swap dynamic: pin only what constraint (6) needs (the paper), "
                         "not also what the spare memory can hold (docs/SWAP.md)")
-    t.add_argument("--granularity", choices=["type", "step"], default="step",
-                   help="with --swap dynamic: one throughput curve per step (default) or per "
-                        "layer type (the paper's)")
+    t.add_argument("--granularity", choices=["type", "step", "segment"], default="segment",
+                   help="with --swap dynamic: per step in segments between the profiled k "
+                        "(default), one throughput curve per step, or per layer type (the "
+                        "paper's)")
     t.add_argument("--host-budget", default=None,
                    help="with --swap dynamic: pinned host memory the plans may offload to, "
                         "which bounds k_max too (default $MINICAFFE_HOST_BUDGET or half the "
@@ -189,9 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-fill", dest="fill", action="store_false",
                     help="pin only what constraint (6) needs (the paper), not also what the "
                          "spare memory can hold")
-    pl.add_argument("--granularity", choices=["type", "step"], default="step",
-                    help="with --profile: one throughput curve per step (the tuner's default) "
-                         "or per layer type (the paper's)")
+    pl.add_argument("--granularity", choices=["type", "step", "segment"], default="segment",
+                    help="with --profile: per step in segments between the profiled k (the "
+                         "tuner's default), one curve per step, or per layer type (the paper's)")
     pl.add_argument("--solver-type", default="SGD", choices=["SGD", "Nesterov", "Adam"])
     pl.add_argument("--peak-flops", default="50T",
                     help="synthetic device: saturated FLOP/s (decimal units, default 50T)")

@@ -451,7 +451,7 @@ def main(argv=None) -> int:
                     help="timelines: iterations before the traced one (the dry run included)")
     ap.add_argument("--trace-iters", type=int, default=1,
                     help="timelines: iterations after the warm-up (the last is compared)")
-    ap.add_argument("--granularity", default="type", choices=("type", "step"),
+    ap.add_argument("--granularity", default="type", choices=("type", "step", "segment"),
                     help="one curve per layer type and phase (the paper's) or per step")
     ap.add_argument("--profile", default=None,
                     help="a saved profile to fit instead of profiling (skips (a)'s runs)")

@@ -310,7 +310,7 @@ def _fits_device(g, k, reserve, gpu) -> bool:
 
 
 def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, search,
-            out_dir, r152_batch, profile_dir=None, granularity="step") -> dict:
+            out_dir, r152_batch, profile_dir=None, granularity="segment") -> dict:
     from scripts.swap_budgets import _device, _solver
     from swap.gmap import build_gmap
     from swap.memory import caffe_max_batch
@@ -668,7 +668,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profiles", default=None,
                     help="a folder of saved profiles (NAME_profile.json, as this script writes "
                          "them): the tuner reuses them instead of profiling again")
-    ap.add_argument("--granularity", default="step", choices=("type", "step"),
+    ap.add_argument("--granularity", default="segment", choices=("type", "step", "segment"),
                     help="throughput curves per step (the tuner's default) or per layer type "
                          "(the paper's)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)

@@ -50,6 +50,14 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   ms and 1529 in 239: the minibatch itself is not slow; not explained).  The paper's
   per-type curves stay available (``granularity="type"``, ``--granularity type``).
 
+  ``granularity="segment"`` (the tuner's default since 2026-11-22) keeps each step's curve
+  outside the profiled range and, inside it, the segments between the profiled points
+  (:func:`fit_segments`): under the CUDNN engine a convolution's time per image jumps where
+  cuDNN's fastest algorithm stops fitting the workspace limit, which one curve cannot follow.
+  On the H200 runs of 2026-11-22 (CPU re-analysis of each run's own profile against its
+  measured points, ``docs/RESULTS.md`` "Session 10"): AlexNet +0.2 / +0.1 / -1.1 % (per step:
+  -17 % at all three), ResNet-34 +6.3 / +2.2 / +1.0 % (per step: +20 to +24 %).
+
   eq. (2): ``t_iter(k) = sum_j t_j(k)`` (stall-free); eq. (3):
   ``t_whole(k) = E * m / k * (max(t_iter(k), H(k)) + O(k) + Delta)`` with Delta the time
   between iterations (parameter synchronization in distributed mode, 0 on one GPU), O(k) and
@@ -119,19 +127,30 @@ class ThroughputCurve:
     peak: float
     x_half: float = 0.0
     t0: float = 0.0
+    knots: tuple = ()
 
     def flops_per_s(self, x):
         """Throughput at a step of ``x`` FLOPs (eq. 2's ``FLOPS(.)``)."""
         x = np.asarray(x, dtype=np.float64)
         return x / self.time(x)
 
-    def time(self, x):
-        """Seconds for a step of ``x`` FLOPs (scalar or array)."""
-        x = np.asarray(x, dtype=np.float64)
+    def _base(self, x):
         if not math.isfinite(self.peak):
-            out = np.full_like(x, self.t0)
-        else:
-            out = self.t0 + (x + self.x_half) / self.peak
+            return np.full_like(x, self.t0)
+        return self.t0 + (x + self.x_half) / self.peak
+
+    def time(self, x):
+        """Seconds for a step of ``x`` FLOPs (scalar or array); with ``knots`` (granularity
+        "segment", :func:`fit_segments`), the segments between them inside their range."""
+        x = np.asarray(x, dtype=np.float64)
+        out = self._base(x)
+        if self.knots:
+            kx = np.array([p[0] for p in self.knots], dtype=np.float64)
+            kt = np.array([p[1] for p in self.knots], dtype=np.float64)
+            b0, b1 = self._base(kx[[0, -1]])
+            lo = out * (kt[0] / b0) if b0 > 0 else np.full_like(x, kt[0])
+            hi = out * (kt[-1] / b1) if b1 > 0 else np.full_like(x, kt[-1])
+            out = np.where(x < kx[0], lo, np.where(x > kx[-1], hi, np.interp(x, kx, kt)))
         return float(out) if out.ndim == 0 else out
 
     def saturation(self, fraction: float = 0.9) -> float:
@@ -143,13 +162,17 @@ class ThroughputCurve:
         return cls(peak=math.inf, x_half=0.0, t0=float(seconds))
 
     def to_dict(self) -> dict:
-        return {"peak": None if not math.isfinite(self.peak) else self.peak,
-                "x_half": self.x_half, "t0": self.t0}
+        d = {"peak": None if not math.isfinite(self.peak) else self.peak,
+             "x_half": self.x_half, "t0": self.t0}
+        if self.knots:
+            d["knots"] = [list(p) for p in self.knots]
+        return d
 
     @classmethod
     def from_dict(cls, d) -> "ThroughputCurve":
         return cls(peak=math.inf if d["peak"] is None else float(d["peak"]),
-                   x_half=float(d["x_half"]), t0=float(d.get("t0", 0.0)))
+                   x_half=float(d["x_half"]), t0=float(d.get("t0", 0.0)),
+                   knots=tuple((float(a), float(b)) for a, b in d.get("knots", ())))
 
 
 def _golden(f, a: float, b: float, iters: int = 60) -> float:
@@ -214,6 +237,49 @@ def fit_curve(flops, times) -> ThroughputCurve:
         h = 0.0
         e, logp = sse_of(0.0)
     return ThroughputCurve(peak=math.exp(logp), x_half=h)
+
+
+def fit_segments(flops, times) -> ThroughputCurve:
+    """The curve of :func:`fit_curve` with knots at the measured FLOPs (granularity
+    "segment"): inside the measured range, the time is the line between the two nearest
+    measured points (the mean time at each FLOPs); outside, the fitted curve scaled to meet
+    the nearest end point.
+
+    Each segment is the paper's curve (``t = x / P + x_half / P``) through its two points
+    alone.  Why: under the CUDNN engine a convolution's time per image is not the rising-
+    then-saturating curve of one kernel.  cuDNN chooses the fastest algorithm whose workspace
+    fits the limit, and those workspaces grow with the minibatch, so past some k a slower
+    algorithm runs (H200, 2026-11-22, ResNet-34 at a 768 MiB limit: backward 236 us per image
+    at k = 306, 494 at 1226; AlexNet: 104 us per image at k = 146, 192 at 1148 and above).
+    One curve through all the points then misses every one of them, by -17 % (AlexNet) and
+    +22 % (ResNet-34) at k* in the same runs; segments hold each profiled point exactly.
+
+    A point whose time per FLOP is more than :data:`SPIKE` times that of both neighbours (an
+    end point: of its one neighbour) is a disturbance, not a kernel: it is dropped (ResNet-152's
+    conv1 forward at k = 99, 650 us per image where k = 49 and 198 took 18 and 14, one sample).
+    An algorithm change is a step, which no point exceeds on both sides.
+    """
+    x = np.asarray(flops, dtype=np.float64).ravel()
+    t = np.asarray(times, dtype=np.float64).ravel()
+    base = fit_curve(x, t)
+    ok = np.isfinite(x) & np.isfinite(t) & (t > 0) & (x > 0)
+    xs = np.unique(x[ok])
+    if len(xs) < 2:
+        return base
+    ts = np.array([np.mean(t[ok][x[ok] == v]) for v in xs])
+    rate = ts / xs
+    keep = np.ones(len(xs), dtype=bool)
+    for i in range(len(xs)):
+        nb = [rate[j] for j in (i - 1, i + 1) if 0 <= j < len(xs)]
+        keep[i] = not all(rate[i] > SPIKE * r for r in nb)
+    if keep.sum() < 2:
+        return base
+    knots = tuple((float(a), float(b)) for a, b in zip(xs[keep], ts[keep]))
+    return ThroughputCurve(peak=base.peak, x_half=base.x_half, t0=base.t0, knots=knots)
+
+
+# fit_segments: a profiled point this many times slower per FLOP than its neighbours is dropped
+SPIKE = 1.5
 
 
 # ------------------------------------------------------- iteration overhead
@@ -572,14 +638,15 @@ def iteration_time(device: float, host: float | None, overhead: float,
 
 
 # ------------------------------------------------------------ compute model
-GRANULARITIES = ("type", "step")
+GRANULARITIES = ("type", "step", "segment")
 # the tuner's curves (``swap.tuner.profile_models``, ``train_dynamic``, ``minicaffe plan``):
-# per step since the H200 plans of 2026-11-21 measured it (module doc)
-TUNER_GRANULARITY = "step"
+# per step since the H200 plans of 2026-11-21 measured it (module doc), in segments between
+# the profiled points since the CUDNN engine's H200 runs of 2026-11-22 (fit_segments)
+TUNER_GRANULARITY = "segment"
 
 
 def _key(step, granularity: str) -> tuple:
-    if granularity == "step":
+    if granularity in ("step", "segment"):
         return ("step", step.name, step.phase)
     return (step.type, step.phase)
 
@@ -632,6 +699,7 @@ class ComputeModel:
         searches over k): FLOPs scale as ``k / gmap.k``."""
         curves = [self.curve(s) for s in gmap.steps]
         flops = np.array([s.flops for s in gmap.steps], dtype=np.float64)
+        knotted = [(j, c) for j, c in enumerate(curves) if c.knots]
         peak = np.array([c.peak for c in curves], dtype=np.float64)
         xh = np.array([c.x_half for c in curves], dtype=np.float64)
         t0 = np.array([c.t0 for c in curves], dtype=np.float64)
@@ -642,7 +710,10 @@ class ComputeModel:
 
         def times(k: int) -> np.ndarray:
             x = flops * (k / k0)
-            return slow * (t0 + np.where(finite, (x + xh) / safe, 0.0))
+            out = t0 + np.where(finite, (x + xh) / safe, 0.0)
+            for j, c in knotted:
+                out[j] = c.time(x[j])
+            return slow * out
         return times
 
     def t_iter(self, gmap: GMAP, k: int | None = None) -> float:
@@ -683,7 +754,8 @@ class ComputeModel:
         or a method of :class:`HostModel`) the host's issue times where the profile has them
         (:meth:`HostModel.from_profile`)."""
         if granularity not in GRANULARITIES:
-            raise ValueError(f"granularity must be 'type' or 'step', got {granularity!r}")
+            raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, got "
+                             f"{granularity!r}")
         groups: dict = {}
         steps = {s.step: s for s in profile.steps}
         for c in profile.compute:
@@ -694,7 +766,12 @@ class ComputeModel:
                 groups[key][1].append(c.time)
         if not groups:
             raise ValueError(f"profile of {profile.net!r} has no compute samples")
-        curves = tuple((key, fit_curve(x, t)) for key, (x, t) in sorted(groups.items()))
+        def fit(key, x, t):
+            # segments for the steps' own curves; the fallbacks stay curves
+            if granularity == "segment" and key[0] == "step":
+                return fit_segments(x, t)
+            return fit_curve(x, t)
+        curves = tuple((key, fit(key, x, t)) for key, (x, t) in sorted(groups.items()))
         hm = None
         if host:
             hm = HostModel.from_profile(profile, "auto" if host is True else host)

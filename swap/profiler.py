@@ -797,6 +797,11 @@ def _install_plain(solver, budget, scratch=None):
     return install(solver, "none", budget, scratch=scratch, lowering="chunked")
 
 
+def _smaller_fit(e: BudgetError, k: int) -> int | None:
+    """The largest k below ``k`` that a BudgetError says fits, or None."""
+    return e.max_k if e.max_k is not None and 1 <= e.max_k < k else None
+
+
 def _install_plain_fitting(solver, budget, k, scratch, done, log):
     """(executor, k) of :func:`_install_plain` at minibatch ``k``, or where nothing swapped
     does not fit the budget there, at the largest k that fits (once, unless ``done`` has it);
@@ -806,7 +811,7 @@ def _install_plain_fitting(solver, budget, k, scratch, done, log):
         try:
             return _install_plain(solver, budget, scratch(k) if scratch is not None else None), k
         except BudgetError as e:
-            fits = e.max_k if e.max_k is not None and 1 <= e.max_k < k else None
+            fits = _smaller_fit(e, k)
             if log is not None:
                 log(f"Host issue time at minibatch {k}: the plan none does not fit the "
                     f"budget" + (f"; minibatch {fits} instead" if fits else ""))
@@ -967,7 +972,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                 # shaped for k, the layers need more than the GMAP of an earlier k said (cuDNN
                 # chooses other algorithms, with other workspaces, at other shapes): profile
                 # the largest k that fits instead, and nothing above it
-                fits = e.max_k if e.max_k is not None and 1 <= e.max_k < k else None
+                fits = _smaller_fit(e, k)
                 if fits is None or fits in done or attempt == PROFILE_RETRIES:
                     raise
                 say(f"Minibatch {k} does not fit the budget under the {strategy} plan: "

@@ -45,3 +45,21 @@ def cp():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+class _RecordingConv:
+    """Stands for a CUDNN convolution: records every workspace limit it is given."""
+    col_buffer_bytes = 1 << 20
+
+    def __init__(self):
+        self.limits = []
+
+    def set_workspace_limit(self, limit):
+        self.limits.append(limit)
+
+
+@pytest.fixture
+def recording_net():
+    """A net-like object: two recording convolutions around a layer without a workspace."""
+    import types
+    return types.SimpleNamespace(layers=[_RecordingConv(), object(), _RecordingConv()])

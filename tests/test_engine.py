@@ -296,17 +296,8 @@ def test_workspace_bound_under_a_budget(monkeypatch):
     assert ops.workspace_limit_under_budget(12 << 30) == 8 << 20
 
 
-def test_bound_workspaces_sets_each_cudnn_convolution():
-    class Conv:
-        def __init__(self):
-            self.limits = []
-
-        def set_workspace_limit(self, limit):
-            self.limits.append(limit)
-
-    class Net:
-        layers = [Conv(), object(), Conv()]
-
+def test_bound_workspaces_sets_each_cudnn_convolution(recording_net):
+    Net = recording_net
     assert engine.bound_workspaces(Net, 12 << 30) == 768 << 20
     assert [c.limits for c in (Net.layers[0], Net.layers[2])] == [[768 << 20], [768 << 20]]
 

@@ -340,24 +340,12 @@ def test_a_closed_executor_holds_no_view_of_its_arenas(make_solver):
         assert host is None or not np.shares_memory(a, host)
 
 
-def test_lowering_bounds_cudnn_workspaces_as_caffe_or_by_the_budget(monkeypatch):
+def test_lowering_bounds_cudnn_workspaces_as_caffe_or_by_the_budget(monkeypatch, recording_net):
     """Caffe's scratch ("caffe") bounds a cuDNN convolution's workspace by Caffe's 8 MiB per
     algorithm; minicaffe's ("chunked") by a sixteenth of the budget (the engine's own 4 GiB
     without one); the user's $MINICAFFE_CUDNN_WORKSPACE_LIMIT wins over both."""
     monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", raising=False)
-
-    class Conv:
-        col_buffer_bytes = 1 << 20
-
-        def __init__(self):
-            self.limits = []
-
-        def set_workspace_limit(self, limit):
-            self.limits.append(limit)
-
-    class Net:
-        layers = [Conv(), object(), Conv()]
-
+    Net = recording_net
     assert set_lowering(Net, "caffe") == 2
     assert set_lowering(Net, "chunked", 12 << 30) == 2
     assert set_lowering(Net, "chunked") == 2

@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Algorithm 2's search over k (linear: the paper's walk)")
     t.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall",
                    help="which feature maps to pin first (docs/SWAP.md)")
+    t.add_argument("--k-objective", choices=["throughput", "largest"], default="throughput",
+                   help="with --auto-batch: k* is the stall-free k of the most predicted "
+                        "images/s (default) or the largest stall-free k (the paper's)")
     t.add_argument("--no-fill", dest="fill", action="store_false",
                    help="with --swap dynamic: pin only what constraint (6) needs (the paper), "
                         "not also what the spare memory can hold (docs/SWAP.md)")
@@ -187,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --plot: a --memory-trace CSV to draw the observed iteration beside")
     pl.add_argument("--search", choices=["linear", "bisect"], default="linear")
     pl.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall")
+    pl.add_argument("--k-objective", choices=["throughput", "largest"], default="throughput",
+                    help="k* is the stall-free k of the most predicted images/s (default) or "
+                         "the largest stall-free k (the paper's)")
     pl.add_argument("--no-fill", dest="fill", action="store_false",
                     help="pin only what constraint (6) needs (the paper), not also what the "
                          "spare memory can hold")
@@ -329,6 +335,7 @@ def _install_dynamic(args, solver, budget):
                           method=args.search, rule=args.pin_rule, profile=args.profile,
                           granularity=args.granularity, save_profile=args.save_profile,
                           trace=args.memory_trace, log=log, fill=args.fill,
+                          objective=args.k_objective,
                           host_budget=("auto" if args.host_budget is None
                                        else parse_bytes(args.host_budget)))
     return ex
@@ -383,7 +390,7 @@ def cmd_plan(args):
                       delta=args.delta, fill=args.fill)
     else:
         dec = tune(gmap, budget, model, pcie, method=args.search, rule=args.pin_rule,
-                   delta=args.delta, fill=args.fill)
+                   delta=args.delta, fill=args.fill, objective=args.k_objective)
     print(f"net {gmap.net_name!r}: {gmap.n_steps} steps, {len(gmap.feature_maps())} feature "
           f"maps; budget {fmt_bytes(budget)}; model: {source}")
     print(dec.describe())

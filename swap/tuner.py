@@ -8,8 +8,13 @@ fitted from the profile: gaps between steps, the solver update), and with the sa
 throughput curve of :mod:`swap.model` ``t_whole(k) / (E m) = sum_j t_j(k) / k + a / k + b +
 Delta / k`` decreases with k (each step's time per image, ``(FLOPs_j(1) + x_half / k) / P``, does),
 so the optimum is the **largest k at which (6) can be met**, which is what the paper's linear
-search returns.  O(k) is added to every predicted iteration (the decision's ``t_iter``, the
-throughput compared where no k meets (6)); Algorithm 1's timeline does not contain it.
+search returns.  Measured step times need not follow that curve: with cuDNN workspaces bounded
+by a fixed number of bytes, a convolution changes to a slower algorithm past the k where its
+fastest one stops fitting, and its time per image rises with k.  So by default (``objective=
+"throughput"``) k* is the stall-free k of the most predicted images/s at or below the largest
+stall-free k (step 4 below); ``objective="largest"`` is the paper's choice.  O(k) is added
+to every predicted iteration (the decision's ``t_iter``, the throughput compared where no k
+meets (6)); Algorithm 1's timeline does not contain it.
 
 Where the profile has host issue times, the predicted iteration is ``max(timeline, H(k)) +
 O(k)`` (:meth:`swap.model.ComputeModel.iteration`, :class:`swap.model.HostModel`): the host
@@ -37,11 +42,15 @@ Algorithm 2 here:
    (:meth:`Search.bound_ok`: even pinning the best feature maps that fit at the step where most of
    them are off the device, the transfers left exceed the iteration time); that never changes the
    answer, only the time to find it.
-4. The executable plan at k* (:func:`swap.planner.make_dynamic_plan`) is replayed op by op
+4. ``objective="throughput"``: the images/s of every k up to the k found are predicted as if
+   each were stall-free (eq. 2, the host's floor, O(k) and Delta; :func:`_fastest`), and k*
+   is the fastest (the largest within 1 %); feasibility being monotone, it is stall-free too,
+   which the search confirms.  With a saturating curve per layer type this is the k found.
+5. The executable plan at k* (:func:`swap.planner.make_dynamic_plan`) is replayed op by op
    (:func:`swap.planner.simulate`); if the replay stalls more than ``verify_tol`` of the iteration
    (the arena layout can make a region wait where byte counting did not), k is lowered until it
    does not (at most ``verify_steps`` times).
-5. If no k meets (6) (the link is too slow for this net even with all the memory pinned), the k of
+6. If no k meets (6) (the link is too slow for this net even with all the memory pinned), the k of
    ``k_max / 2^i`` with the best predicted images/s, stalls included, is returned with
    ``stall_free = False``.
 
@@ -64,6 +73,11 @@ from .planner import (RULES, DynamicPlan, PinResult, algorithm1, choose_pins,
                       make_dynamic_plan)
 
 METHODS = ("linear", "bisect")
+# what k* maximizes among the stall-free k: the predicted images/s ("throughput"), or the paper's
+# largest stall-free k ("largest"; the paper's assumption that it is also the fastest)
+OBJECTIVES = ("throughput", "largest")
+THROUGHPUT_TIE = 0.01        # a larger k within 1 % of the best predicted images/s is preferred
+FASTEST_GRID = 1024          # at most this many k are predicted when choosing by images/s
 
 
 @dataclass(frozen=True)
@@ -288,6 +302,9 @@ class Decision:
     dynamic: DynamicPlan = field(repr=False)
     evaluations: tuple = field(default=(), repr=False)
     delta: float = 0.0
+    objective: str = "largest"  # what k* maximizes among the stall-free k (OBJECTIVES)
+    k_largest: int = 0          # the largest stall-free k the search found (0: not searched)
+    largest_ips: float = 0.0    # the predicted images/s at k_largest (stall-free, eq. 2 + O)
     scratch: int = 0            # the scratch reserve at k* (Algorithm 2's M_ws), bytes
     overhead: float = 0.0       # O(k*): seconds of the iteration outside the layer steps
     tail: float = 0.0           # the device's own part of O (the solver update)
@@ -349,6 +366,12 @@ class Decision:
             f"k_base {self.k_base}; {self.method} search, pinning rule {self.rule!r}: "
             f"{n_eval} k evaluated, {n_pruned} ruled out by the bound)"
             + ("" if self.stall_free else "  [no k meets constraint (6): best throughput]"),
+        ]
+        if self.k_largest and self.k_largest != self.k_star:
+            lines.append(
+                f"the largest stall-free k is {self.k_largest} (predicted "
+                f"{self.largest_ips:.1f} images/s); k* = {self.k_star} is the fastest per image")
+        lines += [
             f"predicted iteration {1e3 * self.t_iter:.3f} ms (compute {1e3 * tl.t_model:.3f} ms, "
             f"stall {1e3 * tl.total_stall:.3f} ms"
             + (f", outside the steps {1e3 * self.overhead:.3f} ms" if self.overhead else "")
@@ -378,7 +401,8 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
          method: str = "linear", rule: str = "stall", k_max: int | None = None, k_min: int = 1,
          prune: bool = True, delta: float = 0.0, verify_tol: float = 0.01,
          verify_steps: int = 8, margin: float = 0.01, refits: int = 3, scratch=None,
-         times_fn=None, fill: bool = True) -> Decision:
+         times_fn=None, fill: bool = True, objective: str = "throughput",
+         tie: float = THROUGHPUT_TIE) -> Decision:
     """Algorithm 2 (module doc): the efficiency-optimal minibatch under ``budget`` bytes.
 
     gmap: the net's GMAP (any k; ``gmap.k0`` is k_base).  model / pcie: the performance model.
@@ -396,8 +420,13 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     buffers already taken off).  None: the whole budget.
     fill: the plan at the k found gets its spare memory filled with pins
     (:func:`swap.planner.make_dynamic_plan`; the search itself decides feasibility without).
+    objective: "throughput" (default): k* is the k of the most predicted images/s among the
+    stall-free k at or below the largest one the search found (:func:`_fastest`; the largest k
+    within ``tie`` of the best wins); "largest": the paper's k*, the largest stall-free k.
     Raises :class:`swap.plan.BudgetError` when not even k = 1 fits the budget.
     """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
     if budget is None:
         raise ValueError("the dynamic strategy needs a budget (bytes)")
     if method not in METHODS:
@@ -417,16 +446,25 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
         search = Search(gmap, budget, model, pcie, rule=rule, prune=prune, times_fn=times_fn,
                         margin=margin, scratch=scratch, fill=fill)
         k = find(search, upper, k_min)
-        evaluations += search.evaluations
-        search.evaluations = []
         stall_free = k is not None
         if k is None:
+            evaluations += search.evaluations
+            search.evaluations = []
             k = _best_throughput(search, upper, k_min, delta, iteration)
             break
+        largest = (k, _predicted_ips(search, k, delta, iteration))
+        if objective == "throughput":
+            fastest = _fastest(search, k, k_min, delta, iteration, tie)
+            if fastest != k:
+                # feasibility is monotone but for a narrow band at the boundary: the search
+                # from the fastest k down confirms it (it asks that k first)
+                k = find(search, fastest, k_min) or k
+        evaluations += search.evaluations
+        search.evaluations = []
         dyn = _replay(search, k)
         if dyn is not None and dyn.timeline.total_stall <= verify_tol * dyn.timeline.t_model:
             return _decision(dyn, km, gmap, budget, method, rule, True, evaluations, delta,
-                             search, model)
+                             search, model, objective, largest)
         if attempt == refits:
             break
         # The layout could not realize the byte-level timing (large feature maps fragment the
@@ -438,7 +476,7 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     dyn = _verified(search, k, k_min, verify_tol, verify_steps, stall_free, delta, iteration)
     evaluations += search.evaluations
     return _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta, search,
-                     model)
+                     model, objective, largest if stall_free else None)
 
 
 def _overhead_of(model):
@@ -469,11 +507,41 @@ def _iteration_of(model):
     return model.iteration
 
 
+def _predicted_ips(search: Search, k: int, delta: float, iteration) -> float:
+    """Predicted images/s of a stall-free plan at k: the steps' time (eq. 2), the host's
+    issue time and the time outside the steps (``iteration``), and Delta."""
+    return k / (iteration(float(np.sum(search.times(k))), k) + delta)
+
+
+def _fastest(search: Search, k_hi: int, k_min: int, delta: float, iteration,
+             tie: float = THROUGHPUT_TIE) -> int:
+    """The k in [k_min, k_hi] of the most predicted images/s when every such k runs without a
+    stall (:func:`_predicted_ips`); the largest k within ``tie`` of the best.
+
+    The paper takes the largest stall-free k, assuming time per image falls with k (a
+    saturating throughput curve).  Under a fixed cuDNN workspace bound it need not: past the
+    minibatch where a convolution's fastest algorithm no longer fits, that step runs a slower
+    one (VGG-16 at 12 GiB, session 10: 363 images/s at k = 197, 569 at 92).  The step curves
+    that see this (``granularity="segment"``) make the choice here.  At most
+    :data:`FASTEST_GRID` k are predicted (every k below that, else an even grid with k_hi).
+    """
+    n = k_hi - k_min + 1
+    if n <= 1:
+        return k_hi
+    ks = (range(k_min, k_hi + 1) if n <= FASTEST_GRID else
+          sorted(set(np.linspace(k_min, k_hi, FASTEST_GRID).round().astype(int).tolist())))
+    ips = {int(k): _predicted_ips(search, int(k), delta, iteration) for k in ks}
+    best = max(ips.values())
+    return max(k for k, v in ips.items() if v >= (1.0 - tie) * best)
+
+
 def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta,
-              search, model) -> Decision:
+              search, model, objective="largest", largest=None) -> Decision:
     return Decision(k_star=dyn.k, k_max=km, k_base=gmap.k0, budget=budget, method=method,
                     rule=rule, stall_free=stall_free, dynamic=dyn,
-                    evaluations=tuple(evaluations), delta=delta,
+                    evaluations=tuple(evaluations), delta=delta, objective=objective,
+                    k_largest=largest[0] if largest else 0,
+                    largest_ips=largest[1] if largest else 0.0,
                     scratch=search.plan_budget - search.plan_budget_at(dyn.k),
                     overhead=float(_overhead_of(model)(dyn.k)), tail=_tail_of(model),
                     host=float(_host_of(model)(dyn.k)))
@@ -639,7 +707,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                   granularity: str = TUNER_GRANULARITY, keep_epochs: bool = True,
                   delta: float = 0.0,
                   trace: str | None = None, log=None, scratch="auto", host_budget="auto",
-                  fill: bool = True):
+                  fill: bool = True, objective: str = "throughput"):
     """The three stages of section 6 on ``solver``: profile, decide, install the plan.
 
     1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
@@ -651,7 +719,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     3. Resize the net to k*, install the dynamic plan with an Executor; the caller trains the
        rest with ``solver.solve()``.
 
-    Returns ``(executor, TrainingDecision)``.  budget: bytes (required).
+    Returns ``(executor, TrainingDecision)``.  budget: bytes (required).  objective: what k*
+    maximizes among the stall-free k (:func:`tune`).
 
     scratch: the scratch reserve M_ws of Algorithm 2 (CuPy's transient allocations must fit in
     it, inside the budget): a :class:`swap.profiler.ScratchModel`, None (no reserve: the whole
@@ -788,7 +857,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         say(f"AccUDNN stage 2: k_max {k_max}{reserve_words(k_max)}")
     if auto_batch:
         dec = tune(g0, base, model, pcie, method=method, rule=rule, k_max=k_max, delta=delta,
-                   scratch=scratch, fill=fill)
+                   scratch=scratch, fill=fill, objective=objective)
     else:
         dec = plan_at(g0, batch or k_base, base, model, pcie, rule=rule, delta=delta,
                       scratch=scratch, fill=fill)

@@ -115,6 +115,57 @@ def test_algorithm2_known_answer(ratio, expect, pinned, method):
         assert not s.feasible(expect + 1) and s.feasible(expect)
 
 
+@pytest.mark.parametrize("method", ["linear", "bisect"])
+def test_k_star_is_the_fastest_stall_free_k(method):
+    """Every k up to 100 is stall-free (1500 images per ms over the link).  Each step takes
+    1 us per image up to k = 60 and 1.5 us per image above (a convolution whose fastest
+    algorithm stops fitting its workspace bound): the most images/s are at 60, which the
+    throughput objective takes; the paper's objective takes the largest, 100.  Where the time
+    per image only falls with k, both take 100."""
+    g, budget, _ = analytic()
+    pcie = PCIeModel(h2d=1500.0 * 1024 / 1e-3, d2h=1500.0 * 1024 / 1e-3)
+    n = g.n_steps
+
+    def jump(k):
+        return np.full(n, (1e-6 if k <= 60 else 1.5e-6) * k)
+    fast = tune(g, budget, None, pcie, method=method, margin=0.0, times_fn=jump)
+    assert fast.k_star == 60 and fast.stall_free and fast.objective == "throughput"
+    assert fast.k_largest == 100
+    assert fast.largest_ips == pytest.approx(100 / (n * 1.5e-4))
+    assert fast.images_per_s == pytest.approx(60 / (n * 6e-5))
+    assert "the largest stall-free k is 100" in fast.describe()
+    paper = tune(g, budget, None, pcie, method=method, margin=0.0, times_fn=jump,
+                 objective="largest")
+    assert paper.k_star == 100 and paper.objective == "largest"
+    assert "largest stall-free k is" not in paper.describe()
+    # a fixed cost per step: the time per image falls with k, the largest k is the fastest
+    falling = tune(g, budget, None, pcie, method=method, margin=0.0,
+                   times_fn=lambda k: np.full(n, 1e-4 + 1e-6 * k))
+    assert falling.k_star == falling.k_largest == 100
+    # within the tie (1 %), the larger k wins: 0.5 % slower per image above 60
+    tie = tune(g, budget, None, pcie, method=method, margin=0.0,
+               times_fn=lambda k: np.full(n, (1e-6 if k <= 60 else 1.005e-6) * k))
+    assert tie.k_star == 100
+    with pytest.raises(ValueError, match="unknown objective"):
+        tune(g, budget, None, pcie, objective="smallest")
+
+
+def test_the_fastest_k_is_predicted_on_a_grid_above_its_limit(monkeypatch):
+    from swap import tuner
+
+    class Stub:
+        asked = []
+
+        def times(self, k):
+            self.asked.append(k)
+            return np.array([1e-4 + (1e-6 if k <= 700 else 2e-6) * k])
+    monkeypatch.setattr(tuner, "FASTEST_GRID", 64)
+    s = Stub()
+    k = tuner._fastest(s, 5000, 1, 0.0, lambda t, k: t)
+    assert len(s.asked) <= 64 and 5000 in s.asked
+    assert 600 <= k <= 700          # the grid point just under the jump
+
+
 def test_no_stall_free_k_falls_back_to_the_best_throughput():
     g, _, model = analytic()
     slow = PCIeModel(h2d=1024 / 1e-2, d2h=1024 / 1e-2)      # 10 ms per image each way

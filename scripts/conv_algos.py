@@ -9,15 +9,21 @@ slow and what the workspace limit costs:
 - ``heur:<limit>``: cuDNN's heuristics (minicaffe's default), fastest
   algorithm whose workspace fits ``limit``;
 - ``find:<limit>``: cuDNN's timed search (``MINICAFFE_CUDNN_FIND=1``);
+- ``per:<bytes>``: the timed search with a limit of ``bytes`` per image (the
+  limit at batch k is k times it), the bound that keeps an algorithm from
+  changing with k;
 - ``torch``: PyTorch's own convolution of the same shapes, float32, TF32
   off, ``cudnn.benchmark`` on (forward with ``conv2d``, the two backward
   directions with ``aten.convolution_backward``).
 
 Each call is timed with CUDA events, ``--reps`` times after one warm-up
 call, and the median is kept.  Operands are random normal arrays of the
-layer's shapes.  Output: a table per layer and the sums, on stdout and as CSV.
+layer's shapes.  Output: a table per layer and the sums, on stdout and as CSV;
+with several batches (``--net vgg16:32,64,128``), the time per image and the
+largest workspace of each rule at each batch.
 
     python3 scripts/conv_algos.py --net vgg16:64 --rules heur:64M,find:64M,find:4G,torch
+    python3 scripts/conv_algos.py --net alexnet:128,256,512 --rules find:768M,per:4M,torch
 """
 from __future__ import annotations
 
@@ -74,9 +80,7 @@ def time_cudnn(c: dict, rule: str, reps: int) -> dict:
     """{direction: (algorithm name, workspace bytes, ms)} under ``rule``."""
     import cupy as cp
     from minicaffe.cudnn import ops
-    how, limit = rule.split(":")
-    limit = ops.parse_bytes(limit)
-    find = how == "find"
+    limit, find = rule_limit(rule, c["x"][0])
     geo = (c["pad"], c["stride"], c["dilation"], c["groups"])
     algos = ops.conv_algorithms(c["x"], c["w"], *geo, find=find, workspace_limit=limit)
     rng = cp.random.default_rng(0)
@@ -91,6 +95,16 @@ def time_cudnn(c: dict, rule: str, reps: int) -> dict:
              "bwd_data": lambda: ops.conv2d_backward_data(w, dy, dx, *geo, **kw),
              "bwd_filter": lambda: ops.conv2d_backward_filter(x, dy, dw, *geo, **kw)}
     return {d: (algos[d].name, algos[d].workspace, median_ms(calls[d], reps)) for d in DIRECTIONS}
+
+
+def rule_limit(rule: str, batch: int) -> tuple[int, bool]:
+    """(workspace limit in bytes at ``batch``, timed search?) of a cuDNN rule."""
+    from minicaffe.cudnn import ops
+    how, _, limit = rule.partition(":")
+    if how not in ("heur", "find", "per") or not limit:
+        raise ValueError(f"rule {rule!r}: use heur:<bytes>, find:<bytes>, per:<bytes> or torch")
+    limit = ops.parse_bytes(limit)
+    return (limit * batch if how == "per" else limit), how != "heur"
 
 
 def time_torch(c: dict, reps: int) -> dict:
@@ -118,22 +132,16 @@ def time_torch(c: dict, reps: int) -> dict:
         return {d: ("torch", 0, median_ms(calls[d], reps)) for d in DIRECTIONS}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--net", default="vgg16:64", help="name:batch")
-    ap.add_argument("--rules", default="heur:64M,find:64M,find:4G,torch")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--csv", default=None)
-    args = ap.parse_args()
-    name, batch = args.net.split(":")
-    convs = conv_shapes(name, int(batch))
-    rules = args.rules.split(",")
+def time_net(name: str, batch: int, rules: list, reps: int) -> list:
+    """One row per convolution, rule and direction at ``batch``; prints a line per layer
+    and the sums."""
+    convs = conv_shapes(name, batch)
     rows = []
     totals = {r: 0.0 for r in rules}
     for c in convs:
         line = [f"{c['layer']:<22s} x{c['x']} w{c['w']}"]
         for r in rules:
-            res = time_torch(c, args.reps) if r == "torch" else time_cudnn(c, r, args.reps)
+            res = time_torch(c, reps) if r == "torch" else time_cudnn(c, r, reps)
             for d in DIRECTIONS:
                 algo, ws, ms = res[d]
                 rows.append({"net": name, "batch": batch, "layer": c["layer"], "rule": r,
@@ -145,6 +153,38 @@ def main() -> int:
     print(f"\n{name} b{batch}: sum of the three directions over {len(convs)} convolutions (ms)")
     for r in rules:
         print(f"  {r:<12s} {totals[r]:9.2f}")
+    return rows
+
+
+def summarize(rows: list) -> dict:
+    """{(batch, rule): (ms of all rows, largest workspace bytes)}."""
+    out: dict = {}
+    for r in rows:
+        key = (int(r["batch"]), r["rule"])
+        ms, ws = out.get(key, (0.0, 0))
+        out[key] = (ms + float(r["ms"]), max(ws, int(r["workspace_bytes"])))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--net", default="vgg16:64", help="name:batch")
+    ap.add_argument("--rules", default="heur:64M,find:64M,find:4G,torch")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--csv", default=None)
+    args = ap.parse_args()
+    name, batches = args.net.split(":")
+    rules = args.rules.split(",")
+    rows = []
+    for batch in (int(b) for b in batches.split(",")):
+        rows += time_net(name, batch, rules, args.reps)
+    summary = summarize(rows)
+    if len(summary) > len(rules):
+        print(f"\n{name}: time per image of all convolutions (three directions) and the "
+              "largest workspace")
+        for (batch, rule), (ms, ws) in sorted(summary.items()):
+            print(f"  b{batch:<5d} {rule:<12s} {1e3 * ms / batch:9.2f} us/image "
+                  f"{ws / 2**20:9.1f} MiB")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=list(rows[0]))

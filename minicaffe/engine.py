@@ -37,8 +37,9 @@ TF32 tensor cores; off by default, Caffe is FP32), ``MINICAFFE_CUDNN_FIND``
 (default 1: choose convolution algorithms by timing them, ``cudnnFind*``, as
 PyTorch's ``cudnn.benchmark``; the search synchronizes and allocates temporary
 operands once per shape; 0: cuDNN's heuristics, as Caffe), and
-``MINICAFFE_CUDNN_WORKSPACE_LIMIT`` (bytes per convolution, default 4 GiB, or a
-sixteenth of the budget under a memory manager; see :mod:`minicaffe.cudnn.ops`).
+``MINICAFFE_CUDNN_WORKSPACE_LIMIT`` (bytes per convolution, default 4 GiB; under a
+memory manager ``MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE`` bytes per image of the call,
+default 8 MiB, at most a quarter of the budget; see :mod:`minicaffe.cudnn.ops`).
 On an H200 the timed search with the large limit made the convolutions of
 VGG-16, AlexNet and ResNet-34 2.2 to 3.3 times faster than the heuristics within
 64 MiB (``scripts/conv_algos.py``, docs/RESULTS.md).
@@ -237,11 +238,15 @@ class CudnnOptions:
     find: time the convolution algorithms (``cudnnFind*``, the default) instead of
         taking cuDNN's heuristics (Caffe's choice).
     workspace_limit: bytes of convolution workspace per layer at most.
+    workspace_per_image: with it (bytes, 0: off) a call on k images may use ``k`` times it,
+        at least 64 MiB and at most ``workspace_limit``
+        (:func:`minicaffe.cudnn.ops.workspace_limit_at`).
     """
     deterministic: bool = False
     tf32: bool = False
     find: bool = True
     workspace_limit: int = 4 << 30
+    workspace_per_image: int = 0
 
 
 def cudnn_options() -> CudnnOptions:
@@ -250,20 +255,28 @@ def cudnn_options() -> CudnnOptions:
                         find=_flag(ENV_FIND, default=True), workspace_limit=ops.workspace_limit())
 
 
-def bound_workspaces(net, budget: int | None, *, limit: int | None = None) -> int:
+def bound_workspaces(net, budget: int | None, *, limit: int | None = None) -> tuple[int, int]:
     """Bound every CUDNN convolution's workspace of ``net`` for training inside ``budget``
-    bytes (:func:`minicaffe.cudnn.ops.workspace_limit_under_budget`), or to ``limit`` bytes
-    when given (Caffe's 8 MiB per algorithm for the Caffe baseline);
-    ``$MINICAFFE_CUDNN_WORKSPACE_LIMIT``, when set, wins over both.  The algorithms are
-    chosen again at the next reshape.  Returns the limit (bytes)."""
+    bytes, or to ``limit`` bytes when given (Caffe's 8 MiB per algorithm for the Caffe
+    baseline); ``$MINICAFFE_CUDNN_WORKSPACE_LIMIT``, when set, wins over both.
+
+    Inside a budget the bound is per image
+    (:func:`minicaffe.cudnn.ops.workspace_per_image_under_budget`, 8 MiB per image by default,
+    at most a quarter of the budget), or, with the bound per image turned off, a sixteenth of
+    the budget (:func:`minicaffe.cudnn.ops.workspace_limit_under_budget`).  The algorithms
+    are chosen again at the next reshape.  Returns ``(limit, per_image)`` (bytes; per_image
+    0: the limit is fixed)."""
     from .cudnn import ops
+    per_image = 0
     if limit is None or os.environ.get(ops.ENV_WORKSPACE_LIMIT, "").strip():
-        limit = ops.workspace_limit_under_budget(budget)
+        per_image = ops.workspace_per_image_under_budget(budget)
+        limit = (ops.workspace_cap_under_budget(budget) if per_image
+                 else ops.workspace_limit_under_budget(budget))
     for layer in net.layers:
         setter = getattr(layer, "set_workspace_limit", None)
         if setter is not None:
-            setter(limit)
-    return int(limit)
+            setter(limit, per_image)
+    return int(limit), int(per_image)
 
 
 # ----------------------------------------------------- in-place hazards

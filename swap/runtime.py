@@ -1796,9 +1796,12 @@ def set_lowering(net, lowering: str, budget: int | None = None) -> int:
       as Caffe does ("caffe"), or chunks of images up to ``ConvolutionLayer.col_buffer_bytes``
       ("chunked": fewer, larger GEMMs, more scratch).
     * A CUDNN-engine convolution's workspace is bounded by Caffe's 8 MiB per algorithm
-      (``cudnn_conv_layer.cpp``; "caffe"), or by a sixteenth of ``budget`` ("chunked";
-      the engine's 4 GiB without one): under Caffe's plan every layer keeps its own
-      workspace for the whole iteration, so an unbounded one would cost the minibatch.
+      (``cudnn_conv_layer.cpp``; "caffe"), or ("chunked") inside ``budget`` by 8 MiB per
+      image of the minibatch, at most a quarter of the budget (a sixteenth of it, fixed,
+      with ``$MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE=0``; the engine's 4 GiB without a
+      budget: :func:`minicaffe.engine.bound_workspaces`).  Under Caffe's plan every layer
+      keeps its own workspace for the whole iteration, so an unbounded one would cost the
+      minibatch; the swapping plans hold one convolution's at a time.
     """
     if lowering not in LOWERINGS:
         raise ValueError(f"convolution lowering {lowering!r}: use one of {', '.join(LOWERINGS)}")

@@ -53,9 +53,11 @@ class _RecordingConv:
 
     def __init__(self):
         self.limits = []
+        self.per_image = []
 
-    def set_workspace_limit(self, limit):
+    def set_workspace_limit(self, limit, per_image=0):
         self.limits.append(limit)
+        self.per_image.append(per_image)
 
 
 @pytest.fixture

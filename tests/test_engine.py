@@ -296,10 +296,48 @@ def test_workspace_bound_under_a_budget(monkeypatch):
     assert ops.workspace_limit_under_budget(12 << 30) == 8 << 20
 
 
-def test_bound_workspaces_sets_each_cudnn_convolution(recording_net):
+def test_workspace_bound_per_image(monkeypatch):
+    from minicaffe.cudnn import ops
+    monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", raising=False)
+    monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", raising=False)
+    assert ops.workspace_per_image_under_budget(12 << 30) == 8 << 20     # the default
+    assert ops.workspace_per_image_under_budget(None) == 0               # no budget: fixed
+    assert ops.workspace_cap_under_budget(12 << 30) == 3 << 30           # a quarter
+    assert ops.workspace_cap_under_budget(64 << 30) == 4 << 30           # at most 4 GiB
+    assert ops.workspace_cap_under_budget(128 << 20) == 64 << 20         # at least 64 MiB
+    # k images: k x 8 MiB, at least 64 MiB, at most the cap
+    assert ops.workspace_limit_at(3 << 30, 8 << 20, 100) == 800 << 20
+    assert ops.workspace_limit_at(3 << 30, 8 << 20, 2) == 64 << 20
+    assert ops.workspace_limit_at(3 << 30, 8 << 20, 1000) == 3 << 30
+    assert ops.workspace_limit_at(768 << 20, 0, 1000) == 768 << 20      # fixed
+    monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", "2M")
+    assert ops.workspace_per_image_under_budget(12 << 30) == 2 << 20
+    monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", "0")       # off
+    assert ops.workspace_per_image_under_budget(12 << 30) == 0
+    monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", "lots")
+    with pytest.raises(ValueError, match="MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE"):
+        ops.workspace_per_image_under_budget(12 << 30)
+    monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", "2M")
+    monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", "8M")          # a fixed limit wins
+    assert ops.workspace_per_image_under_budget(12 << 30) == 0
+
+
+def test_bound_workspaces_sets_each_cudnn_convolution(recording_net, monkeypatch):
+    monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", raising=False)
+    monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", raising=False)
     Net = recording_net
-    assert engine.bound_workspaces(Net, 12 << 30) == 768 << 20
-    assert [c.limits for c in (Net.layers[0], Net.layers[2])] == [[768 << 20], [768 << 20]]
+    # inside a budget: 8 MiB per image up to a quarter of it
+    assert engine.bound_workspaces(Net, 12 << 30) == (3 << 30, 8 << 20)
+    assert [c.limits for c in (Net.layers[0], Net.layers[2])] == [[3 << 30], [3 << 30]]
+    assert Net.layers[0].per_image == [8 << 20]
+    # the bound per image off: a sixteenth of the budget, fixed
+    monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", "0")
+    assert engine.bound_workspaces(Net, 12 << 30) == (768 << 20, 0)
+    # Caffe's fixed limit, and no budget (the engine's 4 GiB)
+    monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE")
+    assert engine.bound_workspaces(Net, 12 << 30, limit=8 << 20) == (8 << 20, 0)
+    assert engine.bound_workspaces(Net, None) == (4 << 30, 0)
+    assert Net.layers[2].limits[-1] == 4 << 30 and Net.layers[2].per_image[-1] == 0
 
 
 def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
@@ -317,7 +355,7 @@ def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
     calls = []
 
     def choose(x_shape, w_shape, pad, stride, dilation, groups, dtype, **kw):
-        calls.append((x_shape, kw["workspace_limit"]))
+        calls.append((x_shape, kw["limit_at"](x_shape[0])))
         if x_shape[0] > 100:
             raise cudnn_lib.CudnnUnsupported("too large")
         return {"fwd": 64 * x_shape[0], "bwd_data": 0, "bwd_filter": 32 * x_shape[0]}
@@ -328,3 +366,12 @@ def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
     assert fn(10) == 640 and fn(10) == 640
     assert calls == [((10, 4, 4, 4), 1 << 20)]                # asked once per shape
     assert fn(101) == 1 << 20 and fn(0) == 0
+    # a bound per image: each minibatch is asked under its own limit, and past cuDNN's
+    # shapes the answer is that limit (1 MiB per image, at least 64 MiB, at most 256 MiB)
+    layer.set_workspace_limit(256 << 20, 1 << 20)
+    calls.clear()
+    per = layer.workspace_model()
+    assert per(20) == 1280 and calls == [((20, 4, 4, 4), 64 << 20)]
+    assert per(200) == 200 << 20 and calls[-1] == ((200, 4, 4, 4), 200 << 20)
+    assert per(1000) == 256 << 20
+    assert layer._workspace_limit_at(100) == 100 << 20

@@ -97,9 +97,15 @@ from . import lib as L
 from .lib import CudnnError, CudnnUnsupported
 
 DEFAULT_WORKSPACE_LIMIT = 4 << 30
-BUDGET_WORKSPACE_SHARE = 16          # under a memory budget: at most budget / 16 per call
+BUDGET_WORKSPACE_SHARE = 16          # a fixed bound under a memory budget: budget / 16 per call
+BUDGET_WORKSPACE_CAP_SHARE = 4       # a bound per image under a budget: at most budget / 4
 MIN_BUDGET_WORKSPACE_LIMIT = 64 << 20
+# under a budget, by default: 8 MiB of workspace per image of the call's minibatch (session 11,
+# H200: VGG-16's and AlexNet's fastest algorithms within it at every minibatch; see
+# docs/RESULTS.md "cuDNN workspace bound")
+DEFAULT_WORKSPACE_PER_IMAGE = 8 << 20
 ENV_WORKSPACE_LIMIT = "MINICAFFE_CUDNN_WORKSPACE_LIMIT"
+ENV_WORKSPACE_PER_IMAGE = "MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE"
 FWD, BWD_DATA, BWD_FILTER = "fwd", "bwd_data", "bwd_filter"
 DIRECTIONS = (FWD, BWD_DATA, BWD_FILTER)
 MAX, AVE = 0, 1  # Caffe's PoolingParameter.PoolMethod values
@@ -623,6 +629,44 @@ def workspace_limit_under_budget(budget: int | None) -> int:
     return max(MIN_BUDGET_WORKSPACE_LIMIT, min(DEFAULT_WORKSPACE_LIMIT, share))
 
 
+def workspace_per_image_under_budget(budget: int | None) -> int:
+    """Bytes of workspace per image for convolutions inside a memory budget (0: a fixed
+    bound, :func:`workspace_limit_under_budget`): ``$MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE``
+    when set (0 turns the bound per image off), else :data:`DEFAULT_WORKSPACE_PER_IMAGE`;
+    0 without a budget or where ``$MINICAFFE_CUDNN_WORKSPACE_LIMIT`` fixes the limit.
+
+    Why per image: with a fixed number of bytes, a convolution's fastest algorithm stops
+    fitting past some minibatch (its workspace grows with the batch) and a slower one runs
+    from there on, so the time per image rises with k (VGG-16 at a 12 GiB budget's 768 MiB:
+    2.49 ms per image for the convolutions at 192 against 1.45 with 8 MiB per image).  With a
+    bound per image the same algorithms fit at every k; the memory model charges their
+    workspace at each k (``swap.gmap.Size.per_k``)."""
+    if budget is None or os.environ.get(ENV_WORKSPACE_LIMIT, "").strip():
+        return 0
+    env = os.environ.get(ENV_WORKSPACE_PER_IMAGE, "").strip()
+    if not env:
+        return DEFAULT_WORKSPACE_PER_IMAGE
+    try:
+        return parse_bytes(env)
+    except ValueError as e:
+        raise ValueError(f"${ENV_WORKSPACE_PER_IMAGE}: {e}") from None
+
+
+def workspace_cap_under_budget(budget: int) -> int:
+    """The most workspace a bound per image gives one call inside ``budget``: a quarter of it
+    (at least 64 MiB, at most :data:`DEFAULT_WORKSPACE_LIMIT`)."""
+    share = int(budget) // BUDGET_WORKSPACE_CAP_SHARE
+    return max(MIN_BUDGET_WORKSPACE_LIMIT, min(DEFAULT_WORKSPACE_LIMIT, share))
+
+
+def workspace_limit_at(limit: int, per_image: int, num: int) -> int:
+    """The workspace limit of a call on ``num`` images: ``limit`` (a fixed bound, per_image 0),
+    or ``per_image * num``, at least 64 MiB and at most ``limit`` (the cap)."""
+    if not per_image:
+        return int(limit)
+    return min(int(limit), max(MIN_BUDGET_WORKSPACE_LIMIT, int(per_image) * int(num)))
+
+
 def _cached_workspace(kind: str, nbytes: int):
     """The shared scratch buffer of the current device, grown to ``nbytes``.
 
@@ -818,11 +862,13 @@ def conv_workspace_bytes(x_shape, w_shape, pad=0, stride=1, dilation=1, groups=1
 
 def conv_workspace_estimate(x_shape, w_shape, pad=0, stride=1, dilation=1, groups=1,
                             dtype=np.float32, *, tf32=False, deterministic=False, find=True,
-                            workspace_limit=None) -> dict:
+                            workspace_limit=None, limit_at=None) -> dict:
     """Workspace bytes of each direction at this shape, as :func:`conv_workspace_bytes`
     says, without a timed search where the same convolution was searched at another
     minibatch: for a memory model that asks many minibatches (``swap.gmap``), where a search
-    at each would cost seconds.
+    at each would cost seconds.  ``limit_at``: ``num -> limit`` where the limit depends on the
+    minibatch (a bound per image, :func:`workspace_limit_at`); the limit here is then
+    ``limit_at(N)`` and another minibatch's choices are those made under its own limit.
 
     * a shape already searched with these options: its choices' workspaces, exactly;
     * else, where the same convolution (every dimension but the minibatch, the same options)
@@ -840,13 +886,19 @@ def conv_workspace_estimate(x_shape, w_shape, pad=0, stride=1, dilation=1, group
     if dt not in _DTYPES:
         raise TypeError(f"conv_workspace_estimate: dtype {dt}; cuDNN ops take float32 or "
                         "float64")
+    n = geom.x_shape[0]
+    if limit_at is not None:
+        workspace_limit = limit_at(n)
     limit = workspace_limit_value(workspace_limit)
-    keys = {d: (d, int(limit), bool(deterministic), bool(find)) for d in DIRECTIONS}
+
+    def keys_at(num):
+        lim = limit if limit_at is None else int(limit_at(num))
+        return {d: (d, lim, bool(deterministic), bool(find)) for d in DIRECTIONS}
+    keys = keys_at(n)
     dev = _cupy().cuda.runtime.getDevice()
     exact = _plans.get((dev, geom, dt.str, bool(tf32)))
     if exact is not None and all(keys[d] in exact.choices for d in DIRECTIONS):
         return {d: exact.choices[keys[d]].workspace for d in DIRECTIONS}
-    n = geom.x_shape[0]
     nearest = None
     for (pdev, g, pdt, ptf), p in list(_plans.items()):
         if (pdev, pdt, ptf) != (dev, dt.str, bool(tf32)) or g.x_shape[1:] != geom.x_shape[1:]:
@@ -854,11 +906,12 @@ def conv_workspace_estimate(x_shape, w_shape, pad=0, stride=1, dilation=1, group
         if (g.w_shape, g.pad, g.stride, g.dilation, g.groups) != (
                 geom.w_shape, geom.pad, geom.stride, geom.dilation, geom.groups):
             continue
-        if not all(keys[d] in p.choices for d in DIRECTIONS):
+        there = keys_at(g.x_shape[0])
+        if not all(there[d] in p.choices for d in DIRECTIONS):
             continue
         ratio = abs(math.log(g.x_shape[0] / n))
         if nearest is None or ratio < nearest[0]:
-            nearest = (ratio, p)
+            nearest = (ratio, p, there)
     if nearest is None:
         return conv_workspace_bytes(x_shape, w_shape, pad, stride, dilation, groups, dtype,
                                     tf32=tf32, deterministic=deterministic, find=find,
@@ -867,7 +920,7 @@ def conv_workspace_estimate(x_shape, w_shape, pad=0, stride=1, dilation=1, group
     plan = _plan(geom, dt, tf32, lib, h)          # descriptors only: nothing is searched
     out = {}
     for d in DIRECTIONS:
-        c = nearest[1].choices[keys[d]]
+        c = nearest[1].choices[nearest[2][d]]
         before = plan.conv_math[d]
         plan.set_math(lib, d, c.math_type)
         need = _ws_size(lib, h, plan, d, c.algo)

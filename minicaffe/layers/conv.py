@@ -631,15 +631,24 @@ class ConvolutionLayer(Layer):
                 {"workspace": ws.data if ws.data_storage.external and ws.nbytes else None,
                  "tf32": o.tf32,
                  "deterministic": o.deterministic, "find": o.find,
-                 "workspace_limit": o.workspace_limit})
+                 "workspace_limit": self._workspace_limit_at(self.num)})
 
-    def set_workspace_limit(self, limit: int):
-        """Bound this layer's cuDNN workspace to ``limit`` bytes (a memory manager calls
+    def _workspace_limit_at(self, num: int) -> int:
+        """The workspace limit of a call on ``num`` images (fixed, or per image up to the
+        limit: :func:`minicaffe.cudnn.ops.workspace_limit_at`)."""
+        o = self._cudnn
+        return cudnn_ops.workspace_limit_at(o.workspace_limit, o.workspace_per_image, num)
+
+    def set_workspace_limit(self, limit: int, per_image: int = 0):
+        """Bound this layer's cuDNN workspace to ``limit`` bytes, or, with ``per_image``,
+        to that many bytes per image of the call, at most ``limit`` (a memory manager calls
         this before planning); the algorithms are chosen again at the next reshape."""
         import dataclasses
         o = getattr(self, "_cudnn", None)
-        if o is not None and o.workspace_limit != int(limit):
-            self._cudnn = dataclasses.replace(o, workspace_limit=int(limit))
+        if o is not None and (o.workspace_limit, o.workspace_per_image) != (int(limit),
+                                                                             int(per_image)):
+            self._cudnn = dataclasses.replace(o, workspace_limit=int(limit),
+                                              workspace_per_image=int(per_image))
 
     def workspace_model(self):
         """``fn(num) -> bytes``: this layer's ``workspace`` internal at an input of ``num``
@@ -668,6 +677,9 @@ class ConvolutionLayer(Layer):
         dtype = self.dtype
         cache: dict = {}
 
+        def limit_at(num):
+            return cudnn_ops.workspace_limit_at(o.workspace_limit, o.workspace_per_image, num)
+
         def fn(num: int) -> int:
             num = int(num)
             if num <= 0:
@@ -679,14 +691,14 @@ class ConvolutionLayer(Layer):
                 ws = cudnn_ops.conv_workspace_estimate(
                     (num,) + geometry, w_shape, *conv, dtype, tf32=o.tf32,
                     deterministic=o.deterministic, find=o.find,
-                    workspace_limit=o.workspace_limit)
+                    limit_at=limit_at)
                 need = max(ws.values())
             except cudnn_lib.CudnnUnsupported:
-                need = int(o.workspace_limit)
+                need = limit_at(num)
             except Exception as e:          # pragma: no cover - GPU machine only
                 if type(e).__name__ != "OutOfMemoryError":
                     raise
-                need = int(o.workspace_limit)
+                need = limit_at(num)
             if cudnn_ops.algo_cache_info()["searches"] != searches:
                 # the search's temporary operands go back to the device, not to CuPy's pool
                 import cupy
@@ -712,7 +724,7 @@ class ConvolutionLayer(Layer):
                     (self.num, self.channels) + self.in_hw, self.blobs[0].shape, self.pad,
                     self.stride, self.dilation, self.group, self.dtype, tf32=o.tf32,
                     deterministic=o.deterministic, find=o.find,
-                    workspace_limit=o.workspace_limit)
+                    workspace_limit=self._workspace_limit_at(self.num))
             except cudnn_lib.CudnnUnsupported as e:
                 engines.fall_back(self, f"cuDNN cannot run this convolution: {e}")
                 self.internals.pop("workspace", None)

@@ -760,3 +760,32 @@ def test_workspace_estimate_exact_where_searched_nearest_choice_elsewhere(cp, cu
     # other options: never searched, so searched now
     cu.conv_workspace_estimate(x64, w_shape, pad, stride, dil, groups, workspace_limit=0)
     assert cu.algo_cache_info()["searches"] > searches
+
+
+@pytest.mark.gpu
+def test_workspace_estimate_with_a_bound_per_image(cp, cu):
+    """With a limit that grows with the minibatch (limit_at), the nearest searched minibatch's
+    choices are those made under its own limit; a minibatch searched under its own limit is
+    exact; the answer is within the limit of the minibatch asked."""
+    cu.clear_cache()
+    _, w_shape, pad, stride, dil, groups = CONV_CASES["wide"]
+    x8 = (8,) + CONV_CASES["wide"][0][1:]
+    x64 = (64,) + x8[1:]
+
+    def limit_at(n):
+        return cu.workspace_limit_at(4 << 30, 16 << 20, n)   # 16 MiB per image: 128 MiB at 8
+    geo = (w_shape, pad, stride, dil, groups)
+    exact8 = cu.conv_workspace_bytes(x8, *geo, workspace_limit=limit_at(8))
+    assert cu.conv_workspace_estimate(x8, *geo, limit_at=limit_at) == exact8
+    searches = cu.algo_cache_info()["searches"]
+    est = cu.conv_workspace_estimate(x64, *geo, limit_at=limit_at)
+    assert cu.algo_cache_info()["searches"] == searches           # the choices at 8, no search
+    chosen = cu.conv_algorithms(x8, *geo, workspace_limit=limit_at(8))
+    lib, h = cu._handle()
+    plan = cu._plan(cu.conv_geometry(x64, *geo), np.float32, False, lib, h)
+    for d, c in chosen.items():
+        plan.set_math(lib, d, c.math_type)
+        need = cu._ws_size(lib, h, plan, d, c.algo)
+        assert est[d] == min(need, limit_at(64)) and est[d] <= limit_at(64)
+    exact64 = cu.conv_workspace_bytes(x64, *geo, workspace_limit=limit_at(64))
+    assert cu.conv_workspace_estimate(x64, *geo, limit_at=limit_at) == exact64

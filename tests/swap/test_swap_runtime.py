@@ -342,9 +342,11 @@ def test_a_closed_executor_holds_no_view_of_its_arenas(make_solver):
 
 def test_lowering_bounds_cudnn_workspaces_as_caffe_or_by_the_budget(monkeypatch, recording_net):
     """Caffe's scratch ("caffe") bounds a cuDNN convolution's workspace by Caffe's 8 MiB per
-    algorithm; minicaffe's ("chunked") by a sixteenth of the budget (the engine's own 4 GiB
-    without one); the user's $MINICAFFE_CUDNN_WORKSPACE_LIMIT wins over both."""
+    algorithm; minicaffe's ("chunked") by 8 MiB per image up to a quarter of the budget (the
+    engine's own 4 GiB without one); the user's $MINICAFFE_CUDNN_WORKSPACE_LIMIT wins over
+    both."""
     monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", raising=False)
+    monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", raising=False)
     Net = recording_net
     assert set_lowering(Net, "caffe") == 2
     assert set_lowering(Net, "chunked", 12 << 30) == 2
@@ -352,7 +354,8 @@ def test_lowering_bounds_cudnn_workspaces_as_caffe_or_by_the_budget(monkeypatch,
     monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", "1M")
     set_lowering(Net, "caffe")
     for conv in (Net.layers[0], Net.layers[2]):
-        assert conv.limits == [8 << 20, 768 << 20, 4 << 30, 1 << 20]
+        assert conv.limits == [8 << 20, 3 << 30, 4 << 30, 1 << 20]
+        assert conv.per_image == [0, 8 << 20, 0, 0]
     with pytest.raises(ValueError, match="lowering"):
         set_lowering(Net, "fast")
 

@@ -303,7 +303,9 @@ class Decision:
     evaluations: tuple = field(default=(), repr=False)
     delta: float = 0.0
     objective: str = "largest"  # what k* maximizes among the stall-free k (OBJECTIVES)
-    k_largest: int = 0          # the largest stall-free k the search found (0: not searched)
+    k_largest: int = 0          # the largest stall-free k the search found (0: not searched;
+    #                             under "throughput" its plan is not laid out: the paper's k*
+    #                             is tune(objective="largest"), at or below it)
     largest_ips: float = 0.0    # the predicted images/s at k_largest (stall-free, eq. 2 + O)
     scratch: int = 0            # the scratch reserve at k* (Algorithm 2's M_ws), bytes
     overhead: float = 0.0       # O(k*): seconds of the iteration outside the layer steps
@@ -369,7 +371,7 @@ class Decision:
         ]
         if self.k_largest and self.k_largest != self.k_star:
             lines.append(
-                f"the largest stall-free k is {self.k_largest} (predicted "
+                f"the search's largest stall-free k is {self.k_largest} (predicted "
                 f"{self.largest_ips:.1f} images/s); k* = {self.k_star} is the fastest per image")
         lines += [
             f"predicted iteration {1e3 * self.t_iter:.3f} ms (compute {1e3 * tl.t_model:.3f} ms, "

@@ -133,7 +133,7 @@ def test_k_star_is_the_fastest_stall_free_k(method):
     assert fast.k_largest == 100
     assert fast.largest_ips == pytest.approx(100 / (n * 1.5e-4))
     assert fast.images_per_s == pytest.approx(60 / (n * 6e-5))
-    assert "the largest stall-free k is 100" in fast.describe()
+    assert "the search's largest stall-free k is 100" in fast.describe()
     paper = tune(g, budget, None, pcie, method=method, margin=0.0, times_fn=jump,
                  objective="largest")
     assert paper.k_star == 100 and paper.objective == "largest"

@@ -381,14 +381,8 @@ def _capturing(stream) -> bool:
 
 def workspace_bytes() -> int:
     """Bytes of each stream's workspace: ``$MINICAFFE_CUBLAS_WORKSPACE`` or 32 MiB."""
-    text = os.environ.get(ENV_WORKSPACE, "").strip()
-    if not text:
-        return DEFAULT_WORKSPACE
-    from .cudnn.ops import parse_bytes
-    try:
-        return parse_bytes(text)
-    except ValueError as e:
-        raise ValueError(f"${ENV_WORKSPACE}: {e}") from None
+    from .cudnn.ops import env_bytes
+    return env_bytes(ENV_WORKSPACE, DEFAULT_WORKSPACE)
 
 
 def _not_under_capture(stream, what: str, dev: int):

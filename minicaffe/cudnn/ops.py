@@ -147,6 +147,18 @@ def parse_bytes(text) -> int:
     return int(v * mult)
 
 
+def env_bytes(var: str, default: int) -> int:
+    """Bytes from the environment variable ``var`` (:func:`parse_bytes`), ``default`` when it
+    is unset or empty; a bad value raises ValueError naming the variable."""
+    text = os.environ.get(var, "").strip()
+    if not text:
+        return default
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise ValueError(f"${var}: {e}") from None
+
+
 def workspace_limit(value=None) -> int:
     """The convolution workspace limit in bytes: ``value``, else
     ``$MINICAFFE_CUDNN_WORKSPACE_LIMIT``, else 4 GiB (:data:`DEFAULT_WORKSPACE_LIMIT`)."""
@@ -155,13 +167,7 @@ def workspace_limit(value=None) -> int:
         if v < 0:
             raise ValueError(f"workspace_limit must be >= 0 bytes, got {value}")
         return v
-    env = os.environ.get(ENV_WORKSPACE_LIMIT, "").strip()
-    if not env:
-        return DEFAULT_WORKSPACE_LIMIT
-    try:
-        return parse_bytes(env)
-    except ValueError as e:
-        raise ValueError(f"${ENV_WORKSPACE_LIMIT}: {e}") from None
+    return env_bytes(ENV_WORKSPACE_LIMIT, DEFAULT_WORKSPACE_LIMIT)
 
 
 def _pair(v, name) -> tuple[int, int]:
@@ -643,13 +649,7 @@ def workspace_per_image_under_budget(budget: int | None) -> int:
     workspace at each k (``swap.gmap.Size.per_k``)."""
     if budget is None or os.environ.get(ENV_WORKSPACE_LIMIT, "").strip():
         return 0
-    env = os.environ.get(ENV_WORKSPACE_PER_IMAGE, "").strip()
-    if not env:
-        return DEFAULT_WORKSPACE_PER_IMAGE
-    try:
-        return parse_bytes(env)
-    except ValueError as e:
-        raise ValueError(f"${ENV_WORKSPACE_PER_IMAGE}: {e}") from None
+    return env_bytes(ENV_WORKSPACE_PER_IMAGE, DEFAULT_WORKSPACE_PER_IMAGE)
 
 
 def workspace_cap_under_budget(budget: int) -> int:

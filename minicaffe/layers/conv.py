@@ -104,23 +104,12 @@ def _spatial_values(param, name, n_spatial, default, where):
     return [int(repeated[0])] * n_spatial if len(repeated) == 1 else [int(v) for v in repeated]
 
 
-def _bytes_from_env(var: str, default: int) -> int:
-    text = os.environ.get(var, "").strip()
-    if not text:
-        return default
-    from ..cudnn.ops import parse_bytes
-    try:
-        return parse_bytes(text)
-    except ValueError as e:
-        raise ValueError(f"${var}: {e}") from None
-
-
 def _col_buffer_default() -> int:
-    return _bytes_from_env("MINICAFFE_COL_BUFFER", 64 << 20)
+    return cudnn_ops.env_bytes("MINICAFFE_COL_BUFFER", 64 << 20)
 
 
 def _shared_col_default() -> int:
-    return _bytes_from_env("MINICAFFE_SHARED_COL", 1 << 30)
+    return cudnn_ops.env_bytes("MINICAFFE_SHARED_COL", 1 << 30)
 
 
 # Scratch shared by every CAFFE-engine convolution of a device that no memory manager

@@ -509,10 +509,15 @@ def _iteration_of(model):
     return model.iteration
 
 
+def _images_per_s(k: int, device: float, delta: float, iteration) -> float:
+    """Predicted images/s at k from the device's seconds for the steps: ``iteration(device, k)``
+    (the host's issue time and the time outside the steps) plus Delta per iteration."""
+    return k / (iteration(device, k) + delta)
+
+
 def _predicted_ips(search: Search, k: int, delta: float, iteration) -> float:
-    """Predicted images/s of a stall-free plan at k: the steps' time (eq. 2), the host's
-    issue time and the time outside the steps (``iteration``), and Delta."""
-    return k / (iteration(float(np.sum(search.times(k))), k) + delta)
+    """Predicted images/s of a stall-free plan at k: the steps' time (eq. 2)."""
+    return _images_per_s(k, float(np.sum(search.times(k))), delta, iteration)
 
 
 def _fastest(search: Search, k_hi: int, k_min: int, delta: float, iteration,
@@ -592,7 +597,7 @@ def _best_throughput(search: Search, k_max: int, k_min: int, delta: float,
                               search.pcie, rule=search.rule)
         # predicted with the stalls (Algorithm 1 with the waits propagated)
         t = algorithm1(res.sketch, search.times(k), search.pcie, propagate=True).t_iter
-        ips = k / (iteration(t, k) + delta)
+        ips = _images_per_s(k, t, delta, iteration)
         if ips > best:
             best, best_k = ips, k
         if k <= k_min:
@@ -630,7 +635,7 @@ def _verified(search: Search, k: int, k_min: int, tol: float, steps: int, stall_
         kk -= 1
     if not tried:
         raise RuntimeError(f"no plan could be made at or below k = {k}")
-    return max(tried, key=lambda d: d.k / (iteration(d.timeline.t_iter, d.k) + delta))
+    return max(tried, key=lambda d: _images_per_s(d.k, d.timeline.t_iter, delta, iteration))
 
 
 # ------------------------------------------------------------ device models

@@ -622,10 +622,11 @@ class ConvolutionLayer(Layer):
                  "deterministic": o.deterministic, "find": o.find,
                  "workspace_limit": self._workspace_limit_at(self.num)})
 
-    def _workspace_limit_at(self, num: int) -> int:
-        """The workspace limit of a call on ``num`` images (fixed, or per image up to the
-        limit: :func:`minicaffe.cudnn.ops.workspace_limit_at`)."""
-        o = self._cudnn
+    def _workspace_limit_at(self, num: int, options=None) -> int:
+        """The workspace limit of a call on ``num`` images under ``options`` (default the
+        layer's own): fixed, or per image up to the limit
+        (:func:`minicaffe.cudnn.ops.workspace_limit_at`)."""
+        o = self._cudnn if options is None else options
         return cudnn_ops.workspace_limit_at(o.workspace_limit, o.workspace_per_image, num)
 
     def set_workspace_limit(self, limit: int, per_image: int = 0):
@@ -666,8 +667,8 @@ class ConvolutionLayer(Layer):
         dtype = self.dtype
         cache: dict = {}
 
-        def limit_at(num):
-            return cudnn_ops.workspace_limit_at(o.workspace_limit, o.workspace_per_image, num)
+        def limit_at(num):          # the options as they are now, not at a later call
+            return self._workspace_limit_at(num, o)
 
         def fn(num: int) -> int:
             num = int(num)

@@ -68,11 +68,12 @@ STRATEGIES = ("plain", "none", "naive", "vdnn", "dynamic")
 TUNED = ("tuned", "tuned-nofill")
 
 
-def net_param(name: str, batch: int, size: int | None):
-    """The dummy variant of ``name`` (Input layer, CAFFE engine) at ``batch``; ``size``: square
-    images of that side (a ResNet's pool5 becomes global so that any size works)."""
+def net_param(name: str, batch: int, size: int | None, engine: str = "CAFFE"):
+    """The dummy variant of ``name`` (Input layer, every layer's engine ``engine``) at
+    ``batch``; ``size``: square images of that side (a ResNet's pool5 becomes global so that
+    any size works)."""
     from scripts.bench_throughput import minicaffe_net_param
-    p = minicaffe_net_param(name, batch, "CAFFE")
+    p = minicaffe_net_param(name, batch, engine)
     if size:
         for layer in p.layer:
             if layer.type == "Input":
@@ -84,13 +85,14 @@ def net_param(name: str, batch: int, size: int | None):
     return p
 
 
-def make_solver(name: str, batch: int, size: int | None, mode: str = "CPU"):
+def make_solver(name: str, batch: int, size: int | None, mode: str = "CPU",
+                engine: str = "CAFFE"):
     import numpy as np
     from minicaffe.proto import caffe_pb2
     from minicaffe.solver import Solver
     p = caffe_pb2.SolverParameter(base_lr=1e-4, momentum=0.9, weight_decay=5e-4,
                                   lr_policy="fixed", max_iter=10**9, display=0, random_seed=1)
-    p.net_param.CopyFrom(net_param(name, batch, size))
+    p.net_param.CopyFrom(net_param(name, batch, size, engine))
     s = Solver(p, mode=mode, verbose=False)
     xp = s.net.xp
     rng = np.random.default_rng(0)
@@ -100,9 +102,11 @@ def make_solver(name: str, batch: int, size: int | None, mode: str = "CPU"):
     return s
 
 
-def install_strategy(solver, strategy: str, tuned=None):
+def install_strategy(solver, strategy: str, tuned=None, workspace_budget: int | None = None):
     """The executor of ``strategy`` (None for ``plain``); ``tuned``: (profile path, budget
-    bytes) for the strategies of :data:`TUNED`."""
+    bytes) for the strategies of :data:`TUNED`; ``workspace_budget``: the budget whose share
+    bounds the cuDNN workspaces of the other strategies (the tuned plans' own budget bounds
+    theirs), so that they run the algorithms a budgeted plan runs."""
     from swap.gmap import build_gmap
     from swap.plan import make_plan
     from swap.runtime import install, pair_bn_scale, set_lowering
@@ -111,7 +115,8 @@ def install_strategy(solver, strategy: str, tuned=None):
     if strategy.startswith("tuned") and strategy.endswith("-pool"):
         return install_tuned(solver, strategy == "tuned-pool", *tuned, reserve=False)
     if strategy == "plain":
-        set_lowering(solver.net, "chunked")     # the lowering the swapping strategies run with
+        # the lowering the swapping strategies run with
+        set_lowering(solver.net, "chunked", workspace_budget)
         solver.net.set_bn_scale_fusion(pair_bn_scale("dynamic"), planned=True)   # as a plan
         solver.net.reshape()
         return None
@@ -120,7 +125,8 @@ def install_strategy(solver, strategy: str, tuned=None):
         solver.net.reshape()
         naive = make_plan(build_gmap(solver.net), "naive")
         pinned = frozenset(sorted(naive.offloaded)[::2])
-    return install(solver, strategy, None, pinned=pinned, lowering="chunked")
+    return install(solver, strategy, None, pinned=pinned, lowering="chunked",
+                   workspace_budget=workspace_budget)
 
 
 def install_tuned(solver, fill: bool, profile: str, budget: int, reserve: bool = True):
@@ -203,35 +209,48 @@ def _synchronizer(gpu: bool):
 
 
 def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
-            iters: int, gpu: bool = False, tuned=None, fast: bool = True) -> dict:
+            iters: int, gpu: bool = False, tuned=None, fast: bool = True, *,
+            engine: str = "CAFFE", workspace_budget: int | None = None, step: bool = False,
+            brief: bool = False) -> dict:
     """One strategy: medians of the timed pass, then one instrumented pass per op kind.
 
     On the GPU every timed pass ends with a device synchronization: ``iteration`` is the
     wall time of the pass until the device is done, ``host`` the time until
     ``forward_backward`` returned (the host's issue time; iteration ~ host: host-bound), and
-    ``layers`` / ``copies`` the host's time inside the layer calls and the copy calls."""
+    ``layers`` / ``copies`` the host's time inside the layer calls and the copy calls.
+
+    ``step``: time the solver's whole step (the update included) instead of the net's
+    forward and backward.  ``brief``: leave out the passes with no-op layers and per op kind.
+    Each row also records what may slow a host-bound iteration from outside the executor
+    (:func:`conditions`): the process's CPU time per iteration, the host's load, the GPU's
+    clocks, and, with the CUDNN engine, the convolutions' chosen algorithms."""
     from swap.gmap import build_gmap
-    solver = make_solver(name, batch, size, "GPU" if gpu else "CPU")
+    solver = make_solver(name, batch, size, "GPU" if gpu else "CPU", engine)
     net = solver.net
     sync = _synchronizer(gpu)
-    ex = install_strategy(solver, strategy, tuned)
+    ex = install_strategy(solver, strategy, tuned, workspace_budget)
     if ex is not None:
         ex.fast = fast
+    run = (lambda: solver.step(1)) if step else net.forward_backward
     try:
         timers = _Timers(net, ex, per_op=False)
         for _ in range(warmup):
-            net.forward_backward()
+            run()
         sync()
+        before = conditions(gpu)
+        cpu0 = time.process_time()
         total, host, layers, copies = [], [], [], []
         for _ in range(iters):
             timers.reset()
             t = time.perf_counter()
-            net.forward_backward()
+            run()
             host.append(time.perf_counter() - t)
             sync()
             total.append(time.perf_counter() - t)
             layers.append(timers.layers)
             copies.append(timers.copies)
+        cpu1 = time.process_time()
+        after = conditions(gpu)
         over = [a - b - c for a, b, c in zip(host, layers, copies)]
         steps = ex.gmap.n_steps if ex is not None else build_gmap(net).n_steps
         row = {"strategy": strategy, "steps": steps,
@@ -244,8 +263,13 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
         if ex is not None:
             row["transfers"] = sum(1 for op in ex.plan.ops if op.kind in (OFFLOAD, PREFETCH))
         row["overhead_us_per_step"] = 1e3 * row["overhead_ms"] / row["steps"]
+        row["times_ms"] = [1e3 * t for t in total]
+        row["cpu_ms"] = 1e3 * (cpu1 - cpu0) / iters       # every thread of the process
+        row["before"], row["after"] = before, after
+        if engine == "CUDNN" and gpu:
+            row["algos"] = conv_algorithms(net)
         row["by_type"] = step_times_by_type(ex, net, sync) if (gpu and ex is not None) else {}
-        if ex is not None:
+        if ex is not None and not brief:
             # the executor alone: the same pass with every layer call a no-op (its data are
             # left stale, so this runs last but one; the plan's ops and checks run as ever)
             net.forward_layer = lambda li: 0.0
@@ -292,6 +316,52 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
             cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
+def conditions(gpu: bool) -> dict:
+    """The host's load averages and, on the GPU, the SM and memory clocks and the power draw
+    (``nvidia-smi``; absent where it does not run)."""
+    c = {"loadavg": list(os.getloadavg())}
+    if gpu:
+        import subprocess
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,power.draw,"
+                                  "temperature.gpu", "--format=csv,noheader,nounits", "-i",
+                                  os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
+                                 capture_output=True, text=True, timeout=10).stdout
+            sm, mem, power, temp = (float(v) for v in out.strip().split(","))
+            c.update(sm_mhz=sm, mem_mhz=mem, power_w=power, temp_c=temp)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+    return c
+
+
+def conv_algorithms(net) -> dict:
+    """The cuDNN algorithms the net's CUDNN convolutions run at their current shapes and
+    workspace limits (cached choices: nothing is searched again): per direction, how many
+    convolutions run each algorithm, and the summed times that cuDNN's search measured for
+    the chosen ones (ms; the convolutions' device time as the search saw it)."""
+    from minicaffe import engine as engines
+    from minicaffe.cudnn import ops
+    count = defaultdict(lambda: defaultdict(int))
+    search_ms = defaultdict(float)
+    workspace = 0
+    for layer in net.layers:
+        if getattr(layer, "engine", None) != engines.CUDNN or \
+                getattr(layer, "_cudnn", None) is None or layer.type != "Convolution":
+            continue
+        o = layer._cudnn
+        choices = ops.conv_algorithms(
+            (layer.num, layer.channels) + tuple(layer.in_hw), tuple(layer.blobs[0].shape),
+            layer.pad, layer.stride, layer.dilation, layer.group, layer.dtype, tf32=o.tf32,
+            deterministic=o.deterministic, find=o.find,
+            workspace_limit=layer._workspace_limit_at(layer.num))
+        for d, c in choices.items():
+            count[d][c.name] += 1
+            search_ms[d] += max(c.time_ms, 0.0)
+            workspace = max(workspace, c.workspace)
+    return {"count": {d: dict(v) for d, v in count.items()}, "search_ms": dict(search_ms),
+            "largest_workspace": workspace}
+
+
 def step_times_by_type(ex, net, sync, iters: int = 3) -> dict:
     """Device time per layer type and phase (ms, median over ``iters`` traced passes): the
     executor's memory trace times every step with CUDA events on the compute stream (the
@@ -320,6 +390,10 @@ def step_times_by_type(ex, net, sync, iters: int = 3) -> dict:
     return {k: statistics.median(v.values()) for k, v in per.items()}
 
 
+def _label(row) -> str:
+    return row["strategy"] + (f" ({row['tag']})" if row.get("tag") else "")
+
+
 def report(rows: list, title: str) -> str:
     lines = [title, "",
              "| strategy | steps | transfers | iteration ms | host ms | layers ms | copies ms | "
@@ -327,7 +401,7 @@ def report(rows: list, title: str) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         alone = "-" if r["alone_ms"] is None else f"{r['alone_ms']:.2f}"
-        lines.append(f"| {r['strategy']} | {r['steps']} | {r['transfers']} | "
+        lines.append(f"| {_label(r)} | {r['steps']} | {r['transfers']} | "
                      f"{r['iteration_ms']:.1f} | {r['host_ms']:.1f} | "
                      f"{r['layers_ms']:.1f} | {r['copies_ms']:.2f} | {r['overhead_ms']:.2f} | "
                      f"{r['overhead_us_per_step']:.2f} | {alone} |")
@@ -335,14 +409,33 @@ def report(rows: list, title: str) -> str:
               "| strategy | kind | per iteration | ms | us each |", "|---|---|---|---|---|"]
     for r in rows:
         for kind, (n, ms) in sorted(r["kinds"].items()):
-            lines.append(f"| {r['strategy']} | {kind} | {n} | {ms:.2f} | "
+            lines.append(f"| {_label(r)} | {kind} | {n} | {ms:.2f} | "
                          f"{1e3 * ms / max(n, 1):.2f} |")
+    seen = [r for r in rows if "cpu_ms" in r]
+    if seen:
+        lines += ["", "Around the timed passes (process CPU time per iteration; the host's 1-minute "
+                  "load; GPU SM clock before / after; the chosen convolutions' times as cuDNN's "
+                  "search measured them, forward + backward data + backward filter):", "",
+                  "| strategy | iteration ms | host ms | min / max ms | CPU ms | load | SM MHz | "
+                  "conv search ms | algorithms |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in seen:
+            b, a = r["before"], r["after"]
+            clock = (f"{b['sm_mhz']:.0f} / {a['sm_mhz']:.0f}" if "sm_mhz" in b and "sm_mhz" in a
+                     else "-")
+            al = r.get("algos")
+            conv = f"{sum(al['search_ms'].values()):.1f}" if al else "-"
+            names = ("; ".join(f"{d}: " + ", ".join(f"{n} {c}" for n, c in sorted(v.items()))
+                               for d, v in sorted(al["count"].items())) if al else "-")
+            lines.append(f"| {_label(r)} | {r['iteration_ms']:.1f} | {r['host_ms']:.1f} | "
+                         f"{min(r['times_ms']):.1f} / {max(r['times_ms']):.1f} | "
+                         f"{r['cpu_ms']:.1f} | {b['loadavg'][0]:.2f} | {clock} | {conv} | "
+                         f"{names} |")
     typed = [r for r in rows if r.get("by_type")]
     if typed:
         keys = sorted({k for r in typed for k in r["by_type"]},
                       key=lambda k: -max(r["by_type"].get(k, 0.0) for r in typed))
         lines += ["", "Device time per layer type (ms, traced passes: CUDA events per step):", "",
-                  "| layer type | " + " | ".join(r["strategy"] for r in typed) + " |",
+                  "| layer type | " + " | ".join(_label(r) for r in typed) + " |",
                   "|---|" + "---|" * len(typed)]
         for k in keys + ["all"]:
             vals = [sum(r["by_type"].values()) if k == "all" else r["by_type"].get(k, 0.0)
@@ -369,25 +462,69 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", default="12G", help="the tuned plans' budget")
     ap.add_argument("--op-by-op", action="store_true",
                     help="every iteration issues the plan op by op (no compiled iteration)")
+    ap.add_argument("--engine", default="CAFFE", choices=("CAFFE", "CUDNN"))
+    ap.add_argument("--workspace-budget", default=None,
+                    help="bound the untuned strategies' cuDNN workspaces as inside this budget "
+                         "(the tuned plans' own budget bounds theirs)")
+    ap.add_argument("--per-image", default=None,
+                    help="comma-separated values of $MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE to run "
+                         "every strategy under (0: the fixed bound, a sixteenth of the budget)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the strategies this many times, in turn (the noise, and any drift "
+                         "as the process ages)")
+    ap.add_argument("--step", action="store_true",
+                    help="time the solver's whole step (the update included)")
+    ap.add_argument("--brief", action="store_true",
+                    help="leave out the passes with no-op layers and per op kind")
+    ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     if args.quick:
         args.net, args.size, args.warmup, args.iters = "cifar10_quick", 0, 1, 2
+    from minicaffe.cudnn.ops import ENV_WORKSPACE_PER_IMAGE as ENV_PER_IMAGE
+    from swap.memory import parse_bytes
     tuned = None
     if args.profile:
-        from swap.memory import parse_bytes
         tuned = (args.profile, parse_bytes(args.budget))
-    rows = []
-    for strategy in args.strategies.split(","):
-        pool = tuple(f"{t}-pool" for t in TUNED)
+    wb = parse_bytes(args.workspace_budget) if args.workspace_budget else None
+    pool = tuple(f"{t}-pool" for t in TUNED)
+    strategies = args.strategies.split(",")
+    for strategy in strategies:
         if strategy not in STRATEGIES + (TUNED + pool if tuned else ()):
             known = STRATEGIES + TUNED
             ap.error(f"unknown strategy {strategy!r} (known: {', '.join(known)}; "
                      f"{', '.join(TUNED)} with --profile)")
-        rows.append(measure(args.net, args.batch, args.size or None, strategy, args.warmup,
-                            args.iters, args.gpu, tuned, not args.op_by_op))
+    per_image = args.per_image.split(",") if args.per_image else [None]
+    rows = []
+    saved = os.environ.get(ENV_PER_IMAGE)
+    try:
+        for pi in per_image:
+            if pi is not None:
+                os.environ[ENV_PER_IMAGE] = pi
+            for rnd in range(args.rounds):
+                for strategy in strategies:
+                    row = measure(args.net, args.batch, args.size or None, strategy,
+                                  args.warmup, args.iters, args.gpu, tuned, not args.op_by_op,
+                                  engine=args.engine, workspace_budget=wb, step=args.step,
+                                  brief=args.brief)
+                    tag = [f"round {rnd + 1}"] if args.rounds > 1 else []
+                    tag += [f"{pi} per image"] if pi is not None else []
+                    row["tag"] = ", ".join(tag)
+                    rows.append(row)
+                    print(f"{_label(row)}: {row['iteration_ms']:.1f} ms, host "
+                          f"{row['host_ms']:.1f} ms", file=sys.stderr, flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_PER_IMAGE, None)
+        else:
+            os.environ[ENV_PER_IMAGE] = saved
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
     size = f"{args.size}x{args.size}" if args.size else "its own image size"
     where = ("GPU (CuPy)" if args.gpu else "CPU (NumPy)") + (", op by op" if args.op_by_op
                                                             else "")
+    where += f", {args.engine} engine" + (", whole solver steps" if args.step else "")
     title = (f"Executor host overhead, {args.net} at batch {args.batch}, {size}, {where}, "
              f"median of {args.iters} iterations (`python3 scripts/executor_overhead.py"
              + "".join(f" {a}" for a in argv) + f"`, {time.strftime('%Y-%m-%d')})")

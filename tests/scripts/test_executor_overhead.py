@@ -38,3 +38,27 @@ def test_quick_run_reports_every_strategy(capsys):
         kinds = by[strategy]["kinds"]
         assert {k: n for k, (n, _) in kinds.items() if k != "step loop"} == dict(plan_counts)
         assert kinds["step loop"][0] == by[strategy]["steps"]
+
+
+def test_rounds_per_image_and_whole_steps(tmp_path, capsys, monkeypatch):
+    """--rounds and --per-image repeat the strategies in turn, each row tagged with its round
+    and bound; the bound is restored afterwards; --step times whole solver steps and records
+    the process's CPU time and the host's load beside each row."""
+    import json
+    from minicaffe.cudnn.ops import ENV_WORKSPACE_PER_IMAGE
+    from scripts.executor_overhead import main
+    monkeypatch.setenv(ENV_WORKSPACE_PER_IMAGE, "3M")
+    out = tmp_path / "rows.json"
+    rows = main(["--quick", "--strategies", "none,dynamic", "--rounds", "2",
+                 "--per-image", "8M,0", "--step", "--brief", "--json", str(out)])
+    assert os.environ[ENV_WORKSPACE_PER_IMAGE] == "3M"
+    assert [(r["strategy"], r["tag"]) for r in rows] == [
+        (s, f"round {n}, {pi} per image") for pi in ("8M", "0") for n in (1, 2)
+        for s in ("none", "dynamic")]
+    for r in rows:
+        assert r["alone_ms"] is None and r["kinds"] == {}       # --brief
+        assert len(r["times_ms"]) == 2 and r["cpu_ms"] > 0
+        assert len(r["before"]["loadavg"]) == 3
+    assert json.loads(out.read_text())[0]["tag"] == "round 1, 8M per image"
+    text = capsys.readouterr().out
+    assert "| dynamic (round 2, 0 per image) |" in text and "whole solver steps" in text

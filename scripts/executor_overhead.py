@@ -211,7 +211,7 @@ def _synchronizer(gpu: bool):
 def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
             iters: int, gpu: bool = False, tuned=None, fast: bool = True, *,
             engine: str = "CAFFE", workspace_budget: int | None = None, step: bool = False,
-            brief: bool = False) -> dict:
+            brief: bool = False, cprofile: int = 0) -> dict:
     """One strategy: medians of the timed pass, then one instrumented pass per op kind.
 
     On the GPU every timed pass ends with a device synchronization: ``iteration`` is the
@@ -221,6 +221,8 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
 
     ``step``: time the solver's whole step (the update included) instead of the net's
     forward and backward.  ``brief``: leave out the passes with no-op layers and per op kind.
+    ``cprofile``: that many more passes under :mod:`cProfile`; the functions of most own
+    host time per pass are kept in ``row["cprofile"]``.
     Each row also records what may slow a host-bound iteration from outside the executor
     (:func:`conditions`): the process's CPU time per iteration, the host's load, the GPU's
     clocks, and, with the CUDNN engine, the convolutions' chosen algorithms."""
@@ -268,6 +270,8 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
         row["before"], row["after"] = before, after
         if engine == "CUDNN" and gpu:
             row["algos"] = conv_algorithms(net)
+        if cprofile:
+            row["cprofile"] = host_profile(run, sync, cprofile)
         row["by_type"] = step_times_by_type(ex, net, sync) if (gpu and ex is not None) else {}
         if ex is not None and not brief:
             # the executor alone: the same pass with every layer call a no-op (its data are
@@ -314,6 +318,27 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
             gc.collect()
             cp.get_default_memory_pool().free_all_blocks()
             cp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def host_profile(run, sync, passes: int, top: int = 25) -> list:
+    """``run`` ``passes`` times under cProfile: the ``top`` functions by own time, as
+    [function, calls per pass, own us per pass, cumulative us per pass] (the profiler's own
+    cost inflates every call alike)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(passes):
+        run()
+    sync()
+    prof.disable()
+    stats = pstats.Stats(prof).stats
+    rows = []
+    for (file, line, fn), (_, calls, own, cum, _) in stats.items():
+        where = f"{os.path.basename(file)}:{line}({fn})" if line else fn
+        rows.append([where, calls / passes, 1e6 * own / passes, 1e6 * cum / passes])
+    rows.sort(key=lambda r: -r[2])
+    return rows[:top]
 
 
 def conditions(gpu: bool) -> dict:
@@ -477,6 +502,9 @@ def main(argv=None) -> int:
     ap.add_argument("--brief", action="store_true",
                     help="leave out the passes with no-op layers and per op kind")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--cprofile", type=int, default=0,
+                    help="after the timed passes, this many under cProfile (the functions of "
+                         "most own host time go to the JSON rows)")
     args = ap.parse_args(argv)
     if args.quick:
         args.net, args.size, args.warmup, args.iters = "cifar10_quick", 0, 1, 2
@@ -505,7 +533,7 @@ def main(argv=None) -> int:
                     row = measure(args.net, args.batch, args.size or None, strategy,
                                   args.warmup, args.iters, args.gpu, tuned, not args.op_by_op,
                                   engine=args.engine, workspace_budget=wb, step=args.step,
-                                  brief=args.brief)
+                                  brief=args.brief, cprofile=args.cprofile)
                     tag = [f"round {rnd + 1}"] if args.rounds > 1 else []
                     tag += [f"{pi} per image"] if pi is not None else []
                     row["tag"] = ", ".join(tag)

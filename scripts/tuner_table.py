@@ -64,6 +64,7 @@ def _sync(gpu):
 
 
 GC = {"collections": 0, "ms": 0.0}     # Python's garbage collections in the last _timed
+HOST: list = []                         # host ms of each step of the last _timed
 
 
 # Warm-up on the GPU lasts at least this long (and ``warmup`` steps): the first
@@ -96,8 +97,9 @@ def _timed(solver, iters, warmup, gpu):
             GC["collections"] += 1
             GC["ms"] += 1e3 * (time.perf_counter() - start.pop())
     gc.callbacks.append(watch)
+    HOST.clear()
     try:
-        times = _timed_steps(solver, iters, gpu)
+        times = _timed_steps(solver, iters, gpu, HOST)
     finally:
         gc.callbacks.remove(watch)
     return statistics.median(times), times
@@ -204,6 +206,7 @@ def _time_none(solver, k, budget, lowering, tp, iters, warmup, gpu, margin=0.10,
     try:
         ms, times = _timed(solver, iters, warmup, gpu)
         return {"k": k, "ms": ms, "times": times, "images_per_s": k * 1e3 / ms,
+                "host_ms": statistics.median(HOST),
                 "gc_collections": GC["collections"], "gc_ms": GC["ms"],
                 "arena": int(ex.budget), "lowering": lowering, **_mem(ex)}
     finally:
@@ -254,6 +257,7 @@ def _measure_dynamic(solver, dec, budget, plan_budget, reserve, iters, warmup, g
         pred_total = int(dec.peak) + pred_t
         meas_total = m["peak_in_use"] + m["transients"]
         return {"k": dec.k_star, "ms": ms, "times": times, "images_per_s": dec.k_star * 1e3 / ms,
+                "host_ms": statistics.median(HOST),
                 "gc_collections": GC["collections"], "gc_ms": GC["ms"],
                 "pred_ms": 1e3 * dec.t_iter, "pred_compute_ms": 1e3 * dec.timeline.t_model,
                 "pred_device_ms": 1e3 * dec.timeline.t_iter, "pred_host_ms": 1e3 * dec.host,
@@ -300,6 +304,40 @@ def dynamic_point(solver, dec, g, k, td, model, pcie, budget, iters, warmup, gpu
         return r
 
 
+def no_stall(r: dict, dynamic, none, rounds: int = 2) -> dict:
+    """``dynamic`` against ``none`` at one k, each a callable that installs and measures once
+    (``r`` is dynamic's first measurement), in ``rounds`` rounds ordered ABBA... (dynamic,
+    none; none, dynamic; ...) so that a drift of the host's speed weighs on both alike: at
+    small k the host bounds the iteration, and its speed varied by up to 30 % within a
+    minute on the lent machines (issue 5, session 12).  Writes into ``r``: ``none_ms`` (the
+    first none), ``slowdown`` (the median of every dynamic step over that of every none
+    step), ``slowdown_first`` (the first pair alone) and ``no_stall_rounds`` (per round, both
+    medians and host times); a failed measurement ends the rounds (``no_stall_error``)."""
+    steps = {"dynamic": [], "none": []}
+    out = []
+    for i in range(rounds):
+        row = {}
+        for which in (("dynamic", "none") if i % 2 == 0 else ("none", "dynamic")):
+            m = r if (i == 0 and which == "dynamic") else (dynamic() if which == "dynamic"
+                                                          else none())
+            if "error" in m:
+                r["no_stall_error"] = m["error"]
+                break
+            steps[which].extend(m["times"])
+            row[f"{which}_ms"] = m["ms"]
+            row[f"{which}_host_ms"] = m.get("host_ms")
+            if i == 0 and which == "none":
+                r.update(none_ms=m["ms"], none_host_ms=m.get("host_ms"),
+                         none_gc_ms=m.get("gc_ms"), slowdown_first=r["ms"] / m["ms"])
+        out.append(row)
+        if "no_stall_error" in r:
+            break
+    r["no_stall_rounds"] = out
+    if steps["none"]:
+        r["slowdown"] = statistics.median(steps["dynamic"]) / statistics.median(steps["none"])
+    return r
+
+
 def _fits_device(g, k, reserve, gpu) -> bool:
     from swap.plan import min_budget
     if not gpu:
@@ -310,7 +348,8 @@ def _fits_device(g, k, reserve, gpu) -> bool:
 
 
 def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, search,
-            out_dir, r152_batch, profile_dir=None, granularity="segment") -> dict:
+            out_dir, r152_batch, profile_dir=None, granularity="segment",
+            rounds: int = 2) -> dict:
     from scripts.swap_budgets import _device, _solver
     from swap.gmap import build_gmap
     from swap.memory import caffe_max_batch
@@ -413,11 +452,10 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         # ---- 4. none at the same k, same lowering, where it fits the device
         if "error" not in r and _fits_device(g, k, S(k) if S is not None else None, gpu):
             try:
-                n = _time_none(solver, k, None, "chunked", None, iters, warmup, gpu,
-                               workspace_budget=budget)
-                r["none_ms"] = n["ms"]
-                r["none_gc_ms"] = n["gc_ms"]
-                r["slowdown"] = r["ms"] / n["ms"]
+                no_stall(r, lambda: dynamic_point(solver, dec, g, k, td, model, pcie, budget,
+                                                  iters, warmup, gpu),
+                         lambda: _time_none(solver, k, None, "chunked", None, iters, warmup,
+                                            gpu, workspace_budget=budget), rounds)
             except Exception as e:
                 r["none_error"] = f"{type(e).__name__}: {e}"[:400]
         out["dynamic"].append(r)
@@ -685,6 +723,8 @@ def main(argv=None) -> int:
     ap.add_argument("--granularity", default="segment", choices=("type", "step", "segment"),
                     help="throughput curves per step (the tuner's default) or per layer type "
                          "(the paper's)")
+    ap.add_argument("--no-stall-rounds", type=int, default=2,
+                    help="rounds of dynamic against none at each k, ordered ABBA (1: one each)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--torch-one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)
@@ -700,7 +740,8 @@ def main(argv=None) -> int:
         name, k = args.one.split(":")
         hb = parse_bytes(args.host_budget) if args.host_budget else None
         r = run_net(name, int(k), budget, hb, args.iters, args.warmup, args.engine, mode,
-                    args.search, out_dir, args.r152_batch, args.profiles, args.granularity)
+                    args.search, out_dir, args.r152_batch, args.profiles, args.granularity,
+                    args.no_stall_rounds)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     if args.torch_one:
@@ -720,7 +761,8 @@ def main(argv=None) -> int:
         extra = ["--one", f"{name}:{k}", "--budget", args.budget, "--iters", str(args.iters),
                  "--warmup", str(args.warmup), "--engine", args.engine, "--search",
                  args.search, "--r152-batch", str(args.r152_batch), "--mode", mode,
-                 "--out", args.out, "--granularity", args.granularity]
+                 "--out", args.out, "--granularity", args.granularity,
+                 "--no-stall-rounds", str(args.no_stall_rounds)]
         if args.profiles:
             extra += ["--profiles", args.profiles]
         if hb:

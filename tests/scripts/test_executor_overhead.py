@@ -50,7 +50,8 @@ def test_rounds_per_image_and_whole_steps(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(ENV_WORKSPACE_PER_IMAGE, "3M")
     out = tmp_path / "rows.json"
     rows = main(["--quick", "--strategies", "none,dynamic", "--rounds", "2",
-                 "--per-image", "8M,0", "--step", "--brief", "--json", str(out)])
+                 "--per-image", "8M,0", "--step", "--brief", "--json", str(out),
+                 "--cprofile", "1"])
     assert os.environ[ENV_WORKSPACE_PER_IMAGE] == "3M"
     assert [(r["strategy"], r["tag"]) for r in rows] == [
         (s, f"round {n}, {pi} per image") for pi in ("8M", "0") for n in (1, 2)
@@ -59,6 +60,9 @@ def test_rounds_per_image_and_whole_steps(tmp_path, capsys, monkeypatch):
         assert r["alone_ms"] is None and r["kinds"] == {}       # --brief
         assert len(r["times_ms"]) == 2 and r["cpu_ms"] > 0
         assert len(r["before"]["loadavg"]) == 3
+        prof = r["cprofile"]                                    # --cprofile: own time, sorted
+        assert prof and [p[2] for p in prof] == sorted((p[2] for p in prof), reverse=True)
+        assert any("forward" in p[0] for p in prof)
     assert json.loads(out.read_text())[0]["tag"] == "round 1, 8M per image"
     text = capsys.readouterr().out
     assert "| dynamic (round 2, 0 per image) |" in text and "whole solver steps" in text

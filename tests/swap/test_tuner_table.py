@@ -32,7 +32,14 @@ def test_tuner_table_quick(tmp_path):
         assert d["peak_err"] == (d["pred_total"] - d["meas_total"]) / d["meas_total"]
         assert d["time_err"] == (d["pred_ms"] - d["ms"]) / d["ms"]
         assert 0.0 <= d["offload_fraction"] <= 1.0
-        assert d["slowdown"] == d["ms"] / d["none_ms"]
+        assert d["slowdown_first"] == d["ms"] / d["none_ms"]
+        # two rounds, ABBA: the pooled steps' ratio lies within the rounds' medians' span
+        rounds = d["no_stall_rounds"]
+        assert len(rounds) == 2 and all(set(x) == {"dynamic_ms", "none_ms", "dynamic_host_ms",
+                                                    "none_host_ms"} for x in rounds)
+        dyn = [x["dynamic_ms"] for x in rounds]
+        non = [x["none_ms"] for x in rounds]
+        assert min(dyn) / max(non) <= d["slowdown"] <= max(dyn) / min(non)
     rows = list(csv.DictReader(open(tmp_path / "tuner_table.csv")))
     assert [x["net"] for x in rows] == ["cifar10_quick"]
     assert int(rows[0]["k_star"]) == t["k_star"] and int(rows[0]["k_none"]) == r["none"]["k"]
@@ -61,3 +68,32 @@ def test_tuner_table_reuses_a_saved_profile(tmp_path):
     assert any("reusing the saved profile" in ln for ln in r["tuner"]["log"])
     assert not any("Profiled minibatch" in ln for ln in r["tuner"]["log"])
     assert r["tuner"]["k_star"] == k_star      # the same profile, the same decision
+
+
+def test_no_stall_rounds_are_abba_and_pool_every_step():
+    """no_stall: dynamic and none alternate ABBA (the first dynamic is the point itself), the
+    slowdown pools every step of each, and a failed measurement ends the rounds."""
+    sys.path.insert(0, REPO)
+    from scripts.tuner_table import no_stall
+    calls = []
+
+    def meas(which, ms):
+        def f():
+            calls.append(which)
+            return {"ms": ms, "times": [ms, ms + 2], "host_ms": ms / 2}
+        return f
+    r = {"ms": 10.0, "times": [10.0, 12.0], "host_ms": 5.0}
+    no_stall(r, meas("dynamic", 14.0), meas("none", 9.0), rounds=3)
+    assert calls == ["none", "none", "dynamic", "dynamic", "none"]
+    assert [list(x) for x in r["no_stall_rounds"]] == [
+        ["dynamic_ms", "dynamic_host_ms", "none_ms", "none_host_ms"],
+        ["none_ms", "none_host_ms", "dynamic_ms", "dynamic_host_ms"],
+        ["dynamic_ms", "dynamic_host_ms", "none_ms", "none_host_ms"]]
+    assert r["none_ms"] == 9.0 and r["slowdown_first"] == 10.0 / 9.0
+    # dynamic steps 10, 12, 14, 16, 14, 16 (median 14); none 9, 11 three times (median 10)
+    assert r["slowdown"] == 14.0 / 10.0
+    r = {"ms": 10.0, "times": [10.0]}
+    no_stall(r, lambda: {"error": "out of memory"}, meas("none", 9.0), rounds=2)
+    # dynamic 10; none 9, 11 in each round (median 10)
+    assert r["no_stall_error"] == "out of memory" and r["slowdown"] == 10.0 / 10.0
+    assert r["no_stall_rounds"][-1] == {"none_ms": 9.0, "none_host_ms": 4.5}

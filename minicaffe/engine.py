@@ -239,7 +239,7 @@ class CudnnOptions:
         taking cuDNN's heuristics (Caffe's choice).
     workspace_limit: bytes of convolution workspace per layer at most.
     workspace_per_image: with it (bytes, 0: off) a call on k images may use ``k`` times it,
-        at least 64 MiB and at most ``workspace_limit``
+        at least ``workspace_floor`` (and 64 MiB) and at most ``workspace_limit``
         (:func:`minicaffe.cudnn.ops.workspace_limit_at`).
     """
     deterministic: bool = False
@@ -247,6 +247,7 @@ class CudnnOptions:
     find: bool = True
     workspace_limit: int = 4 << 30
     workspace_per_image: int = 0
+    workspace_floor: int = 0
 
 
 def cudnn_options() -> CudnnOptions:
@@ -262,20 +263,23 @@ def bound_workspaces(net, budget: int | None, *, limit: int | None = None) -> tu
 
     Inside a budget the bound is per image
     (:func:`minicaffe.cudnn.ops.workspace_per_image_under_budget`, 8 MiB per image by default,
-    at most a quarter of the budget), or, with the bound per image turned off, a sixteenth of
-    the budget (:func:`minicaffe.cudnn.ops.workspace_limit_under_budget`).  The algorithms
+    at least a sixteenth of the budget, at most a quarter of it), or, with the bound per image
+    turned off, a sixteenth of the budget (:func:`minicaffe.cudnn.ops.workspace_limit_under_budget`).  The algorithms
     are chosen again at the next reshape.  Returns ``(limit, per_image)`` (bytes; per_image
     0: the limit is fixed)."""
     from .cudnn import ops
-    per_image = 0
+    per_image = floor = 0
     if limit is None or os.environ.get(ops.ENV_WORKSPACE_LIMIT, "").strip():
         per_image = ops.workspace_per_image_under_budget(budget)
-        limit = (ops.workspace_cap_under_budget(budget) if per_image
-                 else ops.workspace_limit_under_budget(budget))
+        limit = floor = ops.workspace_limit_under_budget(budget)
+        if per_image:
+            limit = ops.workspace_cap_under_budget(budget)
+        else:
+            floor = 0
     for layer in net.layers:
         setter = getattr(layer, "set_workspace_limit", None)
         if setter is not None:
-            setter(limit, per_image)
+            setter(limit, per_image, floor)
     return int(limit), int(per_image)
 
 

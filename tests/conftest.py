@@ -54,10 +54,12 @@ class _RecordingConv:
     def __init__(self):
         self.limits = []
         self.per_image = []
+        self.floors = []
 
-    def set_workspace_limit(self, limit, per_image=0):
+    def set_workspace_limit(self, limit, per_image=0, floor=0):
         self.limits.append(limit)
         self.per_image.append(per_image)
+        self.floors.append(floor)
 
 
 @pytest.fixture

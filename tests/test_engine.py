@@ -310,6 +310,12 @@ def test_workspace_bound_per_image(monkeypatch):
     assert ops.workspace_limit_at(3 << 30, 8 << 20, 2) == 64 << 20
     assert ops.workspace_limit_at(3 << 30, 8 << 20, 1000) == 3 << 30
     assert ops.workspace_limit_at(768 << 20, 0, 1000) == 768 << 20      # fixed
+    # a floor: the fixed bound below the minibatch where k x 8 MiB passes it
+    assert ops.workspace_limit_at(3 << 30, 8 << 20, 69, 768 << 20) == 768 << 20
+    assert ops.workspace_limit_at(3 << 30, 8 << 20, 96, 768 << 20) == 768 << 20
+    assert ops.workspace_limit_at(3 << 30, 8 << 20, 138, 768 << 20) == 1104 << 20
+    assert ops.workspace_limit_at(3 << 30, 8 << 20, 2, 16 << 20) == 64 << 20  # 64 MiB at least
+    assert ops.workspace_limit_at(768 << 20, 0, 10, 3 << 30) == 768 << 20     # fixed: no floor
     monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", "2M")
     assert ops.workspace_per_image_under_budget(12 << 30) == 2 << 20
     monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", "0")       # off
@@ -326,10 +332,10 @@ def test_bound_workspaces_sets_each_cudnn_convolution(recording_net, monkeypatch
     monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", raising=False)
     monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", raising=False)
     Net = recording_net
-    # inside a budget: 8 MiB per image up to a quarter of it
+    # inside a budget: 8 MiB per image, at least a sixteenth of it, up to a quarter of it
     assert engine.bound_workspaces(Net, 12 << 30) == (3 << 30, 8 << 20)
     assert [c.limits for c in (Net.layers[0], Net.layers[2])] == [[3 << 30], [3 << 30]]
-    assert Net.layers[0].per_image == [8 << 20]
+    assert Net.layers[0].per_image == [8 << 20] and Net.layers[0].floors == [768 << 20]
     # the bound per image off: a sixteenth of the budget, fixed
     monkeypatch.setenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", "0")
     assert engine.bound_workspaces(Net, 12 << 30) == (768 << 20, 0)
@@ -338,6 +344,7 @@ def test_bound_workspaces_sets_each_cudnn_convolution(recording_net, monkeypatch
     assert engine.bound_workspaces(Net, 12 << 30, limit=8 << 20) == (8 << 20, 0)
     assert engine.bound_workspaces(Net, None) == (4 << 30, 0)
     assert Net.layers[2].limits[-1] == 4 << 30 and Net.layers[2].per_image[-1] == 0
+    assert set(Net.layers[2].floors[1:]) == {0}                 # no floor for a fixed bound
 
 
 def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
@@ -375,3 +382,6 @@ def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
     assert per(200) == 200 << 20 and calls[-1] == ((200, 4, 4, 4), 200 << 20)
     assert per(1000) == 256 << 20
     assert layer._workspace_limit_at(100) == 100 << 20
+    layer.set_workspace_limit(256 << 20, 1 << 20, 128 << 20)  # a floor of 128 MiB
+    assert layer._workspace_limit_at(100) == 128 << 20
+    assert layer._workspace_limit_at(200) == 200 << 20

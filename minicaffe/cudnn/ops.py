@@ -641,6 +641,13 @@ def workspace_per_image_under_budget(budget: int | None) -> int:
     when set (0 turns the bound per image off), else :data:`DEFAULT_WORKSPACE_PER_IMAGE`;
     0 without a budget or where ``$MINICAFFE_CUDNN_WORKSPACE_LIMIT`` fixes the limit.
 
+    Below the fixed bound's minibatch (a sixteenth of the budget over the bytes per image:
+    96 images at 12 GiB) the fixed bound holds (:func:`minicaffe.engine.bound_workspaces`):
+    some algorithms need a part of their workspace whatever the minibatch, and 8 MiB per
+    image was too little for them at small k (VGG-16's conv3 and conv4 ran 3.7 to 4.7 times
+    slower per image at 69 than at 138, which left the performance model 22 % off at 88 and
+    92, between the two), while memory is not scarce there.
+
     Why per image: with a fixed number of bytes, a convolution's fastest algorithm stops
     fitting past some minibatch (its workspace grows with the batch) and a slower one runs
     from there on, so the time per image rises with k (VGG-16 at a 12 GiB budget's 768 MiB:
@@ -659,12 +666,14 @@ def workspace_cap_under_budget(budget: int) -> int:
     return max(MIN_BUDGET_WORKSPACE_LIMIT, min(DEFAULT_WORKSPACE_LIMIT, share))
 
 
-def workspace_limit_at(limit: int, per_image: int, num: int) -> int:
+def workspace_limit_at(limit: int, per_image: int, num: int, floor: int = 0) -> int:
     """The workspace limit of a call on ``num`` images: ``limit`` (a fixed bound, per_image 0),
-    or ``per_image * num``, at least 64 MiB and at most ``limit`` (the cap)."""
+    or ``per_image * num``, at least ``floor`` (at least 64 MiB) and at most ``limit`` (the
+    cap)."""
     if not per_image:
         return int(limit)
-    return min(int(limit), max(MIN_BUDGET_WORKSPACE_LIMIT, int(per_image) * int(num)))
+    low = max(MIN_BUDGET_WORKSPACE_LIMIT, int(floor))
+    return min(int(limit), max(low, int(per_image) * int(num)))
 
 
 def _cached_workspace(kind: str, nbytes: int):

@@ -627,18 +627,21 @@ class ConvolutionLayer(Layer):
         layer's own): fixed, or per image up to the limit
         (:func:`minicaffe.cudnn.ops.workspace_limit_at`)."""
         o = self._cudnn if options is None else options
-        return cudnn_ops.workspace_limit_at(o.workspace_limit, o.workspace_per_image, num)
+        return cudnn_ops.workspace_limit_at(o.workspace_limit, o.workspace_per_image, num,
+                                            o.workspace_floor)
 
-    def set_workspace_limit(self, limit: int, per_image: int = 0):
+    def set_workspace_limit(self, limit: int, per_image: int = 0, floor: int = 0):
         """Bound this layer's cuDNN workspace to ``limit`` bytes, or, with ``per_image``,
-        to that many bytes per image of the call, at most ``limit`` (a memory manager calls
-        this before planning); the algorithms are chosen again at the next reshape."""
+        to that many bytes per image of the call, at least ``floor`` and at most ``limit`` (a
+        memory manager calls this before planning); the algorithms are chosen again at the
+        next reshape."""
         import dataclasses
         o = getattr(self, "_cudnn", None)
-        if o is not None and (o.workspace_limit, o.workspace_per_image) != (int(limit),
-                                                                             int(per_image)):
-            self._cudnn = dataclasses.replace(o, workspace_limit=int(limit),
-                                              workspace_per_image=int(per_image))
+        new = (int(limit), int(per_image), int(floor))
+        if o is not None and (o.workspace_limit, o.workspace_per_image,
+                              o.workspace_floor) != new:
+            self._cudnn = dataclasses.replace(o, workspace_limit=new[0],
+                                              workspace_per_image=new[1], workspace_floor=new[2])
 
     def workspace_model(self):
         """``fn(num) -> bytes``: this layer's ``workspace`` internal at an input of ``num``

@@ -308,7 +308,7 @@ def no_stall(r: dict, dynamic, none, rounds: int = 2) -> dict:
     """``dynamic`` against ``none`` at one k, each a callable that installs and measures once
     (``r`` is dynamic's first measurement), in ``rounds`` rounds ordered ABBA... (dynamic,
     none; none, dynamic; ...) so that a drift of the host's speed weighs on both alike: at
-    small k the host bounds the iteration, and its speed varied by up to 30 % within a
+    small k the host bounds the iteration, and its speed varied by up to 37 % within a
     minute on the lent machines (issue 5, session 12).  Writes into ``r``: ``none_ms`` (the
     first none), ``slowdown`` (the median of every dynamic step over that of every none
     step), ``slowdown_first`` (the first pair alone) and ``no_stall_rounds`` (per round, both

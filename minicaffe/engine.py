@@ -264,18 +264,17 @@ def bound_workspaces(net, budget: int | None, *, limit: int | None = None) -> tu
     Inside a budget the bound is per image
     (:func:`minicaffe.cudnn.ops.workspace_per_image_under_budget`, 8 MiB per image by default,
     at least a sixteenth of the budget, at most a quarter of it), or, with the bound per image
-    turned off, a sixteenth of the budget (:func:`minicaffe.cudnn.ops.workspace_limit_under_budget`).  The algorithms
-    are chosen again at the next reshape.  Returns ``(limit, per_image)`` (bytes; per_image
+    turned off, a sixteenth of the budget
+    (:func:`minicaffe.cudnn.ops.workspace_limit_under_budget`).  The algorithms are chosen
+    again at the next reshape.  Returns ``(limit, per_image)`` (bytes; per_image
     0: the limit is fixed)."""
     from .cudnn import ops
     per_image = floor = 0
     if limit is None or os.environ.get(ops.ENV_WORKSPACE_LIMIT, "").strip():
         per_image = ops.workspace_per_image_under_budget(budget)
-        limit = floor = ops.workspace_limit_under_budget(budget)
-        if per_image:
-            limit = ops.workspace_cap_under_budget(budget)
-        else:
-            floor = 0
+        fixed = ops.workspace_limit_under_budget(budget)
+        limit, floor = ((ops.workspace_cap_under_budget(budget), fixed) if per_image
+                        else (fixed, 0))
     for layer in net.layers:
         setter = getattr(layer, "set_workspace_limit", None)
         if setter is not None:

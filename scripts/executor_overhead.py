@@ -438,9 +438,10 @@ def report(rows: list, title: str) -> str:
                          f"{1e3 * ms / max(n, 1):.2f} |")
     seen = [r for r in rows if "cpu_ms" in r]
     if seen:
-        lines += ["", "Around the timed passes (process CPU time per iteration; the host's 1-minute "
-                  "load; GPU SM clock before / after; the chosen convolutions' times as cuDNN's "
-                  "search measured them, forward + backward data + backward filter):", "",
+        lines += ["", "Around the timed passes (process CPU time per iteration; the host's "
+                  "1-minute load; GPU SM clock before / after; the chosen convolutions' times "
+                  "as cuDNN's search measured them, forward + backward data + backward "
+                  "filter):", "",
                   "| strategy | iteration ms | host ms | min / max ms | CPU ms | load | SM MHz | "
                   "conv search ms | algorithms |", "|---|---|---|---|---|---|---|---|---|"]
         for r in seen:

@@ -328,14 +328,19 @@ def _install_dynamic(args, solver, budget):
         log(f"Restoring previous solver status from {args.snapshot}")
         solver.restore(args.snapshot)
         args.snapshot = None
-    from swap.memory import parse_bytes
+    from ps.cli import worker_device_bytes
+    from swap.memory import fmt_bytes, parse_bytes
     from swap.tuner import train_dynamic
+    extra = worker_device_bytes(args, solver)
+    if extra:
+        log(f"--comm nccl: the scratch reserve also holds the all-reduce buffers "
+            f"({fmt_bytes(extra)})")
     ex, _ = train_dynamic(solver, budget, auto_batch=args.auto_batch, batch=args.batch,
                           lr_rule=args.lr_rule or "eq9", convexity=args.convexity,
                           method=args.search, rule=args.pin_rule, profile=args.profile,
                           granularity=args.granularity, save_profile=args.save_profile,
                           trace=args.memory_trace, log=log, fill=args.fill,
-                          objective=args.k_objective,
+                          objective=args.k_objective, scratch_extra=extra,
                           host_budget=("auto" if args.host_budget is None
                                        else parse_bytes(args.host_budget)))
     return ex

@@ -662,14 +662,22 @@ class ScratchModel:
     have been measured (:meth:`add`; the profiler's dry runs), the line ``a + b k`` above every
     measured point, with the slope of a least-squares fit (one point: through the origin):
     conservative for larger k, where per-layer chunks stop growing at their cap.  Then
-    ``margin`` of it plus ``slack`` bytes, and at least ``floor`` (``$MINICAFFE_SCRATCH``)."""
+    ``margin`` of it plus ``slack`` bytes plus ``extra`` bytes, and at least ``floor``
+    (``$MINICAFFE_SCRATCH``).
+
+    ``extra``: bytes that the training loop allocates through CuPy beside the layers'
+    transients, which a profile taken without it did not measure: an NCCL worker's flat
+    gradient buffers (``ps.cli.worker_device_bytes``; on 4 H200s a ResNet-152 worker planned
+    from a single-GPU profile stopped at its dry run with 461 MiB of such transients against a
+    64 MiB reserve, issue 6, 2026-11-22)."""
 
     def __init__(self, estimate=None, *, margin: float = 0.10, slack: int = 64 << 20,
-                 floor: int = 0):
+                 floor: int = 0, extra: int = 0):
         self.estimate = estimate if estimate is not None else (lambda k: 0)
         self.margin = float(margin)
         self.slack = int(slack)
         self.floor = int(floor or 0)
+        self.extra = int(extra or 0)
         self.points: dict = {}
 
     @classmethod
@@ -724,7 +732,8 @@ class ScratchModel:
 
     def __call__(self, k: int) -> int:
         from .arena import align
-        return align(max(self.floor, int(self.need(k) * (1 + self.margin)) + self.slack))
+        return align(max(self.floor, int(self.need(k) * (1 + self.margin)) + self.slack
+                         + self.extra))
 
     def describe(self) -> str:
         from .memory import fmt_bytes
@@ -735,6 +744,8 @@ class ScratchModel:
             base = (f"{fmt_bytes(int(f[0]))} + {fmt_bytes(int(f[1]))} x k fitted to the "
                     f"transients measured at k = {', '.join(map(str, sorted(self.points)))}")
         return (base + f", plus {100 * self.margin:g}% and {fmt_bytes(self.slack)}"
+                + (f", plus {fmt_bytes(self.extra)} for the training loop's own buffers"
+                   if self.extra else "")
                 + (f", at least {fmt_bytes(self.floor)}" if self.floor else ""))
 
 

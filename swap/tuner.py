@@ -714,7 +714,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                   granularity: str = TUNER_GRANULARITY, keep_epochs: bool = True,
                   delta: float = 0.0,
                   trace: str | None = None, log=None, scratch="auto", host_budget="auto",
-                  fill: bool = True, objective: str = "throughput"):
+                  fill: bool = True, objective: str = "throughput", scratch_extra: int = 0):
     """The three stages of section 6 on ``solver``: profile, decide, install the plan.
 
     1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
@@ -734,6 +734,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     budget is planned, as before the arena allocator), or "auto": a model in GPU mode (first
     the estimate from the declared scratch, then the transients the profiling dry runs
     measure, fitted as a + b k; at least ``$MINICAFFE_SCRATCH``), None in CPU mode.
+    scratch_extra: bytes the "auto" model adds at every k for what the training loop itself
+    allocates through CuPy (:class:`swap.profiler.ScratchModel` ``extra``).
     host_budget: pinned host bytes the plans may offload to (k_max is bounded by it too, see
     :func:`swap.profiler.max_batch_scratch`); "auto": :func:`swap.profiler.default_host_budget`
     in GPU mode, None (no bound) in CPU mode.  With a
@@ -774,7 +776,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     if isinstance(scratch, str):
         if scratch != "auto":
             raise ValueError(f"scratch: a ScratchModel, None or 'auto', not {scratch!r}")
-        scratch = (ScratchModel.from_gmap(g0, floor=default_scratch() or 0)
+        scratch = (ScratchModel.from_gmap(g0, floor=default_scratch() or 0,
+                                          extra=scratch_extra)
                    if net.mode == "GPU" else None)
     if isinstance(host_budget, str):
         if host_budget != "auto":

@@ -529,3 +529,21 @@ def test_a_profiled_k_with_nothing_that_fits_below_it_is_raised(make_solver):
     g = build_gmap(s.net)
     with pytest.raises(BudgetError):
         profile_solver(s, min_budget(g.at(1), "naive") // 2, (2,))
+
+
+def test_scratch_model_extra_adds_the_training_loops_own_buffers():
+    """ScratchModel(extra=): bytes the training loop allocates beside the layers' transients
+    (an NCCL worker's flat buffers) are added at every k, before the floor; describe says so."""
+    from swap.arena import align
+    from swap.profiler import ScratchModel
+    plain = ScratchModel(lambda k: 1000 * k, margin=0.10, slack=1 << 20)
+    extra = ScratchModel(lambda k: 1000 * k, margin=0.10, slack=1 << 20, extra=460 << 20)
+    for k in (1, 64, 512):
+        assert extra(k) == align(int(1000 * k * 1.10) + (1 << 20) + (460 << 20))
+        assert extra(k) >= plain(k) + (460 << 20) - 512
+    extra.add(64, 5 << 20)                           # measured transients: the line, plus extra
+    assert extra(64) == align(int((5 << 20) * 1.10) + (1 << 20) + (460 << 20))
+    assert "plus 460.00 MiB for the training loop's own buffers" in extra.describe()
+    floored = ScratchModel(lambda k: 0, margin=0, slack=0, floor=1 << 30, extra=460 << 20)
+    assert floored(8) == 1 << 30                     # a larger floor still wins
+    assert "own buffers" not in plain.describe()

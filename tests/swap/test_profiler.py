@@ -547,3 +547,39 @@ def test_scratch_model_extra_adds_the_training_loops_own_buffers():
     floored = ScratchModel(lambda k: 0, margin=0, slack=0, floor=1 << 30, extra=460 << 20)
     assert floored(8) == 1 << 30                     # a larger floor still wins
     assert "own buffers" not in plain.describe()
+
+
+def test_a_raised_k_max_still_gets_every_fraction_profiled(make_solver, monkeypatch):
+    """The estimate before any measurement is too large (a small first k_max); the first dry
+    run measures less, k_max rises, and the ks left are every fraction of the new k_max that
+    no profiled k covers: 1/8 of it is profiled too, not only the fractions after the first
+    (GoogLeNet on the H200: 76 of a first k_max 611, then 309.. of 1236, and nothing at 154)."""
+    from swap.profiler import PROFILE_FRACTIONS, ScratchModel, max_batch_scratch, profile_ks
+    from swap.runtime import Executor, TransientProfile
+
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    T = min_budget(g.at(2), "naive") - min_budget(g.at(1), "naive")   # bytes per image
+    budget = min_budget(g.at(96), "naive")
+    orig = Executor.end_dry_run
+
+    def fake(self, check=True):                      # every dry run measures no transients
+        first = self._meter is not None and self._meter.active
+        tp = orig(self, check)
+        if first:
+            tp = self.transients = TransientProfile((0,), 0, (), self.layout)
+        return tp
+    monkeypatch.setattr(Executor, "end_dry_run", fake)
+    model = ScratchModel(lambda k: 3 * T * k, margin=0.0, slack=0)    # the first guess: 3 T
+    k0 = max_batch_scratch(g, budget, model)
+    first = profile_ks(k0, PROFILE_FRACTIONS)
+    lines = []
+    prof = profile_solver(s, budget, first, scratch=model, plan_budget=budget,
+                          fractions=PROFILE_FRACTIONS, log=lines.append)
+    k_max = prof.meta["k_max"]
+    assert k_max > 2 * k0                            # the measured transients raised it
+    final = profile_ks(k_max, PROFILE_FRACTIONS)
+    assert prof.ks[0] == first[0] and abs(first[0] - final[0]) > 0.25 * final[0]
+    assert set(final) <= set(prof.ks)                # every fraction of the final k_max
+    assert len(prof.ks) == len(final) + 1
+    assert any("k_max is now" in x for x in lines)

@@ -383,7 +383,8 @@ class Solver:
                               f"{p.clip_gradients:g}) by scale factor {p.clip_gradients / n:.6g}")
             for q in params:
                 q.diff *= factor.astype(q.dtype)
-        for i, q in enumerate(params):
+
+        def one(i, q):
             if p.iter_size > 1:
                 q.diff *= 1.0 / p.iter_size
             decay = p.weight_decay * net.param_decay_mult[i]
@@ -394,6 +395,14 @@ class Solver:
                     q.diff += decay * xp.sign(q.data)
             self.rule.compute_update(i, q, rate * net.param_lr_mult[i])
             q.data -= q.diff
+        self.for_each_param(params, one)
+
+    def for_each_param(self, params, fn):
+        """``fn(i, q)`` for every parameter, in order.  Each call touches parameter ``i`` and
+        its own history only, so a parameter-server shard runs them on a thread pool
+        (:class:`ps.update.ShardSolver`)."""
+        for i, q in enumerate(params):
+            fn(i, q)
 
     def fused_sgd(self):
         """The one-launch SGD update of every parameter, or None where it does not

@@ -159,6 +159,8 @@ class ShardServer:
         return self.endpoint
 
     def close(self):
+        if self.solver is not None:
+            self.solver.close()
         if self._sock is not None:
             self._sock.close()   # lingers up to `timeout` so the last replies leave
             self._sock = None

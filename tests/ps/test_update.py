@@ -112,3 +112,46 @@ def test_update_fields_name_what_workers_must_agree_on():
     f = update_fields(solver_param())
     assert f["base_lr"] == pytest.approx(0.05) and f["stepvalue"] == [2, 4] and f["iter_size"] == 2
     assert "random_seed" not in f and "display" not in f
+
+
+def test_threaded_shard_update_is_bit_identical(monkeypatch):
+    """A shard large enough for its thread pool updates every parameter exactly as the
+    sequential loop does (SGD with momentum and L2 decay, Nesterov, Adam), over several
+    iterations; $MINICAFFE_PS_THREADS sets the threads and rejects nonsense."""
+    import numpy as np
+    import pytest
+    from minicaffe.proto import caffe_pb2
+    from ps.update import ENV_THREADS, PARALLEL_MIN_BYTES, ShardSolver, default_threads
+    shapes = [(PARALLEL_MIN_BYTES // 4 // 6 + 7,)] * 6 + [(3, 5)]
+    rng = np.random.default_rng(1)
+    for kind in ("SGD", "Nesterov", "Adam"):
+        p = caffe_pb2.SolverParameter(base_lr=0.01, momentum=0.9, weight_decay=5e-4,
+                                      lr_policy="fixed", max_iter=10, type=kind)
+        if kind == "Adam":
+            p.momentum2, p.delta = 0.999, 1e-8
+        one = ShardSolver(p, shapes, [1.0] * 7, [1.0, 0.0] * 3 + [2.0], verbose=False, threads=1)
+        many = ShardSolver(p, shapes, [1.0] * 7, [1.0, 0.0] * 3 + [2.0], verbose=False,
+                           threads=3)
+        assert one._pool is None and many._pool is not None
+        for a, b in zip(one.blobs, many.blobs):
+            a.data[...] = b.data[...] = rng.standard_normal(a.shape, dtype=np.float32)
+        for _ in range(3):
+            for a, b in zip(one.blobs, many.blobs):
+                a.diff[...] = b.diff[...] = rng.standard_normal(a.shape, dtype=np.float32)
+            one.update()
+            many.update()
+        for a, b in zip(one.blobs, many.blobs):
+            assert np.array_equal(a.data, b.data)
+        for h, g in zip(one.rule.state_blobs(), many.rule.state_blobs()):
+            assert np.array_equal(h, g)
+        many.close()
+        assert many._pool is None
+    small = ShardSolver(caffe_pb2.SolverParameter(base_lr=0.1), [(4,), (4,)], [1.0] * 2,
+                        [1.0] * 2, verbose=False, threads=4)
+    assert small._pool is None                       # too small for a pool to pay
+    monkeypatch.setenv(ENV_THREADS, "3")
+    assert default_threads() == 3
+    for bad in ("0", "many"):
+        monkeypatch.setenv(ENV_THREADS, bad)
+        with pytest.raises(ValueError, match=ENV_THREADS):
+            default_threads()

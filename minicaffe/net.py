@@ -554,8 +554,9 @@ class Net:
         return {n: self.blobs[n].diff for n in names}
 
     def clear_param_diffs(self):
+        """Zero every learnable parameter's diff (``fill``: a memset on the GPU)."""
         for p in self.learnable_params:
-            p.diff[...] = 0
+            p.diff.fill(0)
 
     # ------------------------------------------------------ weights I/O
     def to_proto(self, write_diff: bool = False):

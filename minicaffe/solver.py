@@ -239,7 +239,7 @@ class Solver:
         while self.iter < stop_iter:
             graph = self._iteration_graph()  # None: this iteration runs eagerly
             if graph is None:
-                self.net.clear_param_diffs()
+                self.clear_param_diffs()
             if p.test_interval and self.iter % p.test_interval == 0 and (
                     self.iter > 0 or p.test_initialization):
                 self.test_all()
@@ -396,6 +396,17 @@ class Solver:
             self.rule.compute_update(i, q, rate * net.param_lr_mult[i])
             q.data -= q.diff
         self.for_each_param(params, one)
+
+    def clear_param_diffs(self):
+        """Zero every learnable parameter's diff (Caffe's Net::ClearParamDiffs): one launch
+        where the fused SGD update applies, whose tables already point at every diff (a
+        deep net has hundreds of parameters, and a launch each costs the host more than the
+        device's memset), else :meth:`Net.clear_param_diffs`."""
+        fused = self.fused_sgd()
+        if fused is not None:
+            fused.zero("diff")
+        else:
+            self.net.clear_param_diffs()
 
     def for_each_param(self, params, fn):
         """``fn(i, q)`` for every parameter, in order.  Each call touches parameter ``i`` and

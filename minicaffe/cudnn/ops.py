@@ -119,6 +119,7 @@ _SCALARS = {dt: (ctypes.addressof(one), ctypes.addressof(zero))
             for dt, (one, zero) in _SCALAR_OBJS.items()}
 
 _lock = threading.RLock()
+_generation = [0]   # clear_cache() counts up: every BoundConv fetches its plan and choices again
 
 
 # ------------------------------------------------------------------ helpers
@@ -223,29 +224,41 @@ def _refusal(op: str):
 # ------------------------------------------------------------------ handles
 class _Handles(threading.local):
     def __init__(self):
-        self.by_device = {}
+        self.by_device = {}     # device -> [handle, the stream it was last bound to]
 
 
 _handles = _Handles()
 
 
 def _handle():
-    """(library, handle) for the current device and thread, bound to CuPy's current stream.
+    """(library, handle) for the current device and thread, bound to CuPy's current stream."""
+    lib, h, _ = _handle_on_device()
+    return lib, h
+
+
+def _handle_on_device():
+    """(library, handle, device) for the current device and thread, the handle bound to
+    CuPy's current stream.
 
     Handles live as long as their thread (cuDNN handles must not be shared by
-    threads running concurrently); creating one costs a few hundred ms once.
+    threads running concurrently); creating one costs a few hundred ms once.  The
+    stream is set only when it differs from the one the handle was last bound to
+    (only this function binds these handles), which saves a library call per op.
     """
     cp = _cupy()
     lib = L.load()
     dev = cp.cuda.runtime.getDevice()
-    h = _handles.by_device.get(dev)
-    if h is None:
+    entry = _handles.by_device.get(dev)
+    if entry is None:
         v = c_void_p()
         lib.cudnnCreate(byref(v))
-        h = v.value
-        _handles.by_device[dev] = h
-    lib.cudnnSetStream(h, cp.cuda.get_current_stream().ptr)
-    return lib, h
+        entry = [v.value, None]
+        _handles.by_device[dev] = entry
+    stream = cp.cuda.get_current_stream().ptr
+    if entry[1] != stream:
+        lib.cudnnSetStream(entry[0], stream)
+        entry[1] = stream
+    return lib, entry[0], dev
 
 
 # -------------------------------------------------------------- descriptors
@@ -812,6 +825,118 @@ def conv2d_backward_filter(x, dy, dw, pad=0, stride=1, dilation=1, groups=1, *, 
     return dw
 
 
+class BoundConv:
+    """One convolution at one shape and dtype with fixed cuDNN options: its three directions
+    with the argument checks and cache lookups of the free functions done once.
+
+    A deep net issues hundreds of convolution calls per iteration from the host, and
+    :func:`conv2d_forward` and its siblings check and look up everything on every call (the
+    geometry, every array, the plan and the algorithm caches: session 12's cProfile of
+    ResNet-101 on the H200's host put 11 ms per iteration into those helpers).  A layer binds
+    one of these to its current shape and calls it every iteration: a call compares its
+    arrays' shapes and dtype with the bound ones and passes pointers.  The arrays must be
+    C-contiguous and on the current device, as a layer's blob views are; arrays of another
+    shape or dtype are handed to the free function, which checks everything and names what
+    is wrong.  :func:`clear_cache` is seen by every bound convolution at its next call (the
+    plan and the algorithms are fetched again, and searched again where forgotten).
+    """
+
+    __slots__ = ("geom", "dtype", "tf32", "deterministic", "find", "limit", "_gen", "_dev",
+                 "_plan", "_choices", "_args")
+
+    def __init__(self, x_shape, w_shape, pad=0, stride=1, dilation=1, groups=1,
+                 dtype=np.float32, *, tf32=False, deterministic=False, find=True,
+                 workspace_limit=None):
+        self.geom = conv_geometry(x_shape, w_shape, pad, stride, dilation, groups)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in _DTYPES:
+            raise TypeError(f"BoundConv: dtype {self.dtype}; cuDNN ops take float32 or float64")
+        self.tf32, self.deterministic, self.find = bool(tf32), bool(deterministic), bool(find)
+        self.limit = workspace_limit_value(workspace_limit)
+        g = self.geom
+        self._args = ((g.pad, g.stride, g.dilation, g.groups),
+                      {"tf32": self.tf32, "deterministic": self.deterministic,
+                       "find": self.find, "workspace_limit": self.limit})
+        self._gen, self._dev, self._plan, self._choices = -1, None, None, {}
+
+    def _ready(self, direction, operands, workspace):
+        """(lib, handle, plan, choice) for a call of ``direction``; the choice is searched
+        (on ``operands``) the first time, and again for a smaller caller's buffer."""
+        lib, h, dev = _handle_on_device()
+        if self._gen != _generation[0] or self._dev != dev:
+            self._plan = _plan(self.geom, self.dtype, self.tf32, lib, h)
+            self._choices = {}
+            self._gen, self._dev = _generation[0], dev
+        key = (direction, -1 if workspace is None else workspace.nbytes)
+        c = self._choices.get(key)
+        if c is None:
+            c = _choose_for_call(self._plan, direction, lib, h, self.limit, self.deterministic,
+                                 self.find, operands, workspace)
+            self._choices[key] = c
+        else:
+            _stats["hits"] += 1
+            self._plan.set_math(lib, direction, c.math_type)
+        return lib, h, self._plan, c
+
+    def forward(self, x, w, b, y, workspace=None):
+        """:func:`conv2d_forward` at the bound shape."""
+        g, dt = self.geom, self.dtype
+        if (x.shape != g.x_shape or w.shape != g.w_shape or y.shape != g.y_shape
+                or x.dtype != dt or w.dtype != dt or y.dtype != dt
+                or (b is not None and (b.size != g.w_shape[0] or b.dtype != dt))
+                or x.size == 0):
+            geo, kw = self._args
+            return conv2d_forward(x, w, b, y, *geo, workspace=workspace, **kw)
+        lib, h, plan, c = self._ready(FWD, {"x": x, "w": w, "y": y}, workspace)
+        ws, ws_bytes = _workspace_arg(FWD, c.workspace, workspace)
+        one, zero = _SCALARS[dt]
+        with _refusal("conv2d_forward"):
+            lib.cudnnConvolutionForward(h, one, plan.x.ptr, x.data.ptr, plan.w.ptr, w.data.ptr,
+                                        plan.conv[FWD].ptr, c.algo, ws, ws_bytes, zero,
+                                        plan.y.ptr, y.data.ptr)
+            if b is not None:
+                lib.cudnnAddTensor(h, one, plan.bias.ptr, b.data.ptr, one, plan.y.ptr,
+                                   y.data.ptr)
+        return y
+
+    def backward_data(self, w, dy, dx, workspace=None, accumulate=False):
+        """:func:`conv2d_backward_data` at the bound shape."""
+        g, dt = self.geom, self.dtype
+        if (dx.shape != g.x_shape or w.shape != g.w_shape or dy.shape != g.y_shape
+                or dx.dtype != dt or w.dtype != dt or dy.dtype != dt or dx.size == 0):
+            geo, kw = self._args
+            return conv2d_backward_data(w, dy, dx, *geo, workspace=workspace,
+                                        accumulate=accumulate, **kw)
+        ops = {"w": w, "dy": dy, "dx": None if accumulate else dx}
+        lib, h, plan, c = self._ready(BWD_DATA, ops, workspace)
+        ws, ws_bytes = _workspace_arg(BWD_DATA, c.workspace, workspace)
+        one, zero = _SCALARS[dt]
+        with _refusal("conv2d_backward_data"):
+            lib.cudnnConvolutionBackwardData(h, one, plan.w.ptr, w.data.ptr, plan.y.ptr,
+                                             dy.data.ptr, plan.conv[BWD_DATA].ptr, c.algo, ws,
+                                             ws_bytes, one if accumulate else zero, plan.x.ptr,
+                                             dx.data.ptr)
+        return dx
+
+    def backward_filter(self, x, dy, dw, workspace=None, accumulate=True):
+        """:func:`conv2d_backward_filter` at the bound shape."""
+        g, dt = self.geom, self.dtype
+        if (x.shape != g.x_shape or dw.shape != g.w_shape or dy.shape != g.y_shape
+                or x.dtype != dt or dw.dtype != dt or dy.dtype != dt or x.size == 0):
+            geo, kw = self._args
+            return conv2d_backward_filter(x, dy, dw, *geo, workspace=workspace,
+                                          accumulate=accumulate, **kw)
+        lib, h, plan, c = self._ready(BWD_FILTER, {"x": x, "dy": dy, "dw": None}, workspace)
+        ws, ws_bytes = _workspace_arg(BWD_FILTER, c.workspace, workspace)
+        one, zero = _SCALARS[dt]
+        with _refusal("conv2d_backward_filter"):
+            lib.cudnnConvolutionBackwardFilter(h, one, plan.x.ptr, x.data.ptr, plan.y.ptr,
+                                               dy.data.ptr, plan.conv[BWD_FILTER].ptr, c.algo,
+                                               ws, ws_bytes, one if accumulate else zero,
+                                               plan.w.ptr, dw.data.ptr)
+        return dw
+
+
 def conv2d_backward_bias(dy, db, *, accumulate=True):
     """db (M,) += dy (N, M, OH, OW) summed over N, OH, OW (cuDNN beta = 1)."""
     dt = _check_arrays("conv2d_backward_bias", dy=dy, db=db)
@@ -948,6 +1073,7 @@ def clear_cache():
     """Forget every plan, chosen algorithm, descriptor and cached workspace."""
     with _lock:
         _plans.clear()
+        _generation[0] += 1
         _stats["searches"] = _stats["hits"] = 0
         _tensor_descs.clear()
         _other_descs.clear()

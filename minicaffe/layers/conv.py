@@ -729,30 +729,44 @@ class ConvolutionLayer(Layer):
                           dtype=np.uint8)
         return True
 
+    def _bound_cudnn(self):
+        """(BoundConv at this layer's current shape and options, workspace or None): built
+        again when the images, the shape or the options change."""
+        o = self._cudnn
+        x_shape = (self.num, self.channels) + tuple(self.in_hw)
+        bound = getattr(self, "_bound", None)
+        if bound is None or bound[0] is not o or bound[1] != x_shape:
+            geo, kw = self._conv_args()
+            kw.pop("workspace")
+            conv = cudnn_ops.BoundConv(x_shape, tuple(self.blobs[0].shape), *geo,
+                                       dtype=self.dtype, **kw)
+            bound = self._bound = (o, x_shape, conv)
+        ws = self.internal("workspace")
+        # an empty workspace (no bytes needed at this shape) is never bound
+        return bound[2], (ws.data if ws.data_storage.external and ws.nbytes else None)
+
     def _forward_cudnn(self, bottom, top):
-        geo, kw = self._conv_args()
+        conv, ws = self._bound_cudnn()
         weight = self.blobs[0].data  # (M, C/G, kh, kw)
         bias = self.blobs[1].data if self.bias_term else None
         for b_blob, t_blob in zip(bottom, top):
             x = self._images(b_blob.data)  # (N, C, H, W)
             y = t_blob.data.reshape((self.num, self.num_output) + self.out_hw)
-            cudnn_ops.conv2d_forward(x, weight, bias, y, *geo, **kw)
+            conv.forward(x, weight, bias, y, ws)
 
     def _backward_cudnn(self, top, propagate_down, bottom):
         """Bias and weight diffs accumulate (cuDNN beta = 1), the bottom diff is overwritten."""
         need_w = bool(self.param_propagate_down[0])
         need_b = self.bias_term and bool(self.param_propagate_down[1])
-        geo, kw = self._conv_args()
+        conv, ws = self._bound_cudnn()
         for i, (t_blob, b_blob) in enumerate(zip(top, bottom)):
             dy = t_blob.diff.reshape((self.num, self.num_output) + self.out_hw)
             if need_b:
                 cudnn_ops.conv2d_backward_bias(dy, self.blobs[1].diff)
             if need_w:
-                cudnn_ops.conv2d_backward_filter(self._images(b_blob.data), dy,
-                                                 self.blobs[0].diff, *geo, **kw)
+                conv.backward_filter(self._images(b_blob.data), dy, self.blobs[0].diff, ws)
             if propagate_down[i]:
-                cudnn_ops.conv2d_backward_data(self.blobs[0].data, dy,
-                                               self._images(b_blob.diff), *geo, **kw)
+                conv.backward_data(self.blobs[0].data, dy, self._images(b_blob.diff), ws)
 
     # ---------------------------------------------------------- declarations
     def backward_reads(self) -> BackwardReads:

@@ -388,6 +388,94 @@ def test_conv_matches_reference(cp, cu, case, dtype, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_bound_conv_is_the_free_functions(cp, cu, case, dtype, rng):
+    """BoundConv's three directions give bit for bit what the free functions give (the
+    same cached algorithms), accumulate alike, and count as cache hits."""
+    x_shape, w_shape, pad, stride, dil, groups = CONV_CASES[case]
+    y_shape = (x_shape[0], w_shape[0]) + conv_out_hw(x_shape, w_shape, pad, stride, dil)
+    x, w, dy = (to_gpu(cp, rng.standard_normal(s).astype(dtype), dtype)
+                for s in (x_shape, w_shape, y_shape))
+    b = to_gpu(cp, rng.standard_normal(w_shape[0]).astype(dtype), dtype)
+    conv = cu.BoundConv(x_shape, w_shape, pad, stride, dil, groups, dtype)
+    geo = (pad, stride, dil, groups)
+    y0, y1 = cp.empty(y_shape, dtype), cp.empty(y_shape, dtype)
+    cu.conv2d_forward(x, w, b, y0, *geo)
+    hits = cu.algo_cache_info()["hits"]
+    for _ in range(2):
+        assert conv.forward(x, w, b, y1) is y1
+        assert cp.array_equal(y0, y1)
+    assert cu.algo_cache_info()["hits"] > hits
+    dx0, dx1 = cp.full(x_shape, np.nan, dtype), cp.full(x_shape, np.nan, dtype)
+    cu.conv2d_backward_data(w, dy, dx0, *geo)
+    conv.backward_data(w, dy, dx1)
+    assert cp.array_equal(dx0, dx1)
+    conv.backward_data(w, dy, dx1, accumulate=True)
+    cu.conv2d_backward_data(w, dy, dx0, *geo, accumulate=True)
+    assert cp.array_equal(dx0, dx1)
+    dw0, dw1 = cp.ones(w_shape, dtype), cp.ones(w_shape, dtype)
+    cu.conv2d_backward_filter(x, dy, dw0, *geo)
+    conv.backward_filter(x, dy, dw1)
+    assert cp.array_equal(dw0, dw1)
+    conv.backward_filter(x, dy, dw1, accumulate=False)
+    cu.conv2d_backward_filter(x, dy, dw0, *geo, accumulate=False)
+    assert cp.array_equal(dw0, dw1)
+
+
+@pytest.mark.gpu
+def test_bound_conv_hands_other_shapes_to_the_checks(cp, cu, rng):
+    """Arrays of another shape or dtype take the free function's path: computed where they
+    are a convolution of their own, refused with its message where they are wrong."""
+    x_shape, w_shape, pad, stride, dil, groups = CONV_CASES["wide"]
+    conv = cu.BoundConv(x_shape, w_shape, pad, stride, dil, groups, np.float32)
+    other = (2,) + x_shape[1:]
+    x = to_gpu(cp, rng.standard_normal(other).astype(np.float32), np.float32)
+    w = to_gpu(cp, rng.standard_normal(w_shape).astype(np.float32), np.float32)
+    y_shape = (2, w_shape[0]) + conv_out_hw(other, w_shape, pad, stride, dil)
+    y0, y1 = cp.empty(y_shape, np.float32), cp.empty(y_shape, np.float32)
+    conv.forward(x, w, None, y1)
+    cu.conv2d_forward(x, w, None, y0, pad, stride, dil, groups)
+    assert cp.array_equal(y0, y1)
+    with pytest.raises(ValueError, match="y has shape"):
+        conv.forward(x, w, None, cp.empty((2, 1, 1, 1), np.float32))
+    with pytest.raises(TypeError, match="dtypes must match"):
+        conv.forward(x.astype(cp.float64), w, None, y1)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        cu.BoundConv(x_shape, w_shape, pad, stride, dil, groups, np.float16)
+
+
+@pytest.mark.gpu
+def test_bound_conv_sees_clear_cache_and_other_streams(cp, cu, rng):
+    """After clear_cache a bound convolution searches again; on another stream it runs
+    there (the handle follows CuPy's current stream, set only when it changes)."""
+    from ctypes import byref, c_void_p
+    x_shape, w_shape, pad, stride, dil, groups = CONV_CASES["wide"]
+    conv = cu.BoundConv(x_shape, w_shape, pad, stride, dil, groups, np.float32)
+    x = to_gpu(cp, rng.standard_normal(x_shape).astype(np.float32), np.float32)
+    w = to_gpu(cp, rng.standard_normal(w_shape).astype(np.float32), np.float32)
+    y_shape = (x_shape[0], w_shape[0]) + conv_out_hw(x_shape, w_shape, pad, stride, dil)
+    y0, y1 = cp.empty(y_shape, np.float32), cp.empty(y_shape, np.float32)
+    conv.forward(x, w, None, y0)
+    cu.clear_cache()
+    assert cu.algo_cache_info()["searches"] == 0
+    conv.forward(x, w, None, y1)
+    assert cu.algo_cache_info()["searches"] == 1 and cp.array_equal(y0, y1)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        conv.forward(x, w, None, y1)
+        lib, h = cu._handle()
+        got = c_void_p()
+        lib.cudnnGetStream(h, byref(got))
+        assert (got.value or 0) == s.ptr
+    s.synchronize()
+    assert cp.array_equal(y0, y1)
+    lib, h = cu._handle()
+    lib.cudnnGetStream(h, byref(got))
+    assert (got.value or 0) == cp.cuda.get_current_stream().ptr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_param_diffs_accumulate(cp, cu, dtype, rng):
     """Backward filter and bias add into their outputs (beta = 1), as Caffe's param diffs do."""
     x_shape, w_shape, pad, stride, dil, groups = CONV_CASES["groups_dilation_stride"]

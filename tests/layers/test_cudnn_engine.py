@@ -162,6 +162,27 @@ def test_conv_two_bottoms(cp, cu, rng):
     check_pair(cp, pair, [True, True], rng)
 
 
+def test_conv_reshaped_and_rebounded_agrees(cp, cu, rng, monkeypatch):
+    """The layer's bound cuDNN call follows a reshape to another minibatch and a new
+    workspace limit (set_workspace_limit), and still computes what CAFFE computes."""
+    text = conv_text("num_output: 4 kernel_size: 3 pad: 1 stride: 2")
+    pair = build_pair(cp, text, [rng.standard_normal((2, 3, 9, 8))])
+    check_pair(cp, pair, [True], rng)
+    (c, cb, ct), (g, gb, gt) = pair
+    first = g._bound[2]
+    x = rng.standard_normal((5, 3, 9, 8))
+    for layer, bottom, top, xp in ((c, cb, ct, np), (g, gb, gt, cp)):
+        bottom[0].reshape(x.shape)
+        bottom[0].data[...] = xp.asarray(x, dtype=np.float32)
+        layer.reshape(bottom, top)
+    check_pair(cp, pair, [True], rng)
+    assert g._bound[2] is not first and g._bound[2].geom.x_shape == (5, 3, 9, 8)
+    second = g._bound[2]
+    g.set_workspace_limit(0)            # the options change: bound again, with limit 0
+    check_pair(cp, pair, [True], rng)
+    assert g._bound[2] is not second and g._bound[2].limit == 0
+
+
 def test_conv_without_bottom_gradient(cp, cu, rng):
     """The first convolution of a net: weight and bias diffs only."""
     pair = build_pair(cp, conv_text("num_output: 4 kernel_size: 3"),

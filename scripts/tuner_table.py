@@ -312,7 +312,11 @@ def no_stall(r: dict, dynamic, none, rounds: int = 2) -> dict:
     minute on the lent machines (issue 5, session 12).  Writes into ``r``: ``none_ms`` (the
     first none), ``slowdown`` (the median of every dynamic step over that of every none
     step), ``slowdown_first`` (the first pair alone) and ``no_stall_rounds`` (per round, both
-    medians and host times); a failed measurement ends the rounds (``no_stall_error``)."""
+    medians and host times); a failed measurement ends the rounds (``no_stall_error``).
+    Where ``r`` has a prediction (``pred_ms``), also ``ms_pooled`` (the median of every
+    dynamic step of the rounds) and ``time_err_pooled``, the model's error against it: the
+    first measurement alone carries the host's drift at host-bound k (ResNet-152 at 16,
+    session 13: steps of 91, 87, 137, 152, 155 ms in one process, 79 in the next round)."""
     steps = {"dynamic": [], "none": []}
     out = []
     for i in range(rounds):
@@ -335,6 +339,10 @@ def no_stall(r: dict, dynamic, none, rounds: int = 2) -> dict:
     r["no_stall_rounds"] = out
     if steps["none"]:
         r["slowdown"] = statistics.median(steps["dynamic"]) / statistics.median(steps["none"])
+    if "pred_ms" in r and steps["dynamic"]:
+        pooled = statistics.median(steps["dynamic"])
+        r["ms_pooled"] = pooled
+        r["time_err_pooled"] = (r["pred_ms"] - pooled) / pooled
     return r
 
 
@@ -660,7 +668,8 @@ def write_tables(results, peers, csv_path, md_path, header):
                   f"({x['decision_s']:.1f}) |")
     md += ["", "**Model error and no stall** (dynamic plans from the same profile; `none` at the "
            "same k with the same chunked im2col where it fits the whole device):", "",
-           "| net | k | measured ms | predicted ms | time error | measured peak GiB (plan in use "
+           "| net | k | measured ms: median of the rounds' dynamic steps (first round) | "
+           "predicted ms | time error (against the first round) | measured peak GiB (plan in use "
            "+ transients) | predicted peak GiB (eq. 4 + S(k)) | memory error | arena high-water "
            "GiB | budget GiB | feature-map bytes offloaded | none ms | dynamic/none |",
            "|" + "---|" * 13]
@@ -669,9 +678,14 @@ def write_tables(results, peers, csv_path, md_path, header):
             if "error" in d:
                 md.append(f"| {r['net']} | {d['k']} | failed: {d['error'][:120]} |" + " |" * 10)
                 continue
+            if "ms_pooled" in d:
+                meas = f"{d['ms_pooled']:.1f} ({d['ms']:.1f})"
+                err = f"{100 * d['time_err_pooled']:+.1f} % ({100 * d['time_err']:+.1f} %)"
+            else:
+                meas, err = f"{d['ms']:.1f}", f"{100 * d['time_err']:+.1f} %"
             md.append(
-                f"| {r['net']} | {d['k']} | {d['ms']:.1f} | {d['pred_ms']:.1f} | "
-                f"{100 * d['time_err']:+.1f} % | {d['meas_total'] / 2**30:.2f} | "
+                f"| {r['net']} | {d['k']} | {meas} | {d['pred_ms']:.1f} | "
+                f"{err} | {d['meas_total'] / 2**30:.2f} | "
                 f"{d['pred_total'] / 2**30:.2f} | {100 * d['peak_err']:+.1f} % | "
                 f"{d['high_water'] / 2**30:.2f} | "
                 f"{d['budget'] / 2**30:.2f} | {100 * d['offload_fraction']:.0f} % | "

@@ -92,6 +92,11 @@ def test_no_stall_rounds_are_abba_and_pool_every_step():
     assert r["none_ms"] == 9.0 and r["slowdown_first"] == 10.0 / 9.0
     # dynamic steps 10, 12, 14, 16, 14, 16 (median 14); none 9, 11 three times (median 10)
     assert r["slowdown"] == 14.0 / 10.0
+    assert "ms_pooled" not in r                    # no prediction: no model error
+    r = {"ms": 10.0, "times": [10.0, 30.0], "pred_ms": 15.0}
+    no_stall(r, meas("dynamic", 14.0), meas("none", 9.0), rounds=2)
+    # dynamic steps 10, 30, 14, 16 (median 15): the model's error against the pooled median
+    assert r["ms_pooled"] == 15.0 and r["time_err_pooled"] == 0.0
     r = {"ms": 10.0, "times": [10.0]}
     no_stall(r, lambda: {"error": "out of memory"}, meas("none", 9.0), rounds=2)
     # dynamic 10; none 9, 11 in each round (median 10)

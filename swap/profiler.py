@@ -837,11 +837,14 @@ def _install_plain_fitting(solver, budget, k, scratch, done, log):
     return None, k
 
 
-def _install_naive(solver, budget, strategy="naive", scratch=None):
+def _install_naive(solver, budget, strategy="naive", scratch=None, lowering=None):
+    """Install ``strategy`` for profiling; ``lowering``: the convolutions' (default the
+    strategy's own; "none" profiled in place of a swapping plan takes that plan's)."""
     from .runtime import install
+    kw = {} if lowering is None else {"lowering": lowering}
     if scratch is None:
-        return install(solver, strategy, budget)
-    return install(solver, strategy, budget, scratch=scratch)
+        return install(solver, strategy, budget, **kw)
+    return install(solver, strategy, budget, scratch=scratch, **kw)
 
 
 # the host's issue time is profiled at these fractions of the smallest profiled k (module doc)
@@ -909,7 +912,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                    strategy: str = "naive", bandwidth: bool | None = None,
                    log=None, scratch: ScratchModel | None = None,
                    plan_budget: int | None = None, fractions=None,
-                   host_budget: int | None = None, host_ks="auto") -> Profile:
+                   host_budget: int | None = None, host_ks="auto",
+                   fit_none: bool = False) -> Profile:
     """Profile real training iterations of ``solver`` at every k of ``ks`` (module doc).
 
     Each k runs ``warmup + iterations`` iterations of ``solver.step(1)`` under ``strategy``
@@ -931,8 +935,17 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     ("auto": :func:`host_issue_ks` of the smallest profiled k, in GPU mode only, where the host
     and the device run apart; None or (): none); their iterations are in ``meta["host_runs"]``
     and the net is left at the compute profile's last k.
+
+    fit_none: a k below the largest (k_max, or the largest of ``ks`` without fractions) at
+    which the plan "none" fits the budget is profiled under "none" instead of ``strategy``:
+    there the dynamic plan offloads nothing and runs as "none" does, and the naive plan's
+    copies slow the compute it times.  GoogLeNet on the H200 (session 13): 1x1 convolutions
+    at 154 images took 1.6 times their time per image at 309 under the naive plan, and the
+    model over-predicted "none" at 180 by 7.8 %.  The largest k is always profiled under
+    ``strategy``, so the transfers the PCIe model is fitted on are always there.
+    ``meta["plans"]`` says which plan each k ran under.
     """
-    from .runtime import ScratchOverflow
+    from .runtime import ScratchOverflow, lowering_for
     net = solver.net
     k_base = net_batch_size(net)
     if getattr(net, "executor", None) is not None:
@@ -940,7 +953,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     compute, transfers, iters, solver_steps = [], [], [], []
     steps = None
     g0 = None
-    reserves, measured, runs = [], [], []
+    reserves, measured, runs, plans = [], [], [], []
     k_max = None
     todo = list(ks)
     done = []
@@ -988,8 +1001,18 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
         inst = None
         for attempt in range(PROFILE_RETRIES + 1):
             it0 = solver.iter
+            top = k_max if k_max is not None else max(ks)
+            plan = "none" if fit_none and k < top else strategy
             try:
-                ex = _install_naive(solver, budget, strategy, reserve)
+                try:
+                    ex = _install_naive(solver, budget, plan, reserve,
+                                        **({} if plan == strategy
+                                           else {"lowering": lowering_for(strategy)}))
+                except BudgetError:
+                    if plan == strategy:
+                        raise
+                    plan = strategy
+                    ex = _install_naive(solver, budget, plan, reserve)
             except BudgetError as e:
                 # shaped for k, the layers need more than the GMAP of an earlier k said (cuDNN
                 # chooses other algorithms, with other workspaces, at other shapes): profile
@@ -1051,6 +1074,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             runs.append([k, solver.iter - it0])
             break
         done.append(k)
+        plans.append([k, plan])
         compute += inst.compute
         transfers += inst.transfers
         iters += inst.iterations
@@ -1066,7 +1090,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             from .memory import fmt_bytes
             extra = (f", scratch reserve {fmt_bytes(reserve)}"
                      + (f", transients measured {fmt_bytes(tp.peak)}" if tp is not None else ""))
-        say(f"Profiled minibatch {k} under the {strategy} plan: "
+        say(f"Profiled minibatch {k} under the {plan} plan: "
             f"{1e3 * float(np.mean(t)) if t else float('nan'):.3f} ms per iteration, "
             f"{len(inst.transfers)} transfers" + extra)
         if scratch is not None and tp is not None:
@@ -1088,7 +1112,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     if bandwidth or (bandwidth is None and net.mode == "GPU"):
         bw = measure_bandwidth(net.xp)
     meta = {"warmup": warmup, "iterations": iterations, "strategy": strategy, "budget": budget,
-            **host_meta}
+            "plans": plans, **host_meta}
     if scratch is not None:
         meta.update(scratch=reserves, transients=measured, runs=runs)
         if k_max is not None:

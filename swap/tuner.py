@@ -809,7 +809,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     # ---- stage 1: dynamic information
     if profile is None:
         ks = profile_ks(k_max) if auto_batch else (batch or k_base,)
-        say(f"AccUDNN stage 1: profiling minibatches {list(ks)} under the naive plan "
+        say(f"AccUDNN stage 1: profiling minibatches {list(ks)} under the naive plan, or "
+            f"'none' below the largest where it fits "
             f"(k_max {k_max} at budget {fmt_bytes(budget)}{reserve_words(k_max)}"
             + (f"; pinned host memory at most {fmt_bytes(host_budget)}" if host_budget else "")
             + ")")
@@ -817,7 +818,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         profile = profile_solver(solver, budget, ks, warmup=warmup, iterations=iterations,
                                  log=say, scratch=scratch, plan_budget=base,
                                  fractions=PROFILE_FRACTIONS if auto_batch else None,
-                                 host_budget=host_budget)
+                                 host_budget=host_budget, fit_none=True)
         host_runs = profile.meta.get("host_runs", [])
         images += sum(k * n for k, n in host_runs)
         it0 += sum(n for _, n in host_runs)

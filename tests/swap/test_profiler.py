@@ -583,3 +583,27 @@ def test_a_raised_k_max_still_gets_every_fraction_profiled(make_solver, monkeypa
     assert set(final) <= set(prof.ks)                # every fraction of the final k_max
     assert len(prof.ks) == len(final) + 1
     assert any("k_max is now" in x for x in lines)
+
+
+def test_fit_none_profiles_small_k_under_none_and_the_largest_naive(make_solver):
+    """fit_none: a k below the largest at which "none" fits the budget runs under "none" (no
+    transfers, the swapping plan's lowering); one where it does not, and the largest k
+    always, run under the naive plan, whose transfers the PCIe model needs."""
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    budget = (min_budget(g.at(2), "none") + min_budget(g.at(3), "none")) // 2
+    assert min_budget(g.at(8), "naive") <= budget        # naive fits everything profiled
+    lines = []
+    prof = profile_solver(s, budget, (1, 2, 3, 8), warmup=0, iterations=1, fit_none=True,
+                          log=lines.append)
+    assert prof.meta["plans"] == [[1, "none"], [2, "none"], [3, "naive"], [8, "naive"]]
+    assert not prof.transfers_at(1) and not prof.transfers_at(2)
+    assert prof.transfers_at(3) and prof.transfers_at(8)
+    assert sum("under the none plan" in ln for ln in lines) == 2
+    assert {c.k for c in prof.compute} == {1, 2, 3, 8}
+    # a k at which none fits is still profiled under naive when it is the largest
+    prof = profile_solver(s, budget, (1,), warmup=0, iterations=1, fit_none=True)
+    assert prof.meta["plans"] == [[1, "naive"]] and prof.transfers_at(1)
+    # off by default
+    prof = profile_solver(s, budget, (1, 8), warmup=0, iterations=1)
+    assert prof.meta["plans"] == [[1, "naive"], [8, "naive"]]

@@ -837,11 +837,9 @@ def _install_plain_fitting(solver, budget, k, scratch, done, log):
     return None, k
 
 
-def _install_naive(solver, budget, strategy="naive", scratch=None, lowering=None):
-    """Install ``strategy`` for profiling; ``lowering``: the convolutions' (default the
-    strategy's own; "none" profiled in place of a swapping plan takes that plan's)."""
+def _install_naive(solver, budget, strategy="naive", scratch=None, **kw):
+    """Install ``strategy`` for profiling (``kw``: more of :func:`swap.runtime.install`'s)."""
     from .runtime import install
-    kw = {} if lowering is None else {"lowering": lowering}
     if scratch is None:
         return install(solver, strategy, budget, **kw)
     return install(solver, strategy, budget, scratch=scratch, **kw)
@@ -937,15 +935,17 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     and the net is left at the compute profile's last k.
 
     fit_none: a k below the largest (k_max, or the largest of ``ks`` without fractions) at
-    which the plan "none" fits the budget is profiled under "none" instead of ``strategy``:
-    there the dynamic plan offloads nothing and runs as "none" does, and the naive plan's
-    copies slow the compute it times.  GoogLeNet on the H200 (session 13): 1x1 convolutions
-    at 154 images took 1.6 times their time per image at 309 under the naive plan, and the
-    model over-predicted "none" at 180 by 7.8 %.  The largest k is always profiled under
-    ``strategy``, so the transfers the PCIe model is fitted on are always there.
-    ``meta["plans"]`` says which plan each k ran under.
+    which every feature map fits the budget pinned is profiled that way (the plan "dynamic"
+    with all of them pinned: nothing swapped, memory laid out as the swapping plans lay it
+    out) instead of under ``strategy``: there the tuner's plan offloads nothing and runs
+    just so, and the naive plan's copies slow the compute it times.  GoogLeNet on the H200
+    (session 13): 1x1 convolutions at 154 images took 1.6 times their time per image at 309
+    under the naive plan, and the model over-predicted "none" at 180 by 7.8 %.  The largest
+    k is always profiled under ``strategy``, so the transfers the PCIe model is fitted on
+    are always there.  ``meta["plans"]`` says which plan each k ran under ("pinned" or
+    ``strategy``).
     """
-    from .runtime import ScratchOverflow, lowering_for
+    from .runtime import ScratchOverflow
     net = solver.net
     k_base = net_batch_size(net)
     if getattr(net, "executor", None) is not None:
@@ -1002,12 +1002,13 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
         for attempt in range(PROFILE_RETRIES + 1):
             it0 = solver.iter
             top = k_max if k_max is not None else max(ks)
-            plan = "none" if fit_none and k < top else strategy
+            plan = "pinned" if fit_none and k < top else strategy
             try:
                 try:
-                    ex = _install_naive(solver, budget, plan, reserve,
-                                        **({} if plan == strategy
-                                           else {"lowering": lowering_for(strategy)}))
+                    if plan == "pinned":
+                        ex = _install_naive(solver, budget, "dynamic", reserve, pinned="all")
+                    else:
+                        ex = _install_naive(solver, budget, plan, reserve)
                 except BudgetError:
                     if plan == strategy:
                         raise
@@ -1090,8 +1091,10 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             from .memory import fmt_bytes
             extra = (f", scratch reserve {fmt_bytes(reserve)}"
                      + (f", transients measured {fmt_bytes(tp.peak)}" if tp is not None else ""))
-        say(f"Profiled minibatch {k} under the {plan} plan: "
-            f"{1e3 * float(np.mean(t)) if t else float('nan'):.3f} ms per iteration, "
+        say(f"Profiled minibatch {k} "
+            + ("with every feature map pinned: " if plan == "pinned"
+               else f"under the {plan} plan: ")
+            + f"{1e3 * float(np.mean(t)) if t else float('nan'):.3f} ms per iteration, "
             f"{len(inst.transfers)} transfers" + extra)
         if scratch is not None and tp is not None:
             scratch.add(k, tp.peak)

@@ -1844,7 +1844,9 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     (:func:`lowering_for`; ``none`` defaults to Caffe's one image, so that its memory is
     Caffe's).  ``workspace_budget``: the budget whose share bounds the cuDNN workspaces
     (:func:`set_lowering`; default ``budget``), for a run without a budget that should choose
-    the algorithms a budgeted plan chose.  The other options are the Executor's.
+    the algorithms a budgeted plan chose.  ``pinned``: buffer ids of the GMAP built here, or
+    "all" for every feature map (nothing swapped: the dynamic plan where all of them fit).
+    The other options are the Executor's.
     """
     solver = target if hasattr(target, "net") and hasattr(target, "rule") else None
     net = target.net if solver is not None else target
@@ -1869,6 +1871,10 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
         plan_budget = budget_for_plan(target, budget, scratch=scratch, test_nets=test_nets,
                                       gmap=g)
         extra = budget - plan_budget
+    if isinstance(pinned, str):
+        if pinned != "all":
+            raise ValueError(f"pinned: buffer ids or 'all', not {pinned!r}")
+        pinned = frozenset(g.feature_maps())
     try:
         plan = make_plan(g, strategy, plan_budget, pinned)
     except BudgetError as e:

@@ -809,8 +809,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     # ---- stage 1: dynamic information
     if profile is None:
         ks = profile_ks(k_max) if auto_batch else (batch or k_base,)
-        say(f"AccUDNN stage 1: profiling minibatches {list(ks)} under the naive plan, or "
-            f"'none' below the largest where it fits "
+        say(f"AccUDNN stage 1: profiling minibatches {list(ks)} under the naive plan (below "
+            f"the largest, with every feature map pinned where they fit) "
             f"(k_max {k_max} at budget {fmt_bytes(budget)}{reserve_words(k_max)}"
             + (f"; pinned host memory at most {fmt_bytes(host_budget)}" if host_budget else "")
             + ")")

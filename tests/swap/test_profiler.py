@@ -585,25 +585,35 @@ def test_a_raised_k_max_still_gets_every_fraction_profiled(make_solver, monkeypa
     assert any("k_max is now" in x for x in lines)
 
 
-def test_fit_none_profiles_small_k_under_none_and_the_largest_naive(make_solver):
-    """fit_none: a k below the largest at which "none" fits the budget runs under "none" (no
-    transfers, the swapping plan's lowering); one where it does not, and the largest k
-    always, run under the naive plan, whose transfers the PCIe model needs."""
+def test_fit_none_profiles_small_k_with_every_map_pinned_and_the_largest_naive(make_solver):
+    """fit_none: a k below the largest at which every feature map fits pinned runs so (the
+    dynamic plan, nothing swapped); one where they do not, and the largest k always, run
+    under the naive plan, whose transfers the PCIe model needs."""
+    from swap.profiler import set_batch_size
     s = make_solver("resnet", batch=4)
-    g = build_gmap(s.net)
-    budget = (min_budget(g.at(2), "none") + min_budget(g.at(3), "none")) // 2
-    assert min_budget(g.at(8), "naive") <= budget        # naive fits everything profiled
+    maps = frozenset(build_gmap(s.net).feature_maps())
+
+    def need(k, strategy, pinned=frozenset()):      # the net as the profiler shapes it
+        set_batch_size(s.net, k)
+        return min_budget(build_gmap(s.net), strategy, pinned)
+    budget = (need(3, "dynamic", maps) + need(4, "naive")) // 2
+    # pinned, the maps of 2 fit and those of 3 do not; naive fits 4
+    assert need(2, "dynamic", maps) <= budget < need(3, "dynamic", maps)
+    assert need(4, "naive") <= budget
     lines = []
-    prof = profile_solver(s, budget, (1, 2, 3, 8), warmup=0, iterations=1, fit_none=True,
+    prof = profile_solver(s, budget, (1, 2, 3, 4), warmup=0, iterations=1, fit_none=True,
                           log=lines.append)
-    assert prof.meta["plans"] == [[1, "none"], [2, "none"], [3, "naive"], [8, "naive"]]
+    assert prof.meta["plans"] == [[1, "pinned"], [2, "pinned"], [3, "naive"], [4, "naive"]]
     assert not prof.transfers_at(1) and not prof.transfers_at(2)
-    assert prof.transfers_at(3) and prof.transfers_at(8)
-    assert sum("under the none plan" in ln for ln in lines) == 2
-    assert {c.k for c in prof.compute} == {1, 2, 3, 8}
-    # a k at which none fits is still profiled under naive when it is the largest
+    assert prof.transfers_at(3) and prof.transfers_at(4)
+    assert sum("with every feature map pinned" in ln for ln in lines) == 2
+    assert {c.k for c in prof.compute} == {1, 2, 3, 4}
+    # a k at which the maps fit pinned is still profiled under naive when it is the largest
     prof = profile_solver(s, budget, (1,), warmup=0, iterations=1, fit_none=True)
     assert prof.meta["plans"] == [[1, "naive"]] and prof.transfers_at(1)
     # off by default
-    prof = profile_solver(s, budget, (1, 8), warmup=0, iterations=1)
-    assert prof.meta["plans"] == [[1, "naive"], [8, "naive"]]
+    prof = profile_solver(s, budget, (1, 4), warmup=0, iterations=1)
+    assert prof.meta["plans"] == [[1, "naive"], [4, "naive"]]
+    from swap.runtime import install
+    with pytest.raises(ValueError, match="buffer ids or 'all'"):
+        install(s, "dynamic", budget, pinned="every")

@@ -320,7 +320,7 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
             cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
-def host_profile(run, sync, passes: int, top: int = 25) -> list:
+def host_profile(run, sync, passes: int, top: int = 60) -> list:
     """``run`` ``passes`` times under cProfile: the ``top`` functions by own time, as
     [function, calls per pass, own us per pass, cumulative us per pass] (the profiler's own
     cost inflates every call alike)."""

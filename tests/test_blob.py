@@ -28,3 +28,37 @@ def test_released_external_storage_is_never_served_from_the_cache():
     b.diff_storage.array = None                       # the plan released it
     with pytest.raises(RuntimeError, match="diff accessed while its storage is released"):
         b.diff
+
+
+def test_a_storage_bound_to_regions_in_turn_keeps_a_view_of_each():
+    """A swap plan binds a storage to a few arena regions in turn: each region's view is made
+    once and served again when the storage comes back to it; a reshape, a share or
+    drop_views forgets them all; the views kept are bounded."""
+    b = Blob((2, 2))
+    regions = [np.full(4, float(i), np.float32) for i in range(3)]
+    st = b.data_storage
+    st.external = True
+    first = []
+    for r in regions:
+        st.array = r
+        first.append(b.data)
+    for _ in range(2):
+        for r, v in zip(regions, first):
+            st.array = r
+            assert b.data is v and np.shares_memory(v, r) and float(v[0, 0]) == r[0]
+    st.array = None                                   # released: never a cached view
+    with pytest.raises(RuntimeError, match="data accessed while its storage is released"):
+        b.data
+    st.array = regions[1]
+    assert b.data is first[1]
+    b.reshape(4)                                      # a new shape: new views
+    assert b.data is not first[1] and b.data.shape == (4,)
+    st.array = regions[0]
+    assert b.data.shape == (4,) and np.shares_memory(b.data, regions[0])
+    many = [np.zeros(4, np.float32) for _ in range(3 * Blob._MORE_VIEWS)]
+    for r in many:
+        st.array = r
+        b.data
+    assert len(b._views) <= 3 + Blob._MORE_VIEWS      # bounded
+    b.drop_views()
+    assert not b._views

@@ -714,7 +714,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                   granularity: str = TUNER_GRANULARITY, keep_epochs: bool = True,
                   delta: float = 0.0,
                   trace: str | None = None, log=None, scratch="auto", host_budget="auto",
-                  fill: bool = True, objective: str = "throughput", scratch_extra: int = 0):
+                  fill: bool = True, objective: str = "throughput", scratch_extra: int = 0,
+                  profile_pinned: bool | None = None):
     """The three stages of section 6 on ``solver``: profile, decide, install the plan.
 
     1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
@@ -741,7 +742,16 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     in GPU mode, None (no bound) in CPU mode.  With a
     model, k_max, every profiled plan, the search and the final plan get ``budget - test nets'
     persistent buffers - S(k)``, and the executor a reserve of S(k*).
+    profile_pinned: profile the ks below the largest with every feature map pinned where they
+    fit (:func:`swap.profiler.profile_solver` ``fit_none``); None: ``$MINICAFFE_PROFILE_PINNED``
+    (1: on), off by default.  Measured on the H200 (session 13) it brought GoogLeNet's
+    "none" at 180 from +7.8 to +3.6 % and kept ResNet-50 and -152 within 5 %, but ResNet-101's
+    first profiled k (59) ran 20 % slower pinned than under the naive plan (without copies
+    to wait for, the host's first iterations after the install fell behind the device within
+    steps), and the model missed 62 and 23 by +10 and +29 %.
     """
+    import os
+
     from .lr import DEFAULT_CONVEXITY, scale_lr
     from .profiler import (
         PROFILE_FRACTIONS,
@@ -809,16 +819,19 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     # ---- stage 1: dynamic information
     if profile is None:
         ks = profile_ks(k_max) if auto_batch else (batch or k_base,)
-        say(f"AccUDNN stage 1: profiling minibatches {list(ks)} under the naive plan (below "
-            f"the largest, with every feature map pinned where they fit) "
-            f"(k_max {k_max} at budget {fmt_bytes(budget)}{reserve_words(k_max)}"
+        if profile_pinned is None:
+            profile_pinned = os.environ.get("MINICAFFE_PROFILE_PINNED", "0") == "1"
+        say(f"AccUDNN stage 1: profiling minibatches {list(ks)} under the naive plan "
+            + ("(below the largest, with every feature map pinned where they fit) "
+               if profile_pinned else "")
+            + f"(k_max {k_max} at budget {fmt_bytes(budget)}{reserve_words(k_max)}"
             + (f"; pinned host memory at most {fmt_bytes(host_budget)}" if host_budget else "")
             + ")")
         it0 = solver.iter
         profile = profile_solver(solver, budget, ks, warmup=warmup, iterations=iterations,
                                  log=say, scratch=scratch, plan_budget=base,
                                  fractions=PROFILE_FRACTIONS if auto_batch else None,
-                                 host_budget=host_budget, fit_none=True)
+                                 host_budget=host_budget, fit_none=profile_pinned)
         host_runs = profile.meta.get("host_runs", [])
         images += sum(k * n for k, n in host_runs)
         it0 += sum(n for _, n in host_runs)

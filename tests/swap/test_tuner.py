@@ -531,6 +531,26 @@ def test_train_auto_batch_end_to_end(net_file, tmp_path, capsys):
     assert k > 8
 
 
+def test_profile_pinned_is_off_by_default_and_on_with_the_variable(net_file, tmp_path, capsys,
+                                                                    monkeypatch):
+    """$MINICAFFE_PROFILE_PINNED=1 profiles the small ks with every feature map pinned (where
+    they fit), the largest under the naive plan; unset, every k is profiled naive."""
+    f = net_file("resnet", 8)
+    plans = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv("MINICAFFE_PROFILE_PINNED", env)
+        prof = tmp_path / f"prof{env}.json"
+        rc = main(["train", str(f), "--cpu", "--max-iter", "12", "--display", "0",
+                   "--random-seed", "3", "--swap", "dynamic", "--budget", "512K",
+                   "--auto-batch", "--save-profile", str(prof)])
+        assert rc == 0
+        err = capsys.readouterr().err
+        assert ("with every feature map pinned where they fit" in err) == (env == "1")
+        plans[env] = [p for _, p in Profile.load(prof).meta["plans"]]
+    assert set(plans["0"]) == {"naive"}
+    assert plans["1"][0] == "pinned" and plans["1"][-1] == "naive"
+
+
 def test_train_fixed_batch_and_usage_errors(net_file, tmp_path, capsys):
     f = net_file("lenet", 4)
     rc = main(["train", str(f), "--cpu", "--max-iter", "6", "--display", "0", "--swap",

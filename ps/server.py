@@ -38,7 +38,7 @@ from minicaffe.proto import caffe_pb2
 
 from . import protocol as P
 from .protocol import Op, ProtocolError
-from .transport import CurveServer, LinkModel, SendFailed, poll_until, router, send
+from .transport import CurveServer, LinkModel, SendFailed, context, poll_until, router, send
 from .update import ShardSolver, read_shard_state, update_fields
 
 
@@ -140,7 +140,7 @@ class ShardServer:
     def open(self) -> str:
         """Bind the socket (and start CURVE); returns the bound endpoint."""
         c = self.config
-        self._ctx = zmq.Context()
+        self._ctx = context(c.world_size)
         if c.curve_dir:
             self._curve = CurveServer(self._ctx, c.curve_dir, where=self.where)
         self._sock, self.endpoint = router(self._ctx, c.bind, max_frame_bytes=c.max_frame_bytes,

@@ -14,6 +14,9 @@ Kept apart from the protocol (what bytes mean) and from the server and worker
   (pyzmq's ``zmq.auth``, the "ironhouse" pattern).
 * :class:`LinkModel` delays each message by latency + bytes / bandwidth on the
   sending side, per link, to study a slower network on one host.
+* :func:`context`: one ZeroMQ I/O thread per peer socket (up to half the CPUs, at most 8):
+  the default context's one I/O thread moves every byte of every socket of the process, and
+  ZeroMQ's guide allows one such thread about a gigabyte per second.
 """
 from __future__ import annotations
 
@@ -24,6 +27,33 @@ import time
 import zmq
 
 from .protocol import HEADER, frames_nbytes
+
+ENV_IO_THREADS = "MINICAFFE_PS_IO_THREADS"
+MAX_IO_THREADS = 8
+
+
+def io_threads(peers: int) -> int:
+    """ZeroMQ I/O threads for a process talking to ``peers`` sockets at once (a worker: its
+    shards; a server: its workers): ``$MINICAFFE_PS_IO_THREADS`` when set, else one per peer,
+    at most half the CPUs and :data:`MAX_IO_THREADS`, at least 1.  The 4-GPU H200 host moved
+    about 1.4 GB/s per worker with one I/O thread (issue 6, session 12); more are not yet
+    measured there."""
+    env = os.environ.get(ENV_IO_THREADS)
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"${ENV_IO_THREADS} must be a whole number, got {env!r}") from None
+        if n < 1:
+            raise ValueError(f"${ENV_IO_THREADS} must be at least 1, got {n}")
+        return n
+    return max(1, min(int(peers), (os.cpu_count() or 2) // 2, MAX_IO_THREADS))
+
+
+def context(peers: int):
+    """A ZeroMQ context with :func:`io_threads` I/O threads for ``peers`` sockets."""
+    return zmq.Context(io_threads=io_threads(peers))
+
 
 SERVER_KEY = "server"
 CLIENT_KEY = "client"

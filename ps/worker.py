@@ -72,7 +72,7 @@ from . import protocol as P
 from .overlap import GradientOverlap, backward_order, overlap_default
 from .protocol import Op, ProtocolError
 from .sharding import assign_shards, assign_shards_in_order, shard_bytes
-from .transport import LinkModel, SendFailed, dealer, poll_until
+from .transport import LinkModel, SendFailed, context, dealer, poll_until
 
 
 class PSError(RuntimeError):
@@ -146,7 +146,7 @@ class ParameterClient:
         self.config = config
         self.shards = shards          # blob ids per shard
         self.link = LinkModel(config.link_gbps, config.link_latency_ms)
-        self.ctx = zmq.Context()
+        self.ctx = context(len(shards))
         self.socks = []
         self.monitors = []
         self.poller = zmq.Poller()

@@ -15,3 +15,19 @@ Layers by responsibility, as in ps-lite:
 
 Only the light modules are imported here; ZeroMQ loads with the server or worker.
 """
+import os
+
+
+def env_count(var: str) -> int | None:
+    """The whole number of at least 1 in ``$var``; None where it is unset or empty.  Anything
+    else raises, naming the variable."""
+    v = os.environ.get(var, "").strip()
+    if not v:
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise ValueError(f"${var}={v!r}: give a whole number") from None
+    if n < 1:
+        raise ValueError(f"${var}={v!r}: give at least 1")
+    return n

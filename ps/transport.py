@@ -26,6 +26,7 @@ import time
 
 import zmq
 
+from . import env_count
 from .protocol import HEADER, frames_nbytes
 
 ENV_IO_THREADS = "MINICAFFE_PS_IO_THREADS"
@@ -38,14 +39,8 @@ def io_threads(peers: int) -> int:
     at most half the CPUs and :data:`MAX_IO_THREADS`, at least 1.  The 4-GPU H200 host moved
     about 1.4 GB/s per worker with one I/O thread (issue 6, session 12); more are not yet
     measured there."""
-    env = os.environ.get(ENV_IO_THREADS)
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            raise ValueError(f"${ENV_IO_THREADS} must be a whole number, got {env!r}") from None
-        if n < 1:
-            raise ValueError(f"${ENV_IO_THREADS} must be at least 1, got {n}")
+    n = env_count(ENV_IO_THREADS)
+    if n is not None:
         return n
     return max(1, min(int(peers), (os.cpu_count() or 2) // 2, MAX_IO_THREADS))
 

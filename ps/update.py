@@ -29,6 +29,8 @@ from minicaffe.log import log
 from minicaffe.proto import caffe_pb2, read_binary, upgrade_solver, write_binary
 from minicaffe.solver import UPDATE_RULES, Solver
 
+from . import env_count
+
 # Threads of a shard's elementwise work (the gradients' sum and the update, per parameter):
 # NumPy releases the GIL on large arrays.  One thread summed and updated ResNet-152's quarter
 # (60 MB) in 80 to 100 ms on a 2-core machine, on the BSP round's critical path.
@@ -39,14 +41,8 @@ PARALLEL_MIN_BYTES = 8 << 20
 
 def default_threads() -> int:
     """``$MINICAFFE_PS_THREADS``, else the CPUs this process may use, at most 8."""
-    v = os.environ.get(ENV_THREADS, "").strip()
-    if v:
-        try:
-            n = int(v)
-        except ValueError:
-            raise ValueError(f"${ENV_THREADS}={v!r}: give a number of threads") from None
-        if n < 1:
-            raise ValueError(f"${ENV_THREADS}={v!r}: give at least 1 thread")
+    n = env_count(ENV_THREADS)
+    if n is not None:
         return n
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else os.cpu_count() or 1))

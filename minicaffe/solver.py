@@ -362,9 +362,7 @@ class Solver:
         net = self.net
         xp = net.xp
         params = net.learnable_params
-        reg = p.regularization_type or "L2"
-        if reg not in ("L1", "L2"):
-            raise ValueError(f"unknown regularization type {reg!r} (known: L1, L2)")
+        reg = self._regularization()
         clipping = p.HasField("clip_gradients") and p.clip_gradients >= 0
         if not clipping:
             fused = self.fused_sgd()
@@ -384,18 +382,29 @@ class Solver:
             for q in params:
                 q.diff *= factor.astype(q.dtype)
 
-        def one(i, q):
-            if p.iter_size > 1:
-                q.diff *= 1.0 / p.iter_size
-            decay = p.weight_decay * net.param_decay_mult[i]
-            if decay:
-                if reg == "L2":
-                    q.diff += decay * q.data
-                else:
-                    q.diff += decay * xp.sign(q.data)
-            self.rule.compute_update(i, q, rate * net.param_lr_mult[i])
-            q.data -= q.diff
-        self.for_each_param(params, one)
+        self.for_each_param(params, lambda i, q: self.update_param(i, q, rate, reg))
+
+    def _regularization(self) -> str:
+        reg = self.param.regularization_type or "L2"
+        if reg not in ("L1", "L2"):
+            raise ValueError(f"unknown regularization type {reg!r} (known: L1, L2)")
+        return reg
+
+    def update_param(self, i, q, rate, reg):
+        """ApplyUpdate's work on learnable parameter ``i`` (blob ``q``) at learning rate
+        ``rate``: iter_size normalisation, weight decay, the rule, ``data -= diff``."""
+        p = self.param
+        net = self.net
+        if p.iter_size > 1:
+            q.diff *= 1.0 / p.iter_size
+        decay = p.weight_decay * net.param_decay_mult[i]
+        if decay:
+            if reg == "L2":
+                q.diff += decay * q.data
+            else:
+                q.diff += decay * net.xp.sign(q.data)
+        self.rule.compute_update(i, q, rate * net.param_lr_mult[i])
+        q.data -= q.diff
 
     def clear_param_diffs(self):
         """Zero every learnable parameter's diff (Caffe's Net::ClearParamDiffs): one launch

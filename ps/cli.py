@@ -60,8 +60,9 @@ def add_train_options(t):
                    help="communicate after the whole backward pass instead of overlapping it "
                         "(default: overlap, unless MINICAFFE_PS_OVERLAP=0)")
     g.add_argument("--bucket-mb", type=_positive(float), default=None, metavar="MB",
-                   help="--comm nccl with overlap: the largest all-reduce bucket, in MiB "
-                        "(default 25)")
+                   help="with overlap: the largest bucket of gradients communicated at once, "
+                        "in MiB (--comm nccl: an all-reduce, default 25; --comm ps: one "
+                        "push and its answer, default 8)")
     _link_args(g)
 
 
@@ -89,13 +90,13 @@ def wrap_solver(args, solver):
                           timeout=args.ps_timeout, curve_dir=args.curve_dir,
                           stats_path=args.ps_stats, overlap=overlap,
                           bucket_mb=DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb)
-    if bucket_mb is not None:
-        raise ValueError("--bucket-mb applies to --comm nccl (the parameter server sends one "
-                         "message per shard)")
+    if bucket_mb is not None and not overlap:
+        raise ValueError("--bucket-mb applies with overlap (without it the parameter server "
+                         "gets one message per shard after backward)")
     cfg = PSConfig(endpoints=endpoints, rank=args.rank, world_size=args.world_size,
                    timeout=args.ps_timeout, link_gbps=args.link_gbps,
                    link_latency_ms=args.link_latency_ms, curve_dir=args.curve_dir,
-                   stats_path=args.ps_stats, overlap=overlap)
+                   stats_path=args.ps_stats, overlap=overlap, bucket_mb=bucket_mb)
     return PSWorker(solver, cfg)
 
 

@@ -49,7 +49,10 @@ from __future__ import annotations
 import os
 
 ENV_OVERLAP = "MINICAFFE_PS_OVERLAP"
-DEFAULT_BUCKET_MB = 25.0      # PyTorch DDP's bucket_cap_mb
+DEFAULT_BUCKET_MB = 25.0      # PyTorch DDP's bucket_cap_mb (NCCL all-reduce buckets)
+# The parameter server's buckets are smaller: a bucket comes back only after the shard has
+# all of it from every worker, so the last bucket's round trip is what backward cannot hide.
+DEFAULT_PS_BUCKET_MB = 8.0
 
 
 def overlap_default(env=None) -> bool:

@@ -13,6 +13,7 @@ A header is one fixed C struct (:data:`HEADER`, 104 bytes, little endian)::
     rank       i    the worker rank (sender or addressee)
     shard      i    the server shard (-1 for NCCL rendezvous messages)
     blob_id    i    global index into ``net.learnable_params``; -1 for non-blob payloads
+                    (-2: INIT's bucket table)
     dtype      B    DType code of the buffer
     ndim       B    0..MAX_NDIM
     (2 pad bytes)
@@ -39,7 +40,7 @@ from math import prod
 import numpy as np
 
 MAGIC = b"MCPS"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2   # 2: buckets (a shard's round is one PUSH and one PARAMS per bucket)
 MAX_NDIM = 8
 
 HEADER = struct.Struct("<4sHHqiiiBB2x" + "q" * MAX_NDIM + "Q")
@@ -50,12 +51,16 @@ class Op(enum.IntEnum):
     """Message kinds.
 
     INIT     worker -> shard at start: pair 0 is the worker's SolverParameter
-             (protobuf binary, uint8, blob -1); then for each blob of the
-             shard its initial values (blob id, float) and its ParamSpec
-             multipliers (same blob id, float64 ``[lr_mult, decay_mult]``).
-    PARAMS   shard -> worker: the shard's parameters for ``iteration`` (the
-             answer to INIT and to every PUSH).
-    PUSH     worker -> shard: the worker's gradients of ``iteration``.
+             (protobuf binary, uint8, blob -1); optionally pair 1 is the
+             bucket of each blob of the shard (int64, blob -2, in the order
+             the blobs follow; absent: one bucket, the whole shard); then for
+             each blob of the shard its initial values (blob id, float) and
+             its ParamSpec multipliers (same blob id, float64
+             ``[lr_mult, decay_mult]``).
+    PARAMS   shard -> worker: parameters for ``iteration``: the whole shard
+             (the answer to INIT), or one bucket (the answer to its PUSH).
+    PUSH     worker -> shard: the worker's gradients of ``iteration``, one
+             bucket of the shard per message.
     ABORT    either way: the round failed; one uint8 pair holds the reason.
              The receiver stops (it names the sender in its own error).
     ERROR    shard -> sender: one message was rejected; uint8 reason.

@@ -3,15 +3,24 @@
 Life of a shard::
 
     join     every rank sends INIT (its solver, the shard's blobs, their
-             ParamSpec multipliers); the shard checks that all ranks agree,
-             takes rank 0's initial values (or its own restored snapshot) and
-             answers PARAMS(iteration) to everybody
-    round t  every rank sends PUSH(t) with its gradients; they are summed in
-             rank order (so the result does not depend on arrival order),
-             scaled by 1/W (Caffe's multi-GPU rule), the solver update runs
-             (:class:`ps.update.ShardSolver`), a snapshot is written when due,
-             and PARAMS(t+1) goes back to every rank
+             ParamSpec multipliers, which blobs form each bucket); the shard
+             checks that all ranks agree, takes rank 0's initial values (or
+             its own restored snapshot) and answers PARAMS(iteration) to
+             everybody
+    round t  every rank sends one PUSH(t) per bucket with its gradients.  As
+             soon as every rank has pushed a bucket, its gradients are summed
+             in rank order (so the result does not depend on arrival order),
+             scaled by 1/W (Caffe's multi-GPU rule), the solver update runs on
+             the bucket's blobs (:class:`ps.update.ShardSolver`, bit for bit
+             the whole-shard update) and PARAMS(t+1) of that bucket goes back
+             to every rank, while the other buckets are still arriving.  Once
+             every bucket is done, a snapshot is written when due.
     done     after max_iter the shard writes its final snapshot and exits 0
+
+Buckets pipeline the round: a shard's receiving, updating and answering
+overlap, and a worker that pushes buckets during its backward pass (overlap,
+ps/worker.py) gets the first new parameters back while backward goes on.  A
+worker without overlap declares one bucket, the whole shard.
 
 Failure rules (nothing waits forever):
 
@@ -91,12 +100,13 @@ class _Join:
     arrays: list        # initial values (views of the received frames)
     lr_mult: list
     decay_mult: list
+    buckets: list       # the bucket of each blob (INIT order); all 0: one bucket
 
 
 @dataclass
 class _RoundStats:
     wait_s: float = 0.0        # from the round's start to the last gradient
-    update_s: float = 0.0
+    update_s: float = 0.0      # summed over the buckets
     last_rank: int = -1        # the rank everybody waited for
     bytes_in: int = 0
     bytes_out: int = 0
@@ -125,6 +135,8 @@ class ShardServer:
                                  f"shard {c.shard}")
         self.solver: ShardSolver | None = None
         self.blob_ids: list[int] = []
+        self.buckets: list[list[int]] = [[]]    # positions in blob_ids, per bucket
+        self._bucket_of: dict = {}              # blob ids of a bucket (tuple) -> bucket
         self.routes: dict[int, bytes] = {}      # rank -> routing id
         self.endpoint = None
         self.prefix = None
@@ -249,6 +261,16 @@ class ShardServer:
         except Exception as e:  # protobuf's DecodeError
             raise ProtocolError(f"INIT solver parameters do not parse: {e}") from None
         rest = pl[1:]
+        table = None
+        if rest and rest[0].blob_id == -2:
+            table, rest = rest[0].array, rest[1:]
+            if table.dtype != np.int64 or table.ndim != 1 or table.size != len(rest) // 2:
+                raise ProtocolError(f"INIT: the bucket table (blob -2) must be int64 with one "
+                                    f"entry per blob ({len(rest) // 2}), got {table.dtype}"
+                                    f"{list(table.shape)}")
+            used = sorted(set(table.tolist()))
+            if used != list(range(len(used))):
+                raise ProtocolError(f"INIT: buckets {used} must be numbered 0..B-1")
         if len(rest) % 2:
             raise ProtocolError("INIT blobs come as (values, [lr_mult, decay_mult]) pairs")
         ids, arrays, lr, decay = [], [], [], []
@@ -270,7 +292,8 @@ class ShardServer:
             raise ProtocolError(f"INIT: blob ids {ids} must be distinct and increasing")
         if len({a.dtype for a in arrays}) > 1:
             raise ProtocolError("INIT: the blobs of one shard must share one dtype")
-        return _Join(rid, msg.iteration, solver, ids, arrays, lr, decay)
+        buckets = [0] * len(ids) if table is None else [int(b) for b in table]
+        return _Join(rid, msg.iteration, solver, ids, arrays, lr, decay, buckets)
 
     def join(self):
         """Wait for every rank's INIT, build the shard, answer PARAMS."""
@@ -326,6 +349,10 @@ class ShardServer:
                         f"is {b.dtype}{list(b.shape)}: the workers' nets differ")
             if (j.lr_mult, j.decay_mult) != (first.lr_mult, first.decay_mult):
                 raise RoundFailed(f"rank {rank}: lr_mult/decay_mult differ from rank 0's")
+            if j.buckets != first.buckets:
+                raise RoundFailed(f"rank {rank} groups blobs {j.blob_ids} into buckets "
+                                  f"{j.buckets}, rank 0 into {first.buckets}: the workers' "
+                                  "--bucket-mb (or overlap settings) differ")
             fields = update_fields(j.solver)
             diff = [f for f in ref_fields if fields.get(f) != ref_fields[f]]
             if diff:
@@ -337,6 +364,15 @@ class ShardServer:
                 raise RoundFailed(f"rank {rank} starts at iteration {j.iteration}, rank 0 at "
                                   f"{first.iteration}: restart every worker from the same snapshot")
         self.blob_ids = list(first.blob_ids)
+        nb = max(first.buckets, default=0) + 1
+        self.buckets = [[k for k, b in enumerate(first.buckets) if b == i] for i in range(nb)]
+        self._bucket_of = {tuple(self.blob_ids[k] for k in pos) or (-1,): i
+                           for i, pos in enumerate(self.buckets)}
+        p = first.solver
+        if nb > 1 and p.HasField("clip_gradients") and p.clip_gradients >= 0:
+            raise RoundFailed("clip_gradients needs every gradient of the shard at once; the "
+                              f"workers send shard {c.shard} in {nb} buckets (use one server "
+                              "shard with --no-overlap, or drop clip_gradients)")
         dtype = first.arrays[0].dtype if first.arrays else np.dtype(np.float32)
         self.solver = ShardSolver(first.solver, [a.shape for a in first.arrays], first.lr_mult,
                                   first.decay_mult, dtype=dtype, verbose=c.verbose,
@@ -372,79 +408,103 @@ class ShardServer:
 
     # -------------------------------------------------------------- rounds
     def round(self) -> _RoundStats:
-        """One BSP round: gather PUSH(t) from every rank, update, answer."""
+        """One BSP round: gather PUSH(t) of every bucket from every rank; each bucket is
+        summed, updated and answered (PARAMS(t+1)) as soon as the last rank has pushed it."""
         c = self.config
         s = self.solver
         t = s.iter
         start = time.monotonic()
         deadline = start + c.timeout
         stats = _RoundStats()
-        pending: dict[int, P.Message] = {}
-        received: set[int] = set()
-        next_rank = 0
-        blobs = s.blobs
-        while next_rank < c.world_size:
+        nb = len(self.buckets)
+        pending: list[dict] = [{} for _ in range(nb)]    # per bucket: rank -> payloads
+        received: list[set] = [set() for _ in range(nb)]
+        next_rank = [0] * nb                             # per bucket: the next rank to sum
+        left = nb
+        rate = None
+        p = s.param
+        display = bool(p.display) and t % p.display == 0
+        while left:
             got = self._next(deadline)
             if got is None:
-                missing = sorted(set(range(c.world_size)) - received)
+                missing = [r for r in range(c.world_size) if any(r not in x for x in received)]
+                pushed = set.intersection(*received)
                 raise RoundFailed(
                     f"iteration {t}: no gradients from rank(s) {_ranks(missing)} within "
-                    f"{c.timeout:g} s (received from {_ranks(sorted(received)) or 'none'}"
-                    + ("; when no worker pushes, another shard may be down" if not received
-                       else "") + ")")
+                    f"{c.timeout:g} s (received from {_ranks(sorted(pushed)) or 'none'}"
+                    + ("; when no worker pushes, another shard may be down"
+                       if not set.union(*received) else "") + ")")
             rid, msg = got
-            problem = self._check_push(msg, t, received)
+            b, problem = self._check_push(msg, t, received)
             if problem:
                 self._reject(rid, problem, msg)
                 continue
-            received.add(msg.rank)
-            stats.bytes_in += sum(p.array.nbytes for p in msg.payloads)
-            pending[msg.rank] = msg
+            received[b].add(msg.rank)
+            stats.bytes_in += sum(q.array.nbytes for q in msg.payloads)
+            stats.last_rank = msg.rank
+            pending[b][msg.rank] = msg.payloads
             # Sum in rank order as soon as possible: the result is independent
             # of arrival order, and the frames of ranks in order are freed early.
-            while next_rank in pending:
-                payloads = pending.pop(next_rank).payloads if blobs else ()  # empty shard
-                for k, p in enumerate(payloads):
-                    if next_rank == 0:
-                        np.copyto(blobs[k].diff, p.array)
+            positions = self.buckets[b]
+            while next_rank[b] in pending[b]:
+                payloads = pending[b].pop(next_rank[b])
+                for k, q in zip(positions, payloads):     # none for an empty shard
+                    if next_rank[b] == 0:
+                        np.copyto(s.blobs[k].diff, q.array)
                     else:
-                        blobs[k].diff += p.array
-                next_rank += 1
-            stats.last_rank = msg.rank
-        stats.wait_s = time.monotonic() - start
-        if c.world_size > 1:
-            scale = blobs[0].dtype.type(1.0 / c.world_size) if blobs else 1.0
-            for b in blobs:
-                b.diff *= scale  # Caffe's multi-GPU rule: average = sum * (1/W)
-        p = s.param
-        display = bool(p.display) and t % p.display == 0
-        u0 = time.monotonic()
-        s.update(display)
-        stats.update_s = time.monotonic() - u0
+                        s.blobs[k].diff += q.array
+                next_rank[b] += 1
+            if next_rank[b] < c.world_size:
+                continue
+            stats.wait_s = time.monotonic() - start
+            u0 = time.monotonic()
+            if c.world_size > 1:
+                for k in positions:  # Caffe's multi-GPU rule: average = sum * (1/W)
+                    s.blobs[k].diff *= s.blobs[k].dtype.type(1.0 / c.world_size)
+            if nb == 1:
+                s.apply_update(display)      # the whole shard at once (clipping included)
+            else:
+                if rate is None:
+                    rate = s.begin_round(display)
+                s.update_bucket(positions, rate)
+            stats.update_s += time.monotonic() - u0
+            stats.bytes_out += self._send_all(
+                Op.PARAMS, t + 1,
+                lambda rank: [(self.blob_ids[k], s.blobs[k].data) for k in positions])
+            left -= 1
+        s.end_round()
         if p.snapshot and s.iter % p.snapshot == 0:
             self.snapshot()
-        stats.bytes_out = self._send_all(Op.PARAMS, s.iter, self._params_payloads)
         if display:
             self._log(f"Iteration {t}: waited {1e3 * stats.wait_s:.3g} ms for gradients (last: "
-                      f"rank {stats.last_rank}), update {1e3 * stats.update_s:.3g} ms, "
-                      f"{stats.bytes_in / 1e6:.3g} MB in, {stats.bytes_out / 1e6:.3g} MB out")
+                      f"rank {stats.last_rank}), update {1e3 * stats.update_s:.3g} ms in {nb} "
+                      f"bucket(s), {stats.bytes_in / 1e6:.3g} MB in, "
+                      f"{stats.bytes_out / 1e6:.3g} MB out")
         return stats
 
-    def _check_push(self, msg, t, received) -> str | None:
+    def _check_push(self, msg, t, received):
+        """(bucket, None) for a valid PUSH(t), else (None, the reason to reject it)."""
         if msg.op != Op.PUSH:
-            return f"{msg.op.name} during iteration {t} (expected PUSH)"
+            return None, f"{msg.op.name} during iteration {t} (expected PUSH)"
         if msg.iteration != t:
-            return f"PUSH for iteration {msg.iteration}, shard {self.config.shard} is at {t}"
-        if msg.rank in received:
-            return f"rank {msg.rank} pushed iteration {t} twice"
-        ids = [p.blob_id for p in msg.payloads]
-        if ids != self.blob_ids and not (not self.blob_ids and ids == [-1]):
-            return f"PUSH carries blobs {ids}, shard {self.config.shard} holds {self.blob_ids}"
-        for p, b in zip(msg.payloads, self.solver.blobs):
-            if p.array.shape != b.shape or p.array.dtype != b.dtype:
-                return (f"blob {p.blob_id}: gradient {p.array.dtype}{list(p.array.shape)}, the "
-                        f"parameter is {b.dtype}{list(b.shape)}")
-        return None
+            return None, f"PUSH for iteration {msg.iteration}, shard {self.config.shard} is at {t}"
+        ids = tuple(q.blob_id for q in msg.payloads)
+        b = self._bucket_of.get(ids)
+        if b is None:
+            if len(self.buckets) == 1:
+                return None, (f"PUSH carries blobs {list(ids)}, shard {self.config.shard} holds "
+                              f"{self.blob_ids}")
+            return None, (f"PUSH carries blobs {list(ids)}, which are not one of shard "
+                          f"{self.config.shard}'s {len(self.buckets)} buckets")
+        if msg.rank in received[b]:
+            what = "" if len(self.buckets) == 1 else f" bucket {b} of"
+            return None, f"rank {msg.rank} pushed{what} iteration {t} twice"
+        for q, k in zip(msg.payloads, self.buckets[b]):
+            blob = self.solver.blobs[k]
+            if q.array.shape != blob.shape or q.array.dtype != blob.dtype:
+                return None, (f"blob {q.blob_id}: gradient {q.array.dtype}{list(q.array.shape)}, "
+                              f"the parameter is {blob.dtype}{list(blob.shape)}")
+        return b, None
 
     # ------------------------------------------------------------ snapshots
     def snapshot(self) -> str:

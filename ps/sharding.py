@@ -6,13 +6,15 @@ every worker agrees without talking to anybody, and servers never need the
 net: they hold whatever blob ids the workers register with them.
 
 Two rules.  Without overlap every shard is pushed at the end of backward, so
-only the balance matters: :func:`assign_shards` (greedy LPT).  With overlap a
-shard is pushed as soon as its last blob's gradient is final, so a shard
-should hold blobs that backward finishes together: :func:`assign_shards_in_order`
-cuts the backward order into contiguous runs of about equal bytes, and the
-first shard leaves while most of backward is still to run.  The two rules place
-blobs differently: servers restored from a snapshot must be joined by workers
-with the same overlap setting (the join says so).
+only the balance matters: :func:`assign_shards` (greedy LPT), one message per
+shard.  With overlap the unit is a *bucket*: a run of the backward order of at
+most a few MiB (:func:`ps.overlap.make_buckets`), pushed as soon as backward has
+finished it, updated by its shard as soon as every worker has pushed it, and
+sent back at once (ps/server.py).  :func:`assign_buckets` deals the buckets to
+the shards in backward order, each to the least loaded, so every shard's link
+carries traffic from the top of backward on.  The two rules place blobs
+differently: servers restored from a snapshot must be joined by workers with
+the same overlap setting and bucket size (the join says so).
 """
 from __future__ import annotations
 
@@ -45,26 +47,28 @@ def shard_bytes(nbytes: list[int], shards: list[list[int]]) -> list[int]:
     return [sum(nbytes[i] for i in ids) for ids in shards]
 
 
-def assign_shards_in_order(nbytes: list[int], num_shards: int, order: list[int]) -> list[list[int]]:
-    """Blob ids per shard as contiguous runs of ``order`` (the order backward
-    finishes them, :func:`ps.overlap.backward_order`), of about equal bytes.
-
-    Blob ``i`` goes to the shard whose equal share of the bytes,
-    ``[s T / S, (s + 1) T / S)`` of the running total T, holds the middle of
-    the blob: so each shard is within one blob of T / S, and a blob larger than
-    a share may leave a neighbour empty (an empty shard still takes part, as
-    with :func:`assign_shards`).  Ids within a shard are sorted.
-    """
+def bucket_cap(nbytes: list[int], num_shards: int, cap_bytes: int) -> int:
+    """The bucket size for ``num_shards`` shards: ``cap_bytes``, but at most an equal
+    share of the bytes, so that a net smaller than S buckets still spreads over the shards."""
     if num_shards < 1:
         raise ValueError(f"need at least one shard, got {num_shards}")
-    if sorted(order) != list(range(len(nbytes))):
-        raise ValueError(f"order must list every blob id 0..{len(nbytes) - 1} once, got {order}")
-    total = sum(nbytes)
-    shards: list[list[int]] = [[] for _ in range(num_shards)]
-    before = 0
-    for i in order:
-        middle = before + nbytes[i] / 2
-        s = min(num_shards - 1, int(middle * num_shards / total)) if total else 0
-        shards[s].append(i)
-        before += nbytes[i]
-    return [sorted(ids) for ids in shards]
+    if cap_bytes <= 0:
+        raise ValueError(f"bucket size must be positive, got {cap_bytes} bytes")
+    share = -(-sum(nbytes) // num_shards)
+    return max(1, min(cap_bytes, share))
+
+
+def assign_buckets(bucket_nbytes: list[int], num_shards: int) -> list[int]:
+    """The shard of each bucket: in bucket order (the order backward finishes them), each
+    bucket goes to the shard holding the fewest bytes so far (ties: lower shard).  Buckets
+    of equal size go round the shards, so each shard's traffic starts with the first
+    buckets; a shard may stay empty when there are fewer buckets than shards."""
+    if num_shards < 1:
+        raise ValueError(f"need at least one shard, got {num_shards}")
+    load = [0] * num_shards
+    out = []
+    for nbytes in bucket_nbytes:
+        s = min(range(num_shards), key=lambda s: (load[s], s))
+        out.append(s)
+        load[s] += nbytes
+    return out

@@ -127,9 +127,14 @@ class ShardSolver(Solver):
         """``fn(i, q)`` for every parameter, on the shard's thread pool when it has one (each
         call touches its own parameter and history only, so the results are bit for bit the
         sequential loop's)."""
-        if self._pool is None:
-            return super().for_each_param(params, fn)
-        for f in [self._pool.submit(fn, i, q) for i, q in enumerate(params)]:
+        self._each(list(enumerate(params)), fn)
+
+    def _each(self, items, fn):
+        if self._pool is None or len(items) < 2:
+            for i, q in items:
+                fn(i, q)
+            return
+        for f in [self._pool.submit(fn, i, q) for i, q in items]:
             f.result()                          # in order: the first failure is raised
 
     def close(self):
@@ -150,6 +155,30 @@ class ShardSolver(Solver):
         """Apply the update for ``self.iter`` (the blobs' diffs hold the averaged
         gradient) and move to the next iteration."""
         self.apply_update(display)
+        self.iter += 1
+
+    # A round by buckets: begin_round, update_bucket for each bucket as soon as its
+    # gradients are summed (in any order), end_round.  Each parameter gets exactly
+    # apply_update's arithmetic, so the result is bit for bit :meth:`update`'s.
+    def begin_round(self, display: bool = False) -> float:
+        """The learning rate of ``self.iter`` (one call per round: it keeps the multistep
+        bookkeeping); refuses what needs every gradient at once (clipping)."""
+        p = self.param
+        if p.HasField("clip_gradients") and p.clip_gradients >= 0:
+            raise ValueError("clip_gradients needs the norm over every parameter of the shard "
+                             "at once: it cannot be applied bucket by bucket")
+        rate = self.get_learning_rate()
+        if display:
+            self._log(f"Iteration {self.iter}, lr = {rate:.6g}")
+        return rate
+
+    def update_bucket(self, positions, rate: float):
+        """Update the blobs at ``positions`` (indices into :attr:`blobs`) at ``rate``."""
+        reg = self._regularization()
+        self._each([(i, self.blobs[i]) for i in positions],
+                   lambda i, q: self.update_param(i, q, rate, reg))
+
+    def end_round(self):
         self.iter += 1
 
     # ------------------------------------------------------- shard state

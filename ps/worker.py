@@ -21,28 +21,34 @@ iteration).
 
 Overlap (on by default; ``--no-overlap``, ``PSConfig.overlap``,
 ``MINICAFFE_PS_OVERLAP=0`` turn it off).  Without it every shard is pushed
-after backward.  With it (:mod:`ps.overlap`) the blobs are sharded in the
-order backward finishes them (:func:`ps.sharding.assign_shards_in_order`), and
-each shard is pushed as soon as its last gradient is final, while backward
-goes on with the layers below::
+after backward, in one message, and answered in one.  With it (:mod:`ps.overlap`)
+the blobs are cut, in the order backward finishes them, into buckets of at most
+``--bucket-mb`` (default 8 MiB), dealt round the shards
+(:func:`ps.sharding.assign_buckets`).  Each bucket is pushed as soon as its last
+gradient is final, and its shard answers it as soon as every worker has pushed
+it, while backward goes on with the layers below::
 
-    backward  [layer L ... layer j][layer j-1 ... layer 0]            update
-    shard 0                       ^ ready: (GPU) the copy stream waits on the
-                                    compute event, copies the shard's diffs to
+    backward  [layer L ... layer j][layer j-1 ... layer i][layer i-1 ... 0]   update
+    bucket 0                      ^ ready: (GPU) the copy stream waits on the
+                                    compute event, copies the bucket's diffs to
                                     pinned memory; send when the copy is done
-    shard 1                                              ^ ready ...
-                                                                     flush, collect PARAMS
+    bucket 0's PARAMS                           ^ taken between layers: its blobs'
+                                                  backward is over
+    bucket 1                                             ^ ready ...
+                                                                 flush, take the rest
 
-Sends happen on the main thread, between layers (``between_layers``): a
-send hands zero-copy frames to ZeroMQ's I/O thread and returns, an emulated
-link's push is queued until its due time instead of sleeping, and a copy that
-is not done yet is only checked (``event.done``), never waited for, so the
-backward never blocks on the network or a copy.  The update pushes what is
-left (waiting on the copies then), and collects every shard's PARAMS as
-before.  Messages, their order per shard, the servers' arithmetic (sum in
-rank order, 1/W) and the BSP rounds are those of the path without overlap,
-so the parameters are identical bit for bit; only the blobs' placement on
-the shards differs.
+Sends and receives happen on the main thread, between layers
+(``between_layers``): a send hands zero-copy frames to ZeroMQ's I/O thread and
+returns, an emulated link's push is queued until its due time instead of
+sleeping, a copy that is not done yet is only checked (``event.done``), never
+waited for, and the answers that have arrived are taken without waiting (GPU:
+copied up on a parameter stream, which the compute stream waits for at the
+update).  So the backward never blocks on the network or a copy.  The update
+pushes what is left (waiting on the copies then) and takes the answers still
+missing.  The servers' arithmetic (sum in rank order, 1/W, the update of each
+blob) and the BSP rounds are those of the path without overlap, so the
+parameters are identical bit for bit; only the blobs' placement on the shards
+differs.
 
 Timing (AccUDNN eq. (3), ``t_whole = E m / k [t_iter(k) + Delta]``): the
 worker measures per iteration ``compute`` (from the end of one
@@ -69,9 +75,10 @@ from minicaffe.log import log
 from minicaffe.proto import caffe_pb2
 
 from . import protocol as P
-from .overlap import GradientOverlap, backward_order, overlap_default
+from .overlap import (DEFAULT_PS_BUCKET_MB, GradientOverlap, backward_order, make_buckets,
+                      overlap_default)
 from .protocol import Op, ProtocolError
-from .sharding import assign_shards, assign_shards_in_order, shard_bytes
+from .sharding import assign_buckets, assign_shards, bucket_cap, shard_bytes
 from .transport import LinkModel, SendFailed, context, dealer, poll_until
 
 
@@ -103,6 +110,7 @@ class PSConfig:
     max_frame_bytes: int = P.DEFAULT_MAX_FRAME_BYTES
     stats_path: str | None = None
     overlap: bool = field(default_factory=overlap_default)
+    bucket_mb: float | None = None    # with overlap: MiB per bucket (DEFAULT_PS_BUCKET_MB)
 
     def validate(self):
         if self.world_size < 1:
@@ -113,6 +121,8 @@ class PSConfig:
             raise ValueError(f"timeout must be positive, got {self.timeout}")
         if not self.endpoints:
             raise ValueError("--ps needs at least one endpoint (tcp://host:port)")
+        if self.bucket_mb is not None and self.bucket_mb <= 0:
+            raise ValueError(f"--bucket-mb must be positive, got {self.bucket_mb}")
 
     @property
     def grace(self) -> float:
@@ -140,11 +150,14 @@ class ParameterClient:
     whatever order they come, so the shards' transfers and updates overlap.
     """
 
-    def __init__(self, config: PSConfig, shards: list):
+    def __init__(self, config: PSConfig, shards: list, buckets: list | None = None):
         import zmq
         self._zmq = zmq
         self.config = config
         self.shards = shards          # blob ids per shard
+        # per shard, its buckets (sorted blob ids each); default: one bucket, the shard
+        self.buckets = [[list(ids)] for ids in shards] if buckets is None else buckets
+        self._expect([], None)
         self.link = LinkModel(config.link_gbps, config.link_latency_ms)
         self.ctx = context(len(shards))
         self.socks = []
@@ -225,64 +238,85 @@ class ParameterClient:
                                                "client's key in the server's authorized/ folder, "
                                                "and is server.key the server's?)", True)
 
-    def _waiting_note(self, waiting, exclude) -> str:
-        rest = sorted(set(waiting) - {exclude})
+    def _waiting_note(self, exclude) -> str:
+        rest = sorted(s for s, keys in self._waiting.items() if keys and s != exclude)
         if not rest:
             return ""
         return "; still waiting for " + ", ".join(self.name(s) for s in rest)
 
-    def _collect(self, iteration: int, expect_iteration, timeout: float, on_params):
-        """Wait for PARAMS from every shard; returns (bytes received, iteration)."""
-        waiting = set(range(len(self.socks)))
-        deadline = time.monotonic() + timeout
-        received = 0
-        got_iter = None
-        while waiting:
-            events = poll_until(self.poller, deadline)
+    def _expect(self, keys_by_shard, expect_iteration, round_of=None):
+        """From now on, PARAMS messages carrying exactly the blobs of one of
+        ``keys_by_shard[s]`` (tuples of blob ids) are due from shard s, each once, all
+        of iteration ``expect_iteration`` (None: whatever the servers are at, all alike)."""
+        self._waiting = {s: set(keys) for s, keys in enumerate(keys_by_shard)}
+        self._expect_iter = expect_iteration
+        self._got_iter = None
+        self._pulled = 0
+        self._round = round_of
+
+    def _receive(self, iteration: int, on_params, deadline: float | None):
+        """Take the due PARAMS messages: all of them before ``deadline``
+        (time.monotonic(); PSError when it passes first), or with ``deadline`` None
+        only those that have arrived already (never waits).  ``on_params(blob id,
+        array)`` gets every blob."""
+        while any(self._waiting.values()):
+            if deadline is None:
+                events = self.poller.poll(0)
+                if not events:
+                    return
+            else:
+                events = poll_until(self.poller, deadline)
             now = time.monotonic()
-            if not events and now >= deadline:
-                names = ", ".join(self.name(s) for s in sorted(waiting))
+            if not events and deadline is not None and now >= deadline:
+                names = ", ".join(self.name(s) for s, k in sorted(self._waiting.items()) if k)
                 raise PSError(f"iteration {iteration}: no answer from {names} within "
-                              f"{timeout:g} s (server down, stopped or unreachable)")
+                              f"{self._timeout:g} s (server down, stopped or unreachable)")
             for sock, _ in events:
                 if sock in self.monitor_index:
                     self._on_monitor_event(sock)
-                    continue
-                s = self.index[sock]
-                frames = sock.recv_multipart(copy=False)
-                try:
-                    msg = P.decode(frames, self.config.max_frame_bytes)
-                except ProtocolError as e:
-                    raise PSError(f"{self.name(s)} sent a malformed answer: {e}") from None
-                if msg.op == Op.ABORT:
-                    raise PSError(f"{self.name(s)} aborted: {msg.text()}"
-                                  + self._waiting_note(waiting, s))
-                if msg.op == Op.ERROR:
-                    raise PSError(f"{self.name(s)} rejected rank {self.config.rank}'s message: "
-                                  f"{msg.text()}")
-                if msg.op != Op.PARAMS or s not in waiting or (
-                        expect_iteration is not None and msg.iteration != expect_iteration):
-                    awaited = "the join" if expect_iteration is None else expect_iteration
-                    raise PSError(f"{self.name(s)}: unexpected {msg.op.name} for iteration "
-                                  f"{msg.iteration} while waiting for PARAMS of {awaited}")
-                if got_iter is not None and msg.iteration != got_iter:
-                    raise PSError(f"{self.name(s)} is at iteration {msg.iteration}, other shards "
-                                  f"at {got_iter}: restart the servers from one snapshot iteration")
-                got_iter = msg.iteration
-                ids = [p.blob_id for p in msg.payloads if p.blob_id >= 0]
-                if ids != self.shards[s]:
-                    raise PSError(f"{self.name(s)} answered blobs {ids}, expected "
-                                  f"{self.shards[s]} (servers listed in another order?)")
-                for p in msg.payloads:
-                    if p.blob_id >= 0:
-                        on_params(p.blob_id, p.array)
-                received += P.frames_nbytes(frames)   # on the wire, headers included
-                waiting.discard(s)
-            for s in sorted(waiting):
+                else:
+                    self._take(self.index[sock], sock, on_params)
+            for s in sorted(s for s, keys in self._waiting.items() if keys):
                 lost = self._lost.get(s)
                 if lost is not None and now - lost[0] >= self.LOST_GRACE_S:
                     raise PSError(f"iteration {iteration}: {self.name(s)} {lost[1]}")
-        return received, got_iter
+
+    def _take(self, s, sock, on_params):
+        """One message from shard s, which must be a due PARAMS."""
+        frames = sock.recv_multipart(copy=False)
+        try:
+            msg = P.decode(frames, self.config.max_frame_bytes)
+        except ProtocolError as e:
+            raise PSError(f"{self.name(s)} sent a malformed answer: {e}") from None
+        if msg.op == Op.ABORT:
+            raise PSError(f"{self.name(s)} aborted: {msg.text()}" + self._waiting_note(s))
+        if msg.op == Op.ERROR:
+            raise PSError(f"{self.name(s)} rejected rank {self.config.rank}'s message: "
+                          f"{msg.text()}")
+        due = self._waiting.get(s)
+        if msg.op != Op.PARAMS or not due or (
+                self._expect_iter is not None and msg.iteration != self._expect_iter):
+            awaited = "the join" if self._expect_iter is None else self._expect_iter
+            raise PSError(f"{self.name(s)}: unexpected {msg.op.name} for iteration "
+                          f"{msg.iteration} while waiting for PARAMS of {awaited}")
+        if self._got_iter is not None and msg.iteration != self._got_iter:
+            raise PSError(f"{self.name(s)} is at iteration {msg.iteration}, other shards "
+                          f"at {self._got_iter}: restart the servers from one snapshot iteration")
+        self._got_iter = msg.iteration
+        ids = tuple(p.blob_id for p in msg.payloads if p.blob_id >= 0)
+        if ids not in due:
+            expected = " or ".join(str(list(k)) for k in sorted(due))
+            raise PSError(f"{self.name(s)} answered blobs {list(ids)}, expected {expected} "
+                          "(servers listed in another order?)")
+        due.discard(ids)
+        for p in msg.payloads:
+            if p.blob_id >= 0:
+                on_params(p.blob_id, p.array)
+        self._pulled += P.frames_nbytes(frames)   # on the wire, headers included
+
+    @property
+    def _timeout(self) -> float:
+        return self.config.timeout + self.config.grace
 
     def join(self, iteration, solver_bytes: bytes, values, specs, on_params) -> int:
         """Register with every shard; returns the iteration the servers are at.
@@ -294,14 +328,23 @@ class ParameterClient:
 
         def payloads(s):
             out = [solver_pl]
+            if len(self.buckets[s]) > 1:   # one bucket (the whole shard) needs no table
+                bucket = {i: b for b, ids in enumerate(self.buckets[s]) for i in ids}
+                out.append((-2, np.array([bucket[i] for i in self.shards[s]], dtype=np.int64)))
             for i in self.shards[s]:
                 out.append((i, values[i]))
                 out.append((i, np.asarray(specs[i], dtype=np.float64)))
             return out
 
+        self._expect([[tuple(ids)] for ids in self.shards], None)
         self._send(Op.INIT, iteration, ((s, payloads(s)) for s in range(len(self.socks))))
-        _, at = self._collect(iteration, None, self.config.timeout + self.config.grace, on_params)
-        return at
+        self._receive(iteration, on_params, time.monotonic() + self._timeout)
+        return self._got_iter
+
+    def _expect_round(self, iteration: int):
+        if self._round != iteration:
+            self._expect([[tuple(b) for b in bs] for bs in self.buckets], iteration + 1,
+                         round_of=iteration)
 
     def push_pull(self, iteration: int, grads_of_shard, on_params) -> tuple:
         """PUSH(iteration) to every shard, then PARAMS(iteration + 1) from each.
@@ -309,20 +352,21 @@ class ParameterClient:
         grads_of_shard(s) -> [(blob id, host array)] is called just before
         shard s's message is sent, so that preparing one shard's gradients
         (a device-to-host copy) overlaps the transfer of the previous one.
-        Returns (bytes pushed, bytes pulled).
+        Without overlap a shard is one bucket.  Returns (bytes pushed, bytes pulled).
         """
+        self._expect_round(iteration)
         sent = self._send(Op.PUSH, iteration,
                           ((s, grads_of_shard(s)) for s in range(len(self.socks))))
-        got, _ = self._collect(iteration, iteration + 1, self.config.timeout + self.config.grace,
-                               on_params)
-        return sent, got
+        self._receive(iteration, on_params, time.monotonic() + self._timeout)
+        return sent, self._pulled
 
-    # Overlap: one shard's push at a time, during backward; the pull at the update.
+    # Overlap: one bucket's push at a time, during backward; PARAMS taken as they come.
     def push(self, iteration: int, s: int, payloads) -> int:
-        """PUSH(iteration) of shard ``s``'s gradients, without waiting: sent now
-        (ZeroMQ's I/O thread moves the zero-copy frames), or with an emulated
-        link queued until the link delivers it (:meth:`send_due`).  Returns the
-        bytes pushed."""
+        """PUSH(iteration) of one bucket of shard ``s`` (its gradients), without
+        waiting: sent now (ZeroMQ's I/O thread moves the zero-copy frames), or with
+        an emulated link queued until the link delivers it (:meth:`send_due`).
+        Returns the bytes pushed."""
+        self._expect_round(iteration)
         frames = P.encode(Op.PUSH, iteration, self.config.rank, s, payloads)
         nbytes = P.frames_nbytes(frames)
         if self.link.enabled:
@@ -345,13 +389,18 @@ class ParameterClient:
             _, s, frames = self._due.pop(0)
             self._send_one(s, frames)
 
+    def receive_ready(self, iteration: int, on_params):
+        """The PARAMS(iteration + 1) buckets that have arrived already (never waits)."""
+        if self._round == iteration:
+            self._receive(iteration, on_params, None)
+
     def pull(self, iteration: int, on_params) -> int:
-        """Once every shard has its PUSH(iteration): PARAMS(iteration + 1) from
-        each, exactly as :meth:`push_pull` collects them; returns bytes pulled."""
+        """Once every bucket has been pushed: the PARAMS(iteration + 1) buckets not
+        taken yet, from every shard; returns the bytes pulled in this round."""
+        self._expect_round(iteration)
         self.send_due(wait=True)
-        got, _ = self._collect(iteration, iteration + 1, self.config.timeout + self.config.grace,
-                               on_params)
-        return got
+        self._receive(iteration, on_params, time.monotonic() + self._timeout)
+        return self._pulled
 
     def abort(self, iteration: int, reason: str):
         """Tell every shard this worker gives up (best effort, never raises)."""
@@ -646,9 +695,22 @@ class PSWorker(DataParallel):
         self.params = solver.net.learnable_params
         nbytes = [q.nbytes for q in self.params]
         if config.overlap:
-            self.shards = assign_shards_in_order(nbytes, S, backward_order(solver.net))
+            mb = DEFAULT_PS_BUCKET_MB if config.bucket_mb is None else config.bucket_mb
+            cap = bucket_cap(nbytes, S, max(1, int(mb * (1 << 20))))
+            if p.HasField("clip_gradients") and p.clip_gradients >= 0:
+                cap = max(1, sum(nbytes))   # (one shard) clipping needs every gradient at once
+            buckets = make_buckets(nbytes, backward_order(solver.net), cap)
+            home = assign_buckets([sum(nbytes[i] for i in b) for b in buckets], S)
+            for s in sorted(set(range(S)) - set(home)):   # an empty shard: an empty bucket
+                buckets.append([])
+                home.append(s)
+            # (shard, blob ids) per bucket, in the order backward finishes them
+            self.buckets = list(zip(home, buckets))
+            self.shards = [sorted(i for h, b in self.buckets if h == s for i in b)
+                           for s in range(S)]
         else:
             self.shards = assign_shards(nbytes, S)
+            self.buckets = list(enumerate(self.shards))
         # The history lives on the shards: free the solver's copy.
         solver.rule = _NoLocalHistory()
         solver.history = []
@@ -660,14 +722,21 @@ class PSWorker(DataParallel):
             if self._on_gpu:
                 import cupy
                 self._copy_stream = cupy.cuda.Stream(non_blocking=True)
-                self._copy_done = [cupy.cuda.Event(disable_timing=True) for _ in self.shards]
-            self._overlap_on(self.shards, self._shard_ready, self._push_ready)
+                self._copy_done = [cupy.cuda.Event(disable_timing=True) for _ in self.buckets]
+            self._overlap_on([b for _, b in self.buckets], self._bucket_ready, self._push_ready)
+        if self._on_gpu:
+            import cupy
+            # new parameters go up on their own stream; the compute stream waits for them
+            # at the end of the round (:meth:`_params_landed`)
+            self._param_stream = cupy.cuda.Stream(non_blocking=True)
+            self._param_done = cupy.cuda.Event(disable_timing=True)
         loads = shard_bytes(nbytes, self.shards)
         self._log(f"rank {config.rank} of {config.world_size}; {S} shard(s): "
                   + ", ".join(f"{ep} holds {len(ids)} blob(s), {b:,} bytes"
                               for ep, ids, b in zip(config.endpoints, self.shards, loads))
-                  + ("; overlap: blobs sharded in backward order, each shard pushed once "
-                     "backward has finished it" if config.overlap else "; overlap off")
+                  + (f"; overlap: {len(self.buckets)} bucket(s) of at most {cap:,} bytes in "
+                     "backward order, each pushed once backward has finished it"
+                     if config.overlap else "; overlap off")
                   + (f"; data layers sliced by rank: {', '.join(self.slicer.layers)}"
                      if self.slicer and self.slicer.layers else ""))
 
@@ -687,16 +756,30 @@ class PSWorker(DataParallel):
         return self._staging[i]
 
     def _set_param(self, i, array):
+        """Blob i's new values.  During backward (overlap) only blobs whose backward is over
+        arrive: a bucket comes back after this worker pushed it, which was after the
+        layers that read the blobs had run (GPU: after the copy that waited on their
+        event)."""
         q = self.params[i]
-        if self._on_gpu:
-            q.data.set(np.ascontiguousarray(array).reshape(q.shape))   # host -> device
+        if self._on_gpu:   # host -> device on the parameter stream
+            q.data.set(np.ascontiguousarray(array).reshape(q.shape), stream=self._param_stream)
         else:
             np.copyto(q.data, array.reshape(q.shape))
+
+    def _params_landed(self):
+        """The compute stream waits for the parameters set so far (GPU)."""
+        if self._on_gpu:
+            import cupy
+            self._param_done.record(self._param_stream)
+            cupy.cuda.get_current_stream().wait_event(self._param_done)
 
     def _join(self):
         c = self.config
         s = self.solver
-        self.client = ParameterClient(c, self.shards)
+        per_shard = [[] for _ in self.shards]
+        for h, b in self.buckets:
+            per_shard[h].append(sorted(b))
+        self.client = ParameterClient(c, self.shards, per_shard)
         sp = caffe_pb2.SolverParameter()
         sp.CopyFrom(s.param)
         for f in ("net_param", "train_net_param", "test_net_param"):
@@ -706,6 +789,7 @@ class PSWorker(DataParallel):
         specs = list(zip(s.net.param_lr_mult, s.net.param_decay_mult))
         t0 = time.perf_counter()
         at = self.client.join(s.iter, sp.SerializeToString(), values, specs, self._set_param)
+        self._params_landed()
         if at != s.iter:  # the servers check this; a mismatch here is a server bug
             raise PSError(f"the servers are at iteration {at}, this worker at {s.iter}")
         self._log(f"joined {len(c.endpoints)} shard(s) at iteration {at} in "
@@ -714,19 +798,22 @@ class PSWorker(DataParallel):
     def _synchronize(self, display):
         s = self.solver
         if self.overlap is None:
-            return self.client.push_pull(
+            out = self.client.push_pull(
                 s.iter, lambda sh: [(i, self._host_grad(i)) for i in self.shards[sh]],
                 self._set_param)
-        self.overlap.flush()              # shards backward did not finish (none, normally)
+            self._params_landed()
+            return out
+        self.overlap.flush()              # buckets backward did not finish (none, normally)
         self._push_ready(wait=True)
         pulled = self.client.pull(s.iter, self._set_param)
+        self._params_landed()
         pushed, self._pushed = self._pushed, 0
         self.overlap.reset()
         return pushed, pulled
 
     # ------------------------------------------------------------ overlap
-    def _shard_ready(self, s, event):
-        """Every gradient of shard ``s`` is final (called in backward, or by the
+    def _bucket_ready(self, g, event):
+        """Every gradient of bucket ``g`` is final (called in backward, or by the
         update's flush).  GPU: the copy stream waits on ``event`` (recorded on
         the compute stream after the kernels that wrote them) and copies the
         diffs to the pinned staging buffers; nothing waits on the host."""
@@ -734,27 +821,32 @@ class PSWorker(DataParallel):
         if self._staging is not None:
             side = self._copy_stream
             side.wait_event(event)
-            for i in self.shards[s]:
+            for i in self.buckets[g][1]:
                 self.params[i].diff.get(stream=side, out=self._staging[i], blocking=False)
-            done = self._copy_done[s]
+            done = self._copy_done[g]
             done.record(side)
-        self._ready.append((s, done))
+        self._ready.append((g, done))
 
     def _push_ready(self, wait: bool = False):
-        """Push the ready shards whose gradients are on the host, in the order
+        """Push the ready buckets whose gradients are on the host, in the order
         they became ready; between layers a copy still running is only checked
-        (``wait``: at the update, waited for)."""
+        (``wait``: at the update, waited for), and the buckets' new parameters
+        that have come back are taken."""
+        t = self.solver.iter
         while self._ready:
-            s, done = self._ready[0]
+            g, done = self._ready[0]
             if done is not None and not done.done:
                 if not wait:
                     break
-                done.synchronize()     # a sync point: shard s's device-to-host copies
+                done.synchronize()     # a sync point: bucket g's device-to-host copies
             self._ready.popleft()
+            s, ids = self.buckets[g]
             grads = [(i, self._host_grad(i) if done is None else self._staging[i])
-                     for i in self.shards[s]]
-            self._pushed += self.client.push(self.solver.iter, s, grads)
+                     for i in sorted(ids)]
+            self._pushed += self.client.push(t, s, grads)
         self.client.send_due(wait=wait)
+        if not wait:
+            self.client.receive_ready(t, self._set_param)
 
     def _abort(self, reason):
         if self.client is not None:

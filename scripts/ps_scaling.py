@@ -123,8 +123,8 @@ def parse_args(argv=None):
                     help="on (communication overlaps backward, the workers' default) and/or off "
                          "(after backward: --no-overlap); default on")
     ap.add_argument("--bucket-mb", type=float, default=None,
-                    help="--comm nccl with overlap: the workers' largest all-reduce bucket (MiB; "
-                         "default theirs, 25)")
+                    help="with overlap: the workers' largest bucket (MiB; default theirs: an "
+                         "NCCL all-reduce 25, a parameter-server push 8)")
     ap.add_argument("--link-gbps", type=float, default=10.0, help="emulated bandwidth (Gb/s)")
     ap.add_argument("--link-latency-ms", type=float, default=0.1, help="emulated latency (ms)")
     ap.add_argument("--shards", default="W",
@@ -479,7 +479,7 @@ def worker_cmd(cfg: Config, args, rank, solver, ps_arg, run_dir) -> list:
            *link_args(cfg, args), *cfg.swap]
     if cfg.overlap == "off":
         cmd.append("--no-overlap")
-    elif cfg.comm == "nccl" and args.bucket_mb:
+    elif args.bucket_mb:
         cmd += ["--bucket-mb", str(args.bucket_mb)]
     if args.engine:
         cmd += ["--engine", args.engine]

@@ -76,6 +76,27 @@ def test_w_workers_at_batch_k_equal_one_worker_at_batch_wk(procs, tmp_path, worl
     assert all(not np.allclose(a, 0) for a in got)
 
 
+def test_gradient_clipping_on_one_shard_matches_one_worker(procs, tmp_path):
+    """Clipping needs the norm of every gradient: with overlap and a bucket size that would
+    cut the shard, the workers still send it whole, and training follows the solver."""
+    ref_path = write_solver(tmp_path, "cref", INPUT_NET, k=8)
+    with open(ref_path, "a") as f:
+        f.write("clip_gradients: 0.05\n")
+    ref = reference_params(ref_path)
+    solver = write_solver(tmp_path, "clip", INPUT_NET, k=4)
+    with open(solver, "a") as f:
+        f.write("clip_gradients: 0.05\n")
+    srv = procs.server(0, 2, name="clip_shard0")
+    workers = [procs.worker_api(f"clip_w{r}", solver, [srv.endpoint], r, 2,
+                                tmp_path / f"clip_w{r}.npz", 10.0, extra=["--bucket-mb", "1e-6"])
+               for r in range(2)]
+    assert procs.wait_all(workers + [srv], 60) == [0, 0, 0], logs(*workers, srv)
+    assert "overlap: 1 bucket(s)" in workers[0].log()
+    got = np.load(tmp_path / "clip_w0.npz")
+    for i, b in enumerate(ref):
+        np.testing.assert_allclose(got[f"arr_{i}"], b, rtol=1e-5, atol=1e-7)
+
+
 def test_restart_from_snapshot_continues_the_same_trajectory(procs, tmp_path):
     full, _, _ = run_ps(procs, tmp_path, "run", 4, 2, 2, max_iter=10, snapshot=5)
     snap = tmp_path / "snap"

@@ -9,6 +9,8 @@ overlap give the parameters of one worker at batch W x k, bit for bit those of
 the path without overlap, and the first shard leaves before backward ends.
 """
 
+import time
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,7 @@ from minicaffe.proto import caffe_pb2, parse_text
 from minicaffe.solver import Solver
 from ps.overlap import (GradientOverlap, backward_layers, backward_order, final_layers,
                         make_buckets, overlap_default, ready_after)
-from ps.sharding import assign_shards_in_order
+from ps.sharding import assign_buckets, bucket_cap
 
 # frozen (ip0: lr_mult 0, nothing below needs backward: it never runs backward), a conv unit
 # with BatchNorm and Scale in place, a split (ip1's top is read twice), and ip2/ip3 sharing
@@ -115,16 +117,21 @@ def test_buckets_are_runs_of_the_backward_order_under_the_cap():
         make_buckets(nbytes, order, 0)
 
 
-def test_ordered_shards_are_contiguous_runs_of_about_equal_bytes():
-    nbytes = [10, 10, 10, 10, 10, 10, 10, 10]
-    assert assign_shards_in_order(nbytes, 4, list(range(7, -1, -1))) == \
-        [[6, 7], [4, 5], [2, 3], [0, 1]]
-    # a blob larger than a share: its neighbours' shares may stay empty
-    assert assign_shards_in_order([10, 100, 10], 3, [2, 1, 0]) == [[2], [1], [0]]
-    assert assign_shards_in_order([1, 1], 3, [0, 1]) == [[0], [], [1]]
-    assert assign_shards_in_order([0, 0], 2, [1, 0]) == [[0, 1], []]
-    with pytest.raises(ValueError, match="every blob id"):
-        assign_shards_in_order([1, 1], 2, [0, 0])
+def test_buckets_go_round_the_shards_by_load():
+    # equal buckets: round robin; a big one makes its shard wait for the others to catch up
+    assert assign_buckets([8, 8, 8, 8, 8], 3) == [0, 1, 2, 0, 1]
+    assert assign_buckets([30, 8, 8, 8, 8, 8], 2) == [0, 1, 1, 1, 1, 0]
+    assert assign_buckets([5], 3) == [0]                  # shards 1 and 2 stay empty
+    with pytest.raises(ValueError, match="at least one shard"):
+        assign_buckets([1], 0)
+
+
+def test_the_bucket_cap_is_at_most_an_equal_share_of_the_bytes():
+    assert bucket_cap([100] * 10, 4, 1 << 20) == 250      # small net: a share per shard
+    assert bucket_cap([100] * 10, 1, 64) == 64
+    assert bucket_cap([0, 0], 2, 64) == 1
+    with pytest.raises(ValueError, match="positive"):
+        bucket_cap([1], 1, 0)
 
 
 def test_overlap_default_follows_the_environment():
@@ -260,14 +267,19 @@ def _reference(tmp_path, k, iter_size=1, max_iter=8):
     return [np.array(q.data) for q in solver.net.learnable_params]
 
 
-@pytest.mark.parametrize("world_size, k, shards, iter_size",
-                         [(2, 4, 2, 1), (4, 2, 3, 2), (3, 2, 4, 1)])
+# (2, 4, 1, 1, 1 byte): one shard, each blob a bucket: four PUSH/PARAMS per round, answered
+# as each bucket is complete; (4, 2, 3, 2, ...): two buckets on one shard, with iter_size.
+@pytest.mark.parametrize("world_size, k, shards, iter_size, bucket_mb",
+                         [(2, 4, 2, 1, None), (4, 2, 3, 2, 1e-6), (3, 2, 4, 1, None),
+                          (2, 4, 1, 1, 1e-6)])
 def test_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path, world_size, k,
-                                                             shards, iter_size):
-    on, w_on = _run(procs, tmp_path, "on", k, world_size, shards, iter_size=iter_size)
+                                                             shards, iter_size, bucket_mb):
+    buckets = ["--bucket-mb", str(bucket_mb)] if bucket_mb else []
+    on, w_on = _run(procs, tmp_path, "on", k, world_size, shards, buckets, iter_size=iter_size)
     off, w_off = _run(procs, tmp_path, "off", k, world_size, shards, ["--no-overlap"],
                       iter_size=iter_size)
-    assert "overlap: blobs sharded in backward order" in w_on[0].log()
+    want = 4 if bucket_mb else shards
+    assert f"overlap: {want} bucket(s) of at most" in w_on[0].log()
     assert "overlap off" in w_off[0].log()
     for r in range(world_size):                # every rank, bit for bit
         for a, b in zip(on[r], off[r]):
@@ -329,3 +341,55 @@ def test_the_first_shard_leaves_before_backward_ends(procs, tmp_path):
     # queue (sent at the update), backward never slept on them
     sends = [e for e in events if e[0] == "send"]
     assert len(sends) == 6 and all(e[2][-1] == bwd[-1] for e in sends), events
+
+
+def test_a_bucket_comes_back_while_backward_goes_on(procs, tmp_path):
+    """One worker, one shard, each blob a bucket: the server answers ip2's buckets as soon
+    as they are pushed, and the worker takes their new values between later backward
+    layers, before ip1's backward has run; the round ends with every blob set once."""
+    from ps.worker import PSConfig, PSWorker
+    solver_path = write_solver(tmp_path, "back", INPUT_NET, k=4, max_iter=3)
+    server = procs.server(0, 1, name="back_shard0")
+    solver = Solver(solver_path, verbose=False)
+
+    def feed(s, rank, world_size):
+        data, target = hook_batch(s.iter, 4)
+        s.net.blobs["data"].data[...] = data
+        s.net.blobs["target"].data[...] = target
+
+    cfg = PSConfig(endpoints=[server.endpoint], timeout=10.0, overlap=True, bucket_mb=1e-6)
+    worker = PSWorker(solver, cfg, data_hook=feed)
+    net = solver.net
+    layers, sets = [], None
+    hook = net.backward_listener
+    relu = net.layer_index("relu")
+
+    def listener(li):
+        layers.append(li)
+        if li == relu and sets is not None:
+            # ip2's buckets were pushed after ip2's backward: wait (without taking it) until
+            # the server's first answer is readable, so that the worker's own poll after
+            # this layer finds it
+            assert worker.client.socks[0].poll(timeout=5000)
+            time.sleep(0.2)
+        hook(li)
+
+    net.backward_listener = listener
+    try:
+        worker.step(1)            # joins
+        set_param = worker._set_param
+
+        def spy_set(i, array):
+            sets.append((i, list(layers)))
+            return set_param(i, array)
+
+        worker._set_param = spy_set
+        layers.clear()
+        sets = []
+        worker.step(1)
+    finally:
+        worker.close()
+    assert len(worker.buckets) == 4
+    assert sorted(i for i, _ in sets) == [0, 1, 2, 3]          # each blob once per round
+    early = {i for i, seen in sets if net.layer_index("ip1") not in seen}
+    assert 3 in early and early <= {2, 3}, sets    # ip2's bias (its first bucket), weight

@@ -142,7 +142,8 @@ def test_dry_run_with_and_without_overlap():
     assert "--no-overlap" in cmds["resnet101_caffe_ps_nccl_none_W2_nooverlap"]
     assert "--no-overlap" not in cmds["resnet101_caffe_ps_nccl_none_W2"]
     assert "--bucket-mb 50.0" in cmds["resnet101_caffe_ps_nccl_none_W2"]
-    assert "--bucket-mb" not in cmds["resnet101_caffe_ps_ps_none_W2"]
+    assert "--bucket-mb 50.0" in cmds["resnet101_caffe_ps_ps_none_W2"]
+    assert "--bucket-mb" not in cmds["resnet101_caffe_ps_ps_none_W2_nooverlap"]
     bad = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--quick", "--overlap", "maybe"],
                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "known: on, off" in bad.stderr

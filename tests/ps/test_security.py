@@ -123,3 +123,55 @@ def test_curve_admits_authorized_clients_only(procs, tmp_path, keys):
     w = procs.worker_api("insider", solver, [srv.endpoint], 0, 1, tmp_path / "i.npz", 10,
                          extra=["--curve-dir", str(good)])
     assert procs.wait_all([w, srv], 30) == [0, 0], logs(w, srv)
+
+
+def test_pushes_that_are_not_a_declared_bucket_are_rejected(procs, tmp_path):
+    """A worker declares two buckets at INIT; the shard answers each bucket's PUSH with that
+    bucket's PARAMS, and refuses a bucket table that does not number its buckets 0..B-1, a
+    PUSH mixing buckets, and a bucket pushed twice in one round."""
+    import numpy as np
+    srv = procs.server(0, 1, timeout=10)
+    from minicaffe.proto import caffe_pb2
+    sp = caffe_pb2.SolverParameter(base_lr=0.5, lr_policy="fixed", max_iter=1,
+                                   snapshot_after_train=False,
+                                   snapshot_prefix=str(tmp_path / "b"))
+    solver = np.frombuffer(sp.SerializeToString(), np.uint8)     # one round
+    w0, w1 = np.arange(4, dtype=np.float32), np.arange(3, dtype=np.float32)
+    spec = np.array([1.0, 1.0])
+
+    def init(table):
+        return P.encode(Op.INIT, 0, 0, 0, [(-1, solver), (-2, np.array(table, np.int64)),
+                                           (0, w0), (0, spec), (1, w1), (1, spec)])
+
+    ctx = zmq.Context()
+    d = raw_dealer(ctx, srv.endpoint)
+    try:
+        def answer():
+            assert d.poll(5000), srv.log()
+            return P.decode(d.recv_multipart())
+
+        for frames, reason in [(init([0, 2]), "buckets [0, 2] must be numbered 0..B-1"),
+                               (init([0]), "one entry per blob (2)")]:
+            d.send_multipart(frames)
+            msg = answer()
+            assert msg.op == Op.ERROR and reason in msg.text(), msg.text()
+        d.send_multipart(init([1, 0]))                  # blob 1 is bucket 0, blob 0 bucket 1
+        msg = answer()
+        assert msg.op == Op.PARAMS and [p.blob_id for p in msg.payloads] == [0, 1]
+        for payloads, reason in [([(0, w0), (1, w1)], "not one of shard 0's 2 buckets"),
+                                 ([(1, w1)], None), ([(1, w1)], "pushed bucket 0 of iteration 0 twice")]:
+            d.send_multipart(P.encode(Op.PUSH, 0, 0, 0, payloads))
+            msg = answer()
+            if reason is None:                          # bucket 0 is complete: its answer
+                assert msg.op == Op.PARAMS and msg.iteration == 1
+                assert [p.blob_id for p in msg.payloads] == [1]
+                np.testing.assert_array_equal(msg.payloads[0].array, w1 - 0.5 * w1)
+            else:
+                assert msg.op == Op.ERROR and reason in msg.text(), msg.text()
+        d.send_multipart(P.encode(Op.PUSH, 0, 0, 0, [(0, w0)]))
+        msg = answer()
+        assert msg.op == Op.PARAMS and [p.blob_id for p in msg.payloads] == [0]
+    finally:
+        d.close(linger=0)
+        ctx.term()
+    assert procs.wait_all([srv], 30) == [0], srv.log()

@@ -51,22 +51,37 @@ def shard_of(solver, ids):
                                          ("Adam", {"momentum2": 0.99}),
                                          ("SGD", {"regularization_type": "L1"})])
 def test_two_shards_update_exactly_like_the_solver(kind, extra):
+    """Two shards updated whole, and one shard of every blob updated by buckets (in the
+    order a server may complete them, not the blobs'), all follow the solver bit for bit
+    (multistep lr, iter_size)."""
     solver = Solver(solver_param(type=kind, **extra), verbose=False)
     params = solver.net.learnable_params
     shards = [[0, 3], [1, 2]]
     servers = [shard_of(solver, ids) for ids in shards]
+    bucketed = shard_of(solver, [0, 1, 2, 3])
     for _ in range(6):
         gradients(solver)
-        for srv, ids in zip(servers, shards):
+        for srv, ids in zip(servers + [bucketed], shards + [[0, 1, 2, 3]]):
             for b, i in zip(srv.blobs, ids):
                 b.diff[...] = params[i].diff
+        for srv in servers:
             srv.update()
+        rate = bucketed.begin_round()
+        for positions in ([3], [1, 2], [0]):
+            bucketed.update_bucket(positions, rate)
+        bucketed.end_round()
         solver.apply_update()
         solver.iter += 1
-        for srv, ids in zip(servers, shards):
+        for srv, ids in zip(servers + [bucketed], shards + [[0, 1, 2, 3]]):
             assert srv.iter == solver.iter and srv.current_step == solver.current_step
             for b, i in zip(srv.blobs, ids):
                 np.testing.assert_array_equal(b.data, params[i].data)
+
+
+def test_a_round_by_buckets_refuses_gradient_clipping():
+    shard = ShardSolver(solver_param(clip_gradients=1.0), [(2,)], [1.0], [1.0], verbose=False)
+    with pytest.raises(ValueError, match="clip_gradients"):
+        shard.begin_round()
 
 
 def test_shard_state_roundtrip_resumes_exactly(tmp_path):

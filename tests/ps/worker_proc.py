@@ -6,7 +6,7 @@ trains to max_iter, and saves the final parameters to an .npz (no pickle).
 
     worker_proc.py SOLVER ENDPOINTS RANK WORLD_SIZE OUT.npz TIMEOUT [--snapshot F]
                    [--curve-dir D] [--link-latency-ms L] [--link-gbps G] [--stats F]
-                   [--no-overlap]
+                   [--no-overlap] [--bucket-mb MB]
 """
 import argparse
 import os
@@ -47,11 +47,13 @@ def main():
     ap.add_argument("--stats")
     ap.add_argument("--no-overlap", dest="overlap", action="store_const", const=False,
                     default=overlap_default())
+    ap.add_argument("--bucket-mb", type=float, default=None)
     a = ap.parse_args()
     solver = Solver(a.solver)
     cfg = PSConfig(endpoints=parse_endpoints(a.endpoints), rank=a.rank, world_size=a.world_size,
                    timeout=a.timeout, curve_dir=a.curve_dir, link_latency_ms=a.link_latency_ms,
-                   link_gbps=a.link_gbps, stats_path=a.stats, overlap=a.overlap)
+                   link_gbps=a.link_gbps, stats_path=a.stats, overlap=a.overlap,
+                   bucket_mb=a.bucket_mb)
     worker = PSWorker(solver, cfg, data_hook=feed)
     try:
         worker.solve(resume_file=a.snapshot)

@@ -151,6 +151,9 @@ def _fill_ps_parser(ps):
     s.add_argument("--curve-dir", default=None, help="CURVE keys: admit only authorized clients")
     s.add_argument("--max-message-bytes", type=_positive(int), default=DEFAULT_MAX_FRAME_BYTES,
                    help="largest buffer frame accepted (bytes); larger ones are rejected")
+    s.add_argument("--stats", default=None, metavar="FILE",
+                   help="append one JSON line per round: its time, the wait for the last "
+                        "gradient, the time summing and updating, sending, bytes in and out")
     s.add_argument("--quiet", action="store_true", help="only warnings and errors")
     _link_args(s)
 
@@ -169,7 +172,8 @@ def cmd_ps(args) -> int:
                            timeout=args.timeout, max_frame_bytes=args.max_message_bytes,
                            restore=args.snapshot, snapshot_prefix=args.snapshot_prefix,
                            endpoint_file=args.endpoint_file, curve_dir=args.curve_dir,
-                           link_gbps=args.link_gbps, link_latency_ms=args.link_latency_ms)
+                           link_gbps=args.link_gbps, link_latency_ms=args.link_latency_ms,
+                           stats_path=args.stats)
         return ShardServer(cfg).run()
     if args.ps_command == "keys":
         from .transport import create_keys

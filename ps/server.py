@@ -33,6 +33,8 @@ Failure rules (nothing waits forever):
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import threading
@@ -73,6 +75,7 @@ class ServerConfig:
         appends ``_shard{s}``).
     endpoint_file: where to write the bound endpoint (for launchers and
         tests that bind port 0).
+    stats_path: append each round's :class:`_RoundStats` here as a JSON line.
     """
 
     bind: str = "tcp://127.0.0.1:*"
@@ -86,6 +89,7 @@ class ServerConfig:
     curve_dir: str | None = None
     link_gbps: float | None = None
     link_latency_ms: float = 0.0
+    stats_path: str | None = None
     verbose: bool = True
 
 
@@ -105,8 +109,11 @@ class _Join:
 
 @dataclass
 class _RoundStats:
+    iteration: int = -1
+    round_s: float = 0.0       # from the end of the previous round (or the join) to the end
     wait_s: float = 0.0        # from the round's start to the last gradient
-    update_s: float = 0.0      # summed over the buckets
+    update_s: float = 0.0      # summing and updating, over the buckets
+    send_s: float = 0.0        # handing the answers to ZeroMQ, over the buckets
     last_rank: int = -1        # the rank everybody waited for
     bytes_in: int = 0
     bytes_out: int = 0
@@ -418,63 +425,58 @@ class ShardServer:
         stats = _RoundStats()
         nb = len(self.buckets)
         pending: list[dict] = [{} for _ in range(nb)]    # per bucket: rank -> payloads
-        received: list[set] = [set() for _ in range(nb)]
-        next_rank = [0] * nb                             # per bucket: the next rank to sum
         left = nb
         rate = None
         p = s.param
         display = bool(p.display) and t % p.display == 0
+        clipping = p.HasField("clip_gradients") and p.clip_gradients >= 0
         while left:
             got = self._next(deadline)
             if got is None:
-                missing = [r for r in range(c.world_size) if any(r not in x for x in received)]
-                pushed = set.intersection(*received)
+                missing = [r for r in range(c.world_size) if any(r not in x for x in pending)]
+                pushed = set(range(c.world_size)) - set(missing)
                 raise RoundFailed(
                     f"iteration {t}: no gradients from rank(s) {_ranks(missing)} within "
                     f"{c.timeout:g} s (received from {_ranks(sorted(pushed)) or 'none'}"
                     + ("; when no worker pushes, another shard may be down"
-                       if not set.union(*received) else "") + ")")
+                       if not any(pending) else "") + ")")
             rid, msg = got
-            b, problem = self._check_push(msg, t, received)
+            b, problem = self._check_push(msg, t, pending)
             if problem:
                 self._reject(rid, problem, msg)
                 continue
-            received[b].add(msg.rank)
             stats.bytes_in += sum(q.array.nbytes for q in msg.payloads)
             stats.last_rank = msg.rank
             pending[b][msg.rank] = msg.payloads
-            # Sum in rank order as soon as possible: the result is independent
-            # of arrival order, and the frames of ranks in order are freed early.
-            positions = self.buckets[b]
-            while next_rank[b] in pending[b]:
-                payloads = pending[b].pop(next_rank[b])
-                for k, q in zip(positions, payloads):     # none for an empty shard
-                    if next_rank[b] == 0:
-                        np.copyto(s.blobs[k].diff, q.array)
-                    else:
-                        s.blobs[k].diff += q.array
-                next_rank[b] += 1
-            if next_rank[b] < c.world_size:
+            if len(pending[b]) < c.world_size:
                 continue
+            # Every rank has pushed bucket b: sum in rank order (the result does not depend
+            # on arrival order), x 1/W, update, answer.
             stats.wait_s = time.monotonic() - start
             u0 = time.monotonic()
-            if c.world_size > 1:
-                for k in positions:  # Caffe's multi-GPU rule: average = sum * (1/W)
-                    s.blobs[k].diff *= s.blobs[k].dtype.type(1.0 / c.world_size)
-            if nb == 1:
-                s.apply_update(display)      # the whole shard at once (clipping included)
+            positions = self.buckets[b]
+            grads = [[q.array for q in pending[b][r]] if positions else []
+                     for r in range(c.world_size)]
+            if clipping:   # one bucket, the whole shard (see _build): apply_update clips
+                s.reduce_bucket(positions, grads, None)
+                s.apply_update(display)
             else:
                 if rate is None:
                     rate = s.begin_round(display)
-                s.update_bucket(positions, rate)
-            stats.update_s += time.monotonic() - u0
+                s.reduce_bucket(positions, grads, rate)
+            pending[b] = {r: () for r in range(c.world_size)}   # done; frees the frames
+            u1 = time.monotonic()
+            stats.update_s += u1 - u0
             stats.bytes_out += self._send_all(
                 Op.PARAMS, t + 1,
                 lambda rank: [(self.blob_ids[k], s.blobs[k].data) for k in positions])
+            stats.send_s += time.monotonic() - u1
             left -= 1
         s.end_round()
         if p.snapshot and s.iter % p.snapshot == 0:
             self.snapshot()
+        stats.iteration = t
+        stats.round_s = time.monotonic() - start
         if display:
             self._log(f"Iteration {t}: waited {1e3 * stats.wait_s:.3g} ms for gradients (last: "
                       f"rank {stats.last_rank}), update {1e3 * stats.update_s:.3g} ms in {nb} "
@@ -482,8 +484,9 @@ class ShardServer:
                       f"{stats.bytes_out / 1e6:.3g} MB out")
         return stats
 
-    def _check_push(self, msg, t, received):
-        """(bucket, None) for a valid PUSH(t), else (None, the reason to reject it)."""
+    def _check_push(self, msg, t, pushed):
+        """(bucket, None) for a valid PUSH(t), else (None, the reason to reject it);
+        ``pushed[b]`` holds the ranks that pushed bucket b already."""
         if msg.op != Op.PUSH:
             return None, f"{msg.op.name} during iteration {t} (expected PUSH)"
         if msg.iteration != t:
@@ -496,7 +499,7 @@ class ShardServer:
                               f"{self.blob_ids}")
             return None, (f"PUSH carries blobs {list(ids)}, which are not one of shard "
                           f"{self.config.shard}'s {len(self.buckets)} buckets")
-        if msg.rank in received[b]:
+        if msg.rank in pushed[b]:
             what = "" if len(self.buckets) == 1 else f" bucket {b} of"
             return None, f"rank {msg.rank} pushed{what} iteration {t} twice"
         for q, k in zip(msg.payloads, self.buckets[b]):
@@ -522,8 +525,15 @@ class ShardServer:
         """Join, then rounds until max_iter, then the final snapshot."""
         self.join()
         p = self.solver.param
-        while self.solver.iter < p.max_iter:
-            self.round()
+        out = open(self.config.stats_path, "a") if self.config.stats_path else None
+        try:
+            while self.solver.iter < p.max_iter:
+                stats = self.round()
+                if out is not None:
+                    out.write(json.dumps(dataclasses.asdict(stats)) + "\n")
+        finally:
+            if out is not None:
+                out.close()
         if p.snapshot_after_train and (not p.snapshot or self.solver.iter % p.snapshot != 0):
             self.snapshot()
         self._log(f"Optimization Done (iteration {self.solver.iter}).")

@@ -157,8 +157,8 @@ class ShardSolver(Solver):
         self.apply_update(display)
         self.iter += 1
 
-    # A round by buckets: begin_round, update_bucket for each bucket as soon as its
-    # gradients are summed (in any order), end_round.  Each parameter gets exactly
+    # A round by buckets: begin_round, reduce_bucket for each bucket as soon as every
+    # worker's gradients are in (buckets in any order), end_round.  Each parameter gets exactly
     # apply_update's arithmetic, so the result is bit for bit :meth:`update`'s.
     def begin_round(self, display: bool = False) -> float:
         """The learning rate of ``self.iter`` (one call per round: it keeps the multistep
@@ -172,11 +172,30 @@ class ShardSolver(Solver):
             self._log(f"Iteration {self.iter}, lr = {rate:.6g}")
         return rate
 
-    def update_bucket(self, positions, rate: float):
-        """Update the blobs at ``positions`` (indices into :attr:`blobs`) at ``rate``."""
+    def reduce_bucket(self, positions, grads, rate: float | None):
+        """The blobs at ``positions`` (indices into :attr:`blobs`) get the average of the
+        workers' gradients ``grads`` (one list of arrays per worker, in rank order, in the
+        order of ``positions``), summed in rank order and scaled by 1/W (Caffe's
+        multi-GPU rule); then, unless ``rate`` is None, their update at ``rate``.
+
+        One task per blob on the thread pool: a blob is summed, scaled and updated while
+        it is in the cache, and the blobs run in parallel."""
         reg = self._regularization()
-        self._each([(i, self.blobs[i]) for i in positions],
-                   lambda i, q: self.update_param(i, q, rate, reg))
+        workers = len(grads)
+        at = {i: j for j, i in enumerate(positions)}
+
+        def one(i, q):
+            j = at[i]
+            if workers == 1:
+                np.copyto(q.diff, grads[0][j])
+            else:
+                np.add(grads[0][j], grads[1][j], out=q.diff)
+                for g in grads[2:]:
+                    q.diff += g[j]
+                q.diff *= q.dtype.type(1.0 / workers)
+            if rate is not None:
+                self.update_param(i, q, rate, reg)
+        self._each([(i, self.blobs[i]) for i in positions], one)
 
     def end_round(self):
         self.iter += 1

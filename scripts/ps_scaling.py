@@ -40,6 +40,13 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   (compute + delta; per iteration the slowest rank's);
 * speedup = images/s / images/s of the same (net, mode, comm, link) at W = 1;
   efficiency = speedup / W;
+* vs alone (``eff_alone``) = images/s / (W x k / compute_s at W = 1): against W GPUs
+  that each compute as fast as one alone and never communicate, the issue's scaling
+  efficiency (for NCCL, whose W = 1 communication is under a millisecond, about the
+  efficiency; for the parameter server, whose W = 1 round still crosses the loopback,
+  the honest one);
+* server ms: per round, the busiest shard's time summing, updating and handing its
+  answers to ZeroMQ (``python -m ps server --stats``), median over the timed rounds;
 * computation/communication = median compute_s / median delta_s over every
   (rank, timed iteration).
 
@@ -95,13 +102,14 @@ QUICK = dict(nets="cifar10_quick", gpus="1,2", caffe_batch="cifar10_quick=4",
 
 CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency_ms", "overlap",
                "world_size", "batch_per_worker", "shards", "status", "images_per_s", "iter_s",
-               "speedup", "efficiency", "compute_s", "comm_s", "comp_comm_ratio",
+               "speedup", "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
                "compute_s_per_rank", "comm_s_per_rank", "mb_pushed_per_iter",
-               "mb_pulled_per_iter", "timed_iterations", "wall_s", "note", "error", "device",
-               "date", "command"]
+               "mb_pulled_per_iter", "server_busy_s", "server_update_s", "timed_iterations",
+               "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
-                 "efficiency", "compute_s", "comm_s", "comp_comm_ratio", "mb_pushed_per_iter",
-                 "mb_pulled_per_iter", "wall_s")
+                 "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
+                 "mb_pushed_per_iter", "mb_pulled_per_iter", "server_busy_s", "server_update_s",
+                 "wall_s")
 INT_COLUMNS = ("world_size", "batch_per_worker", "shards", "timed_iterations")
 
 
@@ -512,7 +520,8 @@ def run_config(cfg: Config, args, work) -> dict:
                     args.python, "-m", "ps", "server", "--shard", str(s), "--world-size",
                     str(cfg.world), "--bind", "tcp://127.0.0.1:*", "--timeout",
                     str(args.ps_timeout), "--endpoint-file",
-                    os.path.join(run_dir, f"shard{s}.endpoint"), *link], run_dir, env))
+                    os.path.join(run_dir, f"shard{s}.endpoint"), "--stats",
+                    os.path.join(run_dir, f"shard{s}.jsonl"), *link], run_dir, env))
             endpoints = []
             for s, p in enumerate(procs):
                 try:
@@ -540,6 +549,10 @@ def run_config(cfg: Config, args, work) -> dict:
             records = [read_stats(os.path.join(run_dir, f"rank{r}.jsonl"))
                        for r in range(cfg.world)]
             row.update(summarise(records, args.warmup, args.iters, cfg.batch))
+            if cfg.comm == "ps":
+                row.update(summarise_shards(
+                    [read_stats(os.path.join(run_dir, f"shard{s}.jsonl")) for s in range(shards)],
+                    args.warmup, args.iters))
             row["status"] = "ok"
             return row
         except ValueError as e:
@@ -612,17 +625,41 @@ def summarise(records_by_rank, warmup: int, iters: int, batch: int) -> dict:
     }
 
 
+def summarise_shards(records_by_shard, warmup: int, iters: int) -> dict:
+    """The servers' own time per round (``python -m ps server --stats``): summing and
+    updating, and that plus handing the answers to ZeroMQ, of the busiest shard of each
+    timed round (the rounds after ``warmup``); medians over the rounds."""
+    kept = [{x["iteration"]: x for x in sorted(recs, key=lambda x: x["iteration"])
+             [warmup:warmup + iters]} for recs in records_by_shard]
+    common = sorted(set.intersection(*(set(k) for k in kept))) if kept else []
+    if not common:
+        return {}
+    return {
+        "server_update_s": statistics.median(max(k[i]["update_s"] for k in kept)
+                                             for i in common),
+        "server_busy_s": statistics.median(max(k[i]["update_s"] + k[i]["send_s"] for k in kept)
+                                           for i in common),
+    }
+
+
 def add_scaling(rows):
     """speedup = images/s over the same (net, mode, comm, link, overlap) at W = 1;
-    efficiency = speedup / W.  Left empty where that baseline failed or was not run."""
-    base = {(r["net"], r["mode"], r["comm"], r["link"], r["overlap"]): r["images_per_s"]
+    efficiency = speedup / W.  eff_alone = images/s over W GPUs that compute alone, as
+    fast as that W = 1 run computes (k / its compute time): the loss to communication and
+    to running together, the issue's scaling efficiency.  Left empty where that baseline
+    failed or was not run."""
+    base = {(r["net"], r["mode"], r["comm"], r["link"], r["overlap"]): r
             for r in rows if r["status"] == "ok" and int(r["world_size"]) == 1}
     for r in rows:
-        r["speedup"] = r["efficiency"] = ""
+        r["speedup"] = r["efficiency"] = r["eff_alone"] = ""
         b = base.get((r["net"], r["mode"], r["comm"], r["link"], r["overlap"]))
         if r["status"] == "ok" and b:
-            r["speedup"] = r["images_per_s"] / b
-            r["efficiency"] = r["speedup"] / int(r["world_size"])
+            w = int(r["world_size"])
+            r["speedup"] = r["images_per_s"] / b["images_per_s"]
+            r["efficiency"] = r["speedup"] / w
+            if b["compute_s"]:
+                r["eff_alone"] = r["images_per_s"] / (w * int(b["batch_per_worker"])
+                                                      / b["compute_s"])
     return rows
 
 
@@ -686,7 +723,8 @@ def _link_words(r) -> str:
 
 def table_lines(rows) -> list:
     head = ["net", "mode", "swap", "comm", "link", "overlap", "W", "k", "images/s", "speedup",
-            "efficiency", "compute ms", "comm ms", "comp/comm", "MB pushed", "status"]
+            "efficiency", "vs alone", "compute ms", "comm ms", "comp/comm", "server ms",
+            "MB pushed", "status"]
     out = [head]
     for r in rows:
         ok = r["status"] == "ok"
@@ -699,8 +737,9 @@ def table_lines(rows) -> list:
         out.append([r["net"], r["mode"], r["swap"], r["comm"], _link_words(r), r["overlap"],
                     str(r["world_size"]), str(r["batch_per_worker"]),
                     num("images_per_s", fmt="{:.1f}"), num("speedup", fmt="{:.2f}x"),
-                    num("efficiency", fmt="{:.0%}"), num("compute_s", 1e3, "{:.1f}"),
-                    num("comm_s", 1e3, "{:.1f}"), num("comp_comm_ratio", fmt="{:.2f}"),
+                    num("efficiency", fmt="{:.0%}"), num("eff_alone", fmt="{:.0%}"),
+                    num("compute_s", 1e3, "{:.1f}"), num("comm_s", 1e3, "{:.1f}"),
+                    num("comp_comm_ratio", fmt="{:.2f}"), num("server_busy_s", 1e3, "{:.1f}"),
                     num("mb_pushed_per_iter", fmt="{:.3g}"), r["status"]])
     return out
 
@@ -760,7 +799,10 @@ def write_md(path, rows, args, notes):
         lines.append("| " + " | ".join(b) + " |")
     lines += ["", "images/s: W x k over the median iteration period (per BSP round, the slowest "
               "rank's compute + sync). speedup: over the same net, mode, comm, link and overlap "
-              "at W = 1; efficiency = speedup / W. compute: forward + backward; comm: the "
+              "at W = 1; efficiency = speedup / W; vs alone: images/s over W x k / (compute "
+              "time at W = 1), against GPUs that never communicate. compute: forward + "
+              "backward; server ms: the busiest shard's summing, updating and sending per "
+              "round (--stats); comm: the "
               "synchronisation (copies, push/pull or NCCL barrier and all-reduce, waiting for the "
               "slowest peer; with overlap on, only what backward did not hide); "
               "both medians over every rank and timed iteration (ps/worker.py, --ps-stats). "

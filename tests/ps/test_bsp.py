@@ -264,3 +264,17 @@ def test_train_refuses_inconsistent_data_parallel_options(tmp_path, capsys, extr
     solver = write_solver(tmp_path, "opt", INPUT_NET, k=4)
     assert main(["train", "--solver", solver, "--cpu", *extra]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_a_shard_writes_one_stats_line_per_round(procs, tmp_path):
+    import json
+    stats = tmp_path / "shard0.jsonl"
+    solver = write_solver(tmp_path, "st", INPUT_NET, k=4, max_iter=5)
+    srv = procs.server(0, 1, extra=["--stats", str(stats)], name="st_shard0")
+    w = procs.worker_api("st_w0", solver, [srv.endpoint], 0, 1, tmp_path / "st.npz", 10.0)
+    assert procs.wait_all([w, srv], 30) == [0, 0], logs(w, srv)
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4]
+    for r in rows:
+        assert r["round_s"] >= r["wait_s"] >= 0 and r["update_s"] > 0 and r["send_s"] > 0
+        assert r["bytes_in"] == 176 and r["bytes_out"] > 176      # answers carry headers

@@ -123,13 +123,16 @@ def test_nccl_two_gpus_match_one_gpu_at_twice_the_batch(procs, tmp_path):
     assert "computation/communication" in workers[0].log()
 
 
-def test_ps_gpu_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path):
+@pytest.mark.parametrize("buckets", [[], ["--bucket-mb", "0.00005"]])
+def test_ps_gpu_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path, buckets):
     """Device-to-host copies on the copy stream behind the hook's events, pushes between
-    layers: the same parameters as pushing after backward."""
+    layers, new parameters copied up on the parameter stream as their buckets come back
+    (--bucket-mb 0.00005: one blob per bucket): the same parameters as pushing after
+    backward."""
     source = write_hdf5(tmp_path, rows=32)
-    on, w_on = ps_run(procs, tmp_path, "on", source)
+    on, w_on = ps_run(procs, tmp_path, "on", source, buckets)
     off, w_off = ps_run(procs, tmp_path, "off", source, ["--no-overlap"])
-    assert "overlap: blobs sharded in backward order" in w_on[0].log()
+    assert ("overlap: 4 bucket(s)" if buckets else "overlap:") in w_on[0].log()
     assert "overlap off" in w_off[0].log()
     assert_equal(on, off)
 

@@ -187,15 +187,29 @@ def test_summarise_uses_the_slowest_rank_and_medians():
 
 
 def test_add_scaling_needs_the_one_worker_baseline():
-    def row(mode, w, ips, status="ok"):
+    def row(mode, w, ips, status="ok", compute_s=0.1):
         return {"net": "n", "mode": mode, "comm": "ps", "link": "none", "overlap": "on",
                 "world_size": w, "images_per_s": ips, "status": status, "speedup": "",
-                "efficiency": ""}
-    rows = ps_scaling.add_scaling([row("a", 1, 100.0), row("a", 2, 150.0), row("a", 4, 280.0),
-                                   row("b", 1, 0.0, "failed"), row("b", 2, 90.0)])
+                "efficiency": "", "batch_per_worker": 8, "compute_s": compute_s}
+    rows = ps_scaling.add_scaling([row("a", 1, 100.0, compute_s=0.05), row("a", 2, 150.0),
+                                   row("a", 4, 280.0), row("b", 1, 0.0, "failed"),
+                                   row("b", 2, 90.0)])
     assert [r["speedup"] for r in rows[:3]] == pytest.approx([1.0, 1.5, 2.8])
     assert [r["efficiency"] for r in rows[:3]] == pytest.approx([1.0, 0.75, 0.7])
-    assert rows[4]["speedup"] == "" and rows[4]["efficiency"] == ""
+    # alone, one GPU computes 8 images in 50 ms: 160 images/s
+    assert [r["eff_alone"] for r in rows[:3]] == pytest.approx([100 / 160, 150 / 320, 280 / 640])
+    assert rows[4]["speedup"] == "" and rows[4]["efficiency"] == "" and rows[4]["eff_alone"] == ""
+
+
+def test_the_busiest_shard_of_each_timed_round():
+    def rec(i, update, send):
+        return {"iteration": i, "update_s": update, "send_s": send}
+    shards = [[rec(0, 9.0, 9.0), rec(1, 0.010, 0.002), rec(2, 0.030, 0.001)],
+              [rec(0, 9.0, 9.0), rec(1, 0.020, 0.001), rec(2, 0.010, 0.001)]]
+    got = ps_scaling.summarise_shards(shards, warmup=1, iters=5)
+    assert got["server_update_s"] == pytest.approx((0.020 + 0.030) / 2)
+    assert got["server_busy_s"] == pytest.approx((0.021 + 0.031) / 2)
+    assert ps_scaling.summarise_shards([], 1, 5) == {}
 
 
 def test_accudnn_with_a_profile_needs_its_batch_and_runs_dynamic(tmp_path):

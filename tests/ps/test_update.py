@@ -61,14 +61,13 @@ def test_two_shards_update_exactly_like_the_solver(kind, extra):
     bucketed = shard_of(solver, [0, 1, 2, 3])
     for _ in range(6):
         gradients(solver)
-        for srv, ids in zip(servers + [bucketed], shards + [[0, 1, 2, 3]]):
+        for srv, ids in zip(servers, shards):
             for b, i in zip(srv.blobs, ids):
                 b.diff[...] = params[i].diff
-        for srv in servers:
             srv.update()
         rate = bucketed.begin_round()
-        for positions in ([3], [1, 2], [0]):
-            bucketed.update_bucket(positions, rate)
+        for positions in ([3], [1, 2], [0]):     # one worker: its gradients as they are
+            bucketed.reduce_bucket(positions, [[params[i].diff for i in positions]], rate)
         bucketed.end_round()
         solver.apply_update()
         solver.iter += 1
@@ -76,6 +75,30 @@ def test_two_shards_update_exactly_like_the_solver(kind, extra):
             assert srv.iter == solver.iter and srv.current_step == solver.current_step
             for b, i in zip(srv.blobs, ids):
                 np.testing.assert_array_equal(b.data, params[i].data)
+
+
+def test_a_bucket_is_the_rank_order_sum_over_w_then_the_update():
+    p = caffe_pb2.SolverParameter(base_lr=0.1, momentum=0.9, weight_decay=0.01,
+                                  lr_policy="fixed")
+    rng = np.random.default_rng(3)
+    grads = [[rng.standard_normal(5).astype(np.float32), rng.standard_normal((2, 3))
+              .astype(np.float32)] for _ in range(3)]
+    shard = ShardSolver(p, [(2, 3), (5,)], [1.0, 2.0], [1.0, 0.0], verbose=False)
+    ref = ShardSolver(p, [(2, 3), (5,)], [1.0, 2.0], [1.0, 0.0], verbose=False)
+    for a, b in zip(shard.blobs, ref.blobs):
+        a.data[...] = b.data[...] = rng.standard_normal(a.shape).astype(np.float32)
+    shard.reduce_bucket([1, 0], grads, shard.begin_round())
+    shard.end_round()
+    for j, b in enumerate(ref.blobs):         # the old server loop: += in rank order, x 1/W
+        k = 1 - j
+        np.copyto(b.diff, grads[0][k])
+        b.diff += grads[1][k]
+        b.diff += grads[2][k]
+        b.diff *= np.float32(1 / 3)
+    ref.update()
+    for a, b in zip(shard.blobs, ref.blobs):
+        np.testing.assert_array_equal(a.data, b.data)
+    assert shard.iter == ref.iter == 1
 
 
 def test_a_round_by_buckets_refuses_gradient_clipping():

@@ -37,6 +37,10 @@ from . import env_count
 ENV_THREADS = "MINICAFFE_PS_THREADS"
 # below this many bytes in a shard a pool costs more than it saves
 PARALLEL_MIN_BYTES = 8 << 20
+# A blob larger than this is summed and updated in flat slices of it, each a task of its own:
+# ResNet-152's largest blobs (9.4 MB) would otherwise run on one thread while the others wait,
+# and a slice's arrays stay in the cache through the sum and the update.
+UNIT_BYTES = 1 << 20
 
 
 def default_threads() -> int:
@@ -79,6 +83,21 @@ class _ShardNet:
         self.param_decay_mult = list(decay_mult)
 
 
+class _Slice:
+    """A flat slice of a blob's data and diff, which the update rules update like a blob
+    (they work element by element, so slicing changes no result)."""
+
+    __slots__ = ("data", "diff")
+
+    def __init__(self, data, diff):
+        self.data = data
+        self.diff = diff
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+
 class ShardSolver(Solver):
     """A Solver over a shard's parameter blobs instead of a net.
 
@@ -95,7 +114,8 @@ class ShardSolver(Solver):
     """
 
     def __init__(self, param, shapes, lr_mult, decay_mult, dtype=np.float32, verbose=True,
-                 log_where="ps.server", threads: int | None = None):
+                 log_where="ps.server", threads: int | None = None,
+                 unit_bytes: int = UNIT_BYTES):
         self.param = upgrade_solver(param)
         self.source = None
         self.source_dir = None
@@ -114,13 +134,34 @@ class ShardSolver(Solver):
             b.data[...] = 0
             b.diff[...] = 0
             blobs.append(b)
-        self.net = _ShardNet(blobs, lr_mult, decay_mult)
-        self.history = [np.zeros_like(b.data) for b in blobs]
+        self._blobs = blobs
+        # The solver's parameters are units: a blob, or a flat slice of a large one.  With
+        # clipping the norm sums per parameter, so the blobs stay whole (the solver's order).
+        clipping = self.param.HasField("clip_gradients") and self.param.clip_gradients >= 0
+        step = None if clipping else max(1, int(unit_bytes) // self.dtype.itemsize)
+        units, lr, decay = [], [], []
+        self._units_of = []            # per blob: [(unit index, start, stop) or (unit, None, None)]
+        for k, b in enumerate(blobs):
+            n = b.data.size
+            if step is None or n <= step:
+                parts = [(len(units), None, None)]
+                units.append(b)
+            else:
+                data, diff = b.data.reshape(-1), b.diff.reshape(-1)
+                parts = []
+                for a in range(0, n, step):
+                    parts.append((len(units), a, min(n, a + step)))
+                    units.append(_Slice(data[a:a + step], diff[a:a + step]))
+            self._units_of.append(parts)
+            lr += [lr_mult[k]] * len(parts)
+            decay += [decay_mult[k]] * len(parts)
+        self.net = _ShardNet(units, lr, decay)
+        self.history = [np.zeros_like(u.data) for u in units]
         self.rule = UPDATE_RULES[self.type](self)
         self.threads = default_threads() if threads is None else int(threads)
         nbytes = sum(b.nbytes for b in blobs)
         self._pool = (ThreadPoolExecutor(self.threads, thread_name_prefix="shard")
-                      if self.threads > 1 and len(blobs) > 1 and nbytes >= PARALLEL_MIN_BYTES
+                      if self.threads > 1 and len(units) > 1 and nbytes >= PARALLEL_MIN_BYTES
                       else None)
 
     def for_each_param(self, params, fn):
@@ -145,6 +186,11 @@ class ShardSolver(Solver):
 
     @property
     def blobs(self):
+        """The shard's parameter blobs, whole (the solver updates :attr:`units`)."""
+        return self._blobs
+
+    @property
+    def units(self):
         return self.net.learnable_params
 
     def _log(self, msg):
@@ -182,20 +228,25 @@ class ShardSolver(Solver):
         it is in the cache, and the blobs run in parallel."""
         reg = self._regularization()
         workers = len(grads)
-        at = {i: j for j, i in enumerate(positions)}
+        units = self.units
+        where = {}                     # unit -> (position in the bucket, start, stop)
+        for j, k in enumerate(positions):
+            for u, a, b in self._units_of[k]:
+                where[u] = (j, a, b)
 
-        def one(i, q):
-            j = at[i]
+        def one(u, q):
+            j, a, b = where[u]
+            gs = [g[j] if a is None else g[j].reshape(-1)[a:b] for g in grads]
             if workers == 1:
-                np.copyto(q.diff, grads[0][j])
+                np.copyto(q.diff, gs[0])
             else:
-                np.add(grads[0][j], grads[1][j], out=q.diff)
-                for g in grads[2:]:
-                    q.diff += g[j]
+                np.add(gs[0], gs[1], out=q.diff)
+                for g in gs[2:]:
+                    q.diff += g
                 q.diff *= q.dtype.type(1.0 / workers)
             if rate is not None:
-                self.update_param(i, q, rate, reg)
-        self._each([(i, self.blobs[i]) for i in positions], one)
+                self.update_param(u, q, rate, reg)
+        self._each([(u, units[u]) for u in where], one)
 
     def end_round(self):
         self.iter += 1
@@ -209,7 +260,10 @@ class ShardSolver(Solver):
         absent; ``minicaffe_state`` names the blobs and their owner shard.
         """
         state = caffe_pb2.SolverState(iter=self.iter, current_step=self.current_step)
-        for arr in [b.data for b in self.blobs] + list(self.rule.state_blobs()):
+        for arr in [b.data for b in self.blobs] + [
+                np.concatenate([s.reshape(-1) for s in parts]).reshape(b.shape)
+                if len(parts) > 1 else parts[0]
+                for parts, b in self._state_parts()]:
             bp = state.history.add()
             bp.shape.dim.extend(arr.shape)
             if arr.dtype == np.float64:  # float64 nets (numerical checks) keep every bit
@@ -221,10 +275,22 @@ class ShardSolver(Solver):
         state.minicaffe_state = json.dumps(doc).encode()
         write_binary(state, path)
 
+    def _state_parts(self):
+        """Per blob and state array of the rule (history, Adam's second moments): the
+        units' arrays that make it up, in order, and the blob."""
+        states = list(self.rule.state_blobs())
+        n = len(self.units)
+        out = []
+        for g in range(len(states) // n):
+            for parts, b in zip(self._units_of, self.blobs):
+                out.append(([states[g * n + u] for u, _, _ in parts], b))
+        return out
+
     def load_state(self, state, path: str):
         """Restore what :meth:`save_state` wrote (shapes must match)."""
         doc = read_shard_meta(state, path)
-        blobs = [b.data for b in self.blobs] + list(self.rule.state_blobs())
+        parts = [[b.data] for b in self.blobs] + [p for p, _ in self._state_parts()]
+        blobs = [b.data for b in self.blobs] + [b.data for _, b in self._state_parts()]
         if doc["num_params"] != len(self.blobs) or len(state.history) != len(blobs):
             raise ValueError(f"{path}: holds {doc['num_params']} parameters and "
                              f"{len(state.history)} blobs in all; this shard has {len(self.blobs)} "
@@ -240,7 +306,11 @@ class ShardSolver(Solver):
             if len(values) != arr.size:
                 raise ValueError(f"{path}: blob {k} holds {len(values)} values, expected "
                                  f"{arr.size}")
-            arr[...] = np.asarray(values, dtype=arr.dtype).reshape(arr.shape)
+            flat = np.asarray(values, dtype=arr.dtype)
+            at = 0
+            for part in parts[k]:          # the units' state arrays of this blob
+                part.reshape(-1)[...] = flat[at:at + part.size]
+                at += part.size
         self.iter = state.iter
         self.current_step = state.current_step
 

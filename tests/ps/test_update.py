@@ -193,3 +193,37 @@ def test_threaded_shard_update_is_bit_identical(monkeypatch):
         monkeypatch.setenv(ENV_THREADS, bad)
         with pytest.raises(ValueError, match=ENV_THREADS):
             default_threads()
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Nesterov", "Adam"])
+def test_blobs_updated_in_slices_match_whole_blobs_and_snapshot_whole(kind, tmp_path):
+    """A shard that updates its blobs in 12-byte slices (three floats; the 5-float blob
+    in two slices and a remainder) gives every bit of the whole-blob update, and its
+    snapshot holds whole blobs: a shard with another slice size resumes from it."""
+    p = caffe_pb2.SolverParameter(base_lr=0.1, momentum=0.9, weight_decay=0.01,
+                                  lr_policy="fixed", type=kind, momentum2=0.99, delta=1e-8)
+    shapes, lr, decay = [(2, 3), (5,), (1,)], [1.0, 2.0, 1.0], [1.0, 0.0, 1.0]
+    whole = ShardSolver(p, shapes, lr, decay, verbose=False, unit_bytes=1 << 20)
+    sliced = ShardSolver(p, shapes, lr, decay, verbose=False, unit_bytes=12)
+    assert len(whole.units) == 3 and len(sliced.units) == 2 + 2 + 1
+    rng = np.random.default_rng(5)
+    for a, b in zip(whole.blobs, sliced.blobs):
+        a.data[...] = b.data[...] = rng.standard_normal(a.shape).astype(np.float32)
+    for _ in range(3):
+        grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(2)]
+        for shard in (whole, sliced):
+            shard.reduce_bucket([0, 1, 2], grads, shard.begin_round())
+            shard.end_round()
+    for a, b in zip(whole.blobs, sliced.blobs):
+        np.testing.assert_array_equal(a.data, b.data)
+    sliced.save_state(str(tmp_path / "s.solverstate"), {"shard": 0})
+    state, _ = read_shard_state(str(tmp_path / "s.solverstate"))
+    assert [tuple(bp.shape.dim) for bp in state.history][:3] == shapes
+    resumed = ShardSolver(p, shapes, lr, decay, verbose=False, unit_bytes=1 << 20)
+    resumed.load_state(state, "s")
+    for shard in (whole, resumed):
+        grads = [[np.full(shapes[k], 0.5, np.float32) for k in (2, 0, 1)]]
+        shard.reduce_bucket([2, 0, 1], grads, shard.begin_round())
+        shard.end_round()
+    for a, b in zip(whole.blobs, resumed.blobs):
+        np.testing.assert_array_equal(a.data, b.data)

@@ -281,7 +281,7 @@ class ShardSolver(Solver):
         states = list(self.rule.state_blobs())
         n = len(self.units)
         out = []
-        for g in range(len(states) // n):
+        for g in range(len(states) // n if n else 0):
             for parts, b in zip(self._units_of, self.blobs):
                 out.append(([states[g * n + u] for u, _, _ in parts], b))
         return out

@@ -45,8 +45,8 @@ waited for, and on the CPU the answers that have arrived are taken without
 waiting.  On the GPU they stay queued (ZeroMQ's I/O threads have received them)
 until the update, which copies them up on a parameter stream that the compute
 stream waits for: during backward the host-to-device link carries the swap
-plan's prefetches.  So the backward never blocks on the network or a copy.  The update
-pushes what is left (waiting on the copies then) and takes the answers still
+plan's prefetches.  So the backward never blocks on the network or a copy.  The
+update pushes what is left (waiting on the copies then) and takes the answers still
 missing.  The servers' arithmetic (sum in rank order, 1/W, the update of each
 blob) and the BSP rounds are those of the path without overlap, so the
 parameters are identical bit for bit; only the blobs' placement on the shards

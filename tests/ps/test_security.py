@@ -159,7 +159,8 @@ def test_pushes_that_are_not_a_declared_bucket_are_rejected(procs, tmp_path):
         msg = answer()
         assert msg.op == Op.PARAMS and [p.blob_id for p in msg.payloads] == [0, 1]
         for payloads, reason in [([(0, w0), (1, w1)], "not one of shard 0's 2 buckets"),
-                                 ([(1, w1)], None), ([(1, w1)], "pushed bucket 0 of iteration 0 twice")]:
+                                 ([(1, w1)], None),
+                                 ([(1, w1)], "pushed bucket 0 of iteration 0 twice")]:
             d.send_multipart(P.encode(Op.PUSH, 0, 0, 0, payloads))
             msg = answer()
             if reason is None:                          # bucket 0 is complete: its answer

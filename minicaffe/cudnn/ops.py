@@ -878,13 +878,18 @@ class BoundConv:
             self._plan.set_math(lib, direction, c.math_type)
         return lib, h, self._plan, c
 
+    def _binds(self, x, w, y) -> bool:
+        """Whether input, filter and output (or their diffs) are of the bound shape and
+        dtype, and not empty; else the free functions check and run the call."""
+        g, dt = self.geom, self.dtype
+        return (x.shape == g.x_shape and w.shape == g.w_shape and y.shape == g.y_shape
+                and x.dtype == dt and w.dtype == dt and y.dtype == dt and x.size != 0)
+
     def forward(self, x, w, b, y, workspace=None):
         """:func:`conv2d_forward` at the bound shape."""
-        g, dt = self.geom, self.dtype
-        if (x.shape != g.x_shape or w.shape != g.w_shape or y.shape != g.y_shape
-                or x.dtype != dt or w.dtype != dt or y.dtype != dt
-                or (b is not None and (b.size != g.w_shape[0] or b.dtype != dt))
-                or x.size == 0):
+        dt = self.dtype
+        if not self._binds(x, w, y) or (
+                b is not None and (b.size != self.geom.w_shape[0] or b.dtype != dt)):
             geo, kw = self._args
             return conv2d_forward(x, w, b, y, *geo, workspace=workspace, **kw)
         lib, h, plan, c = self._ready(FWD, {"x": x, "w": w, "y": y}, workspace)
@@ -901,16 +906,14 @@ class BoundConv:
 
     def backward_data(self, w, dy, dx, workspace=None, accumulate=False):
         """:func:`conv2d_backward_data` at the bound shape."""
-        g, dt = self.geom, self.dtype
-        if (dx.shape != g.x_shape or w.shape != g.w_shape or dy.shape != g.y_shape
-                or dx.dtype != dt or w.dtype != dt or dy.dtype != dt or dx.size == 0):
+        if not self._binds(dx, w, dy):
             geo, kw = self._args
             return conv2d_backward_data(w, dy, dx, *geo, workspace=workspace,
                                         accumulate=accumulate, **kw)
         ops = {"w": w, "dy": dy, "dx": None if accumulate else dx}
         lib, h, plan, c = self._ready(BWD_DATA, ops, workspace)
         ws, ws_bytes = _workspace_arg(BWD_DATA, c.workspace, workspace)
-        one, zero = _SCALARS[dt]
+        one, zero = _SCALARS[self.dtype]
         with _refusal("conv2d_backward_data"):
             lib.cudnnConvolutionBackwardData(h, one, plan.w.ptr, w.data.ptr, plan.y.ptr,
                                              dy.data.ptr, plan.conv[BWD_DATA].ptr, c.algo, ws,
@@ -920,15 +923,13 @@ class BoundConv:
 
     def backward_filter(self, x, dy, dw, workspace=None, accumulate=True):
         """:func:`conv2d_backward_filter` at the bound shape."""
-        g, dt = self.geom, self.dtype
-        if (x.shape != g.x_shape or dw.shape != g.w_shape or dy.shape != g.y_shape
-                or x.dtype != dt or dw.dtype != dt or dy.dtype != dt or x.size == 0):
+        if not self._binds(x, dw, dy):
             geo, kw = self._args
             return conv2d_backward_filter(x, dy, dw, *geo, workspace=workspace,
                                           accumulate=accumulate, **kw)
         lib, h, plan, c = self._ready(BWD_FILTER, {"x": x, "dy": dy, "dw": None}, workspace)
         ws, ws_bytes = _workspace_arg(BWD_FILTER, c.workspace, workspace)
-        one, zero = _SCALARS[dt]
+        one, zero = _SCALARS[self.dtype]
         with _refusal("conv2d_backward_filter"):
             lib.cudnnConvolutionBackwardFilter(h, one, plan.x.ptr, x.data.ptr, plan.y.ptr,
                                                dy.data.ptr, plan.conv[BWD_FILTER].ptr, c.algo,

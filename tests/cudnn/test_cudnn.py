@@ -416,20 +416,21 @@ def test_bound_conv_is_the_free_functions(cp, cu, case, dtype, rng):
         assert conv.forward(x, w, b, y1) is y1
         same(cu.FWD, y1, y0)
     assert cu.algo_cache_info()["hits"] > hits
-    dx0, dx1 = cp.full(x_shape, np.nan, dtype), cp.full(x_shape, np.nan, dtype)
-    cu.conv2d_backward_data(w, dy, dx0, *geo)
-    conv.backward_data(w, dy, dx1)
-    same(cu.BWD_DATA, dx1, dx0)
-    conv.backward_data(w, dy, dx1, accumulate=True)
-    cu.conv2d_backward_data(w, dy, dx0, *geo, accumulate=True)
-    same(cu.BWD_DATA, dx1, dx0)
-    dw0, dw1 = cp.ones(w_shape, dtype), cp.ones(w_shape, dtype)
-    cu.conv2d_backward_filter(x, dy, dw0, *geo)
-    conv.backward_filter(x, dy, dw1)
-    same(cu.BWD_FILTER, dw1, dw0)
-    conv.backward_filter(x, dy, dw1, accumulate=False)
-    cu.conv2d_backward_filter(x, dy, dw0, *geo, accumulate=False)
-    same(cu.BWD_FILTER, dw1, dw0)
+    # each backward pass at its default, then accumulating the other way
+    for direction, bound, free, shape, fill, accumulates in (
+            (cu.BWD_DATA, lambda out, **kw: conv.backward_data(w, dy, out, **kw),
+             lambda out, **kw: cu.conv2d_backward_data(w, dy, out, *geo, **kw), x_shape,
+             np.nan, False),
+            (cu.BWD_FILTER, lambda out, **kw: conv.backward_filter(x, dy, out, **kw),
+             lambda out, **kw: cu.conv2d_backward_filter(x, dy, out, *geo, **kw), w_shape,
+             1.0, True)):
+        ref, got = cp.full(shape, fill, dtype), cp.full(shape, fill, dtype)
+        free(ref)
+        bound(got)
+        same(direction, got, ref)
+        bound(got, accumulate=not accumulates)
+        free(ref, accumulate=not accumulates)
+        same(direction, got, ref)
 
 
 @pytest.mark.gpu

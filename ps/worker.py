@@ -492,6 +492,10 @@ class SyncRecord:
     delta_s: float
     bytes_pushed: int
     bytes_pulled: int
+    # where Delta went, when the worker says (the parameter server's: push_s, the pushes and
+    # copies left at the update; pull_wait_s, waiting for and decoding the answers still out;
+    # copy_up_s, copying answers into the net, during backward included on the CPU)
+    parts: dict = field(default_factory=dict)
 
 
 class SyncStats:
@@ -611,7 +615,7 @@ class DataParallel:
             s._log(f"Iteration {s.iter}, lr = {rate:.6g}")
         pushed, pulled = self._synchronize(display)
         t1 = time.perf_counter()
-        self.stats.add(SyncRecord(s.iter, compute, t1 - t0, pushed, pulled))
+        self.stats.add(SyncRecord(s.iter, compute, t1 - t0, pushed, pulled, self._sync_parts()))
         if display:
             self._log(f"Iteration {s.iter}, rank {self.rank}/{self.world_size}: "
                       + self.stats.display_line())
@@ -622,6 +626,10 @@ class DataParallel:
 
     def _after_sync(self, display):
         """Nothing by default: the parameter server has updated the parameters."""
+
+    def _sync_parts(self) -> dict:
+        """The parts of this iteration's Delta the worker timed (none by default)."""
+        return {}
 
     def solve(self, resume_file: str | None = None):
         """Caffe's Solver::Solve, data-parallel: restore, join, train, leave."""
@@ -718,6 +726,8 @@ class PSWorker(DataParallel):
         solver.history = []
         self._staging = self._make_staging() if self._on_gpu else None
         self.client = None
+        self._copy_up_s = 0.0     # this iteration's time in _set_param
+        self._parts: dict = {}    # this iteration's parts of Delta (_sync_parts)
         if config.overlap:
             self._ready = deque()    # (shard, copy-done event or None): to push, in order
             self._pushed = 0         # bytes pushed so far this iteration
@@ -762,11 +772,13 @@ class PSWorker(DataParallel):
         arrive: a bucket comes back after this worker pushed it, which was after the
         layers that read the blobs had run (GPU: after the copy that waited on their
         event)."""
+        t0 = time.perf_counter()
         q = self.params[i]
         if self._on_gpu:   # host -> device on the parameter stream
             q.data.set(np.ascontiguousarray(array).reshape(q.shape), stream=self._param_stream)
         else:
             np.copyto(q.data, array.reshape(q.shape))
+        self._copy_up_s += time.perf_counter() - t0
 
     def _params_landed(self):
         """The compute stream waits for the parameters set so far (GPU)."""
@@ -794,6 +806,7 @@ class PSWorker(DataParallel):
         self._params_landed()
         if at != s.iter:  # the servers check this; a mismatch here is a server bug
             raise PSError(f"the servers are at iteration {at}, this worker at {s.iter}")
+        self._copy_up_s = 0.0    # the join's copies are not an iteration's
         self._log(f"joined {len(c.endpoints)} shard(s) at iteration {at} in "
                   f"{time.perf_counter() - t0:.3g} s")
 
@@ -805,13 +818,23 @@ class PSWorker(DataParallel):
                 self._set_param)
             self._params_landed()
             return out
+        t0 = time.perf_counter()
         self.overlap.flush()              # buckets backward did not finish (none, normally)
         self._push_ready(wait=True)
+        t1 = time.perf_counter()
+        copied = self._copy_up_s
         pulled = self.client.pull(s.iter, self._set_param)
         self._params_landed()
+        self._parts = {"push_s": t1 - t0,
+                       "pull_wait_s": time.perf_counter() - t1 - (self._copy_up_s - copied)}
         pushed, self._pushed = self._pushed, 0
         self.overlap.reset()
         return pushed, pulled
+
+    def _sync_parts(self) -> dict:
+        parts, self._parts = dict(self._parts, copy_up_s=self._copy_up_s), {}
+        self._copy_up_s = 0.0
+        return parts
 
     # ------------------------------------------------------------ overlap
     def _bucket_ready(self, g, event):

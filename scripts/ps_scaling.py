@@ -47,6 +47,8 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   the honest one);
 * server ms: per round, the busiest shard's time summing, updating and handing its
   answers to ZeroMQ (``python -m ps server --stats``), median over the timed rounds;
+* push_s, pull_wait_s, copy_up_s (CSV only): the parts of a parameter-server worker's
+  Delta (``ps.worker.SyncRecord.parts``), medians over every (rank, timed iteration);
 * computation/communication = median compute_s / median delta_s over every
   (rank, timed iteration).
 
@@ -104,12 +106,13 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "world_size", "batch_per_worker", "shards", "status", "images_per_s", "iter_s",
                "speedup", "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
                "compute_s_per_rank", "comm_s_per_rank", "mb_pushed_per_iter",
-               "mb_pulled_per_iter", "server_busy_s", "server_update_s", "timed_iterations",
+               "mb_pulled_per_iter", "server_busy_s", "server_update_s", "push_s",
+               "pull_wait_s", "copy_up_s", "timed_iterations",
                "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
                  "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
                  "mb_pushed_per_iter", "mb_pulled_per_iter", "server_busy_s", "server_update_s",
-                 "wall_s")
+                 "push_s", "pull_wait_s", "copy_up_s", "wall_s")
 INT_COLUMNS = ("world_size", "batch_per_worker", "shards", "timed_iterations")
 
 
@@ -609,7 +612,15 @@ def summarise(records_by_rank, warmup: int, iters: int, batch: int) -> dict:
     comm = [t[i]["delta_s"] for t in timed for i in common]
     compute_s, comm_s = statistics.median(comp), statistics.median(comm)
     n = len(common) * world
+    # the parts of Delta a parameter-server worker times (ps.worker.SyncRecord.parts)
+    parts = {}
+    for key in ("push_s", "pull_wait_s", "copy_up_s"):
+        got = [t[i]["parts"][key] for t in timed for i in common
+               if key in t[i].get("parts", {})]
+        if got:
+            parts[key] = statistics.median(got)
     return {
+        **parts,
         "iter_s": iter_s,
         "images_per_s": world * batch / iter_s,
         "compute_s": compute_s,

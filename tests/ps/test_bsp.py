@@ -239,6 +239,10 @@ def test_link_emulation_shows_in_delta(procs, tmp_path):
     assert [r["iteration"] for r in recs] == [0, 1, 2]
     assert all(0.040 <= r["delta_s"] < 0.5 for r in recs), recs
     assert all(r["bytes_pushed"] > 176 and r["bytes_pulled"] > 176 for r in recs)
+    for r in recs:    # where Delta went: the queued pushes' 20 ms, the answers' 20 ms
+        p = r["parts"]
+        assert p["push_s"] >= 0.015 and p["pull_wait_s"] >= 0.015 and p["copy_up_s"] >= 0, r
+        assert p["push_s"] + p["pull_wait_s"] <= r["delta_s"], r
 
 
 def test_a_terminated_server_tells_the_workers(procs, tmp_path):

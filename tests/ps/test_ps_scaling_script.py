@@ -182,8 +182,14 @@ def test_summarise_uses_the_slowest_rank_and_medians():
     assert s["comp_comm_ratio"] == pytest.approx(s["compute_s"] / s["comm_s"])
     assert s["compute_s_per_rank"] == "0.1;0.08" and s["timed_iterations"] == 5
     assert s["mb_pushed_per_iter"] == pytest.approx(1e-4)
+    assert "pull_wait_s" not in s                    # no parts recorded, none reported
     with pytest.raises(ValueError, match="none after the 6 warm-up"):
         ps_scaling.summarise([r0, r1], warmup=6, iters=5, batch=8)
+    for i, r in enumerate(r0[1:] + r1[1:]):          # a parameter-server worker's parts
+        r["parts"] = {"push_s": 0.001, "pull_wait_s": 0.002 * (i % 3), "copy_up_s": 0.004}
+    s = ps_scaling.summarise([r0, r1], warmup=1, iters=5, batch=8)
+    assert (s["push_s"], s["copy_up_s"]) == pytest.approx((0.001, 0.004))
+    assert s["pull_wait_s"] == pytest.approx(0.002)
 
 
 def test_add_scaling_needs_the_one_worker_baseline():

@@ -171,6 +171,10 @@ class Net:
     # ps.overlap.GradientOverlap turns these calls into "these parameter diffs are final",
     # so that gradient communication overlaps the rest of backward.
     backward_listener = None
+    # ``forward_listener(li)``, called right before layer li's forward is issued (here or
+    # under a swap plan): a parameter-server worker makes the current stream wait there
+    # for the copy of layer li's new parameters (ps.worker.ForwardCopyUp).
+    forward_listener = None
     # --- ps/ hook (end)
 
     def __init__(self, model, phase=TEST, weights=None, *, mode=None, dtype=np.float32,
@@ -481,6 +485,8 @@ class Net:
         if shapes != self._shapes_seen[li]:
             layer.reshape(bottom, top)
             self._shapes_seen[li] = shapes
+        if self.forward_listener is not None:  # ps/ hook
+            self.forward_listener(li)
         return layer.forward(bottom, top)
 
     def backward_layer(self, li: int):

@@ -4,7 +4,7 @@
     minicaffe ps keys --curve-dir DIR [--clients N]
     minicaffe train --solver S --ps tcp://h1:p1,tcp://h2:p2 --rank R --world-size W [--gpu G]
                     [--comm ps|nccl] [--link-gbps G --link-latency-ms L] [--curve-dir DIR]
-                    [--no-overlap] [--bucket-mb MB]
+                    [--no-overlap] [--bucket-mb MB] [--copy-up MODE]
 
 ``python -m ps server ...`` is the same as ``minicaffe ps server ...``.
 This module imports neither ZeroMQ nor the framework's heavy parts until a
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .copyup import COPY_UP_MODES
 from .protocol import DEFAULT_MAX_FRAME_BYTES
 
 
@@ -63,6 +64,11 @@ def add_train_options(t):
                    help="with overlap: the largest bucket of gradients communicated at once, "
                         "in MiB (--comm nccl: an all-reduce, default 25; --comm ps: one "
                         "push and its answer, default 8)")
+    g.add_argument("--copy-up", choices=COPY_UP_MODES, default=None,
+                   help="--comm ps with overlap: when the new parameters go into the net: as "
+                        "they come back during backward, at the update, or during the next "
+                        "forward, layer by layer (default: forward on a GPU, backward on the "
+                        "CPU, or MINICAFFE_PS_COPY_UP; docs/PS.md)")
     _link_args(g)
 
 
@@ -86,6 +92,8 @@ def wrap_solver(args, solver):
             raise ValueError("--comm nccl needs GPU mode (--gpu N)")
         if args.link_gbps or args.link_latency_ms:
             raise ValueError("link emulation (--link-gbps/--link-latency-ms) applies to --comm ps")
+        if getattr(args, "copy_up", None):
+            raise ValueError("--copy-up applies to --comm ps (NCCL all-reduces on the device)")
         return NcclWorker(solver, endpoints[0], args.rank, args.world_size,
                           timeout=args.ps_timeout, curve_dir=args.curve_dir,
                           stats_path=args.ps_stats, overlap=overlap,
@@ -93,10 +101,15 @@ def wrap_solver(args, solver):
     if bucket_mb is not None and not overlap:
         raise ValueError("--bucket-mb applies with overlap (without it the parameter server "
                          "gets one message per shard after backward)")
+    copy_up = getattr(args, "copy_up", None)
+    if copy_up is not None and not overlap:
+        raise ValueError("--copy-up applies with overlap (without it every answer comes after "
+                         "backward and is copied at the update)")
     cfg = PSConfig(endpoints=endpoints, rank=args.rank, world_size=args.world_size,
                    timeout=args.ps_timeout, link_gbps=args.link_gbps,
                    link_latency_ms=args.link_latency_ms, curve_dir=args.curve_dir,
-                   stats_path=args.ps_stats, overlap=overlap, bucket_mb=bucket_mb)
+                   stats_path=args.ps_stats, overlap=overlap, bucket_mb=bucket_mb,
+                   copy_up=copy_up)
     return PSWorker(solver, cfg)
 
 

@@ -77,6 +77,7 @@ from minicaffe.log import log
 from minicaffe.proto import caffe_pb2
 
 from . import protocol as P
+from .copyup import CopyError, CopyUp, copy_up_mode, forward_needs
 from .overlap import (DEFAULT_PS_BUCKET_MB, GradientOverlap, backward_order, make_buckets,
                       overlap_default)
 from .protocol import Op, ProtocolError
@@ -113,6 +114,7 @@ class PSConfig:
     stats_path: str | None = None
     overlap: bool = field(default_factory=overlap_default)
     bucket_mb: float | None = None    # with overlap: MiB per bucket (DEFAULT_PS_BUCKET_MB)
+    copy_up: str | None = None        # with overlap: ps.copyup mode (None: the default)
 
     def validate(self):
         if self.world_size < 1:
@@ -631,6 +633,10 @@ class DataParallel:
         """The parts of this iteration's Delta the worker timed (none by default)."""
         return {}
 
+    def _land(self):
+        """The parameters of the last round are in the net for whatever reads them next
+        (nothing to do by default: the round ends with them there)."""
+
     def solve(self, resume_file: str | None = None):
         """Caffe's Solver::Solve, data-parallel: restore, join, train, leave."""
         s = self.solver
@@ -643,6 +649,7 @@ class DataParallel:
             self._join()
             self._t_sync_end = time.perf_counter()
             s.solve()
+            self._land()
         except BaseException as e:
             self._abort(f"rank {self.rank}: {type(e).__name__}: {e}")
             raise
@@ -659,6 +666,7 @@ class DataParallel:
                 self._join()
                 self._t_sync_end = time.perf_counter()
             self.solver.step(iters)
+            self._land()
         except BaseException as e:
             self._abort(f"rank {self.rank}: {type(e).__name__}: {e}")
             self._close()
@@ -728,6 +736,13 @@ class PSWorker(DataParallel):
         self.client = None
         self._copy_up_s = 0.0     # this iteration's time in _set_param
         self._parts: dict = {}    # this iteration's parts of Delta (_sync_parts)
+        # with overlap, when answers go into the net (ps.copyup)
+        self.copy_mode = copy_up_mode(self._on_gpu, config.copy_up) if config.overlap else None
+        self._copy = None         # forward: the copy thread
+        self._held = []           # update: (blob id, array) taken during backward
+        self._early = 0           # bytes of answers taken during backward, this iteration
+        self._fwd_wait_s = 0.0    # forward: the host's wait for the copy thread, this iteration
+        self._copy_busy = 0.0     # forward: the copy thread's time until the last record
         if config.overlap:
             self._ready = deque()    # (shard, copy-done event or None): to push, in order
             self._pushed = 0         # bytes pushed so far this iteration
@@ -736,6 +751,8 @@ class PSWorker(DataParallel):
                 self._copy_stream = cupy.cuda.Stream(non_blocking=True)
                 self._copy_done = [cupy.cuda.Event(disable_timing=True) for _ in self.buckets]
             self._overlap_on([b for _, b in self.buckets], self._bucket_ready, self._push_ready)
+            if self.copy_mode == "forward":
+                self._forward_copy_on(solver)
         if self._on_gpu:
             import cupy
             # new parameters go up on their own stream; the compute stream waits for them
@@ -747,10 +764,63 @@ class PSWorker(DataParallel):
                   + ", ".join(f"{ep} holds {len(ids)} blob(s), {b:,} bytes"
                               for ep, ids, b in zip(config.endpoints, self.shards, loads))
                   + (f"; overlap: {len(self.buckets)} bucket(s) of at most {cap:,} bytes in "
-                     "backward order, each pushed once backward has finished it"
+                     "backward order, each pushed once backward has finished it; answers "
+                     f"copied into the net: {self.copy_mode}"
                      if config.overlap else "; overlap off")
                   + (f"; data layers sliced by rank: {', '.join(self.slicer.layers)}"
                      if self.slicer and self.slicer.layers else ""))
+
+    def _forward_copy_on(self, solver):
+        """Copy-up ``forward`` (ps.copyup): a copy thread, and the train net's forward
+        waits per layer for its buckets; whatever else reads the parameters lands them all
+        first."""
+        net = solver.net
+        if net.forward_listener is not None:
+            raise RuntimeError(f"net {net.name!r} already has a forward listener")
+        groups = [b for _, b in self.buckets]
+        self._needs = forward_needs(net, groups)
+        # the last layer of a forward waits for whatever is left (a partial pass's buckets)
+        last = len(net.layers) - 1
+        self._needs[last] = list(range(len(groups)))
+        order = [b for li in sorted(self._needs) if li != last for b in self._needs[li]]
+        self._copy = CopyUp(self.params, groups, order, self._staging, self.config.timeout)
+        net.forward_listener = self._forward_wait
+        for name in ("test_all", "snapshot"):
+            setattr(solver, name, self._landing(getattr(solver, name)))
+
+    def _landing(self, fn):
+        def landed(*args, **kwargs):
+            self._land()
+            return fn(*args, **kwargs)
+        return landed
+
+    def _forward_wait(self, li):
+        buckets = self._needs.get(li)
+        if buckets:
+            t0 = time.perf_counter()
+            try:
+                self._copy.wait(buckets)
+            except CopyError as e:
+                raise PSError(f"iteration {self.solver.iter}, layer "
+                              f"{self.solver.net.layer_names[li]!r}: {e}") from None
+            self._fwd_wait_s += time.perf_counter() - t0
+
+    def _land(self):
+        if self._copy is not None:
+            try:
+                self._copy.land()
+            except CopyError as e:
+                raise PSError(f"iteration {self.solver.iter}: {e}") from None
+
+    def _take_early(self, i, array):
+        """An answer taken during backward, per the copy-up mode."""
+        self._early += array.nbytes
+        if self.copy_mode == "forward":
+            self._copy.arrived(i, array)
+        elif self.copy_mode == "update":
+            self._held.append((i, array))
+        else:
+            self._set_param(i, array)
 
     def _make_staging(self):
         """Pinned host buffers for the gradients (device-to-host copies)."""
@@ -823,17 +893,30 @@ class PSWorker(DataParallel):
         self._push_ready(wait=True)
         t1 = time.perf_counter()
         copied = self._copy_up_s
-        pulled = self.client.pull(s.iter, self._set_param)
-        self._params_landed()
+        held, self._held = self._held, []
+        for i, array in held:             # copy-up "update": what came during backward
+            self._set_param(i, array)
+        forward = self._copy is not None
+        pulled = self.client.pull(s.iter, self._copy.arrived if forward else self._set_param)
+        if forward:
+            self._copy.go()               # up during the next forward, layer by layer
+        else:
+            self._params_landed()
         self._parts = {"push_s": t1 - t0,
-                       "pull_wait_s": time.perf_counter() - t1 - (self._copy_up_s - copied)}
+                       "pull_wait_s": time.perf_counter() - t1 - (self._copy_up_s - copied),
+                       "early_mb": self._early / 1e6}
+        self._early = 0
         pushed, self._pushed = self._pushed, 0
         self.overlap.reset()
         return pushed, pulled
 
     def _sync_parts(self) -> dict:
         parts, self._parts = dict(self._parts, copy_up_s=self._copy_up_s), {}
-        self._copy_up_s = 0.0
+        if self._copy is not None:
+            parts["fwd_wait_s"] = self._fwd_wait_s
+            busy = self._copy.host_s + self._copy.issue_s
+            parts["copy_thread_s"], self._copy_busy = busy - self._copy_busy, busy
+        self._copy_up_s = self._fwd_wait_s = 0.0
         return parts
 
     # ------------------------------------------------------------ overlap
@@ -842,6 +925,10 @@ class PSWorker(DataParallel):
         update's flush).  GPU: the copy stream waits on ``event`` (recorded on
         the compute stream after the kernels that wrote them) and copies the
         diffs to the pinned staging buffers; nothing waits on the host."""
+        if self._copy is not None:
+            # the last round's copies must be over before its staging buffers take
+            # gradients again (they are, when the forward waited for every bucket)
+            self._copy.settle()
         done = None
         if self._staging is not None:
             side = self._copy_stream
@@ -870,12 +957,8 @@ class PSWorker(DataParallel):
                      for i in sorted(ids)]
             self._pushed += self.client.push(t, s, grads)
         self.client.send_due(wait=wait)
-        if not wait and not self._on_gpu:
-            # CPU: take the answers that have come back.  GPU: leave them queued until the
-            # update.  Copying them up during backward made the 4-H200 runs slower (ResNet-152
-            # at W = 4: compute 196 -> 268 ms): backward's host-to-device link carries the
-            # swap plan's prefetches, and a pageable copy holds the host thread.
-            self.client.receive_ready(t, self._set_param)
+        if not wait:   # the answers that have come back, per the copy-up mode (ps.copyup)
+            self.client.receive_ready(t, self._take_early)
 
     def _abort(self, reason):
         if self.client is not None:
@@ -883,6 +966,11 @@ class PSWorker(DataParallel):
 
     def _close(self):
         self._overlap_off()
+        if self._copy is not None:
+            if self.solver.net.forward_listener == self._forward_wait:
+                self.solver.net.forward_listener = None
+            self._copy.close()
+            self._copy = None
         if self.client is not None:
             self.client.close()
             self.client = None

@@ -49,6 +49,9 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   answers to ZeroMQ (``python -m ps server --stats``), median over the timed rounds;
 * push_s, pull_wait_s, copy_up_s (CSV only): the parts of a parameter-server worker's
   Delta (``ps.worker.SyncRecord.parts``), medians over every (rank, timed iteration);
+  early_mb: MB of answers back before the update; with ``--copy-up forward``,
+  fwd_wait_s: the next forward's host wait for the copy thread, copy_thread_s: that
+  thread's time per round (both in compute, not Delta);
 * computation/communication = median compute_s / median delta_s over every
   (rank, timed iteration).
 
@@ -107,12 +110,15 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "speedup", "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
                "compute_s_per_rank", "comm_s_per_rank", "mb_pushed_per_iter",
                "mb_pulled_per_iter", "server_busy_s", "server_update_s", "push_s",
-               "pull_wait_s", "copy_up_s", "timed_iterations",
+               "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
+               "timed_iterations",
                "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
                  "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
                  "mb_pushed_per_iter", "mb_pulled_per_iter", "server_busy_s", "server_update_s",
-                 "push_s", "pull_wait_s", "copy_up_s", "wall_s")
+                 "push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
+                 "wall_s")
+PART_COLUMNS = ("push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s")
 INT_COLUMNS = ("world_size", "batch_per_worker", "shards", "timed_iterations")
 
 
@@ -136,6 +142,9 @@ def parse_args(argv=None):
     ap.add_argument("--bucket-mb", type=float, default=None,
                     help="with overlap: the workers' largest bucket (MiB; default theirs: an "
                          "NCCL all-reduce 25, a parameter-server push 8)")
+    ap.add_argument("--copy-up", default=None, choices=("backward", "update", "forward"),
+                    help="--comm ps with overlap: when the workers copy the answers into the net "
+                         "(default theirs: forward on a GPU; ps/copyup.py)")
     ap.add_argument("--link-gbps", type=float, default=10.0, help="emulated bandwidth (Gb/s)")
     ap.add_argument("--link-latency-ms", type=float, default=0.1, help="emulated latency (ms)")
     ap.add_argument("--shards", default="W",
@@ -492,6 +501,8 @@ def worker_cmd(cfg: Config, args, rank, solver, ps_arg, run_dir) -> list:
         cmd.append("--no-overlap")
     elif args.bucket_mb:
         cmd += ["--bucket-mb", str(args.bucket_mb)]
+    if cfg.overlap != "off" and cfg.comm == "ps" and args.copy_up:
+        cmd += ["--copy-up", args.copy_up]
     if args.engine:
         cmd += ["--engine", args.engine]
     return cmd
@@ -614,7 +625,7 @@ def summarise(records_by_rank, warmup: int, iters: int, batch: int) -> dict:
     n = len(common) * world
     # the parts of Delta a parameter-server worker times (ps.worker.SyncRecord.parts)
     parts = {}
-    for key in ("push_s", "pull_wait_s", "copy_up_s"):
+    for key in PART_COLUMNS:
         got = [t[i]["parts"][key] for t in timed for i in common
                if key in t[i].get("parts", {})]
         if got:

@@ -123,14 +123,20 @@ def test_nccl_two_gpus_match_one_gpu_at_twice_the_batch(procs, tmp_path):
     assert "computation/communication" in workers[0].log()
 
 
-@pytest.mark.parametrize("buckets", [[], ["--bucket-mb", "0.00005"]])
-def test_ps_gpu_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path, buckets):
+@pytest.mark.parametrize("buckets, copy_up", [([], None), (["--bucket-mb", "0.00005"], None),
+                                              (["--bucket-mb", "0.00005"], "update"),
+                                              (["--bucket-mb", "0.00005"], "backward")])
+def test_ps_gpu_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path, buckets,
+                                                                    copy_up):
     """Device-to-host copies on the copy stream behind the hook's events, pushes between
-    layers, new parameters copied up on the parameter stream as their buckets come back
-    (--bucket-mb 0.00005: one blob per bucket): the same parameters as pushing after
-    backward."""
+    layers, new parameters copied up (ps.copyup: by default during the next forward, from
+    the pinned buffers, each layer waiting for its buckets; or at the update; or as they
+    come back) (--bucket-mb 0.00005: one blob per bucket): the same parameters as pushing
+    after backward, snapshot at iteration 10 included."""
     source = write_hdf5(tmp_path, rows=32)
-    on, w_on = ps_run(procs, tmp_path, "on", source, buckets)
+    extra = buckets + (["--copy-up", copy_up] if copy_up else [])
+    on, w_on = ps_run(procs, tmp_path, "on", source, extra)
+    assert f"copied into the net: {copy_up or 'forward'}" in w_on[0].log()
     off, w_off = ps_run(procs, tmp_path, "off", source, ["--no-overlap"])
     assert ("overlap: 4 bucket(s)" if buckets else "overlap:") in w_on[0].log()
     assert "overlap off" in w_off[0].log()

@@ -269,17 +269,26 @@ def _reference(tmp_path, k, iter_size=1, max_iter=8):
 
 # (2, 4, 1, 1, 1 byte): one shard, each blob a bucket: four PUSH/PARAMS per round, answered
 # as each bucket is complete; (4, 2, 3, 2, ...): two buckets on one shard, with iter_size.
-@pytest.mark.parametrize("world_size, k, shards, iter_size, bucket_mb",
-                         [(2, 4, 2, 1, None), (4, 2, 3, 2, 1e-6), (3, 2, 4, 1, None),
-                          (2, 4, 1, 1, 1e-6)])
+# Copy-up (ps.copyup): as answers come (the CPU's default), at the update, or during the
+# next forward, there with a copy thread slowed down (20 ms per bucket) so that the forward
+# layers, and the caller after solve, really wait for it.
+@pytest.mark.parametrize("world_size, k, shards, iter_size, bucket_mb, copy_up",
+                         [(2, 4, 2, 1, None, None), (4, 2, 3, 2, 1e-6, "update"),
+                          (3, 2, 4, 1, None, "forward"), (2, 4, 1, 1, 1e-6, None),
+                          (2, 4, 1, 1, 1e-6, "forward")])
 def test_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path, world_size, k,
-                                                             shards, iter_size, bucket_mb):
-    buckets = ["--bucket-mb", str(bucket_mb)] if bucket_mb else []
-    on, w_on = _run(procs, tmp_path, "on", k, world_size, shards, buckets, iter_size=iter_size)
+                                                             shards, iter_size, bucket_mb,
+                                                             copy_up):
+    extra = ["--bucket-mb", str(bucket_mb)] if bucket_mb else []
+    if copy_up:
+        extra += ["--copy-up", copy_up] + (["--copy-delay", "0.02"] if copy_up == "forward"
+                                           else [])
+    on, w_on = _run(procs, tmp_path, "on", k, world_size, shards, extra, iter_size=iter_size)
     off, w_off = _run(procs, tmp_path, "off", k, world_size, shards, ["--no-overlap"],
                       iter_size=iter_size)
     want = 4 if bucket_mb else shards
     assert f"overlap: {want} bucket(s) of at most" in w_on[0].log()
+    assert f"copied into the net: {copy_up or 'backward'}" in w_on[0].log()
     assert "overlap off" in w_off[0].log()
     for r in range(world_size):                # every rank, bit for bit
         for a, b in zip(on[r], off[r]):
@@ -357,7 +366,8 @@ def test_a_bucket_comes_back_while_backward_goes_on(procs, tmp_path):
         s.net.blobs["data"].data[...] = data
         s.net.blobs["target"].data[...] = target
 
-    cfg = PSConfig(endpoints=[server.endpoint], timeout=10.0, overlap=True, bucket_mb=1e-6)
+    cfg = PSConfig(endpoints=[server.endpoint], timeout=10.0, overlap=True, bucket_mb=1e-6,
+                   copy_up="backward")
     worker = PSWorker(solver, cfg, data_hook=feed)
     net = solver.net
     layers, sets = [], None

@@ -1,0 +1,221 @@
+"""When a worker copies the parameter server's answers into its net (issue 6).
+
+A shard answers each bucket of new parameters as soon as every worker has pushed it
+(ps/overlap.py), so most answers are back before this worker's backward ends.  Where
+they go into the net is the copy-up mode (``$MINICAFFE_PS_COPY_UP``, ``--copy-up``):
+
+``backward`` (the CPU's default)
+    each answer is copied into the net between backward layers, as it comes.  Its
+    blobs' backward is over, so nothing reads them before the next forward.
+``update``
+    answers are taken (decoded, not copied) between backward layers; the update
+    copies them all into the net on the main thread, then the next iteration starts.
+    A GPU's copies from ZeroMQ's pageable buffers hold the host thread.
+``forward`` (the GPU's default)
+    answers are taken between backward layers and handed to a copy thread, which
+    copies each into its pinned staging buffer (host memory, off the main thread).
+    At the update, once every answer is in, the thread issues the host-to-device
+    copies bucket by bucket in the order the next forward needs them, on a stream of
+    their own, and records an event per bucket.  Before each forward layer the compute
+    stream waits for the events of the buckets holding that layer's parameters, so the
+    forward starts as soon as the first layers' parameters are up, while the rest are
+    still copying.  Backward's host-to-device direction carries the swap plan's
+    prefetches (session 14, call 3: copying during backward raised ResNet-152's
+    compute from 196 to 268 ms on 4 H200s); forward's offloads use the other direction.
+
+Staging reuse (GPU): a bucket's answer goes into the pinned buffers its gradients
+were pushed from.  That is safe: a shard answers a bucket only once it has all of it
+from every worker, so this worker's send from those buffers is over; and the next
+device-to-host copy into them waits (copy stream) for backward's event of the same
+layers, whose forward waited for this copy.
+
+Everything else that reads the parameters (the test nets, a snapshot, the caller
+after ``step``) calls :meth:`CopyUp.land` first.  On the CPU the same thread and
+events run, with ``np.copyto`` as the copy and no stream: the tests check the
+waits that way.  :func:`forward_needs` is pure.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+
+ENV_COPY_UP = "MINICAFFE_PS_COPY_UP"
+COPY_UP_MODES = ("backward", "update", "forward")
+
+
+def copy_up_mode(on_gpu: bool, choice: str | None = None, env=None) -> str:
+    """The copy-up mode: ``choice`` (``--copy-up``), else ``$MINICAFFE_PS_COPY_UP``, else
+    ``forward`` on the GPU and ``backward`` on the CPU."""
+    env = os.environ if env is None else env
+    mode = choice or env.get(ENV_COPY_UP, "").strip().lower() or None
+    if mode is None:
+        return "forward" if on_gpu else "backward"
+    if mode not in COPY_UP_MODES:
+        source = "--copy-up" if choice else f"${ENV_COPY_UP}"
+        raise ValueError(f"{source}={mode!r}: expected one of {', '.join(COPY_UP_MODES)}")
+    return mode
+
+
+def forward_needs(net, buckets: list) -> dict:
+    """{layer index: [bucket ids]}: the buckets (lists of learnable parameter ids) whose
+    parameters a forward must have before that layer runs, each at the first layer
+    that holds one of them.  A bucket no layer holds (an empty one) is absent."""
+    from .overlap import learnable_index
+    first: dict = {}
+    for flat, q in enumerate(learnable_index(net)):
+        li = net.param_layer_index[flat][0]
+        first[q] = min(li, first.get(q, li))
+    out: dict = {}
+    for b, ids in enumerate(buckets):
+        users = [first[i] for i in ids if i in first]
+        if users:
+            out.setdefault(min(users), []).append(b)
+    return out
+
+
+class CopyError(RuntimeError):
+    pass
+
+
+class CopyUp:
+    """The ``forward`` copy-up of one worker: a copy thread, an event per bucket.
+
+    Args:
+        params: the net's learnable blobs (``.data`` is written).
+        buckets: learnable parameter ids per bucket (ps.worker's bucket order).
+        order: bucket ids in the order the next forward needs them.
+        staging: pinned host arrays per parameter (GPU), or None (CPU: the answer's
+            array is copied into the net directly).
+        timeout: seconds a waiter gives the thread before it reports it stuck.
+
+    Per round: :meth:`arrived` for every answered blob (main thread, any time after its
+    bucket was pushed), :meth:`go` once all are in, :meth:`wait` per bucket before a
+    forward layer, or :meth:`land` for all of them.
+    """
+
+    def __init__(self, params, buckets: list, order: list, staging=None,
+                 timeout: float = 120.0):
+        self.params = params
+        self.buckets = [list(b) for b in buckets]
+        # every bucket is issued each round: those ``order`` leaves out go last
+        self.order = list(order) + [b for b in range(len(self.buckets)) if b not in set(order)]
+        self.staging = staging
+        self.timeout = timeout
+        self.gpu = staging is not None
+        if self.gpu:
+            import cupy
+            self._device = cupy.cuda.Device()
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.events = [cupy.cuda.Event(disable_timing=True) for _ in self.buckets]
+            self._current_stream = cupy.cuda.get_current_stream
+        self._issued = [threading.Event() for _ in self.buckets]
+        self._waited = [True] * len(self.buckets)    # by the current stream, this round
+        self._open = False        # a round's copies are issued or due and not all waited for
+        self._arrays: dict = {}   # blob id -> answer (CPU: until go)
+        self._jobs: queue.Queue = queue.Queue()
+        self._error = None
+        self.host_s = 0.0         # the thread's time copying into staging, in all
+        self.issue_s = 0.0        # the thread's time issuing the copies up, in all
+        self.delay_s = 0.0        # tests: the thread sleeps this long before each bucket
+        self._thread = threading.Thread(target=self._run, name="ps-copy-up", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ main thread
+    @property
+    def open(self) -> bool:
+        """Whether the last round's copies are not all waited for yet."""
+        return self._open
+
+    def settle(self):
+        """Before a new round's gradients go into the staging buffers: the last round's
+        copies are waited for, by the current stream and (GPU) by the host.  A no-op when
+        the forward waited for every bucket, which orders them already."""
+        if self._open:
+            self.land()
+            if self.gpu:
+                self.stream.synchronize()
+
+    def arrived(self, i: int, array):
+        """Blob i's new values (a host array that stays valid until :meth:`go`'s copies)."""
+        self._jobs.put(("host", i, array))
+
+    def go(self):
+        """Every answer of the round is in: issue the copies up, in ``order``."""
+        self._open = True
+        for b in range(len(self.buckets)):
+            self._issued[b].clear()
+            self._waited[b] = False
+        self._jobs.put(("go", None, None))
+
+    def wait(self, buckets):
+        """The current stream waits for these buckets' copies (the host waits only until the
+        thread has issued them)."""
+        for b in buckets:
+            if self._waited[b]:
+                continue
+            if not self._issued[b].wait(self.timeout):
+                raise CopyError(f"the copy-up thread did not issue bucket {b} within "
+                                f"{self.timeout:g} s")
+            self._check()
+            if self.gpu:
+                self._current_stream().wait_event(self.events[b])
+            self._waited[b] = True
+        if all(self._waited):
+            self._open = False
+
+    def land(self):
+        """Every copy of the round is waited for (by the current stream)."""
+        if self._open:
+            self.wait(range(len(self.buckets)))
+
+    def close(self):
+        self._jobs.put(None)
+        self._thread.join(timeout=10.0)
+
+    def _check(self):
+        if self._error is not None:
+            raise CopyError(f"the copy-up thread failed: {self._error}")
+
+    # ------------------------------------------------------------ the thread
+    def _run(self):
+        try:
+            if self.gpu:
+                self._device.use()
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                kind, i, array = job
+                if kind == "host":
+                    t0 = time.perf_counter()
+                    if self.gpu:
+                        np.copyto(self.staging[i], np.asarray(array).reshape(self.staging[i].shape))
+                    else:
+                        self._arrays[i] = array
+                    self.host_s += time.perf_counter() - t0
+                else:
+                    self._issue_all()
+        except BaseException as e:   # reported to the waiters; never lost
+            self._error = f"{type(e).__name__}: {e}"
+            for ev in self._issued:
+                ev.set()
+
+    def _issue_all(self):
+        for b in self.order:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            t0 = time.perf_counter()
+            for i in self.buckets[b]:
+                q = self.params[i]
+                if self.gpu:
+                    q.data.set(self.staging[i], stream=self.stream)
+                else:
+                    np.copyto(q.data, np.asarray(self._arrays.pop(i)).reshape(q.data.shape))
+            if self.gpu:
+                self.events[b].record(self.stream)
+            self.issue_s += time.perf_counter() - t0
+            self._issued[b].set()

@@ -31,26 +31,27 @@ it, while backward goes on with the layers below::
     backward  [layer L ... layer j][layer j-1 ... layer i][layer i-1 ... 0]   update
     bucket 0                      ^ ready: (GPU) the copy stream waits on the
                                     compute event, copies the bucket's diffs to
-                                    pinned memory; send when the copy is done
-    bucket 0's PARAMS                           ^ (CPU) taken between layers: its
-                                                  blobs' backward is over; (GPU) queued
+                                    pinned memory; the round thread pushes
+                                    it when the copy is done
+    bucket 0's PARAMS                           ^ taken by the round thread: its
+                                                  blobs' backward is over
     bucket 1                                             ^ ready ...
                                                                  flush, take the rest
 
-Sends and receives happen on the main thread, between layers
-(``between_layers``): a send hands zero-copy frames to ZeroMQ's I/O thread and
-returns, an emulated link's push is queued until its due time instead of
-sleeping, a copy that is not done yet is only checked (``event.done``), never
-waited for, and on the CPU the answers that have arrived are taken without
-waiting.  On the GPU they stay queued (ZeroMQ's I/O threads have received them)
-until the update, which copies them up on a parameter stream that the compute
-stream waits for: during backward the host-to-device link carries the swap
-plan's prefetches.  So the backward never blocks on the network or a copy.  The
-update pushes what is left (waiting on the copies then) and takes the answers still
-missing.  The servers' arithmetic (sum in rank order, 1/W, the update of each
-blob) and the BSP rounds are those of the path without overlap, so the
-parameters are identical bit for bit; only the blobs' placement on the shards
-differs.
+Between the join and the close the client belongs to a round thread
+(:mod:`ps.rounds`): the backward hook hands it each bucket with the event of its
+device-to-host copy, and the thread pushes the bucket as soon as the copy is done
+(whatever the main thread is doing: a host that issues backward ahead of the GPU
+no longer holds the pushes back), takes the answers as they come, and at the
+update pushes what is left and waits for the answers still out.  An emulated
+link's push is queued until its due time instead of sleeping.  Where the answers
+go into the net is the copy-up mode (:mod:`ps.copyup`): on the GPU by default
+during the next forward, each layer waiting for its own buckets, because during
+backward the host-to-device link carries the swap plan's prefetches; on the CPU
+as they come.  So the backward never blocks on the network or a copy.  The
+servers' arithmetic (sum in rank order, 1/W, the update of each blob) and the
+BSP rounds are those of the path without overlap, so the parameters are
+identical bit for bit; only the blobs' placement on the shards differs.
 
 Timing (AccUDNN eq. (3), ``t_whole = E m / k [t_iter(k) + Delta]``): the
 worker measures per iteration ``compute`` (from the end of one
@@ -81,6 +82,7 @@ from .copyup import CopyError, CopyUp, copy_up_mode, forward_needs
 from .overlap import (DEFAULT_PS_BUCKET_MB, GradientOverlap, backward_order, make_buckets,
                       overlap_default)
 from .protocol import Op, ProtocolError
+from .rounds import RoundThread
 from .sharding import assign_buckets, assign_shards, bucket_cap, shard_bytes
 from .transport import LinkModel, SendFailed, context, dealer, poll_until
 
@@ -494,9 +496,11 @@ class SyncRecord:
     delta_s: float
     bytes_pushed: int
     bytes_pulled: int
-    # where Delta went, when the worker says (the parameter server's: push_s, the pushes and
-    # copies left at the update; pull_wait_s, waiting for and decoding the answers still out;
-    # copy_up_s, copying answers into the net, during backward included on the CPU)
+    # where Delta went, when the worker says (the parameter server's, with overlap: push_s,
+    # the pushes and copies left at the update; pull_wait_s, waiting for the answers still
+    # out; copy_up_s, copying answers into the net, wherever the mode does it; early_mb,
+    # answers back before the update; copy-up forward: fwd_wait_s, this iteration's forward
+    # waiting for the copy thread, copy_thread_s, that thread's time)
     parts: dict = field(default_factory=dict)
 
 
@@ -744,13 +748,12 @@ class PSWorker(DataParallel):
         self._fwd_wait_s = 0.0    # forward: the host's wait for the copy thread, this iteration
         self._copy_busy = 0.0     # forward: the copy thread's time until the last record
         if config.overlap:
-            self._ready = deque()    # (shard, copy-done event or None): to push, in order
-            self._pushed = 0         # bytes pushed so far this iteration
+            self._round = None       # the RoundThread, from the join on
             if self._on_gpu:
                 import cupy
                 self._copy_stream = cupy.cuda.Stream(non_blocking=True)
                 self._copy_done = [cupy.cuda.Event(disable_timing=True) for _ in self.buckets]
-            self._overlap_on([b for _, b in self.buckets], self._bucket_ready, self._push_ready)
+            self._overlap_on([b for _, b in self.buckets], self._bucket_ready)
             if self.copy_mode == "forward":
                 self._forward_copy_on(solver)
         if self._on_gpu:
@@ -815,6 +818,10 @@ class PSWorker(DataParallel):
     def _take_early(self, i, array):
         """An answer taken during backward, per the copy-up mode."""
         self._early += array.nbytes
+        self._take_late(i, array)
+
+    def _take_late(self, i, array):
+        """An answer taken at the update, per the copy-up mode."""
         if self.copy_mode == "forward":
             self._copy.arrived(i, array)
         elif self.copy_mode == "update":
@@ -877,6 +884,14 @@ class PSWorker(DataParallel):
         if at != s.iter:  # the servers check this; a mismatch here is a server bug
             raise PSError(f"the servers are at iteration {at}, this worker at {s.iter}")
         self._copy_up_s = 0.0    # the join's copies are not an iteration's
+        if self.overlap is not None:   # the client is the round thread's from now on
+            device = None
+            if self._on_gpu:
+                import cupy
+                device = cupy.cuda.Device()
+            self._round = RoundThread(self.client, [h for h, _ in self.buckets],
+                                      self._bucket_payloads, self._take_early,
+                                      self._take_late, device)
         self._log(f"joined {len(c.endpoints)} shard(s) at iteration {at} in "
                   f"{time.perf_counter() - t0:.3g} s")
 
@@ -888,25 +903,20 @@ class PSWorker(DataParallel):
                 self._set_param)
             self._params_landed()
             return out
-        t0 = time.perf_counter()
         self.overlap.flush()              # buckets backward did not finish (none, normally)
-        self._push_ready(wait=True)
-        t1 = time.perf_counter()
-        copied = self._copy_up_s
+        try:
+            pushed, pulled, self._parts = self._round.finish(s.iter)
+        except CopyError as e:
+            raise PSError(f"iteration {s.iter}: {e}") from None
         held, self._held = self._held, []
-        for i, array in held:             # copy-up "update": what came during backward
+        for i, array in held:             # copy-up "update"
             self._set_param(i, array)
-        forward = self._copy is not None
-        pulled = self.client.pull(s.iter, self._copy.arrived if forward else self._set_param)
-        if forward:
+        if self._copy is not None:
             self._copy.go()               # up during the next forward, layer by layer
         else:
             self._params_landed()
-        self._parts = {"push_s": t1 - t0,
-                       "pull_wait_s": time.perf_counter() - t1 - (self._copy_up_s - copied),
-                       "early_mb": self._early / 1e6}
+        self._parts["early_mb"] = self._early / 1e6
         self._early = 0
-        pushed, self._pushed = self._pushed, 0
         self.overlap.reset()
         return pushed, pulled
 
@@ -924,7 +934,8 @@ class PSWorker(DataParallel):
         """Every gradient of bucket ``g`` is final (called in backward, or by the
         update's flush).  GPU: the copy stream waits on ``event`` (recorded on
         the compute stream after the kernels that wrote them) and copies the
-        diffs to the pinned staging buffers; nothing waits on the host."""
+        diffs to the pinned staging buffers; nothing waits on the host.  The round
+        thread pushes the bucket once the copy is done."""
         if self._copy is not None:
             # the last round's copies must be over before its staging buffers take
             # gradients again (they are, when the forward waited for every bucket)
@@ -937,34 +948,30 @@ class PSWorker(DataParallel):
                 self.params[i].diff.get(stream=side, out=self._staging[i], blocking=False)
             done = self._copy_done[g]
             done.record(side)
-        self._ready.append((g, done))
+        try:
+            self._round.bucket(self.solver.iter, g, done)
+        except CopyError as e:
+            raise PSError(f"iteration {self.solver.iter}: {e}") from None
 
-    def _push_ready(self, wait: bool = False):
-        """Push the ready buckets whose gradients are on the host, in the order
-        they became ready; between layers a copy still running is only checked
-        (``wait``: at the update, waited for), and the buckets' new parameters
-        that have come back are taken."""
-        t = self.solver.iter
-        while self._ready:
-            g, done = self._ready[0]
-            if done is not None and not done.done:
-                if not wait:
-                    break
-                done.synchronize()     # a sync point: bucket g's device-to-host copies
-            self._ready.popleft()
-            s, ids = self.buckets[g]
-            grads = [(i, self._host_grad(i) if done is None else self._staging[i])
-                     for i in sorted(ids)]
-            self._pushed += self.client.push(t, s, grads)
-        self.client.send_due(wait=wait)
-        if not wait:   # the answers that have come back, per the copy-up mode (ps.copyup)
-            self.client.receive_ready(t, self._take_early)
+    def _bucket_payloads(self, g, done):
+        """(blob id, host array) of bucket g, its copy done (round thread)."""
+        return [(i, self._host_grad(i) if done is None else self._staging[i])
+                for i in sorted(self.buckets[g][1])]
+
+    def _stop_round(self):
+        if self.overlap is not None and self._round is not None:
+            if not self._round.stop():
+                log("the round thread is still waiting; closing anyway", level="W",
+                    where=self.where)
+            self._round = None
 
     def _abort(self, reason):
+        self._stop_round()
         if self.client is not None:
             self.client.abort(self.solver.iter, reason)
 
     def _close(self):
+        self._stop_round()
         self._overlap_off()
         if self._copy is not None:
             if self.solver.net.forward_listener == self._forward_wait:

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from ps.copyup import copy_up_mode
 from ps_helpers import HDF5_NET, caffemodel_params, logs, write_hdf5, write_solver
 
 pytestmark = pytest.mark.gpu
@@ -136,7 +137,7 @@ def test_ps_gpu_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_p
     source = write_hdf5(tmp_path, rows=32)
     extra = buckets + (["--copy-up", copy_up] if copy_up else [])
     on, w_on = ps_run(procs, tmp_path, "on", source, extra)
-    assert f"copied into the net: {copy_up or 'forward'}" in w_on[0].log()
+    assert f"copied into the net: {copy_up_mode(True, copy_up)}" in w_on[0].log()
     off, w_off = ps_run(procs, tmp_path, "off", source, ["--no-overlap"])
     assert ("overlap: 4 bucket(s)" if buckets else "overlap:") in w_on[0].log()
     assert "overlap off" in w_off[0].log()

@@ -18,6 +18,7 @@ from ps_helpers import INPUT_NET, hook_batch, logs, write_solver
 from minicaffe.net import TRAIN, Net
 from minicaffe.proto import caffe_pb2, parse_text
 from minicaffe.solver import Solver
+from ps.copyup import copy_up_mode
 from ps.overlap import (GradientOverlap, backward_layers, backward_order, final_layers,
                         make_buckets, overlap_default, ready_after)
 from ps.sharding import assign_buckets, bucket_cap
@@ -288,7 +289,7 @@ def test_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path, wo
                       iter_size=iter_size)
     want = 4 if bucket_mb else shards
     assert f"overlap: {want} bucket(s) of at most" in w_on[0].log()
-    assert f"copied into the net: {copy_up or 'backward'}" in w_on[0].log()
+    assert f"copied into the net: {copy_up_mode(False, copy_up)}" in w_on[0].log()
     assert "overlap off" in w_off[0].log()
     for r in range(world_size):                # every rank, bit for bit
         for a, b in zip(on[r], off[r]):
@@ -298,9 +299,17 @@ def test_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path, wo
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+def wait_for(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
 def test_the_first_shard_leaves_before_backward_ends(procs, tmp_path):
-    """In one process: the top shard's PUSH is sent while lower layers still have to run
-    backward, and the emulated link's pushes wait in a queue, not in backward."""
+    """In one process: the top shard's PUSH is made (by the round thread) while lower layers
+    still have to run backward, and the emulated link's pushes wait in a queue, not in
+    backward."""
     from ps.worker import PSConfig, PSWorker
     solver_path = write_solver(tmp_path, "early", INPUT_NET, k=4, max_iter=3)
     # 3 shards: backward order ip2.b, ip2.w | ip1.b | ip1.w (8, 48 | 24 | 96 bytes)
@@ -318,13 +327,19 @@ def test_the_first_shard_leaves_before_backward_ends(procs, tmp_path):
     net = solver.net
     layers = []
     hook = net.backward_listener
+    events = []
+    armed = [False]
 
     def listener(li):
         layers.append(li)
         hook(li)
+        if armed[0] and li == net.layer_index("ip2"):
+            # the bucket is handed to the round thread: it pushes it within a tick, while
+            # backward waits here (below ip2, ip1 and its bucket are still to run)
+            wait_for(lambda: any(e[0] == "push" for e in events))
+            armed[0] = False
 
     net.backward_listener = listener
-    events = []
     try:
         worker.step(1)            # joins
         push, send_one = worker.client.push, worker.client._send_one
@@ -338,6 +353,7 @@ def test_the_first_shard_leaves_before_backward_ends(procs, tmp_path):
             return send_one(s, frames)
 
         worker.client.push, worker.client._send_one = spy_push, spy_send
+        armed[0] = True
         worker.step(2)
     finally:
         worker.close()
@@ -354,8 +370,8 @@ def test_the_first_shard_leaves_before_backward_ends(procs, tmp_path):
 
 def test_a_bucket_comes_back_while_backward_goes_on(procs, tmp_path):
     """One worker, one shard, each blob a bucket: the server answers ip2's buckets as soon
-    as they are pushed, and the worker takes their new values between later backward
-    layers, before ip1's backward has run; the round ends with every blob set once."""
+    as they are pushed, and the worker's round thread copies their new values in (copy-up
+    "backward") before ip1's backward has run; the round ends with every blob set once."""
     from ps.worker import PSConfig, PSWorker
     solver_path = write_solver(tmp_path, "back", INPUT_NET, k=4, max_iter=3)
     server = procs.server(0, 1, name="back_shard0")
@@ -377,11 +393,9 @@ def test_a_bucket_comes_back_while_backward_goes_on(procs, tmp_path):
     def listener(li):
         layers.append(li)
         if li == relu and sets is not None:
-            # ip2's buckets were pushed after ip2's backward: wait (without taking it) until
-            # the server's first answer is readable, so that the worker's own poll after
-            # this layer finds it
-            assert worker.client.socks[0].poll(timeout=5000)
-            time.sleep(0.2)
+            # ip2's buckets were pushed after ip2's backward: the round thread takes the
+            # server's first answer while backward waits here
+            wait_for(lambda: sets)
         hook(li)
 
     net.backward_listener = listener

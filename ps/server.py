@@ -115,6 +115,8 @@ class _RoundStats:
     update_s: float = 0.0      # summing and updating, over the buckets
     send_s: float = 0.0        # handing the answers to ZeroMQ, over the buckets
     last_rank: int = -1        # the rank everybody waited for
+    tail_s: float = 0.0        # from the last gradient's arrival to the last answer sent
+    spread_s: float = 0.0      # the most any bucket waited from its first rank to its last
     bytes_in: int = 0
     bytes_out: int = 0
 
@@ -425,6 +427,7 @@ class ShardServer:
         stats = _RoundStats()
         nb = len(self.buckets)
         pending: list[dict] = [{} for _ in range(nb)]    # per bucket: rank -> payloads
+        first_at: list = [None] * nb                    # per bucket: its first push's arrival
         left = nb
         rate = None
         p = s.param
@@ -445,14 +448,18 @@ class ShardServer:
             if problem:
                 self._reject(rid, problem, msg)
                 continue
+            arrived = time.monotonic()
             stats.bytes_in += sum(q.array.nbytes for q in msg.payloads)
             stats.last_rank = msg.rank
             pending[b][msg.rank] = msg.payloads
+            if first_at[b] is None:
+                first_at[b] = arrived
             if len(pending[b]) < c.world_size:
                 continue
             # Every rank has pushed bucket b: sum in rank order (the result does not depend
             # on arrival order), x 1/W, update, answer.
-            stats.wait_s = time.monotonic() - start
+            stats.wait_s = arrived - start
+            stats.spread_s = max(stats.spread_s, arrived - first_at[b])
             u0 = time.monotonic()
             positions = self.buckets[b]
             grads = [[q.array for q in pending[b][r]] if positions else []
@@ -477,6 +484,7 @@ class ShardServer:
             self.snapshot()
         stats.iteration = t
         stats.round_s = time.monotonic() - start
+        stats.tail_s = stats.round_s - stats.wait_s
         if display:
             self._log(f"Iteration {t}: waited {1e3 * stats.wait_s:.3g} ms for gradients (last: "
                       f"rank {stats.last_rank}), update {1e3 * stats.update_s:.3g} ms in {nb} "

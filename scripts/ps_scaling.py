@@ -47,6 +47,9 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   the honest one);
 * server ms: per round, the busiest shard's time summing, updating and handing its
   answers to ZeroMQ (``python -m ps server --stats``), median over the timed rounds;
+* server_tail_s, rank_spread_s (CSV only): per round, the latest shard's time from the
+  last gradient's arrival to its last answer, and the most any bucket waited from its
+  first rank's push to its last rank's (the ranks' skew); medians over the timed rounds;
 * push_s, pull_wait_s, copy_up_s (CSV only): the parts of a parameter-server worker's
   Delta (``ps.worker.SyncRecord.parts``), medians over every (rank, timed iteration);
   early_mb: MB of answers back before the update; with ``--copy-up forward``,
@@ -109,13 +112,15 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "world_size", "batch_per_worker", "shards", "status", "images_per_s", "iter_s",
                "speedup", "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
                "compute_s_per_rank", "comm_s_per_rank", "mb_pushed_per_iter",
-               "mb_pulled_per_iter", "server_busy_s", "server_update_s", "push_s",
+               "mb_pulled_per_iter", "server_busy_s", "server_update_s", "server_tail_s",
+               "rank_spread_s", "push_s",
                "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                "timed_iterations",
                "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
                  "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
                  "mb_pushed_per_iter", "mb_pulled_per_iter", "server_busy_s", "server_update_s",
+                 "server_tail_s", "rank_spread_s",
                  "push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                  "wall_s")
 PART_COLUMNS = ("push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s")
@@ -661,6 +666,9 @@ def summarise_shards(records_by_shard, warmup: int, iters: int) -> dict:
                                              for i in common),
         "server_busy_s": statistics.median(max(k[i]["update_s"] + k[i]["send_s"] for k in kept)
                                            for i in common),
+        **{col: statistics.median(max(k[i][key] for k in kept) for i in common)
+           for col, key in (("server_tail_s", "tail_s"), ("rank_spread_s", "spread_s"))
+           if all(key in k[i] for k in kept for i in common)},
     }
 
 

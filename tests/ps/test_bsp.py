@@ -282,3 +282,22 @@ def test_a_shard_writes_one_stats_line_per_round(procs, tmp_path):
     for r in rows:
         assert r["round_s"] >= r["wait_s"] >= 0 and r["update_s"] > 0 and r["send_s"] > 0
         assert r["bytes_in"] == 176 and r["bytes_out"] > 176      # answers carry headers
+        assert r["spread_s"] == 0                                 # one rank: no skew
+        assert r["tail_s"] == pytest.approx(r["round_s"] - r["wait_s"])
+        assert r["tail_s"] >= r["update_s"]
+
+
+def test_a_shard_measures_the_skew_of_the_ranks(procs, tmp_path):
+    """Rank 1's pushes go through a 30 ms link: each bucket waits that long for it."""
+    import json
+    stats = tmp_path / "shard0.jsonl"
+    solver = write_solver(tmp_path, "sk", INPUT_NET, k=4, max_iter=3)
+    srv = procs.server(0, 2, extra=["--stats", str(stats)], name="sk_shard0")
+    ws = [procs.worker_api(f"sk_w{r}", solver, [srv.endpoint], r, 2, tmp_path / f"sk{r}.npz",
+                           10.0, extra=["--link-latency-ms", "30"] if r else [])
+          for r in range(2)]
+    assert procs.wait_all([*ws, srv], 30) == [0, 0, 0], logs(*ws, srv)
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert len(rows) == 3
+    for r in rows:
+        assert 0.025 <= r["spread_s"] < 5 and r["last_rank"] == 1, r

@@ -215,6 +215,13 @@ def test_the_busiest_shard_of_each_timed_round():
     got = ps_scaling.summarise_shards(shards, warmup=1, iters=5)
     assert got["server_update_s"] == pytest.approx((0.020 + 0.030) / 2)
     assert got["server_busy_s"] == pytest.approx((0.021 + 0.031) / 2)
+    assert "server_tail_s" not in got          # records of before session 15: no tail
+    for k, sh in enumerate(shards):
+        for i, r in enumerate(sh):
+            r["tail_s"], r["spread_s"] = 0.001 * (i + k), 0.002 * i
+    got = ps_scaling.summarise_shards(shards, warmup=1, iters=5)
+    assert got["server_tail_s"] == pytest.approx((0.002 + 0.003) / 2)
+    assert got["rank_spread_s"] == pytest.approx((0.002 + 0.004) / 2)
     assert ps_scaling.summarise_shards([], 1, 5) == {}
 
 

@@ -13,22 +13,28 @@ answers back before the update.
 sockets belong to one thread).  The main thread hands it each bucket as backward makes it
 ready (:meth:`bucket`: its id and the event of its device-to-host copy), then, at the
 update, asks for the end of the round (:meth:`finish`).  The thread pushes the buckets in
-order, each as soon as its copy is done (it checks the event every :data:`TICK_S`, between
-looks for answers; at the update it waits on it), takes the answers as they come
+order, each as soon as its copy is done (it waits on the copy's event, off the GIL), takes the answers as they come
 (``take_early`` before the update, ``take_late`` after), and at the update pushes what is
 left and waits for the answers still out, within the client's timeouts.  A failure (a
 peer's ABORT, a timeout, a malformed answer) ends the thread and is raised on the main
 thread by the next :meth:`bucket` or :meth:`finish`, naming the peer as before.
+
+The thread never spins: between buckets it sleeps in one ZeroMQ poll on the client's
+sockets, their monitors and a pipe that :meth:`bucket`, :meth:`finish` and :meth:`stop`
+write a byte to (and, with an emulated link, until the next queued push is due).  A
+spinning thread would take the GIL from the main thread, which issues the kernels.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
 from collections import deque
 
-# while a round is open, the thread looks for answers and finished copies this often
-TICK_S = 0.0005
+# the longest sleep between looks while a round is open (a wake-up byte or an answer ends
+# it sooner); a stuck round is caught by the client's own deadlines at the update
+IDLE_POLL_MS = 1000
 
 
 class RoundThread:
@@ -43,6 +49,7 @@ class RoundThread:
     """
 
     def __init__(self, client, shard_of, payloads, take_early, take_late, device=None):
+        import zmq
         self.client = client
         self.shard_of = list(shard_of)
         self.payloads = payloads
@@ -52,22 +59,35 @@ class RoundThread:
         self._jobs: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         self._failed = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._poller = zmq.Poller()
+        for sock in list(client.socks) + list(client.monitors):
+            self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
         self._thread = threading.Thread(target=self._run, name="ps-round", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------ main thread
+    def _hand(self, job):
+        self._jobs.put(job)
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:   # pragma: no cover - the pipe is full: the thread is awake anyway
+            pass
+
     def bucket(self, iteration: int, g: int, done=None):
         """Bucket g of this round is ready: its gradients are on the host once ``done``
         (a CUDA event; None: already)."""
         self._raise_if_failed()
-        self._jobs.put(("bucket", iteration, g, done))
+        self._hand(("bucket", iteration, g, done))
 
     def finish(self, iteration: int) -> tuple:
         """Push what is left, take every answer; returns (bytes pushed, bytes pulled,
         {"push_s", "pull_wait_s"}: from this call to the last push, and from there to the
         last answer)."""
         self._raise_if_failed()
-        self._jobs.put(("finish", iteration, None, None))
+        self._hand(("finish", iteration, None, None))
         while True:
             try:
                 got = self._results.get(timeout=0.5)
@@ -83,9 +103,14 @@ class RoundThread:
 
     def stop(self, timeout: float = 5.0) -> bool:
         """End the thread; False if it is still busy (a wait it cannot leave early)."""
-        self._jobs.put(None)
+        self._hand(None)
         self._thread.join(timeout)
-        return not self._thread.is_alive()
+        if self._thread.is_alive():
+            return False
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+        self._wake_r = self._wake_w = -1
+        return True
 
     def _raise_if_failed(self):
         if self._failed is None:
@@ -99,6 +124,20 @@ class RoundThread:
         raise self._failed
 
     # ------------------------------------------------------------ the thread
+    def _sleep(self):
+        """Until an answer, a monitor event or a handed job arrives, or the next emulated
+        push is due."""
+        due = self.client._due
+        timeout = IDLE_POLL_MS
+        if due:
+            timeout = max(0.0, min(timeout, 1e3 * self.client.link.wait_time(min(d[0] for d in due))))
+        self._poller.poll(timeout)
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
     def _run(self):
         if self.device is not None:
             self.device.use()
@@ -108,33 +147,38 @@ class RoundThread:
         pushed = 0
         while True:
             try:
-                job = self._jobs.get(timeout=TICK_S if t is not None else None)
+                if t is None:
+                    job = self._jobs.get()                 # no round open: nothing to do
+                else:
+                    job = self._jobs.get_nowait()
             except queue.Empty:
                 job = ()
-            if job is None:
-                return
             try:
-                if job:
+                while job:                                 # every job handed over so far
                     kind, t, g, done = job
                     if kind == "bucket":
                         pending.append((g, done))
                     else:
                         finish_t0 = time.perf_counter()
-                    if not self._jobs.empty():
-                        continue                       # take every job handed over first
+                    try:
+                        job = self._jobs.get_nowait()
+                    except queue.Empty:
+                        job = ()
+                if job is None:
+                    return
                 while pending:
-                    g, done = pending[0]
-                    if done is not None and not done.done:
-                        if finish_t0 is None:
-                            break
-                        done.synchronize()             # the update waits for it anyway
-                    pending.popleft()
+                    g, done = pending.popleft()
+                    if done is not None:
+                        done.synchronize()                 # off the GIL: the copy ends
                     pushed += self.client.push(t, self.shard_of[g], self.payloads(g, done))
+                    if finish_t0 is None:
+                        self.client.receive_ready(t, self.take_early)
                 if t is None:
                     continue
                 if finish_t0 is None:
                     self.client.send_due(wait=False)
                     self.client.receive_ready(t, self.take_early)
+                    self._sleep()
                     continue
                 self.client.send_due(wait=True)        # an emulated link's queue
                 t_pushed = time.perf_counter()

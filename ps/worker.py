@@ -752,7 +752,9 @@ class PSWorker(DataParallel):
             if self._on_gpu:
                 import cupy
                 self._copy_stream = cupy.cuda.Stream(non_blocking=True)
-                self._copy_done = [cupy.cuda.Event(disable_timing=True) for _ in self.buckets]
+                # the round thread sleeps on these (blocking sync), it does not spin
+                self._copy_done = [cupy.cuda.Event(block=True, disable_timing=True)
+                                   for _ in self.buckets]
             self._overlap_on([b for _, b in self.buckets], self._bucket_ready)
             if self.copy_mode == "forward":
                 self._forward_copy_on(solver)

@@ -25,7 +25,7 @@ class Copy:
 
     def synchronize(self):
         self.waited = True
-        self.flag.set()
+        assert self.flag.wait(5.0)
 
 
 class FakeClient:
@@ -33,6 +33,7 @@ class FakeClient:
         self.pushed = []
         self.answers = []          # (blob id, value) readable now
         self.fail_push = fail_push
+        self.socks, self.monitors, self._due = [], [], []   # nothing for the thread to poll
 
     def push(self, t, s, payloads):
         if self.fail_push is not None and len(self.pushed) == self.fail_push:
@@ -49,6 +50,7 @@ class FakeClient:
             take(*self.answers.pop(0))
 
     def pull(self, t, take):
+        self.answers.append((99, 0))   # an answer that only the update's wait gets
         self.receive_ready(t, take)
         return 7
 
@@ -84,9 +86,11 @@ def test_a_bucket_leaves_once_its_copy_is_done_and_in_order():
         assert client.pushed == [(3, 0, [0]), (3, 1, [1])]
         wait_for(lambda: early == [0, 1])          # answers taken before the update
         rt.bucket(3, 2, c2)
-        pushed, pulled, parts = rt.finish(3)       # waits for bucket 2's copy itself
-        assert c2.waited and client.pushed[-1] == (3, 0, [2])
-        assert (pushed, pulled) == (300, 7) and late == [2]
+        threading.Timer(0.05, c2.flag.set).start()
+        pushed, pulled, parts = rt.finish(3)       # the round ends once bucket 2's copy has
+        assert c2.waited and c2.done and client.pushed[-1] == (3, 0, [2])
+        assert (pushed, pulled) == (300, 7) and sorted(early + late) == [0, 1, 2, 99]
+        assert late[-1] == 99
         assert parts["push_s"] >= 0 and parts["pull_wait_s"] >= 0
         rt.bucket(4, 0, None)                      # the next round; None: on the host now
         wait_for(lambda: len(client.pushed) == 4)

@@ -4,7 +4,7 @@
     minicaffe ps keys --curve-dir DIR [--clients N]
     minicaffe train --solver S --ps tcp://h1:p1,tcp://h2:p2 --rank R --world-size W [--gpu G]
                     [--comm ps|nccl] [--link-gbps G --link-latency-ms L] [--curve-dir DIR]
-                    [--no-overlap] [--bucket-mb MB] [--copy-up MODE]
+                    [--no-overlap] [--bucket-mb MB] [--copy-up MODE] [--tail-mb MB]
 
 ``python -m ps server ...`` is the same as ``minicaffe ps server ...``.
 This module imports neither ZeroMQ nor the framework's heavy parts until a
@@ -69,6 +69,9 @@ def add_train_options(t):
                         "they come back during backward, at the update, or during the next "
                         "forward, layer by layer (default: forward on a GPU, backward on the "
                         "CPU, or MINICAFFE_PS_COPY_UP; docs/PS.md)")
+    g.add_argument("--tail-mb", type=float, default=None, metavar="MB",
+                   help="--comm ps with overlap: the last MB of parameters backward finishes go "
+                        "in buckets of at most 1 MiB, which come back sooner (default 0)")
     _link_args(g)
 
 
@@ -92,8 +95,9 @@ def wrap_solver(args, solver):
             raise ValueError("--comm nccl needs GPU mode (--gpu N)")
         if args.link_gbps or args.link_latency_ms:
             raise ValueError("link emulation (--link-gbps/--link-latency-ms) applies to --comm ps")
-        if getattr(args, "copy_up", None):
-            raise ValueError("--copy-up applies to --comm ps (NCCL all-reduces on the device)")
+        if getattr(args, "copy_up", None) or getattr(args, "tail_mb", None):
+            raise ValueError("--copy-up and --tail-mb apply to --comm ps (NCCL all-reduces on "
+                             "the device)")
         return NcclWorker(solver, endpoints[0], args.rank, args.world_size,
                           timeout=args.ps_timeout, curve_dir=args.curve_dir,
                           stats_path=args.ps_stats, overlap=overlap,
@@ -102,6 +106,9 @@ def wrap_solver(args, solver):
         raise ValueError("--bucket-mb applies with overlap (without it the parameter server "
                          "gets one message per shard after backward)")
     copy_up = getattr(args, "copy_up", None)
+    tail_mb = getattr(args, "tail_mb", None)
+    if tail_mb is not None and not overlap:
+        raise ValueError("--tail-mb applies with overlap")
     if copy_up is not None and not overlap:
         raise ValueError("--copy-up applies with overlap (without it every answer comes after "
                          "backward and is copied at the update)")
@@ -109,7 +116,7 @@ def wrap_solver(args, solver):
                    timeout=args.ps_timeout, link_gbps=args.link_gbps,
                    link_latency_ms=args.link_latency_ms, curve_dir=args.curve_dir,
                    stats_path=args.ps_stats, overlap=overlap, bucket_mb=bucket_mb,
-                   copy_up=copy_up)
+                   copy_up=copy_up, tail_mb=tail_mb or 0.0)
     return PSWorker(solver, cfg)
 
 

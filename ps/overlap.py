@@ -53,6 +53,8 @@ DEFAULT_BUCKET_MB = 25.0      # PyTorch DDP's bucket_cap_mb (NCCL all-reduce buc
 # The parameter server's buckets are smaller: a bucket comes back only after the shard has
 # all of it from every worker, so the last bucket's round trip is what backward cannot hide.
 DEFAULT_PS_BUCKET_MB = 8.0
+# ``--tail-mb``: the parameters backward finishes last go in buckets of at most this size
+PS_TAIL_BUCKET_MB = 1.0
 
 
 def overlap_default(env=None) -> bool:
@@ -102,19 +104,34 @@ def backward_order(net) -> list:
     return sorted(range(len(final)), key=lambda i: (-(top if final[i] is None else final[i]), -i))
 
 
-def make_buckets(nbytes: list, order: list, cap_bytes: int) -> list:
-    """NCCL buckets: consecutive runs of ``order`` of at most ``cap_bytes`` each
-    (a parameter larger than the cap is a bucket of its own).  Returns lists of
+def make_buckets(nbytes: list, order: list, cap_bytes: int, tail_bytes: int = 0,
+                 tail_cap_bytes: int | None = None) -> list:
+    """Buckets: consecutive runs of ``order`` of at most ``cap_bytes`` each (a parameter
+    larger than the cap is a bucket of its own).  With ``tail_bytes``, the parameters
+    among the last ``tail_bytes`` of the order go in buckets of at most
+    ``tail_cap_bytes``: the last bucket is ready only when backward ends, and a smaller
+    one comes back sooner (the parameter server's ``--tail-mb``).  Returns lists of
     parameter ids, each sorted increasing (the packing order)."""
     if cap_bytes <= 0:
         raise ValueError(f"bucket size must be positive, got {cap_bytes} bytes")
-    buckets, cur, size = [], [], 0
+    if tail_bytes and (tail_cap_bytes is None or tail_cap_bytes <= 0):
+        raise ValueError(f"a tail of {tail_bytes} bytes needs a positive bucket size, got "
+                         f"{tail_cap_bytes}")
+    after = sum(nbytes[i] for i in order)     # bytes from this parameter to the end
+    buckets, cur, size, cur_tail = [], [], 0, False
     for i in order:
-        if cur and size + nbytes[i] > cap_bytes:
+        tail = tail_bytes and after <= tail_bytes
+        if cur and (tail and not cur_tail):
+            buckets.append(sorted(cur))           # the tail starts a bucket of its own
+            cur, size = [], 0
+        limit = tail_cap_bytes if tail else cap_bytes
+        if cur and size + nbytes[i] > limit:
             buckets.append(sorted(cur))
             cur, size = [], 0
+        cur_tail = tail
         cur.append(i)
         size += nbytes[i]
+        after -= nbytes[i]
     if cur:
         buckets.append(sorted(cur))
     return buckets

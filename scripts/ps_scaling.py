@@ -150,6 +150,9 @@ def parse_args(argv=None):
     ap.add_argument("--copy-up", default=None, choices=("backward", "update", "forward"),
                     help="--comm ps with overlap: when the workers copy the answers into the net "
                          "(default theirs: forward on a GPU; ps/copyup.py)")
+    ap.add_argument("--tail-mb", type=float, default=None,
+                    help="--comm ps with overlap: the workers' last MB of parameters in 1 MiB "
+                         "buckets (default theirs: 0)")
     ap.add_argument("--link-gbps", type=float, default=10.0, help="emulated bandwidth (Gb/s)")
     ap.add_argument("--link-latency-ms", type=float, default=0.1, help="emulated latency (ms)")
     ap.add_argument("--shards", default="W",
@@ -508,6 +511,8 @@ def worker_cmd(cfg: Config, args, rank, solver, ps_arg, run_dir) -> list:
         cmd += ["--bucket-mb", str(args.bucket_mb)]
     if cfg.overlap != "off" and cfg.comm == "ps" and args.copy_up:
         cmd += ["--copy-up", args.copy_up]
+    if cfg.overlap != "off" and cfg.comm == "ps" and args.tail_mb:
+        cmd += ["--tail-mb", str(args.tail_mb)]
     if args.engine:
         cmd += ["--engine", args.engine]
     return cmd

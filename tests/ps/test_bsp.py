@@ -262,6 +262,11 @@ def test_a_terminated_server_tells_the_workers(procs, tmp_path):
     (["--ps", "tcp://127.0.0.1:9", "--comm", "nccl"], "--comm nccl needs GPU mode"),
     (["--ps", "tcp://127.0.0.1:9,tcp://127.0.0.1:10", "--comm", "nccl", "--cpu"],
      "--comm nccl takes one --ps endpoint"),
+    (["--ps", "tcp://127.0.0.1:9", "--no-overlap", "--tail-mb", "4"],
+     "--tail-mb applies with overlap"),
+    (["--ps", "tcp://127.0.0.1:9", "--no-overlap", "--copy-up", "update"],
+     "--copy-up applies with overlap"),
+    (["--ps", "tcp://127.0.0.1:9", "--tail-mb", "-1"], "--tail-mb must be at least 0"),
 ])
 def test_train_refuses_inconsistent_data_parallel_options(tmp_path, capsys, extra, message):
     from minicaffe.cli import main

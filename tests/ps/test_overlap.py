@@ -112,6 +112,11 @@ def test_buckets_are_runs_of_the_backward_order_under_the_cap():
     nbytes = [40, 8, 100, 8, 30, 30]
     order = [5, 4, 3, 2, 1, 0]
     assert make_buckets(nbytes, order, 64) == [[4, 5], [3], [2], [0, 1]]
+    # the tail: parameters among the last 40 bytes of the order start buckets of their own,
+    # of at most 8 bytes each (a bigger one alone)
+    assert make_buckets(nbytes, order, 64, 40, 8) == [[4, 5], [3], [2], [1], [0]]
+    with pytest.raises(ValueError, match="tail of 40 bytes needs a positive bucket size"):
+        make_buckets(nbytes, order, 64, 40, 0)
     assert make_buckets(nbytes, order, 1 << 20) == [[0, 1, 2, 3, 4, 5]]
     assert make_buckets(nbytes, order, 1) == [[5], [4], [3], [2], [1], [0]]
     with pytest.raises(ValueError, match="positive"):
@@ -276,18 +281,21 @@ def _reference(tmp_path, k, iter_size=1, max_iter=8):
 @pytest.mark.parametrize("world_size, k, shards, iter_size, bucket_mb, copy_up",
                          [(2, 4, 2, 1, None, None), (4, 2, 3, 2, 1e-6, "update"),
                           (3, 2, 4, 1, None, "forward"), (2, 4, 1, 1, 1e-6, None),
-                          (2, 4, 1, 1, 1e-6, "forward")])
+                          (2, 4, 1, 1, 1e-6, "forward"), (2, 4, 1, 1, "tail", None)])
 def test_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_path, world_size, k,
                                                              shards, iter_size, bucket_mb,
                                                              copy_up):
-    extra = ["--bucket-mb", str(bucket_mb)] if bucket_mb else []
+    # "tail": one shard, one bucket, but the last 100 bytes of backward (ip1's weight: 96)
+    # go in a bucket of their own (--tail-mb; the tail cap is the bucket cap here)
+    extra = (["--tail-mb", str(100 / 2**20)] if bucket_mb == "tail"
+             else ["--bucket-mb", str(bucket_mb)] if bucket_mb else [])
     if copy_up:
         extra += ["--copy-up", copy_up] + (["--copy-delay", "0.02"] if copy_up == "forward"
                                            else [])
     on, w_on = _run(procs, tmp_path, "on", k, world_size, shards, extra, iter_size=iter_size)
     off, w_off = _run(procs, tmp_path, "off", k, world_size, shards, ["--no-overlap"],
                       iter_size=iter_size)
-    want = 4 if bucket_mb else shards
+    want = 2 if bucket_mb == "tail" else 4 if bucket_mb else shards
     assert f"overlap: {want} bucket(s) of at most" in w_on[0].log()
     assert f"copied into the net: {copy_up_mode(False, copy_up)}" in w_on[0].log()
     assert "overlap off" in w_off[0].log()

@@ -49,6 +49,7 @@ def main():
                     default=overlap_default())
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--copy-up", default=None)
+    ap.add_argument("--tail-mb", type=float, default=0.0)
     ap.add_argument("--copy-delay", type=float, default=0.0,
                     help="copy-up forward: the copy thread sleeps this long per bucket")
     a = ap.parse_args()
@@ -56,7 +57,8 @@ def main():
     cfg = PSConfig(endpoints=parse_endpoints(a.endpoints), rank=a.rank, world_size=a.world_size,
                    timeout=a.timeout, curve_dir=a.curve_dir, link_latency_ms=a.link_latency_ms,
                    link_gbps=a.link_gbps, stats_path=a.stats, overlap=a.overlap,
-                   bucket_mb=a.bucket_mb, copy_up=a.copy_up)
+                   bucket_mb=a.bucket_mb, copy_up=a.copy_up,
+                   tail_mb=a.tail_mb)
     worker = PSWorker(solver, cfg, data_hook=feed)
     if a.copy_delay:
         worker._copy.delay_s = a.copy_delay

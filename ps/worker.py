@@ -80,8 +80,7 @@ from minicaffe.proto import caffe_pb2
 from . import protocol as P
 from .copyup import CopyError, CopyUp, copy_up_mode, forward_needs
 from .overlap import (DEFAULT_PS_BUCKET_MB, PS_TAIL_BUCKET_MB, GradientOverlap, backward_order,
-                      make_buckets,
-                      overlap_default)
+                      make_buckets, overlap_default)
 from .protocol import Op, ProtocolError
 from .rounds import RoundThread
 from .sharding import assign_buckets, assign_shards, bucket_cap, shard_bytes
@@ -816,10 +815,12 @@ class PSWorker(DataParallel):
                               f"{self.solver.net.layer_names[li]!r}: {e}") from None
             self._fwd_wait_s += time.perf_counter() - t0
 
-    def _land(self):
+    def _land(self, settle: bool = False):
+        """Copy-up forward: every copy of the last round is waited for by the current
+        stream (``settle``: and its staging buffers are free again)."""
         if self._copy is not None:
             try:
-                self._copy.land()
+                self._copy.settle() if settle else self._copy.land()
             except CopyError as e:
                 raise PSError(f"iteration {self.solver.iter}: {e}") from None
 
@@ -912,10 +913,7 @@ class PSWorker(DataParallel):
             self._params_landed()
             return out
         self.overlap.flush()              # buckets backward did not finish (none, normally)
-        try:
-            pushed, pulled, self._parts = self._round.finish(s.iter)
-        except CopyError as e:
-            raise PSError(f"iteration {s.iter}: {e}") from None
+        pushed, pulled, self._parts = self._round.finish(s.iter)
         held, self._held = self._held, []
         for i, array in held:             # copy-up "update"
             self._set_param(i, array)
@@ -944,10 +942,9 @@ class PSWorker(DataParallel):
         the compute stream after the kernels that wrote them) and copies the
         diffs to the pinned staging buffers; nothing waits on the host.  The round
         thread pushes the bucket once the copy is done."""
-        if self._copy is not None:
-            # the last round's copies must be over before its staging buffers take
-            # gradients again (they are, when the forward waited for every bucket)
-            self._copy.settle()
+        # the last round's copies must be over before its staging buffers take gradients
+        # again (they are, when the forward waited for every bucket)
+        self._land(settle=True)
         done = None
         if self._staging is not None:
             side = self._copy_stream
@@ -956,10 +953,7 @@ class PSWorker(DataParallel):
                 self.params[i].diff.get(stream=side, out=self._staging[i], blocking=False)
             done = self._copy_done[g]
             done.record(side)
-        try:
-            self._round.bucket(self.solver.iter, g, done)
-        except CopyError as e:
-            raise PSError(f"iteration {self.solver.iter}: {e}") from None
+        self._round.bucket(self.solver.iter, g, done)
 
     def _bucket_payloads(self, g, done):
         """(blob id, host array) of bucket g, its copy done (round thread)."""

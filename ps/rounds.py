@@ -127,10 +127,8 @@ class RoundThread:
     def _sleep(self):
         """Until an answer, a monitor event or a handed job arrives, or the next emulated
         push is due."""
-        due = self.client._due
-        timeout = IDLE_POLL_MS
-        if due:
-            timeout = max(0.0, min(timeout, 1e3 * self.client.link.wait_time(min(d[0] for d in due))))
+        due = self.client.next_send_s()
+        timeout = IDLE_POLL_MS if due is None else max(0.0, min(IDLE_POLL_MS, 1e3 * due))
         self._poller.poll(timeout)
         try:
             while os.read(self._wake_r, 4096):

@@ -398,6 +398,13 @@ class ParameterClient:
             _, s, frames = self._due.pop(0)
             self._send_one(s, frames)
 
+    def next_send_s(self):
+        """Seconds until the next queued emulated-link push is due (<= 0: due now), or None
+        when none is queued."""
+        if not self._due:
+            return None
+        return self.link.wait_time(min(d[0] for d in self._due))
+
     def receive_ready(self, iteration: int, on_params):
         """The PARAMS(iteration + 1) buckets that have arrived already (never waits)."""
         if self._round == iteration:

@@ -33,7 +33,10 @@ class FakeClient:
         self.pushed = []
         self.answers = []          # (blob id, value) readable now
         self.fail_push = fail_push
-        self.socks, self.monitors, self._due = [], [], []   # nothing for the thread to poll
+        self.socks, self.monitors = [], []   # nothing for the thread to poll
+
+    def next_send_s(self):
+        return None
 
     def push(self, t, s, payloads):
         if self.fail_push is not None and len(self.pushed) == self.fail_push:

@@ -39,7 +39,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
@@ -117,6 +117,7 @@ class _RoundStats:
     last_rank: int = -1        # the rank everybody waited for
     tail_s: float = 0.0        # from the last gradient's arrival to the last answer sent
     spread_s: float = 0.0      # the most any bucket waited from its first rank to its last
+    rank_done_s: list = field(default_factory=list)   # per rank: its last push, from the start
     bytes_in: int = 0
     bytes_out: int = 0
 
@@ -428,6 +429,7 @@ class ShardServer:
         nb = len(self.buckets)
         pending: list[dict] = [{} for _ in range(nb)]    # per bucket: rank -> payloads
         first_at: list = [None] * nb                    # per bucket: its first push's arrival
+        stats.rank_done_s = [0.0] * c.world_size
         left = nb
         rate = None
         p = s.param
@@ -454,6 +456,7 @@ class ShardServer:
             pending[b][msg.rank] = msg.payloads
             if first_at[b] is None:
                 first_at[b] = arrived
+            stats.rank_done_s[msg.rank] = arrived - start
             if len(pending[b]) < c.world_size:
                 continue
             # Every rank has pushed bucket b: sum in rank order (the result does not depend

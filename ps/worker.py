@@ -510,7 +510,8 @@ class SyncRecord:
     # the pushes and copies left at the update; pull_wait_s, waiting for the answers still
     # out; copy_up_s, copying answers into the net, wherever the mode does it; early_mb,
     # answers back before the update; copy-up forward: fwd_wait_s, this iteration's forward
-    # waiting for the copy thread, copy_thread_s, that thread's time)
+    # waiting for the copy thread, copy_thread_s, that thread's time; any GPU worker:
+    # host_ahead_s, how long the update waited for backward's kernels, within compute)
     parts: dict = field(default_factory=dict)
 
 
@@ -619,11 +620,14 @@ class DataParallel:
     # synchronisation, outside Delta), _abort(reason) and _close().
     def _apply_update(self, display: bool = False):
         s = self.solver
+        ahead = None
         if self._on_gpu:
             # Backward's kernels may still be queued: compute ends when they
             # do, so that Delta measures synchronisation only (a sync point).
             import cupy
+            t = time.perf_counter()
             cupy.cuda.get_current_stream().synchronize()
+            ahead = time.perf_counter() - t    # how far the host ran ahead of the GPU
         t0 = time.perf_counter()
         compute = t0 - self._t_sync_end if self._t_sync_end is not None else 0.0
         rate = s.get_learning_rate()       # keeps the multistep bookkeeping in step
@@ -631,7 +635,10 @@ class DataParallel:
             s._log(f"Iteration {s.iter}, lr = {rate:.6g}")
         pushed, pulled = self._synchronize(display)
         t1 = time.perf_counter()
-        self.stats.add(SyncRecord(s.iter, compute, t1 - t0, pushed, pulled, self._sync_parts()))
+        parts = self._sync_parts()
+        if ahead is not None:
+            parts["host_ahead_s"] = ahead
+        self.stats.add(SyncRecord(s.iter, compute, t1 - t0, pushed, pulled, parts))
         if display:
             self._log(f"Iteration {s.iter}, rank {self.rank}/{self.world_size}: "
                       + self.stats.display_line())

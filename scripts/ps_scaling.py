@@ -50,6 +50,8 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
 * server_tail_s, rank_spread_s (CSV only): per round, the latest shard's time from the
   last gradient's arrival to its last answer, and the most any bucket waited from its
   first rank's push to its last rank's (the ranks' skew); medians over the timed rounds;
+  lagging_ranks: how many timed rounds each rank pushed last ("rank:rounds;...");
+  host_ahead_s: how long a GPU worker's update waited for backward's kernels (median);
 * push_s, pull_wait_s, copy_up_s (CSV only): the parts of a parameter-server worker's
   Delta (``ps.worker.SyncRecord.parts``), medians over every (rank, timed iteration);
   early_mb: MB of answers back before the update; with ``--copy-up forward``,
@@ -115,15 +117,16 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "mb_pulled_per_iter", "server_busy_s", "server_update_s", "server_tail_s",
                "rank_spread_s", "push_s",
                "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
-               "timed_iterations",
+               "host_ahead_s", "lagging_ranks", "timed_iterations",
                "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
                  "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
                  "mb_pushed_per_iter", "mb_pulled_per_iter", "server_busy_s", "server_update_s",
                  "server_tail_s", "rank_spread_s",
                  "push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
-                 "wall_s")
-PART_COLUMNS = ("push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s")
+                 "host_ahead_s", "wall_s")
+PART_COLUMNS = ("push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
+                "host_ahead_s")
 INT_COLUMNS = ("world_size", "batch_per_worker", "shards", "timed_iterations")
 
 
@@ -674,7 +677,21 @@ def summarise_shards(records_by_shard, warmup: int, iters: int) -> dict:
         **{col: statistics.median(max(k[i][key] for k in kept) for i in common)
            for col, key in (("server_tail_s", "tail_s"), ("rank_spread_s", "spread_s"))
            if all(key in k[i] for k in kept for i in common)},
+        **_lagging(kept, common),
     }
+
+
+def _lagging(kept, common) -> dict:
+    """``lagging_ranks``: per timed round, the rank whose last push came last to the shard that
+    heard last from anyone ("rank:rounds;..."); empty without the shards' ``rank_done_s``."""
+    if not all(k[i].get("rank_done_s") for k in kept for i in common):
+        return {}
+    counts: dict = {}
+    for i in common:
+        done = max((k[i]["rank_done_s"] for k in kept), key=max)
+        r = done.index(max(done))
+        counts[r] = counts.get(r, 0) + 1
+    return {"lagging_ranks": ";".join(f"{r}:{n}" for r, n in sorted(counts.items()))}
 
 
 def add_scaling(rows):

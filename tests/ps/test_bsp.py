@@ -288,6 +288,7 @@ def test_a_shard_writes_one_stats_line_per_round(procs, tmp_path):
         assert r["round_s"] >= r["wait_s"] >= 0 and r["update_s"] > 0 and r["send_s"] > 0
         assert r["bytes_in"] == 176 and r["bytes_out"] > 176      # answers carry headers
         assert r["spread_s"] == 0                                 # one rank: no skew
+        assert r["rank_done_s"] == [r["wait_s"]]
         assert r["tail_s"] == pytest.approx(r["round_s"] - r["wait_s"])
         assert r["tail_s"] >= r["update_s"]
 
@@ -306,3 +307,4 @@ def test_a_shard_measures_the_skew_of_the_ranks(procs, tmp_path):
     assert len(rows) == 3
     for r in rows:
         assert 0.025 <= r["spread_s"] < 5 and r["last_rank"] == 1, r
+        assert r["rank_done_s"][1] >= r["rank_done_s"][0] + 0.025, r

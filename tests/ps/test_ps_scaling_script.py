@@ -222,6 +222,14 @@ def test_the_busiest_shard_of_each_timed_round():
     got = ps_scaling.summarise_shards(shards, warmup=1, iters=5)
     assert got["server_tail_s"] == pytest.approx((0.002 + 0.003) / 2)
     assert got["rank_spread_s"] == pytest.approx((0.002 + 0.004) / 2)
+    assert "lagging_ranks" not in got              # no rank_done_s: not reported
+    # round 1: shard 1 heard last, from rank 0; round 2: shard 0 heard last, from rank 2
+    shards[0][1]["rank_done_s"], shards[1][1]["rank_done_s"] = [0.1, 0.2, 0.0], [0.3, 0.1, 0.2]
+    shards[0][2]["rank_done_s"], shards[1][2]["rank_done_s"] = [0.1, 0.2, 0.5], [0.3, 0.1, 0.2]
+    for sh in shards:
+        sh[0]["rank_done_s"] = [1.0, 0.0, 0.0]     # a warm-up round: not counted
+    got = ps_scaling.summarise_shards(shards, warmup=1, iters=5)
+    assert got["lagging_ranks"] == "0:1;2:1"
     assert ps_scaling.summarise_shards([], 1, 5) == {}
 
 

@@ -5,16 +5,16 @@ A shard answers each bucket of new parameters as soon as every worker has pushed
 they go into the net is the copy-up mode (``$MINICAFFE_PS_COPY_UP``, ``--copy-up``):
 
 ``backward`` (the CPU's default)
-    each answer is copied into the net between backward layers, as it comes.  Its
+    the round thread (ps/rounds.py) copies each answer into the net as it comes.  Its
     blobs' backward is over, so nothing reads them before the next forward.
 ``update``
-    answers are taken (decoded, not copied) between backward layers; the update
-    copies them all into the net on the main thread, then the next iteration starts.
-    A GPU's copies from ZeroMQ's pageable buffers hold the host thread.
+    the round thread takes the answers (decoded, not copied); the update copies them
+    all into the net on the main thread, then the next iteration starts.  A GPU's
+    copies from ZeroMQ's pageable buffers hold the host thread.
 ``forward`` (the GPU's default)
-    answers are taken between backward layers and handed to a copy thread, which
-    copies each into its pinned staging buffer (host memory, off the main thread).
-    At the update, once every answer is in, the thread issues the host-to-device
+    the round thread hands each answer to a copy thread, which copies it into its
+    pinned staging buffer (host memory, off the main thread).  At the update, once
+    every answer is in, the copy thread issues the host-to-device
     copies bucket by bucket in the order the next forward needs them, on a stream of
     their own, and records an event per bucket.  Before each forward layer the compute
     stream waits for the events of the buckets holding that layer's parameters, so the

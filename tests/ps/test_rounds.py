@@ -9,6 +9,7 @@ import time
 import pytest
 
 from ps.rounds import RoundThread
+from test_overlap import wait_for
 from ps.worker import PSError
 
 
@@ -56,13 +57,6 @@ class FakeClient:
         self.answers.append((99, 0))   # an answer that only the update's wait gets
         self.receive_ready(t, take)
         return 7
-
-
-def wait_for(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.001)
 
 
 def make(client):

@@ -294,17 +294,18 @@ def test_a_shard_writes_one_stats_line_per_round(procs, tmp_path):
 
 
 def test_a_shard_measures_the_skew_of_the_ranks(procs, tmp_path):
-    """Rank 1's pushes go through a 30 ms link: each bucket waits that long for it."""
+    """Rank 1's pushes go through a 60 ms link: each bucket waits about that long for it.
+    Round 0 is left out: the workers start at different times, so rank 0 may join late."""
     import json
     stats = tmp_path / "shard0.jsonl"
     solver = write_solver(tmp_path, "sk", INPUT_NET, k=4, max_iter=3)
     srv = procs.server(0, 2, extra=["--stats", str(stats)], name="sk_shard0")
     ws = [procs.worker_api(f"sk_w{r}", solver, [srv.endpoint], r, 2, tmp_path / f"sk{r}.npz",
-                           10.0, extra=["--link-latency-ms", "30"] if r else [])
+                           10.0, extra=["--link-latency-ms", "60"] if r else [])
           for r in range(2)]
     assert procs.wait_all([*ws, srv], 30) == [0, 0, 0], logs(*ws, srv)
     rows = [json.loads(line) for line in stats.read_text().splitlines()]
     assert len(rows) == 3
-    for r in rows:
-        assert 0.025 <= r["spread_s"] < 5 and r["last_rank"] == 1, r
-        assert r["rank_done_s"][1] >= r["rank_done_s"][0] + 0.025, r
+    for r in rows[1:]:   # both ranks start these rounds together, on the shard's answers
+        assert 0.03 <= r["spread_s"] < 5 and r["last_rank"] == 1, r
+        assert r["rank_done_s"][1] >= r["rank_done_s"][0] + 0.03, r

@@ -45,6 +45,10 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   efficiency (for NCCL, whose W = 1 communication is under a millisecond, about the
   efficiency; for the parameter server, whose W = 1 round still crosses the loopback,
   the honest one);
+* vs together (``eff_together``) = images/s / images/s of ``--comm alone`` at the same
+  net, mode and W: W GPUs of one host that train by themselves at the same time (each
+  an NCCL world of one).  Its ratio to "vs alone" is what running together costs (the
+  host's memory, PCIe and CPUs are shared); "vs together" is what communicating costs;
 * server ms: per round, the busiest shard's time summing, updating and handing its
   answers to ZeroMQ (``python -m ps server --stats``), median over the timed rounds;
 * server_tail_s, rank_spread_s (CSV only): per round, the latest shard's time from the
@@ -99,7 +103,8 @@ if ROOT not in sys.path:
 from scripts.launch_ps import free_port, wait_endpoint  # noqa: E402
 
 MODES = ("caffe_ps", "accudnn_ps")
-COMMS = ("ps", "nccl")
+COMMS = ("ps", "nccl", "alone")
+DEFAULT_COMMS = "ps,nccl"
 LINKS = ("none", "emulated")
 OVERLAPS = ("on", "off")
 
@@ -112,7 +117,8 @@ QUICK = dict(nets="cifar10_quick", gpus="1,2", caffe_batch="cifar10_quick=4",
 
 CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency_ms", "overlap",
                "world_size", "batch_per_worker", "shards", "status", "images_per_s", "iter_s",
-               "speedup", "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
+               "speedup", "efficiency", "eff_alone", "eff_together", "compute_s", "comm_s",
+               "comp_comm_ratio",
                "compute_s_per_rank", "comm_s_per_rank", "mb_pushed_per_iter",
                "mb_pulled_per_iter", "server_busy_s", "server_update_s", "server_tail_s",
                "rank_spread_s", "push_s",
@@ -120,7 +126,7 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "host_ahead_s", "lagging_ranks", "timed_iterations",
                "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
-                 "efficiency", "eff_alone", "compute_s", "comm_s", "comp_comm_ratio",
+                 "efficiency", "eff_alone", "eff_together", "compute_s", "comm_s", "comp_comm_ratio",
                  "mb_pushed_per_iter", "mb_pulled_per_iter", "server_busy_s", "server_update_s",
                  "server_tail_s", "rank_spread_s",
                  "push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
@@ -138,9 +144,10 @@ def parse_args(argv=None):
                                                  "py (default resnet101,resnet152)")
     ap.add_argument("--gpus", default=None, help="world sizes W (default 1,2,4); rank r uses GPU r")
     ap.add_argument("--modes", default=",".join(MODES), help="caffe_ps, accudnn_ps")
-    ap.add_argument("--comms", default=",".join(COMMS),
-                    help="ps (ZeroMQ parameter server), nccl (skipped, with a note, for CPU "
-                         "workers)")
+    ap.add_argument("--comms", default=DEFAULT_COMMS,
+                    help="ps (ZeroMQ parameter server), nccl, alone (W single-GPU trainings "
+                         "at once, the baseline without communication); nccl and alone are "
+                         "skipped, with a note, for CPU workers (default ps,nccl)")
     ap.add_argument("--links", default=",".join(LINKS),
                     help="for --comm ps: none (loopback as it is) and/or emulated "
                          "(--link-gbps, --link-latency-ms)")
@@ -155,7 +162,7 @@ def parse_args(argv=None):
                          "(default theirs: forward on a GPU; ps/copyup.py)")
     ap.add_argument("--tail-mb", type=float, default=None,
                     help="--comm ps with overlap: the workers' last MB of parameters in 1 MiB "
-                         "buckets (default theirs: 0)")
+                         "buckets (default theirs: 8)")
     ap.add_argument("--link-gbps", type=float, default=10.0, help="emulated bandwidth (Gb/s)")
     ap.add_argument("--link-latency-ms", type=float, default=0.1, help="emulated latency (ms)")
     ap.add_argument("--shards", default="W",
@@ -313,9 +320,11 @@ def plan_configs(args) -> tuple:
         if extra:
             raise SystemExit(f"{what} names {', '.join(extra)}, which is not in --nets")
     notes = []
-    if "nccl" in comms and args.cpu:
-        comms = [c for c in comms if c != "nccl"]
-        notes.append("--comm nccl skipped: CPU workers (NCCL is for the GPUs of one host).")
+    for gpu_only in ("nccl", "alone"):
+        if gpu_only in comms and args.cpu:
+            comms = [c for c in comms if c != gpu_only]
+            notes.append(f"--comm {gpu_only} skipped: CPU workers (NCCL is for the GPUs of one "
+                         "host).")
     if not comms:
         raise SystemExit("no communication left to measure (--comms)")
     variants = [(c, lk) for c in comms for lk in (links if c == "ps" else ["none"])]
@@ -503,8 +512,12 @@ def link_args(cfg: Config, args) -> list:
 def worker_cmd(cfg: Config, args, rank, solver, ps_arg, run_dir) -> list:
     """``minicaffe train`` of one rank: its GPU (or the CPU), the mode's swap
     options, the link, and the statistics file the summary reads."""
+    # alone: rank r trains by itself on GPU r, an NCCL world of one (its all-reduce of one
+    # rank is under a millisecond), at the same time as the others
+    alone = cfg.comm == "alone"
     cmd = [args.python, "-m", "minicaffe", "train", "--solver", solver, "--ps", ps_arg,
-           "--rank", str(rank), "--world-size", str(cfg.world), "--comm", cfg.comm,
+           "--rank", "0" if alone else str(rank), "--world-size", "1" if alone else str(cfg.world),
+           "--comm", "nccl" if alone else cfg.comm,
            *(["--cpu"] if args.cpu else ["--gpu", str(rank)]), "--ps-timeout",
            str(args.ps_timeout), "--ps-stats", os.path.join(run_dir, f"rank{rank}.jsonl"),
            *link_args(cfg, args), *cfg.swap]
@@ -514,11 +527,24 @@ def worker_cmd(cfg: Config, args, rank, solver, ps_arg, run_dir) -> list:
         cmd += ["--bucket-mb", str(args.bucket_mb)]
     if cfg.overlap != "off" and cfg.comm == "ps" and args.copy_up:
         cmd += ["--copy-up", args.copy_up]
-    if cfg.overlap != "off" and cfg.comm == "ps" and args.tail_mb:
+    if cfg.overlap != "off" and cfg.comm == "ps" and args.tail_mb is not None:
         cmd += ["--tail-mb", str(args.tail_mb)]
     if args.engine:
         cmd += ["--engine", args.engine]
     return cmd
+
+
+def distinct_free_ports(n: int) -> list:
+    """``n`` loopback ports that are free now and differ from one another (the OS may hand
+    out a port it just released again)."""
+    ports: list = []
+    for _ in range(100 * n):
+        p = free_port("127.0.0.1")
+        if p not in ports:
+            ports.append(p)
+        if len(ports) == n:
+            return ports
+    raise RuntimeError(f"could not find {n} distinct free loopback ports")
 
 
 def run_config(cfg: Config, args, work) -> dict:
@@ -558,10 +584,13 @@ def run_config(cfg: Config, args, work) -> dict:
                     failure = (str(e), p)
                     break
             ps_arg = ",".join(endpoints)
-        else:
+        elif cfg.comm == "nccl":
             ps_arg = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
         if failure is None:
+            ports = distinct_free_ports(cfg.world) if cfg.comm == "alone" else []
             for r in range(cfg.world):
+                if ports:                   # alone: a rendezvous of its own for each rank
+                    ps_arg = f"tcp://127.0.0.1:{ports[r]}"
                 procs.append(Proc(f"rank{r}", worker_cmd(cfg, args, r, solver, ps_arg, run_dir),
                                   run_dir, env))
             failure = wait_group(procs, deadline)
@@ -575,7 +604,8 @@ def run_config(cfg: Config, args, work) -> dict:
         try:
             records = [read_stats(os.path.join(run_dir, f"rank{r}.jsonl"))
                        for r in range(cfg.world)]
-            row.update(summarise(records, args.warmup, args.iters, cfg.batch))
+            row.update(summarise(records, args.warmup, args.iters, cfg.batch,
+                                 together=cfg.comm != "alone"))
             if cfg.comm == "ps":
                 row.update(summarise_shards(
                     [read_stats(os.path.join(run_dir, f"shard{s}.jsonl")) for s in range(shards)],
@@ -610,14 +640,18 @@ def read_stats(path) -> list:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def summarise(records_by_rank, warmup: int, iters: int, batch: int) -> dict:
+def summarise(records_by_rank, warmup: int, iters: int, batch: int,
+              together: bool = True) -> dict:
     """Throughput and the compute/communication split of one configuration.
 
     records_by_rank[r]: rank r's records (``iteration``, ``compute_s``,
     ``delta_s``, ``bytes_pushed``, ``bytes_pulled``), one per iteration.  The
     first ``warmup`` are dropped, the next ``iters`` timed.  compute + delta of
     one record is the time between two synchronisation ends, i.e. one
-    iteration; a BSP round lasts as long as its slowest rank's.
+    iteration; a BSP round lasts as long as its slowest rank's.  With
+    ``together=False`` (``--comm alone``) the ranks do not wait for one another:
+    images/s is the sum of every rank's k / its median iteration, and iter_s the
+    period that gives W x k images at that rate.
     """
     world = len(records_by_rank)
     timed = []
@@ -630,8 +664,13 @@ def summarise(records_by_rank, warmup: int, iters: int, batch: int) -> dict:
     common = sorted(set.intersection(*(set(t) for t in timed)))
     if not common:
         raise ValueError("the ranks share no timed iteration")
-    periods = [max(t[i]["compute_s"] + t[i]["delta_s"] for t in timed) for i in common]
-    iter_s = statistics.median(periods)
+    if together:
+        iter_s = statistics.median(max(t[i]["compute_s"] + t[i]["delta_s"] for t in timed)
+                                   for i in common)
+    else:
+        rate = sum(batch / statistics.median(t[i]["compute_s"] + t[i]["delta_s"]
+                                             for i in common) for t in timed)
+        iter_s = world * batch / rate
     comp = [t[i]["compute_s"] for t in timed for i in common]
     comm = [t[i]["delta_s"] for t in timed for i in common]
     compute_s, comm_s = statistics.median(comp), statistics.median(comm)
@@ -698,12 +737,16 @@ def add_scaling(rows):
     """speedup = images/s over the same (net, mode, comm, link, overlap) at W = 1;
     efficiency = speedup / W.  eff_alone = images/s over W GPUs that compute alone, as
     fast as that W = 1 run computes (k / its compute time): the loss to communication and
-    to running together, the issue's scaling efficiency.  Left empty where that baseline
-    failed or was not run."""
+    to running together, the issue's scaling efficiency.  eff_together = images/s over
+    the ``--comm alone`` row of the same net, mode and W (W GPUs training by themselves at
+    the same time): the loss to communication alone.  Left empty where a baseline failed
+    or was not run."""
     base = {(r["net"], r["mode"], r["comm"], r["link"], r["overlap"]): r
             for r in rows if r["status"] == "ok" and int(r["world_size"]) == 1}
+    together = {(r["net"], r["mode"], int(r["world_size"])): r
+                for r in rows if r["status"] == "ok" and r["comm"] == "alone"}
     for r in rows:
-        r["speedup"] = r["efficiency"] = r["eff_alone"] = ""
+        r["speedup"] = r["efficiency"] = r["eff_alone"] = r["eff_together"] = ""
         b = base.get((r["net"], r["mode"], r["comm"], r["link"], r["overlap"]))
         if r["status"] == "ok" and b:
             w = int(r["world_size"])
@@ -712,6 +755,9 @@ def add_scaling(rows):
             if b["compute_s"]:
                 r["eff_alone"] = r["images_per_s"] / (w * int(b["batch_per_worker"])
                                                       / b["compute_s"])
+        a = together.get((r["net"], r["mode"], int(r["world_size"])))
+        if r["status"] == "ok" and a and r["comm"] != "alone":
+            r["eff_together"] = r["images_per_s"] / a["images_per_s"]
     return rows
 
 
@@ -775,7 +821,7 @@ def _link_words(r) -> str:
 
 def table_lines(rows) -> list:
     head = ["net", "mode", "swap", "comm", "link", "overlap", "W", "k", "images/s", "speedup",
-            "efficiency", "vs alone", "compute ms", "comm ms", "comp/comm", "server ms",
+            "efficiency", "vs alone", "vs together", "compute ms", "comm ms", "comp/comm", "server ms",
             "MB pushed", "status"]
     out = [head]
     for r in rows:
@@ -790,6 +836,7 @@ def table_lines(rows) -> list:
                     str(r["world_size"]), str(r["batch_per_worker"]),
                     num("images_per_s", fmt="{:.1f}"), num("speedup", fmt="{:.2f}x"),
                     num("efficiency", fmt="{:.0%}"), num("eff_alone", fmt="{:.0%}"),
+                    num("eff_together", fmt="{:.0%}"),
                     num("compute_s", 1e3, "{:.1f}"), num("comm_s", 1e3, "{:.1f}"),
                     num("comp_comm_ratio", fmt="{:.2f}"), num("server_busy_s", 1e3, "{:.1f}"),
                     num("mb_pushed_per_iter", fmt="{:.3g}"), r["status"]])
@@ -852,7 +899,10 @@ def write_md(path, rows, args, notes):
     lines += ["", "images/s: W x k over the median iteration period (per BSP round, the slowest "
               "rank's compute + sync). speedup: over the same net, mode, comm, link and overlap "
               "at W = 1; efficiency = speedup / W; vs alone: images/s over W x k / (compute "
-              "time at W = 1), against GPUs that never communicate. compute: forward + "
+              "time at W = 1), against GPUs that never communicate; vs together: over the "
+              "'alone' row of the same W (W GPUs training by themselves at the same time). "
+              "alone: images/s summed over ranks that do not wait for one another. "
+              "compute: forward + "
               "backward; server ms: the busiest shard's summing, updating and sending per "
               "round (--stats); comm: the "
               "synchronisation (copies, push/pull or NCCL barrier and all-reduce, waiting for the "
@@ -895,7 +945,8 @@ def main(argv=None) -> int:
         for n in notes:
             print(f"note: {n}")
         for cfg in configs:
-            shards = f"{n_shards(cfg, args)} shard(s)" if cfg.comm == "ps" else "NCCL"
+            shards = {"ps": f"{n_shards(cfg, args)} shard(s)", "nccl": "NCCL",
+                      "alone": f"{cfg.world} NCCL world(s) of one"}[cfg.comm]
             cmd = worker_cmd(cfg, args, 0, "WORK/" + cfg.tag + "/solver.prototxt", "ENDPOINTS",
                              "WORK/" + cfg.tag)
             print(f"{cfg.tag}: k={cfg.batch}, {shards}\n  {shlex.join(cmd)}")

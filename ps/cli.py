@@ -71,7 +71,8 @@ def add_train_options(t):
                         "CPU, or MINICAFFE_PS_COPY_UP; docs/PS.md)")
     g.add_argument("--tail-mb", type=float, default=None, metavar="MB",
                    help="--comm ps with overlap: the last MB of parameters backward finishes go "
-                        "in buckets of at most 1 MiB, which come back sooner (default 0)")
+                        "in buckets of at most 1 MiB, which come back sooner (default 8; 0: "
+                        "none)")
     _link_args(g)
 
 
@@ -116,7 +117,7 @@ def wrap_solver(args, solver):
                    timeout=args.ps_timeout, link_gbps=args.link_gbps,
                    link_latency_ms=args.link_latency_ms, curve_dir=args.curve_dir,
                    stats_path=args.ps_stats, overlap=overlap, bucket_mb=bucket_mb,
-                   copy_up=copy_up, tail_mb=tail_mb or 0.0)
+                   copy_up=copy_up, tail_mb=tail_mb)
     return PSWorker(solver, cfg)
 
 

@@ -55,6 +55,10 @@ DEFAULT_BUCKET_MB = 25.0      # PyTorch DDP's bucket_cap_mb (NCCL all-reduce buc
 DEFAULT_PS_BUCKET_MB = 8.0
 # ``--tail-mb``: the parameters backward finishes last go in buckets of at most this size
 PS_TAIL_BUCKET_MB = 1.0
+# ... and how many MiB of them by default.  Measured 2026-11-22 on 4 x H200, ResNet-152 at
+# k = 72, W = 4, two runs of each in one call: 926 and 952 images/s without a tail, 1102 and
+# 1177 with 8 MiB (the shards' tail from 24-27 ms to 12 ms; docs/RESULTS.md, issue 8).
+DEFAULT_PS_TAIL_MB = 8.0
 
 
 def overlap_default(env=None) -> bool:

@@ -79,8 +79,8 @@ from minicaffe.proto import caffe_pb2
 
 from . import protocol as P
 from .copyup import CopyError, CopyUp, copy_up_mode, forward_needs
-from .overlap import (DEFAULT_PS_BUCKET_MB, PS_TAIL_BUCKET_MB, GradientOverlap, backward_order,
-                      make_buckets, overlap_default)
+from .overlap import (DEFAULT_PS_BUCKET_MB, DEFAULT_PS_TAIL_MB, PS_TAIL_BUCKET_MB,
+                      GradientOverlap, backward_order, make_buckets, overlap_default)
 from .protocol import Op, ProtocolError
 from .rounds import RoundThread
 from .sharding import assign_buckets, assign_shards, bucket_cap, shard_bytes
@@ -117,7 +117,8 @@ class PSConfig:
     overlap: bool = field(default_factory=overlap_default)
     bucket_mb: float | None = None    # with overlap: MiB per bucket (DEFAULT_PS_BUCKET_MB)
     copy_up: str | None = None        # with overlap: ps.copyup mode (None: the default)
-    tail_mb: float = 0.0              # with overlap: the last MiB of backward in 1 MiB buckets
+    tail_mb: float | None = None      # with overlap: the last MiB of backward in 1 MiB buckets
+                                      # (None: DEFAULT_PS_TAIL_MB)
 
     def validate(self):
         if self.world_size < 1:
@@ -130,7 +131,7 @@ class PSConfig:
             raise ValueError("--ps needs at least one endpoint (tcp://host:port)")
         if self.bucket_mb is not None and self.bucket_mb <= 0:
             raise ValueError(f"--bucket-mb must be positive, got {self.bucket_mb}")
-        if self.tail_mb < 0:
+        if self.tail_mb is not None and self.tail_mb < 0:
             raise ValueError(f"--tail-mb must be at least 0, got {self.tail_mb}")
 
     @property
@@ -738,7 +739,8 @@ class PSWorker(DataParallel):
             cap = bucket_cap(nbytes, S, max(1, int(mb * (1 << 20))))
             if p.HasField("clip_gradients") and p.clip_gradients >= 0:
                 cap = max(1, sum(nbytes))   # (one shard) clipping needs every gradient at once
-            tail = int(config.tail_mb * (1 << 20))
+            tail_mb = DEFAULT_PS_TAIL_MB if config.tail_mb is None else config.tail_mb
+            tail = int(tail_mb * (1 << 20))
             buckets = make_buckets(nbytes, backward_order(solver.net), cap, tail,
                                    min(cap, int(PS_TAIL_BUCKET_MB * (1 << 20))))
             home = assign_buckets([sum(nbytes[i] for i in b) for b in buckets], S)

@@ -49,7 +49,7 @@ def main():
                     default=overlap_default())
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--copy-up", default=None)
-    ap.add_argument("--tail-mb", type=float, default=0.0)
+    ap.add_argument("--tail-mb", type=float, default=None)
     ap.add_argument("--copy-delay", type=float, default=0.0,
                     help="copy-up forward: the copy thread sleeps this long per bucket")
     a = ap.parse_args()

@@ -207,6 +207,53 @@ def test_add_scaling_needs_the_one_worker_baseline():
     assert rows[4]["speedup"] == "" and rows[4]["efficiency"] == "" and rows[4]["eff_alone"] == ""
 
 
+def test_alone_ranks_do_not_wait_for_one_another():
+    # two ranks that train by themselves: one at 0.1 s per iteration, one at 0.2 s
+    r0 = [rec(i, 0.09, 0.01) for i in range(6)]
+    r1 = [rec(i, 0.19, 0.01 if i != 4 else 0.3) for i in range(6)]
+    s = ps_scaling.summarise([r0, r1], warmup=1, iters=5, batch=8, together=False)
+    assert s["images_per_s"] == pytest.approx(8 / 0.1 + 8 / 0.2)    # not 2 x 8 / 0.2
+    assert s["iter_s"] == pytest.approx(2 * 8 / s["images_per_s"])
+    together = ps_scaling.summarise([r0, r1], warmup=1, iters=5, batch=8)
+    assert together["images_per_s"] == pytest.approx(2 * 8 / 0.2)
+
+
+def test_vs_together_compares_with_the_alone_row_of_the_same_w():
+    def row(comm, w, ips, compute_s=0.1, status="ok"):
+        return {"net": "n", "mode": "m", "comm": comm, "link": "none", "overlap": "on",
+                "world_size": w, "images_per_s": ips, "status": status,
+                "batch_per_worker": 8, "compute_s": compute_s}
+    rows = ps_scaling.add_scaling([
+        row("alone", 1, 80.0), row("alone", 4, 300.0), row("ps", 1, 70.0),
+        row("ps", 4, 240.0), row("nccl", 4, 290.0), row("ps", 2, 100.0),
+        row("alone", 8, 0.0, status="failed"), row("ps", 8, 400.0)])
+    by = {(r["comm"], r["world_size"]): r for r in rows}
+    assert by["ps", 4]["eff_together"] == pytest.approx(240 / 300)
+    assert by["nccl", 4]["eff_together"] == pytest.approx(290 / 300)
+    assert by["alone", 4]["eff_together"] == ""          # itself
+    assert by["ps", 2]["eff_together"] == ""             # no alone row at W = 2
+    assert by["ps", 8]["eff_together"] == ""             # its alone row failed
+    assert by["alone", 4]["efficiency"] == pytest.approx(300 / 80 / 4)
+
+
+def test_alone_workers_are_worlds_of_one_on_their_own_gpus():
+    cfg = ps_scaling.Config("resnet152", "accudnn_ps", "alone", "none", 4, 72,
+                            ["--swap", "dynamic"])
+    args = ps_scaling.parse_args(["--nets", "resnet152"])
+    cmd = ps_scaling.worker_cmd(cfg, args, 3, "s.prototxt", "tcp://127.0.0.1:5", "d")
+    at = {k: cmd[cmd.index(k) + 1] for k in ("--rank", "--world-size", "--comm", "--gpu")}
+    assert at == {"--rank": "0", "--world-size": "1", "--comm": "nccl", "--gpu": "3"}
+    ports = ps_scaling.distinct_free_ports(8)
+    assert len(set(ports)) == 8
+    r = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--cpu", "--nets", "resnet152",
+                        "--comms", "alone,ps", "--links", "none", "--gpus", "1",
+                        "--caffe-batch", "resnet152=4", "--modes", "caffe_ps"], cwd=ROOT,
+                       env=env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "--comm alone skipped: CPU workers" in r.stdout
+    assert "resnet152_caffe_ps_ps_none_W1" in r.stdout and "_alone_" not in r.stdout
+
+
 def test_the_busiest_shard_of_each_timed_round():
     def rec(i, update, send):
         return {"iteration": i, "update_s": update, "send_s": send}

@@ -275,15 +275,17 @@ def _measure_dynamic(solver, dec, budget, plan_budget, reserve, iters, warmup, g
 
 
 def dynamic_point(solver, dec, g, k, td, model, pcie, budget, iters, warmup, gpu) -> dict:
-    """The tuner's dynamic plan at k (``dec`` itself at k*, else planned again from the same
-    model), installed and timed beside its prediction.  Transients that outgrow S(k) teach
+    """The tuner's dynamic plan at k (``dec`` itself at its k, a decision of a dict of them
+    by k at its own, else planned again from the same model), installed and timed beside its
+    prediction.  Transients that outgrow S(k) teach
     the scratch model the measured peak and k is planned again once (recorded); any other
     failure is recorded as ``error`` (with where the device memory is, on the GPU)."""
     from swap.runtime import ScratchOverflow
     from swap.tuner import plan_at
     S = td.scratch
+    decided = dec if isinstance(dec, dict) else {dec.k_star: dec}
     try:
-        d = dec if k == dec.k_star else plan_at(g, k, td.plan_budget, model, pcie, scratch=S)
+        d = decided[k] if k in decided else plan_at(g, k, td.plan_budget, model, pcie, scratch=S)
         try:
             return _measure_dynamic(solver, d, budget, td.plan_budget,
                                     S(k) if S is not None else None, iters, warmup, gpu,
@@ -449,8 +451,11 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     ks = [dec.k_star] + sorted({k for k in (paper.k_star, k_none, max(1, dec.k_star // 2))
                                 if k != dec.k_star}, reverse=True)
     out["dynamic"] = []
+    # at k* and at the paper's k, the decisions tune() laid out and replayed (the paper's
+    # may have needed a larger layout margin than plan_at's: AlexNet at 1639, session 16)
+    decided = {paper.k_star: paper, dec.k_star: dec}
     for k in ks:
-        r = dynamic_point(solver, dec, g, k, td, model, pcie, budget, iters, warmup, gpu)
+        r = dynamic_point(solver, decided, g, k, td, model, pcie, budget, iters, warmup, gpu)
         if "error" in r:
             log(f"dynamic at k = {k}: {r['error']}")
         else:
@@ -460,7 +465,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         # ---- 4. none at the same k, same lowering, where it fits the device
         if "error" not in r and _fits_device(g, k, S(k) if S is not None else None, gpu):
             try:
-                no_stall(r, lambda: dynamic_point(solver, dec, g, k, td, model, pcie, budget,
+                no_stall(r, lambda: dynamic_point(solver, decided, g, k, td, model, pcie, budget,
                                                   iters, warmup, gpu),
                          lambda: _time_none(solver, k, None, "chunked", None, iters, warmup,
                                             gpu, workspace_budget=budget), rounds)

@@ -102,3 +102,32 @@ def test_no_stall_rounds_are_abba_and_pool_every_step():
     # dynamic 10; none 9, 11 in each round (median 10)
     assert r["no_stall_error"] == "out of memory" and r["slowdown"] == 10.0 / 10.0
     assert r["no_stall_rounds"][-1] == {"none_ms": 9.0, "none_host_ms": 4.5}
+
+
+def test_a_decided_k_is_measured_with_its_own_decision(monkeypatch):
+    """At k* and at the paper's k the table measures the plans tune() laid out and replayed;
+    only another k is planned again (plan_at)."""
+    sys.path.insert(0, REPO)
+    import swap.tuner
+    from scripts import tuner_table
+
+    class Td:
+        scratch = None
+        plan_budget = 1 << 30
+
+    class Dec:
+        def __init__(self, k):
+            self.k_star = k
+
+    measured, replanned = [], []
+    monkeypatch.setattr(tuner_table, "_measure_dynamic",
+                        lambda solver, d, *a, **kw: measured.append(d) or {"k": d.k_star})
+    monkeypatch.setattr(swap.tuner, "plan_at",
+                        lambda g, k, *a, **kw: replanned.append(k) or Dec(k))
+    star, paper = Dec(100), Dec(160)
+    decided = {100: star, 160: paper}
+    for k in (100, 160, 50):
+        tuner_table.dynamic_point(None, decided, None, k, Td, None, None, 0, 1, 0, False)
+    assert measured[:2] == [star, paper] and replanned == [50]
+    tuner_table.dynamic_point(None, star, None, 100, Td, None, None, 0, 1, 0, False)
+    assert measured[-1] is star and replanned == [50]        # one decision, as table3 passes

@@ -126,7 +126,8 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "host_ahead_s", "lagging_ranks", "timed_iterations",
                "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
-                 "efficiency", "eff_alone", "eff_together", "compute_s", "comm_s", "comp_comm_ratio",
+                 "efficiency", "eff_alone", "eff_together", "compute_s", "comm_s",
+                 "comp_comm_ratio",
                  "mb_pushed_per_iter", "mb_pulled_per_iter", "server_busy_s", "server_update_s",
                  "server_tail_s", "rank_spread_s",
                  "push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
@@ -821,7 +822,8 @@ def _link_words(r) -> str:
 
 def table_lines(rows) -> list:
     head = ["net", "mode", "swap", "comm", "link", "overlap", "W", "k", "images/s", "speedup",
-            "efficiency", "vs alone", "vs together", "compute ms", "comm ms", "comp/comm", "server ms",
+            "efficiency", "vs alone", "vs together", "compute ms", "comm ms", "comp/comm",
+            "server ms",
             "MB pushed", "status"]
     out = [head]
     for r in rows:

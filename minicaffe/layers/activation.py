@@ -15,19 +15,15 @@ read it back.  Caffe's own answer differs per layer:
 * Exp, Swish and ELU (``alpha >= 0``) read only the top (and Swish its saved sigmoid), so
   in place is exact and costs nothing.
 * BNLL, Power, Log and Clip read ``bottom[0]->cpu_data()`` in backward, which in place is
-  the top: Caffe then computes a wrong gradient (Clip passes every gradient, BNLL takes the
-  sigmoid of the output).  Here these layers keep a saved copy of ``x`` when in place, as
-  PReLU does, so in place equals out of place; out of place they read the bottom like
-  Caffe and keep nothing.
+  the top: Caffe then computes its gradient from the output (Clip passes every gradient,
+  BNLL takes the sigmoid of the output).  They do the same here, as ReLU with a negative
+  slope does (:mod:`minicaffe.layers.neuron`): Caffe's behaviour is the reference, and
+  a net trained in Caffe with such a layer in place trains the same way here.
 * ELU with ``alpha < 0`` reads the bottom like Caffe, which in place reproduces Caffe's
   reading of the overwritten bottom (as ReLU with a negative slope does).
 
 Threshold has no backward in Caffe (``NOT_IMPLEMENTED``); here asking it for a bottom
 gradient raises an error that names the layer.
-
-The copies that BNLL, Power, Log and Clip keep in place are memory Caffe does not
-allocate (where Caffe's gradient is wrong), so the ``none`` accounting of an in-place use of
-them is one input-sized buffer above Caffe's.
 
 One code path for NumPy and CuPy (``self.xp``); no CUDA kernels of their own.  Constants
 are cast to the net's type first, as Caffe's ``Dtype`` parameters are, so that a float32
@@ -46,13 +42,17 @@ from .neuron import NeuronLayer
 
 
 class InputGradientNeuron(NeuronLayer):
-    """A neuron whose backward reads its input ``x``: the bottom data out of place, a
-    saved copy of it (``bottom_copy``, the bottom's shape) in place.
+    """A neuron whose backward reads its input ``x``: the bottom data; in place, a saved
+    copy of it (``bottom_copy``, the bottom's shape) where Caffe keeps one
+    (``copies_input_in_place``: PReLU's ``bottom_memory_``), else the bottom as Caffe
+    reads it, which in place holds the top.
 
     Subclasses call :meth:`save_input` in forward before writing the top and read ``x``
     in backward with :meth:`input_data`; :meth:`backward_needs_input` says whether
     backward reads ``x`` at all with the layer's settings (Power's linear cases do not).
     """
+
+    copies_input_in_place = False
 
     def backward_needs_input(self) -> bool:
         return True
@@ -60,7 +60,7 @@ class InputGradientNeuron(NeuronLayer):
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
         self._in_place = top[0] is bottom[0]
-        if self._in_place and self.backward_needs_input():
+        if self._in_place and self.copies_input_in_place and self.backward_needs_input():
             self.add_internal("bottom_copy", bottom[0].shape, saved=True)
         else:
             self.internals.pop("bottom_copy", None)
@@ -79,7 +79,7 @@ class InputGradientNeuron(NeuronLayer):
     def backward_reads(self) -> BackwardReads:
         if not self.backward_needs_input():
             return BackwardReads()
-        if self._in_place:
+        if "bottom_copy" in self.internals:
             return BackwardReads(internals=("bottom_copy",))
         return BackwardReads(bottom=(0,))
 
@@ -132,6 +132,7 @@ class PReLULayer(InputGradientNeuron):
     """
 
     type = "PReLU"
+    copies_input_in_place = True
 
     def layer_setup(self, bottom, top):
         self._check_axes(bottom[0])

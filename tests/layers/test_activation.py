@@ -44,8 +44,10 @@ SWISH_B = 'name: "swish" type: "Swish" swish_param { beta: 1.5 }'
 DIFFERENTIABLE = [PRELU, PRELU_SHARED, ELU, ELU_HALF, ELU_NEG, ABSVAL, BNLL, POWER, POWER_SQ,
                   POWER_ROOT, POWER_LIN, EXP, EXP_B2, EXP_E_SHIFT, LOG, LOG_B10, CLIP, SWISH,
                   SWISH_B]
-# those with which Caffe's in-place result is its out-of-place one (or ours is, see the module)
-IN_PLACE_OK = [t for t in DIFFERENTIABLE if t not in (ABSVAL, ELU_NEG)]
+# those whose backward reads the overwritten bottom in place, as Caffe's does (the module doc)
+READS_OVERWRITTEN = [BNLL, POWER, POWER_SQ, POWER_ROOT, LOG, LOG_B10, CLIP]
+# those with which Caffe's in-place result is its out-of-place one
+IN_PLACE_OK = [t for t in DIFFERENTIABLE if t not in [ABSVAL, ELU_NEG] + READS_OVERWRITTEN]
 
 
 def away_from_zero(rng, shape=SHAPE, margin=0.1, high=2.0):
@@ -288,6 +290,23 @@ def test_in_place_matches_out_of_place(text, rng):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("text", READS_OVERWRITTEN)
+def test_in_place_reads_the_overwritten_bottom_as_caffe(text, rng):
+    """In place, Caffe's BNLL, Power, Log and Clip read bottom[0]->cpu_data(), which holds
+    the top: their gradient is the out-of-place backward evaluated at y instead of x."""
+    x = sample(text, rng)
+    dy = rng.standard_normal(SHAPE)
+    y, dx_in, _, layer = run(text, x, dy, in_place=True)
+    assert not layer.internals
+    ref, bottom, top = setup(text, x)
+    ref.forward([bottom], [top])
+    np.testing.assert_array_equal(to_numpy(top.data), y)
+    bottom.data[...] = top.data                    # what Caffe's in-place backward reads
+    top.diff[...] = dy
+    ref.backward([top], [True], [bottom])
+    np.testing.assert_array_equal(to_numpy(bottom.diff), dx_in)
+
+
 def test_absval_refuses_in_place():
     """Caffe's AbsValLayer::LayerSetUp: CHECK_NE(top[0], bottom[0])."""
     layer = make_layer(ABSVAL)
@@ -318,14 +337,14 @@ EXPECTED_READS = {
     ELU: (BackwardReads(top=(0,)), BackwardReads(top=(0,))),
     ELU_NEG: (BackwardReads(bottom=(0,), top=(0,)), BackwardReads(bottom=(0,), top=(0,))),
     ABSVAL: (BackwardReads(bottom=(0,)), None),
-    BNLL: (BackwardReads(bottom=(0,)), BackwardReads(internals=("bottom_copy",))),
-    POWER: (BackwardReads(bottom=(0,)), BackwardReads(internals=("bottom_copy",))),
-    POWER_SQ: (BackwardReads(bottom=(0,)), BackwardReads(internals=("bottom_copy",))),
+    BNLL: (BackwardReads(bottom=(0,)), BackwardReads(bottom=(0,))),
+    POWER: (BackwardReads(bottom=(0,)), BackwardReads(bottom=(0,))),
+    POWER_SQ: (BackwardReads(bottom=(0,)), BackwardReads(bottom=(0,))),
     POWER_LIN: (BackwardReads(), BackwardReads()),
     EXP_B2: (BackwardReads(top=(0,)), BackwardReads(top=(0,))),
-    LOG_B10: (BackwardReads(bottom=(0,)), BackwardReads(internals=("bottom_copy",))),
+    LOG_B10: (BackwardReads(bottom=(0,)), BackwardReads(bottom=(0,))),
     THRESHOLD: (BackwardReads(), BackwardReads()),
-    CLIP: (BackwardReads(bottom=(0,)), BackwardReads(internals=("bottom_copy",))),
+    CLIP: (BackwardReads(bottom=(0,)), BackwardReads(bottom=(0,))),
     SWISH_B: (BackwardReads(top=(0,), internals=("sigmoid_output",)),
               BackwardReads(top=(0,), internals=("sigmoid_output",))),
 }
@@ -469,10 +488,13 @@ def test_clip_gradient_passes_at_both_bounds():
     top = float(np.float32(0.7))                 # the bound as the layer holds it
     x = np.array([[-0.6, -0.5, 0.0, top, np.nextafter(top, 1.0)]])
     dy = np.ones_like(x)
-    for in_place in (False, True):
-        y, dx, _, _ = run(CLIP, x, dy, in_place=in_place)
-        np.testing.assert_array_equal(dx, [[0.0, 1.0, 1.0, 1.0, 0.0]])
-        np.testing.assert_array_equal(y, [[-0.5, -0.5, 0.0, top, top]])
+    y, dx, _, _ = run(CLIP, x, dy)
+    np.testing.assert_array_equal(dx, [[0.0, 1.0, 1.0, 1.0, 0.0]])
+    np.testing.assert_array_equal(y, [[-0.5, -0.5, 0.0, top, top]])
+    # in place Caffe reads the clipped values, all within the bounds: every gradient passes
+    y, dx, _, _ = run(CLIP, x, dy, in_place=True)
+    np.testing.assert_array_equal(dx, np.ones_like(x))
+    np.testing.assert_array_equal(y, [[-0.5, -0.5, 0.0, top, top]])
 
 
 def test_clip_min_above_max_gives_min_as_caffe():
@@ -588,7 +610,9 @@ def test_prelu_loads_other_writers_shapes(rng):
 
 
 # In-place chains follow Caffe's rule: a layer whose backward reads its top (ELU, Exp,
-# Swish) is the last in-place writer of that blob, or its top would be overwritten.
+# Swish) is the last in-place writer of that blob, or its top would be overwritten.  BNLL,
+# Power, Log and Clip run out of place here: in place their backward reads the output, as
+# Caffe's does, and the finite-difference check below wants the true gradient.
 ACT_NET = """
 name: "activations"
 layer { name: "data" type: "DummyData" top: "data" top: "label"
@@ -602,26 +626,26 @@ layer { name: "conv1" type: "Convolution" bottom: "masked" top: "conv1"
   convolution_param { num_output: 4 kernel_size: 3 pad: 1
     weight_filler { type: "gaussian" std: 0.3 } } }
 layer { name: "prelu1" type: "PReLU" bottom: "conv1" top: "conv1" }
-layer { name: "pow1" type: "Power" bottom: "conv1" top: "conv1"
+layer { name: "pow1" type: "Power" bottom: "conv1" top: "pow1"
   power_param { power: 2 scale: 0.5 shift: -0.2 } }
-layer { name: "elu1" type: "ELU" bottom: "conv1" top: "elu1" elu_param { alpha: 0.8 } }
+layer { name: "elu1" type: "ELU" bottom: "pow1" top: "elu1" elu_param { alpha: 0.8 } }
 layer { name: "conv2" type: "Convolution" bottom: "elu1" top: "conv2"
   convolution_param { num_output: 4 kernel_size: 3 pad: 1
     weight_filler { type: "gaussian" std: 0.3 } } }
 layer { name: "gate" type: "Threshold" bottom: "conv2" top: "gate" propagate_down: false }
 layer { name: "gated" type: "Eltwise" bottom: "conv2" bottom: "gate" top: "gated"
   eltwise_param { operation: PROD } }
-layer { name: "bnll" type: "BNLL" bottom: "gated" top: "gated" }
-layer { name: "swish" type: "Swish" bottom: "gated" top: "gated" swish_param { beta: 1.2 } }
-layer { name: "abs" type: "AbsVal" bottom: "gated" top: "abs" }
-layer { name: "clip" type: "Clip" bottom: "abs" top: "abs" clip_param { min: 0.2 max: 3 } }
-layer { name: "ip1" type: "InnerProduct" bottom: "abs" top: "ip1"
+layer { name: "bnll" type: "BNLL" bottom: "gated" top: "bnll" }
+layer { name: "swish" type: "Swish" bottom: "bnll" top: "bnll" swish_param { beta: 1.2 } }
+layer { name: "abs" type: "AbsVal" bottom: "bnll" top: "abs" }
+layer { name: "clip" type: "Clip" bottom: "abs" top: "clip" clip_param { min: 0.2 max: 3 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "clip" top: "ip1"
   inner_product_param { num_output: 8 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "prelu2" type: "PReLU" bottom: "ip1" top: "ip1" prelu_param { channel_shared: true } }
-layer { name: "pow2" type: "Power" bottom: "ip1" top: "ip1" power_param { power: 2 shift: 0.5 } }
-layer { name: "log" type: "Log" bottom: "ip1" top: "ip1" log_param { shift: 1 } }
-layer { name: "exp" type: "Exp" bottom: "ip1" top: "ip1" exp_param { base: 2 scale: 0.5 } }
-layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+layer { name: "pow2" type: "Power" bottom: "ip1" top: "pow2" power_param { power: 2 shift: 0.5 } }
+layer { name: "log" type: "Log" bottom: "pow2" top: "log" log_param { shift: 1 } }
+layer { name: "exp" type: "Exp" bottom: "log" top: "log" exp_param { base: 2 scale: 0.5 } }
+layer { name: "ip2" type: "InnerProduct" bottom: "log" top: "ip2"
   inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
 """
@@ -645,16 +669,16 @@ def test_net_of_activations_forward_backward():
     for name in ("conv1", "prelu1", "conv2", "ip1", "prelu2", "ip2"):
         for p in net.params[name]:
             assert np.isfinite(p.diff).all() and np.abs(p.diff).max() > 0, name
-    # in-place layers that read their input keep a copy; out-of-place ones keep none
+    # PReLU in place keeps a copy of its input (Caffe's bottom_memory_); nothing else does
     assert "bottom_copy" in net.layers[net.layer_index("prelu1")].internals
-    assert "bottom_copy" in net.layers[net.layer_index("clip")].internals
-    assert "bottom_copy" in net.layers[net.layer_index("pow1")].internals
+    assert not net.layers[net.layer_index("clip")].internals
+    assert not net.layers[net.layer_index("pow1")].internals
     assert not net.layers[net.layer_index("elu1")].internals
     assert not net.layers[net.layer_index("exp")].internals
 
 
 def test_net_gradient_matches_finite_difference():
-    """The slope of prelu2 (shared, in place, between an InnerProduct and Exp/Log in place)
+    """The slope of prelu2 (shared, in place, between an InnerProduct and Power/Log/Exp)
     against a central difference of the whole net's loss."""
     from minicaffe.rng import set_random_seed
     set_random_seed(5)
@@ -744,7 +768,8 @@ def test_memory_planner_accepts_the_net_and_naive_is_bit_identical(lowering):
     from swap.gmap import SAVED, SCRATCH, build_gmap
     g = build_gmap(make_solver().net)
     names = {b.name: b for b in g.buffers}
-    assert names["saved:clip/bottom_copy"].kind == SAVED
+    assert names["saved:prelu1/bottom_copy"].kind == SAVED
+    assert "saved:clip/bottom_copy" not in names
     assert names["saved:swish/sigmoid_output"].kind == SAVED
     assert names["scratch:swish/sigmoid_input"].kind == SCRATCH
     base = train(lowering)

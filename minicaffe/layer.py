@@ -233,6 +233,17 @@ class Layer:
         saved = tuple(n for n, i in self.internals.items() if i.saved)
         return BackwardReads(bottom=b, top=tuple(self.backward_reads_top), internals=saved)
 
+    def canonical_axis(self, blob, axis: int, what: str = "axis") -> int:
+        """Caffe's ``CanonicalAxisIndex``: ``axis`` of ``blob`` counted from the front (a
+        negative one from the back); out of range, an error that names the layer and the
+        blob."""
+        n = blob.ndim
+        if not -n <= axis < n:
+            raise ValueError(
+                f"layer {self.name!r} of type {self.type}: {what} {axis} out of range for "
+                f"bottom {blob.name!r} of shape {blob.shape} ({n} axes)")
+        return axis + n if axis < 0 else axis
+
     def add_internal(self, name: str, shape, saved: bool, batch_scaled: bool = True,
                      dtype=None) -> Blob:
         """Create (or reshape) an internal buffer; see ``Internal``."""

@@ -258,20 +258,27 @@ class ConvolutionLayer(Layer):
             self._cudnn = engines.cudnn_options()
 
     # ----------------------------------------------------------------- shape
-    def reshape(self, bottom, top):
+    def check_bottoms(self, bottom, channels: int, kernel: str = "convolution"):
+        """Caffe's BaseConvolutionLayer::Reshape checks: the bottoms keep their number of
+        axes, have ``channels`` channels and all one shape."""
         x = bottom[0]
         ax = self.channel_axis
         if x.ndim != ax + 3:
             raise ValueError(f"{self._where}bottom num_axes may not change: {x.name!r} now has "
                              f"shape {x.shape}")
-        if x.shape[ax] != self.channels:
-            raise ValueError(f"{self._where}input size incompatible with convolution kernel: "
+        if x.shape[ax] != channels:
+            raise ValueError(f"{self._where}input size incompatible with {kernel} kernel: "
                              f"bottom {x.name!r} has {x.shape[ax]} channels, the weights "
-                             f"expect {self.channels}")
+                             f"expect {channels}")
         for b in bottom[1:]:
             if b.shape != x.shape:
                 raise ValueError(f"{self._where}shape mismatch - bottom[0] {x.name!r}: {x.shape} "
                                  f"vs. bottom {b.name!r}: {b.shape}")
+
+    def reshape(self, bottom, top):
+        self.check_bottoms(bottom, self.channels)
+        x = bottom[0]
+        ax = self.channel_axis
         self.num = int(np.prod(x.shape[:ax], dtype=np.int64))
         h, w = x.shape[ax + 1], x.shape[ax + 2]
         oh = im2col_mod.conv_out_size(h, self.kernel[0], self.pad[0], self.stride[0],

@@ -111,19 +111,9 @@ class DeconvolutionLayer(ConvolutionLayer):
 
     # ----------------------------------------------------------------- shape
     def reshape(self, bottom, top):
+        self.check_bottoms(bottom, self.bottom_channels, "deconvolution")
         x = bottom[0]
         ax = self.channel_axis
-        if x.ndim != ax + 3:
-            raise ValueError(f"{self._where}bottom num_axes may not change: {x.name!r} now has "
-                             f"shape {x.shape}")
-        if x.shape[ax] != self.bottom_channels:
-            raise ValueError(f"{self._where}input size incompatible with deconvolution kernel: "
-                             f"bottom {x.name!r} has {x.shape[ax]} channels, the weights "
-                             f"expect {self.bottom_channels}")
-        for b in bottom[1:]:
-            if b.shape != x.shape:
-                raise ValueError(f"{self._where}shape mismatch - bottom[0] {x.name!r}: {x.shape} "
-                                 f"vs. bottom {b.name!r}: {b.shape}")
         h, w = x.shape[ax + 1], x.shape[ax + 2]
         oh, ow = (deconv_out_size(s, k, p, st, d) for s, k, p, st, d in
                   zip((h, w), self.kernel, self.pad, self.stride, self.dilation))

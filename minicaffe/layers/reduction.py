@@ -10,16 +10,6 @@ _Op = caffe_pb2.ReductionParameter
 _OP_NAMES = {_Op.SUM: "SUM", _Op.ASUM: "ASUM", _Op.SUMSQ: "SUMSQ", _Op.MEAN: "MEAN"}
 
 
-def _axis(layer, blob, axis: int) -> int:
-    """Caffe's CanonicalAxisIndex, with an error that names the layer and the blob."""
-    n = blob.ndim
-    if not -n <= axis < n:
-        raise ValueError(
-            f"layer {layer.name!r} of type {layer.type}: axis {axis} out of range for bottom "
-            f"{blob.name!r} of shape {blob.shape} ({n} axes)")
-    return axis + n if axis < 0 else axis
-
-
 @register_layer
 class ReductionLayer(Layer):
     """Reduce every axis from ``axis`` on (default 0: all, a scalar top) to one number.
@@ -46,7 +36,7 @@ class ReductionLayer(Layer):
     def reshape(self, bottom, top):
         b = bottom[0]
         p = self.param.reduction_param
-        self.axis = _axis(self, b, p.axis)
+        self.axis = self.canonical_axis(b, p.axis)
         self.num = prod(b.shape[:self.axis])
         self.dim = prod(b.shape[self.axis:])
         top[0].reshape(b.shape[:self.axis])
@@ -126,7 +116,7 @@ class ArgMaxLayer(Layer):
     def reshape(self, bottom, top):
         b = bottom[0]
         if self.has_axis:
-            self.axis = _axis(self, b, self.param.argmax_param.axis)
+            self.axis = self.canonical_axis(b, self.param.argmax_param.axis)
             self.outer = prod(b.shape[:self.axis])
             self.dim = b.shape[self.axis]
             self.inner = prod(b.shape[self.axis + 1:])

@@ -31,18 +31,9 @@ from ..layer import BackwardReads, Layer, register_layer
 from ..proto import caffe_pb2
 
 
-def _canonical_axis(layer, blob, axis: int) -> int:
-    n = blob.ndim
-    if not -n <= axis < n:
-        raise ValueError(
-            f"layer {layer.name!r} of type {layer.type}: axis {axis} out of range for bottom "
-            f"{blob.name!r} of shape {blob.shape} ({n} axes)")
-    return axis + n if axis < 0 else axis
-
-
 def operand_shape(layer, bottom, axis: int, num_axes: int, what: str) -> tuple:
     """Shape of a learned operand: ``bottom.shape[axis : axis + num_axes]``."""
-    axis = _canonical_axis(layer, bottom, axis)
+    axis = layer.canonical_axis(bottom, axis)
     if num_axes < -1:
         raise ValueError(
             f"layer {layer.name!r} of type {layer.type}: num_axes must be non-negative, or -1 to "
@@ -58,7 +49,7 @@ def operand_shape(layer, bottom, axis: int, num_axes: int, what: str) -> tuple:
 
 def broadcast_dims(layer, bottom, shape: tuple, axis: int, what: str) -> tuple:
     """(outer, dim, inner) for applying an operand of ``shape`` to ``bottom``."""
-    axis = 0 if len(shape) == 0 else _canonical_axis(layer, bottom, axis)
+    axis = 0 if len(shape) == 0 else layer.canonical_axis(bottom, axis)
     if bottom.ndim < axis + len(shape):
         raise ValueError(
             f"layer {layer.name!r} of type {layer.type}: {what} of shape {shape} extends past "
@@ -168,7 +159,7 @@ class ScaleLayer(Layer):
             return False
         p = self.param.scale_param
         c = self._dims[1]
-        return (bottom[0].ndim > 1 and _canonical_axis(self, bottom[0], p.axis) == 1
+        return (bottom[0].ndim > 1 and self.canonical_axis(bottom[0], p.axis) == 1
                 and self.blobs[0].shape == (c,) and c == bottom[0].shape[1]
                 and (not self.bias_term or self.blobs[-1].shape == (c,)))
 

@@ -43,15 +43,6 @@ class _ViewLayer(Layer):
         return 0.0, 0.0
 
 
-def _canonical(layer, blob, axis: int, what: str) -> int:
-    n = blob.ndim
-    if not -n <= axis < n:
-        raise ValueError(
-            f"layer {layer.name!r} of type {layer.type}: {what} {axis} out of range for bottom "
-            f"{blob.name!r} of shape {blob.shape} ({n} axes)")
-    return axis + n if axis < 0 else axis
-
-
 @register_layer
 class FlattenLayer(_ViewLayer):
     """Merge axes ``axis`` .. ``end_axis`` (inclusive; defaults 1 and -1) into one.
@@ -63,8 +54,8 @@ class FlattenLayer(_ViewLayer):
 
     def top_shape(self, b) -> tuple:
         p = self.param.flatten_param
-        start = _canonical(self, b, p.axis, "axis")
-        end = _canonical(self, b, p.end_axis, "end_axis")
+        start = self.canonical_axis(b, p.axis)
+        end = self.canonical_axis(b, p.end_axis, "end_axis")
         if end < start:
             raise ValueError(
                 f"layer {self.name!r} of type Flatten: end_axis {p.end_axis} comes before axis "

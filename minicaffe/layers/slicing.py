@@ -12,16 +12,6 @@ from math import prod
 from ..layer import Layer, register_layer
 
 
-def _axis(layer, blob, axis: int, what: str = "axis") -> int:
-    """Caffe's CanonicalAxisIndex, with an error that names the layer and the blob."""
-    n = blob.ndim
-    if not -n <= axis < n:
-        raise ValueError(
-            f"layer {layer.name!r} of type {layer.type}: {what} {axis} out of range for bottom "
-            f"{blob.name!r} of shape {blob.shape} ({n} axes)")
-    return axis + n if axis < 0 else axis
-
-
 @register_layer
 class SliceLayer(Layer):
     """Cut bottom[0] along ``axis`` (default 1, the channels) into the tops.
@@ -57,7 +47,7 @@ class SliceLayer(Layer):
                     f"layer {self.name!r} of type Slice: slice_dim {axis} out of range for bottom "
                     f"{b.name!r} of shape {b.shape} (0 <= slice_dim < {b.ndim})")
             return axis
-        return _axis(self, b, p.axis)
+        return self.canonical_axis(b, p.axis)
 
     def _extents(self, b, n_top: int) -> list[int]:
         """The tops' extents along the slice axis."""
@@ -154,7 +144,7 @@ class TileLayer(Layer):
     def reshape(self, bottom, top):
         b = bottom[0]
         p = self.param.tile_param
-        self.axis = _axis(self, b, p.axis)
+        self.axis = self.canonical_axis(b, p.axis)
         if not p.HasField("tiles"):
             raise ValueError(f"layer {self.name!r} of type Tile: number of tiles must be specified")
         if p.tiles <= 0:

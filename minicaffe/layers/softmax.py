@@ -30,12 +30,7 @@ _Norm = caffe_pb2.LossParameter
 
 def _axis_dims(layer, blob, axis: int) -> tuple:
     """(axis, outer, C, inner) for a softmax over ``axis`` of ``blob``."""
-    n = blob.ndim
-    if not -n <= axis < n:
-        raise ValueError(
-            f"layer {layer.name!r} of type {layer.type}: axis {axis} out of range for bottom "
-            f"{blob.name!r} of shape {blob.shape}")
-    axis = axis + n if axis < 0 else axis
+    axis = layer.canonical_axis(blob, axis)
     return axis, prod(blob.shape[:axis]), blob.shape[axis], prod(blob.shape[axis + 1:])
 
 

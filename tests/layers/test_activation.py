@@ -15,7 +15,7 @@ from minicaffe.blob import Blob
 from minicaffe.layer import BackwardReads
 from minicaffe.net import TRAIN, TEST, Net
 from minicaffe.proto import caffe_pb2, parse_text
-from minicaffe.testing import check_gradient, make_blob, make_layer
+from minicaffe.testing import check_gradient, make_blob, make_layer, sgd_solver, train_steps
 
 SHAPE = (2, 3, 2, 3)
 
@@ -726,38 +726,14 @@ def test_threshold_in_a_net_that_needs_its_gradient_fails_naming_it():
 
 
 def make_solver(seed=3):
-    from minicaffe.solver import Solver
-    p = caffe_pb2.SolverParameter()
-    p.net_param.CopyFrom(net_param(ACT_NET))
-    p.base_lr = 0.05
-    p.momentum = 0.9
-    p.weight_decay = 1e-3
-    p.lr_policy = "fixed"
-    p.max_iter = 20
-    p.display = 0
-    p.random_seed = seed
-    p.solver_mode = caffe_pb2.SolverParameter.CPU
-    return Solver(p, mode="CPU", verbose=False)
+    return sgd_solver(net_param(ACT_NET), seed=seed)
 
 
 def train(lowering, iters=6, strategy=None):
     """(params, history, losses) after ``iters`` SGD steps with the convolutions' ``lowering``,
     under a swap plan if given (every fresh or released region of the arena poisoned with
     NaN)."""
-    from swap.runtime import install, set_lowering
-    s = make_solver()
-    if strategy:
-        install(s, strategy, None, poison=True, lowering=lowering)
-    else:
-        set_lowering(s.net, lowering)
-        s.net.reshape()
-    losses = []
-    for _ in range(iters):
-        s.step(1)
-        losses.append(float(s._losses[-1]))
-    params = [np.array(p.data) for p in s.net.learnable_params]
-    history = [np.array(h) for h in s.rule.state_blobs()]
-    return params, history, losses
+    return train_steps(make_solver(), iters, strategy, None, lowering)[:3]
 
 
 @pytest.mark.parametrize("lowering", ["caffe", "chunked"])

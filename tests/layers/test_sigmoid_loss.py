@@ -7,7 +7,7 @@ import pytest
 from minicaffe.backend import to_numpy
 from minicaffe.blob import Blob
 from minicaffe.layer import BackwardReads
-from minicaffe.testing import check_gradient, make_blob, make_layer
+from minicaffe.testing import check_gradient, make_blob, make_layer, sgd_solver, train_steps
 
 
 def loss_text(params="", extra=""):
@@ -176,17 +176,8 @@ layer { name: "argmax" type: "ArgMax" bottom: "a_n" top: "argmax" argmax_param {
 
 def make_solver(seed=3):
     from minicaffe.proto import caffe_pb2, parse_text
-    from minicaffe.solver import Solver
-    p = caffe_pb2.SolverParameter()
-    p.net_param.CopyFrom(parse_text(NET, caffe_pb2.NetParameter))
-    p.base_lr = 0.05
-    p.momentum = 0.9
-    p.lr_policy = "fixed"
-    p.max_iter = 10
-    p.display = 0
-    p.random_seed = seed
-    p.solver_mode = caffe_pb2.SolverParameter.CPU
-    return Solver(p, mode="CPU", verbose=False)
+    return sgd_solver(parse_text(NET, caffe_pb2.NetParameter), seed=seed, weight_decay=0.0,
+                      max_iter=10)
 
 
 def test_net_forward_backward():
@@ -219,21 +210,7 @@ def test_net_forward_backward():
 def train(strategy=None, iters=5):
     """Train ``iters`` iterations (with minicaffe's chunked convolution lowering, the same in
     every run); return (params, history, losses, executor)."""
-    from swap.runtime import install, set_lowering
-    s = make_solver()
-    if strategy:
-        ex = install(s, strategy, poison=True, lowering="chunked")
-    else:
-        ex = None
-        set_lowering(s.net, "chunked")
-        s.net.reshape()
-    losses = []
-    for _ in range(iters):
-        s.step(1)
-        losses.append(float(s._losses[-1]))
-    params = [np.array(p.data) for p in s.net.learnable_params]
-    history = [np.array(h) for h in s.rule.state_blobs()]
-    return params, history, losses, ex
+    return train_steps(make_solver(), iters, strategy, None, "chunked")
 
 
 def test_memory_planner_accepts_the_net_and_trains_it_bit_identically():

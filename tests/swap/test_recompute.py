@@ -12,11 +12,11 @@ from minicaffe.backend import to_numpy
 from minicaffe.net import TRAIN, Net
 from minicaffe.proto import caffe_pb2, parse_text
 from minicaffe.rng import set_random_seed
-from minicaffe.solver import Solver
+from minicaffe.testing import sgd_solver, train_steps
 from swap.gmap import build_gmap
 from swap.plan import (OFFLOAD, RECOMPUTE, BudgetError, make_plan, max_batch, min_budget,
                        plan_naive, plan_none, plan_recompute, recompute_policy)
-from swap.runtime import Executor, install, measure_scratch, set_lowering
+from swap.runtime import Executor, install, measure_scratch
 
 from swap_nets import net_text                       # tests/swap/swap_nets.py
 from test_swap_plan import check_consistent         # tests/swap/test_swap_plan.py
@@ -103,35 +103,13 @@ def gmap_of(which, batch=4):
 
 
 def make_solver(which, batch=4, mode="CPU"):
-    p = caffe_pb2.SolverParameter()
-    p.net_param.CopyFrom(parse_text(text_of(which, batch), caffe_pb2.NetParameter))
-    p.base_lr = 0.05
-    p.momentum = 0.9
-    p.weight_decay = 1e-3
-    p.lr_policy = "fixed"
-    p.max_iter = 20
-    p.display = 0
-    p.random_seed = 3
-    return Solver(p, mode=mode, verbose=False)
+    return sgd_solver(parse_text(text_of(which, batch), caffe_pb2.NetParameter), mode=mode)
 
 
 def train(which, strategy=None, budget=None, iters=20, lowering="chunked", mode="CPU"):
     """(params, history, losses, executor) after ``iters`` iterations; every fresh or released
     region poisoned with NaN.  params includes BatchNorm's statistics (Caffe's blobs)."""
-    s = make_solver(which, mode=mode)
-    ex = None
-    if strategy:
-        ex = install(s, strategy, budget, poison=True, lowering=lowering)
-    else:
-        set_lowering(s.net, lowering)
-        s.net.reshape()
-    losses = []
-    for _ in range(iters):
-        s.step(1)
-        losses.append(float(s._losses[-1]))
-    params = [to_numpy(p.data) for p in s.net.learnable_params]
-    history = [to_numpy(h) for h in s.rule.state_blobs()]
-    return params, history, losses, ex
+    return train_steps(make_solver(which, mode=mode), iters, strategy, budget, lowering)
 
 
 def same(a, b):

@@ -4,10 +4,9 @@ import numpy as np
 import pytest
 
 from minicaffe.proto import caffe_pb2, parse_text
-from minicaffe.solver import Solver
+from minicaffe.testing import sgd_solver, train_steps
 from swap.gmap import BACKWARD, DATA, build_gmap
 from swap.plan import make_plan, min_budget
-from swap.runtime import install, set_lowering
 
 # An FCN-16s-like head: a deconvolution upsamples the coarse scores past the image, a Crop
 # cuts them to the fine scores (bottom 1 needs its own gradient: Caffe inserts a Split, and
@@ -43,34 +42,12 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "score" bottom: "label" top
 
 
 def make_solver(batch=4, seed=3):
-    p = caffe_pb2.SolverParameter()
-    p.net_param.CopyFrom(parse_text(FCN.replace("BATCH", str(batch)), caffe_pb2.NetParameter))
-    p.base_lr = 0.05
-    p.momentum = 0.9
-    p.weight_decay = 1e-3
-    p.lr_policy = "fixed"
-    p.max_iter = 12
-    p.display = 0
-    p.random_seed = seed
-    p.solver_mode = caffe_pb2.SolverParameter.CPU
-    return Solver(p, mode="CPU", verbose=False)
+    return sgd_solver(parse_text(FCN.replace("BATCH", str(batch)), caffe_pb2.NetParameter),
+                      seed=seed, max_iter=12)
 
 
 def train(iters=12, strategy=None, budget=None, lowering=None):
-    s = make_solver()
-    ex = None
-    if strategy:
-        ex = install(s, strategy, budget, poison=True, lowering=lowering)
-    elif lowering:
-        set_lowering(s.net, lowering)
-        s.net.reshape()
-    losses = []
-    for _ in range(iters):
-        s.step(1)
-        losses.append(float(s._losses[-1]))
-    params = [np.array(p.data) for p in s.net.learnable_params]
-    history = [np.array(h) for h in s.rule.state_blobs()]
-    return params, history, losses, ex
+    return train_steps(make_solver(), iters, strategy, budget, lowering)
 
 
 def same(a, b):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from minicaffe.layer import BackwardReads
+from minicaffe.testing import train_steps
 from swap.plan import OFFLOAD, PREFETCH, BudgetError, min_budget
 from swap.runtime import (FREED, OFFLOADING, ON_DEVICE, ON_HOST, PREFETCHING, Executor,
                           Residency, ResidencyError, install, set_lowering)
@@ -15,21 +16,7 @@ def train(make_solver, which, iters=20, strategy=None, budget=None, type="SGD", 
           **kw):
     """Train ``iters`` iterations; return (params, history, losses, executor).  lowering: the
     convolutions' im2col ("caffe" or "chunked"; None: the strategy's default)."""
-    s = make_solver(which, type=type)
-    if strategy:
-        ex = install(s, strategy, budget, poison=True, lowering=lowering, **kw)
-    else:
-        ex = None
-        if lowering:
-            set_lowering(s.net, lowering)
-            s.net.reshape()
-    losses = []
-    for _ in range(iters):
-        s.step(1)
-        losses.append(float(s._losses[-1]))
-    params = [np.array(p.data) for p in s.net.learnable_params]
-    history = [np.array(h) for h in s.rule.state_blobs()]
-    return params, history, losses, ex
+    return train_steps(make_solver(which, type=type), iters, strategy, budget, lowering, **kw)
 
 
 def same(a, b):

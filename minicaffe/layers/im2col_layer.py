@@ -1,0 +1,123 @@
+"""Im2col (Caffe's ``Im2colLayer``, ``src/caffe/layers/im2col_layer.cpp``): the lowering of
+a convolution as a layer of its own.
+
+``convolution_param`` gives ``kernel_size`` (or ``kernel_h``/``kernel_w``), ``stride``,
+``pad``, ``dilation`` (each once or once per spatial axis, or the ``_h``/``_w`` pairs) and
+``axis`` (the channel axis, default 1); ``num_output``, ``group`` and the fillers are
+ignored, as in Caffe.  For a bottom (N, C, H, W) (axes before ``axis`` are independent
+images, two spatial axes after it):
+
+    top  (N, C*kh*kw, OH, OW)      OH = (H + 2*pad_h - (dil_h*(kh-1)+1)) / stride_h + 1
+
+with C++'s truncating division, and ``top[n, (c*kh + i)*kw + j, oh, ow] =
+x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw]`` (0 outside the image): each image's column
+buffer, in Caffe's row order.  Backward is col2im: every top diff entry summed back into the
+pixel it came from (the bottom's diff is overwritten).
+
+Forward and backward run the batched lowering of :mod:`minicaffe.kernels.im2col` (the CUDA
+kernels of :mod:`minicaffe.kernels.cuda_vision` on a GPU) straight between the bottom and
+the top: no internal buffer, and backward reads only the top's diff.
+
+Caffe lowers N-d inputs too (``im2col_nd``, also under ``force_nd_im2col``); minicaffe's
+lowering is 2-d, so other numbers of spatial axes are refused with an error naming the layer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import cuda_vision
+from ..kernels import im2col as im2col_mod
+from ..layer import BackwardReads, Layer, register_layer
+from .conv import _spatial_values
+
+
+@register_layer
+class Im2colLayer(Layer):
+    """A convolution's column buffer as the top: (N, C, H, W) -> (N, C*kh*kw, OH, OW)."""
+
+    type = "Im2col"
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.convolution_param
+        where = f"layer {self.name!r} (Im2col): "
+        self._where = where
+        x = bottom[0]
+        self.channel_axis = self.canonical_axis(x, p.axis)
+        n_spatial = x.ndim - self.channel_axis - 1
+        if n_spatial < 1:
+            raise ValueError(f"{where}bottom {x.name!r} of shape {x.shape} has no spatial axis "
+                             f"after the channel axis {self.channel_axis}")
+        if n_spatial != 2:
+            raise ValueError(
+                f"{where}only 2-d lowering is implemented: bottom {x.name!r} of shape {x.shape} "
+                f"has {n_spatial} spatial axes after the channel axis {self.channel_axis} "
+                "(Caffe's N-d im2col is not supported)")
+        # force_nd_im2col selects Caffe's N-d lowering, the same numbers for 2 axes
+        self.kernel = tuple(_spatial_values(p, "kernel", 2, None, where))
+        self.stride = tuple(_spatial_values(p, "stride", 2, 1, where))
+        self.pad = tuple(_spatial_values(p, "pad", 2, 0, where))
+        self.dilation = tuple(_spatial_values(p, "dilation", 2, 1, where))
+        for name, vals in (("filter", self.kernel), ("stride", self.stride),
+                           ("dilation", self.dilation)):
+            if min(vals) <= 0:
+                raise ValueError(f"{where}{name} dimensions must be nonzero, got {vals}")
+
+    def reshape(self, bottom, top):
+        x = bottom[0]
+        ax = self.channel_axis
+        if x.ndim != ax + 3:
+            raise ValueError(f"{self._where}bottom num_axes may not change: {x.name!r} now has "
+                             f"shape {x.shape}")
+        h, w = x.shape[ax + 1], x.shape[ax + 2]
+        oh = im2col_mod.conv_out_size(h, self.kernel[0], self.pad[0], self.stride[0],
+                                      self.dilation[0])
+        ow = im2col_mod.conv_out_size(w, self.kernel[1], self.pad[1], self.stride[1],
+                                      self.dilation[1])
+        if oh <= 0 or ow <= 0:
+            raise ValueError(
+                f"{self._where}kernel {self.kernel} (dilation {self.dilation}) does not fit the "
+                f"{h}x{w} input of {x.name!r} padded by {self.pad} (output {oh}x{ow})")
+        self.channels = x.shape[ax]
+        self.num = int(np.prod(x.shape[:ax], dtype=np.int64))
+        self.in_hw, self.out_hw = (h, w), (oh, ow)
+        kdim = self.channels * self.kernel[0] * self.kernel[1]
+        top[0].reshape(x.shape[:ax] + (kdim, oh, ow))
+
+    def _images(self, arr):
+        """A bottom array as (num, C, H, W)."""
+        return arr.reshape((self.num, self.channels) + self.in_hw)
+
+    def _columns(self, arr):
+        """A top array as (num, C*kh*kw, OH*OW): the lowering's batch-major layout."""
+        kdim = self.channels * self.kernel[0] * self.kernel[1]
+        return arr.reshape(self.num, kdim, self.out_hw[0] * self.out_hw[1])
+
+    def forward_impl(self, bottom, top):
+        x, col = self._images(bottom[0].data), self._columns(top[0].data)
+        if cuda_vision.enabled_for(self.xp):
+            cuda_vision.im2col(x, col, self.kernel, self.pad, self.stride, self.dilation,
+                               self.out_hw, batch_major=True)
+        else:
+            im2col_mod.im2col(x, self.kernel, self.pad, self.stride, self.dilation, out=col)
+
+    def backward_impl(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        col, dx = self._columns(top[0].diff), self._images(bottom[0].diff)
+        if cuda_vision.enabled_for(self.xp):
+            cuda_vision.col2im(col, dx, self.kernel, self.pad, self.stride, self.dilation,
+                               self.out_hw, batch_major=True)
+        else:
+            im2col_mod.col2im(col, dx.shape, self.kernel, self.pad, self.stride, self.dilation,
+                              out=dx)
+
+    def backward_reads(self) -> BackwardReads:
+        """col2im reads the top's diff only."""
+        return BackwardReads()
+
+    def flops(self, bottom, top):
+        """A copy of every top element; backward one addition each."""
+        n = float(top[0].count)
+        return n, n

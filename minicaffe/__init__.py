@@ -17,13 +17,16 @@ from .proto import caffe_pb2
 from .solver import SGDSolver, Solver, get_solver
 from .rng import set_random_seed
 from . import layers  # registers every layer; also pycaffe's `layers as L` NetSpec factory
+from . import io  # pycaffe's caffe.io: Transformer, load_image, resize_image, oversample
+from .classifier import Classifier
 
 
 __version__ = "0.1.0"
 
 __all__ = ["Net", "Blob", "Layer", "Solver", "SGDSolver", "get_solver", "TRAIN", "TEST",
-           "caffe_pb2", "set_mode_cpu", "set_mode_gpu", "set_device", "gpu_available",
-           "register_layer", "known_layer_types", "set_random_seed", "layers", "params", "NetSpec"]
+           "Classifier", "io", "caffe_pb2", "set_mode_cpu", "set_mode_gpu", "set_device",
+           "gpu_available", "register_layer", "known_layer_types", "set_random_seed", "layers",
+           "params", "NetSpec"]
 
 
 def __getattr__(name):

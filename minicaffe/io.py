@@ -469,3 +469,384 @@ def resolve_path(path, source_dir=None, what: str = "file", where: str = "") -> 
         tried.append(os.path.abspath(alt))
     prefix = f"{where}: " if where else ""
     raise FileNotFoundError(f"{prefix}{what} {path!r} not found (looked at {', '.join(tried)})")
+
+
+# ------------------------------------------------- pycaffe preprocessing
+# pycaffe's caffe.io image helpers (python/caffe/io.py in BVLC Caffe): images
+# are (H, W, K) float arrays, RGB in [0, 1] as skimage loads them; a
+# Transformer turns one into the (K, H, W) array that a net's input expects.
+RESIZE_MODES = ("reflect", "symmetric", "edge", "constant")
+
+
+def _boundary_index(idx, n: int, mode: str):
+    """Integer sample positions ``idx`` (possibly outside ``[0, n)``) mapped into
+    an axis of length ``n`` as ``numpy.pad``'s ``mode`` extends it; under
+    ``"constant"`` a position outside the axis becomes -1 (it reads ``cval``)."""
+    if mode == "constant":
+        return np.where((idx < 0) | (idx >= n), -1, idx)
+    if mode == "edge":
+        return np.clip(idx, 0, n - 1)
+    if n == 1:
+        return np.zeros_like(idx)
+    if mode == "reflect":    # mirrored about the edge pixels: a b c | b a
+        period = 2 * (n - 1)
+        idx = np.mod(idx, period)
+        return np.where(idx >= n, period - idx, idx)
+    period = 2 * n           # symmetric: the edge pixels repeat: a b c | c b a
+    idx = np.mod(idx, period)
+    return np.where(idx >= n, period - 1 - idx, idx)
+
+
+def _take(x, idx, axis: int, cval: float):
+    """``x`` sampled at ``idx`` along ``axis`` (-1 entries read ``cval``)."""
+    out = np.take(x, np.maximum(idx, 0), axis=axis)
+    outside = idx < 0
+    if outside.any():
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        out = np.where(outside.reshape(shape), cval, out)
+    return out
+
+
+def _resample_axis(x, n_out: int, axis: int, order: int, mode: str, cval: float = 0.0,
+                   align_corners: bool = False):
+    """``x`` resampled to ``n_out`` samples along ``axis`` by nearest (order 0)
+    or linear (order 1) interpolation.
+
+    Pixel-centre mapping (skimage's ``resize``, ``ndimage.zoom(grid_mode=True)``):
+    output pixel i reads input position ``(i + 0.5) * n_in / n_out - 0.5``.
+    ``align_corners`` (``ndimage.zoom``'s default ``grid_mode=False``): the first
+    and last pixel centres meet, position ``i * (n_in - 1) / (n_out - 1)``.
+    Nearest rounds halves up, ``floor(p + 0.5)``, as ndimage does.
+    """
+    n_in = x.shape[axis]
+    i = np.arange(n_out, dtype=np.float64)
+    if align_corners:
+        pos = i * ((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros(1)
+    else:
+        pos = (i + 0.5) * (n_in / n_out) - 0.5
+    if order == 0:
+        idx = np.floor(pos + 0.5).astype(np.intp)
+        return _take(x, _boundary_index(idx, n_in, mode), axis, cval)
+    lo = np.floor(pos)
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    w = (pos - lo).reshape(shape)  # weight of the upper neighbour
+    lo = lo.astype(np.intp)
+    below = _take(x, _boundary_index(lo, n_in, mode), axis, cval)
+    above = _take(x, _boundary_index(lo + 1, n_in, mode), axis, cval)
+    return below * (1.0 - w) + above * w
+
+
+def _gaussian_axis(x, sigma: float, axis: int, mode: str, cval: float = 0.0):
+    """``scipy.ndimage.gaussian_filter1d`` (kernel truncated at 4 sigma) with
+    ``numpy.pad``'s ``mode`` at the edges."""
+    radius = int(4.0 * sigma + 0.5)
+    taps = np.arange(-radius, radius + 1)
+    kernel = np.exp(-0.5 * (taps / sigma) ** 2)
+    kernel /= kernel.sum()
+    n = x.shape[axis]
+    out = np.zeros_like(x)
+    for t, k in zip(taps, kernel):
+        out += k * _take(x, _boundary_index(np.arange(n) + t, n, mode), axis, cval)
+    return out
+
+
+def _skimage_resize(x, new_dims, order: int, mode: str, anti_aliasing, cval: float = 0.0):
+    """``skimage.transform.resize(x, new_dims, order)`` of a float (H, W, K)
+    image (skimage >= 0.19: ``ndimage.zoom(grid_mode=True)`` after an optional
+    Gaussian; ``clip=True``), for orders 0 and 1, in float64."""
+    out_shape = tuple(new_dims) + x.shape[2:]
+    factors = [n_in / n_out for n_in, n_out in zip(x.shape, out_shape)]
+    if anti_aliasing is None:  # skimage: on when any axis shrinks (float input)
+        anti_aliasing = any(f > 1 for f in factors)
+    y = x
+    if anti_aliasing:
+        for axis, f in enumerate(factors):
+            sigma = max(0.0, (f - 1) / 2)  # skimage's default anti_aliasing_sigma
+            if sigma > 0:
+                y = _gaussian_axis(y, sigma, axis, mode, cval)
+    for axis in (0, 1):
+        if y.shape[axis] != out_shape[axis]:
+            y = _resample_axis(y, out_shape[axis], axis, order, mode, cval)
+    if order > 0:  # clip=True: no value outside the input's range (and cval's)
+        lo, hi = x.min(), x.max()
+        if mode == "constant":
+            lo, hi = min(lo, cval), max(hi, cval)
+        y = np.clip(y, lo, hi)
+    return y
+
+
+def resize_image(im, new_dims, interp_order=1, *, mode="reflect", anti_aliasing=None):
+    """pycaffe's ``caffe.io.resize_image``: an (H, W, K) image resized to
+    ``new_dims`` = (height, width), float32 (K kept).
+
+    As pycaffe: a 1- or 3-channel image is scaled to [0, 1], resized as
+    ``skimage.transform.resize(im, new_dims, order=interp_order)`` with
+    skimage's defaults, and scaled back; a constant image comes back filled
+    with its value (no division by zero); other channel counts go through
+    ``scipy.ndimage.zoom(im, ..., order)``, whose grid puts the corner pixel
+    centres on each other.
+
+    Implemented in NumPy (skimage is not a dependency), for ``interp_order``
+    0 (nearest) and 1 (bilinear) only; pycaffe passes higher orders to the
+    splines of skimage/scipy.  The 1/3-channel path reproduces
+    skimage >= 0.19 (checked against 0.25): pixel-centre mapping, ``mode``
+    ``'reflect'`` at the edges (numpy.pad's name; ``'symmetric'``, ``'edge'``
+    and ``'constant'`` with cval 0 are accepted too), and, when the image
+    shrinks, a Gaussian blur of sigma ``(in/out - 1)/2`` per axis before
+    sampling (``anti_aliasing``; None = skimage's rule).  skimage < 0.15,
+    current when pycaffe was written, used ``mode='constant'`` and no
+    blur: pass ``mode="constant", anti_aliasing=False`` for that output.
+    ``mode`` and ``anti_aliasing`` are extensions; pycaffe has neither.
+    Values agree with skimage's to float32 rounding (skimage filters a
+    float32 input in float32, this code works in float64).
+    """
+    im = np.asarray(im)
+    if im.ndim != 3:
+        raise ValueError(f"resize_image: need an (H, W, K) image, got shape {im.shape}")
+    new_dims = tuple(int(d) for d in new_dims)
+    if len(new_dims) != 2 or min(new_dims) < 1:
+        raise ValueError(f"resize_image: new_dims must be (height, width) >= 1, got {new_dims}")
+    if interp_order not in (0, 1):
+        raise ValueError(f"resize_image: interp_order {interp_order} is not supported; "
+                         "0 (nearest) and 1 (bilinear) are")
+    if mode not in RESIZE_MODES:
+        raise ValueError(f"resize_image: unknown mode {mode!r}; choose one of {RESIZE_MODES}")
+    x = im.astype(np.float64)
+    if im.shape[-1] not in (1, 3):
+        # pycaffe: scipy.ndimage.zoom(im, scale + (1,), order), corners aligned
+        for axis in (0, 1):
+            x = _resample_axis(x, new_dims[axis], axis, interp_order, "edge",
+                               align_corners=True)
+        return x.astype(np.float32)
+    im_min, im_max = x.min(), x.max()
+    if not im_max > im_min:  # a constant image: avoid dividing by zero
+        return np.full(new_dims + (im.shape[-1],), im_min, dtype=np.float32)
+    std = (x - im_min) / (im_max - im_min)  # skimage wants [0, 1]
+    resized = _skimage_resize(std, new_dims, interp_order, mode, anti_aliasing)
+    return (resized * (im_max - im_min) + im_min).astype(np.float32)
+
+
+def _pil_to_float(img) -> np.ndarray:
+    """A Pillow image as skimage's ``img_as_float(io.imread(...))`` gives it:
+    (H, W) or (H, W, C) float64, integers divided by their type's maximum."""
+    mode = img.mode
+    if mode == "1":
+        return np.asarray(img, dtype=bool).astype(np.float64)
+    if mode == "F":
+        return np.asarray(img, dtype=np.float64)
+    if mode.startswith("I;16"):
+        return np.asarray(img).astype(np.float64) / 65535.0
+    if mode == "I":
+        return np.asarray(img, dtype=np.int32).astype(np.float64) / 2147483647.0
+    if mode in ("L", "LA", "La"):
+        return np.asarray(img.convert("L"), dtype=np.uint8) / 255.0
+    if mode in ("RGBA", "RGBa"):
+        return np.asarray(img.convert("RGBA"), dtype=np.uint8) / 255.0
+    # RGB; palette images as imageio gives them (RGB); CMYK, YCbCr, ... as RGB
+    return np.asarray(img.convert("RGB"), dtype=np.uint8) / 255.0
+
+
+def load_image(filename, color=True) -> np.ndarray:
+    """pycaffe's ``caffe.io.load_image``: an image file as float32 in [0, 1],
+    (H, W, 3) RGB, or (H, W, 1) when the file is grey and ``color`` is False.
+
+    As pycaffe: a grey file is tiled to 3 channels when ``color``; an alpha
+    channel is dropped (not composited); ``color=False`` does not turn a
+    colour file grey (it stays (H, W, 3)).  Note the RGB order: Caffe's
+    ImageNet models want BGR (``Transformer.set_channel_swap(in_, (2, 1, 0))``).
+
+    Decoded with Pillow instead of skimage/imageio; differences: a grey file
+    with alpha (``LA``) becomes grey (imageio gives 2 channels, which pycaffe
+    passes on), and CMYK/YCbCr files are converted to RGB (imageio gives the
+    raw channels).  Like imageio, the EXIF orientation is not applied.
+    """
+    Image = require_pillow()
+    with Image.open(filename) as img:
+        img.load()
+        arr = _pil_to_float(img)
+    if arr.ndim == 2:
+        arr = arr[:, :, np.newaxis]
+        if color:
+            arr = np.tile(arr, (1, 1, 3))
+    elif arr.shape[2] == 4:
+        arr = arr[:, :, :3]
+    return arr.astype(np.float32)
+
+
+def center_crop_bounds(image_dims, crop_dims):
+    """((y0, y1), (x0, x1)) of pycaffe's centre crop: the image centre minus
+    and plus half the crop, truncated to integers (``y1 - y0`` is the crop height)."""
+    bounds = []
+    for size, crop in zip(image_dims, crop_dims):
+        size, crop = int(size), int(crop)
+        if crop > size:
+            raise ValueError(f"crop {tuple(int(c) for c in crop_dims)} is larger than the image "
+                             f"{tuple(int(s) for s in image_dims)}")
+        bounds.append((int(size / 2.0 - crop / 2.0), int(size / 2.0 + crop / 2.0)))
+    return tuple(bounds)
+
+
+def oversample(images, crop_dims) -> np.ndarray:
+    """pycaffe's ``caffe.io.oversample``: 10 crops of each (H, W, K) image,
+    as a (10 N, h, w, K) float32 array.
+
+    Per image, in pycaffe's order: the top-left, top-right, bottom-left and
+    bottom-right corners, the centre (:func:`center_crop_bounds`), then the
+    same five mirrored left to right.  All images must have one shape.
+    """
+    if len(images) == 0:
+        raise ValueError("oversample: no images given")
+    im_shape = np.shape(images[0])
+    if len(im_shape) != 3:
+        raise ValueError(f"oversample: need (H, W, K) images, got shape {im_shape}")
+    h, w = (int(c) for c in crop_dims)
+    (cy0, _), (cx0, _) = center_crop_bounds(im_shape[:2], (h, w))
+    H, W = im_shape[:2]
+    corners = [(0, 0), (0, W - w), (H - h, 0), (H - h, W - w), (cy0, cx0)]
+    crops = np.empty((10 * len(images), h, w, im_shape[2]), dtype=np.float32)
+    for n, im in enumerate(images):
+        if np.shape(im) != im_shape:
+            raise ValueError(f"oversample: image {n} has shape {np.shape(im)}, image 0 "
+                             f"{im_shape}; resize them to one shape first")
+        base = 10 * n
+        for k, (y, x) in enumerate(corners):
+            crops[base + k] = im[y:y + h, x:x + w, :]
+        crops[base + 5:base + 10] = crops[base:base + 5, :, ::-1, :]  # mirrors
+    return crops
+
+
+class Transformer:
+    """pycaffe's ``caffe.io.Transformer``: turns (H, W, K) images into a net's
+    (K, H, W) inputs and back.
+
+    ``inputs``: {input blob name: its shape (N, K, H, W)}, e.g.
+    ``{"data": net.blobs["data"].data.shape}``.  :meth:`preprocess` runs, as
+    pycaffe: convert to float32; resize to the input's (H, W) if the image's
+    first two axes differ (:func:`resize_image`); transpose; channel swap;
+    multiply by raw_scale; subtract the mean; multiply by input_scale.  So
+    ``raw_scale`` applies before the mean (a [0, 1] image times 255 for a
+    mean given in [0, 255]) and ``input_scale`` after it.  :meth:`deprocess`
+    undoes the steps in reverse (not the resize).
+
+    Differences from pycaffe: ``preprocess`` never writes into the caller's
+    array (pycaffe's in-place scaling does when it is float32 of the input's
+    size and needs no resize); ``deprocess`` drops only leading axes of length
+    1 (pycaffe's ``squeeze()`` also drops a channel axis of length 1, and its
+    transpose then fails); errors are ValueError (pycaffe raises Exception
+    for the unknown-input, transpose and channel-swap checks).
+    """
+
+    def __init__(self, inputs):
+        self.inputs = {name: tuple(int(d) for d in shape) for name, shape in dict(inputs).items()}
+        self.transpose = {}
+        self.channel_swap = {}
+        self.raw_scale = {}
+        self.mean = {}
+        self.input_scale = {}
+
+    def _check_input(self, in_):
+        if in_ not in self.inputs:
+            raise ValueError(f"{in_!r} is not one of the net inputs: {list(self.inputs)}")
+
+    def preprocess(self, in_, data) -> np.ndarray:
+        """An (H', W', K) image as the (K, H, W) float32 array for input ``in_``."""
+        self._check_input(in_)
+        caffe_in = np.array(data, dtype=np.float32)  # a copy: the steps below work in place
+        in_dims = self.inputs[in_][2:]
+        if caffe_in.shape[:2] != in_dims:
+            caffe_in = resize_image(caffe_in, in_dims)
+        transpose = self.transpose.get(in_)
+        channel_swap = self.channel_swap.get(in_)
+        raw_scale = self.raw_scale.get(in_)
+        mean = self.mean.get(in_)
+        input_scale = self.input_scale.get(in_)
+        if transpose is not None:
+            caffe_in = caffe_in.transpose(transpose)
+        if channel_swap is not None:
+            caffe_in = caffe_in[list(channel_swap), :, :]
+        if raw_scale is not None:
+            caffe_in *= raw_scale
+        if mean is not None:
+            caffe_in -= mean
+        if input_scale is not None:
+            caffe_in *= input_scale
+        return caffe_in
+
+    def deprocess(self, in_, data) -> np.ndarray:
+        """Undo :meth:`preprocess` (but the resize): (1, K, H, W) or (K, H, W) -> (H, W, K)."""
+        self._check_input(in_)
+        decaf_in = np.array(data, dtype=np.float32)
+        while decaf_in.ndim > 3 and decaf_in.shape[0] == 1:
+            decaf_in = decaf_in[0]
+        transpose = self.transpose.get(in_)
+        channel_swap = self.channel_swap.get(in_)
+        raw_scale = self.raw_scale.get(in_)
+        mean = self.mean.get(in_)
+        input_scale = self.input_scale.get(in_)
+        if input_scale is not None:
+            decaf_in /= input_scale
+        if mean is not None:
+            decaf_in += mean
+        if raw_scale is not None:
+            decaf_in /= raw_scale
+        if channel_swap is not None:
+            decaf_in = decaf_in[np.argsort(channel_swap), :, :]
+        if transpose is not None:
+            decaf_in = decaf_in.transpose(np.argsort(transpose))
+        return decaf_in
+
+    def set_transpose(self, in_, order):
+        """The axis order that takes an image to the input's, e.g. (2, 0, 1)
+        for (H, W, K) -> (K, H, W); one entry per input axis but the batch's."""
+        self._check_input(in_)
+        shape = self.inputs[in_]
+        if len(order) != len(shape) - 1:
+            raise ValueError(f"input {in_!r}: transpose order {tuple(order)} needs "
+                             f"{len(shape) - 1} axes, as many as the input {shape} has "
+                             "without the batch axis")
+        self.transpose[in_] = tuple(int(a) for a in order)
+
+    def set_channel_swap(self, in_, order):
+        """The channel order to take after the transpose, e.g. (2, 1, 0) for RGB -> BGR."""
+        self._check_input(in_)
+        shape = self.inputs[in_]
+        if len(order) != shape[1]:
+            raise ValueError(f"input {in_!r}: channel swap {tuple(order)} needs one entry per "
+                             f"input channel ({shape[1]} in shape {shape})")
+        self.channel_swap[in_] = tuple(int(c) for c in order)
+
+    def set_raw_scale(self, in_, scale):
+        """Multiply the raw image by ``scale`` before the mean (255 for models
+        trained on [0, 255] pixels, such as CaffeNet and AlexNet)."""
+        self._check_input(in_)
+        self.raw_scale[in_] = scale
+
+    def set_mean(self, in_, mean):
+        """The mean to subtract: a (K,) vector (per channel) or an image of the
+        input's (K, H, W) shape ((H, W) for one channel), in the input's units
+        (after raw_scale)."""
+        self._check_input(in_)
+        mean = np.asarray(mean)
+        shape = self.inputs[in_]
+        if mean.ndim == 1:
+            if mean.shape[0] != shape[1]:
+                raise ValueError(f"input {in_!r}: mean channels incompatible with input: the "
+                                 f"mean has {mean.shape[0]}, the input {shape} has {shape[1]}")
+            mean = mean[:, np.newaxis, np.newaxis]
+        else:
+            ms = (1,) + mean.shape if mean.ndim == 2 else mean.shape
+            if len(ms) != 3:
+                raise ValueError(f"input {in_!r}: mean shape {mean.shape} invalid; give a (K,) "
+                                 "vector or a (K, H, W) image")
+            if ms != shape[1:]:
+                raise ValueError(f"input {in_!r}: mean shape {mean.shape} incompatible with "
+                                 f"input shape {shape} (need {shape[1:]}; for a per-channel "
+                                 "mean, average the image: mean.mean(1).mean(1))")
+        self.mean[in_] = mean
+
+    def set_input_scale(self, in_, scale):
+        """Multiply the input by ``scale`` after the mean subtraction."""
+        self._check_input(in_)
+        self.input_scale[in_] = scale

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from itertools import zip_longest
 
 import numpy as np
 
@@ -558,6 +559,151 @@ class Net:
         self.backward_from_to(s, e)
         names = set(self.inputs) | set(diffs or [])
         return {n: self.blobs[n].diff for n in names}
+
+    # ------------------------------------------- pycaffe's batched passes
+    def _batch(self, arrays):
+        """pycaffe's ``Net._batch``: yield {name: one batch} over the first axis
+        of ``arrays`` ({name: array}, all of one length), in batches of the size
+        of the net's first blob; the last batch is padded with zeros.  Nothing
+        is yielded for no arrays."""
+        if not arrays:
+            return
+        num = len(next(iter(arrays.values())))
+        batch_size = next(iter(self.blobs.values())).num
+        for start in range(0, num - num % batch_size, batch_size):
+            yield {name: a[start:start + batch_size] for name, a in arrays.items()}
+        remainder = num % batch_size
+        if remainder:
+            yield {name: np.concatenate([a[-remainder:],
+                                         np.zeros((batch_size - remainder,) + a.shape[1:],
+                                                  dtype=a.dtype)])
+                   for name, a in arrays.items()}
+
+    @staticmethod
+    def _as_batched_arrays(kwargs, what: str) -> tuple[dict, int]:
+        """{name: array} from keyword arguments, and their common length."""
+        arrays = {name: np.asarray(value) for name, value in kwargs.items()}
+        lengths = {name: len(a) for name, a in arrays.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"{what}: the arrays have different lengths {lengths}; each holds "
+                             "one item per row of its first axis")
+        return arrays, next(iter(lengths.values()), 0)
+
+    def _stack_batches(self, parts: list, num: int) -> np.ndarray:
+        """One output's per-batch arrays joined along the first axis, the rows
+        that padded the last batch cut off.  A per-batch scalar (a loss) gives
+        one value per batch; an array whose first axis is not the batch's is
+        joined uncut."""
+        if not parts:
+            return np.zeros((0,), dtype=self.dtype)
+        if parts[0].ndim == 0:
+            return np.stack(parts)
+        out = np.concatenate(parts)
+        batch_size = next(iter(self.blobs.values())).num
+        return out[:num] if parts[0].shape[0] == batch_size else out
+
+    @staticmethod
+    def _host_copy(a) -> np.ndarray:
+        """A host copy of a blob's array: a blocking device-to-host copy on the
+        GPU, a memcpy on the CPU (the blob's memory is reused by the next batch)."""
+        host = to_numpy(a)
+        return host.copy() if host is a else host
+
+    def forward_all(self, blobs=None, **kwargs):
+        """pycaffe's ``Net.forward_all``: forward ``kwargs`` ({input name: (M, ...)
+        array}) in batches of the net's batch size; returns {output (and each
+        name in ``blobs``): (M, ...) array}.
+
+        As pycaffe, the last batch is padded with zeros and the padding's rows
+        are cut from the outputs.  Without inputs pycaffe fails; here that is
+        a ValueError.
+        """
+        if not kwargs:
+            raise ValueError(f"net {self.name!r}: forward_all needs the inputs by name, e.g. "
+                             f"forward_all({(self.inputs or ['data'])[0]}=array)")
+        arrays, num = self._as_batched_arrays(kwargs, "forward_all")
+        names = set(self.outputs) | set(blobs or [])
+        parts = {n: [] for n in names}
+        for batch in self._batch(arrays):
+            outs = self.forward(blobs=blobs, **batch)
+            for n in names:
+                parts[n].append(self._host_copy(outs[n]))
+        return {n: self._stack_batches(parts[n], num) for n in names}
+
+    def forward_backward_all(self, blobs=None, diffs=None, **kwargs):
+        """pycaffe's ``Net.forward_backward_all``: forward and backward in
+        batches.  ``kwargs`` name inputs (fed to forward) and outputs (their
+        diffs, fed to backward), all of one length M; a pass without arrays of
+        its kind uses what the blobs hold.  Returns ({output and ``blobs``:
+        data}, {input and ``diffs``: diff}), padding rows cut as in
+        :meth:`forward_all`.
+
+        pycaffe ignores a name that is neither an input nor an output and
+        cuts the diffs only for as many names as there are outputs; here the
+        first is a ValueError and every array is cut.
+        """
+        fwd = {n: kwargs[n] for n in self.inputs if n in kwargs}
+        bwd = {n: kwargs[n] for n in self.outputs if n in kwargs}
+        unknown = sorted(set(kwargs) - set(fwd) - set(bwd))
+        if unknown:
+            raise ValueError(f"net {self.name!r}: forward_backward_all takes arrays for the "
+                             f"inputs {self.inputs} and outputs {self.outputs}; got {unknown}")
+        if not kwargs:
+            raise ValueError(f"net {self.name!r}: forward_backward_all needs arrays by name")
+        arrays, num = self._as_batched_arrays(kwargs, "forward_backward_all")
+        fwd = {n: arrays[n] for n in fwd}
+        bwd = {n: arrays[n] for n in bwd}
+        out_names = set(self.outputs) | set(blobs or [])
+        diff_names = set(self.inputs) | set(diffs or [])
+        out_parts = {n: [] for n in out_names}
+        diff_parts = {n: [] for n in diff_names}
+        for fb, bb in zip_longest(self._batch(fwd), self._batch(bwd), fillvalue={}):
+            outs = self.forward(blobs=blobs, **fb)
+            grads = self.backward(diffs=diffs, **bb)
+            for n in out_names:
+                out_parts[n].append(self._host_copy(outs[n]))
+            for n in diff_names:
+                diff_parts[n].append(self._host_copy(grads[n]))
+        return ({n: self._stack_batches(out_parts[n], num) for n in out_names},
+                {n: self._stack_batches(diff_parts[n], num) for n in diff_names})
+
+    # ------------------------------------ pycaffe's read-only conveniences
+    @property
+    def _layer_names(self) -> list[str]:
+        """pycaffe's ``net._layer_names``: the layer names in order."""
+        return list(self.layer_names)
+
+    @property
+    def _blob_names(self) -> list[str]:
+        """pycaffe's ``net._blob_names``: the blob names in creation order."""
+        return list(self.blobs)
+
+    @property
+    def _blobs(self) -> list[Blob]:
+        """pycaffe's ``net._blobs``: the blobs in creation order."""
+        return list(self.blobs.values())
+
+    @property
+    def _inputs(self) -> list[int]:
+        """pycaffe's ``net._inputs``: the input blobs' indices in ``_blobs``."""
+        index = {n: i for i, n in enumerate(self.blobs)}
+        return [index[n] for n in self.inputs]
+
+    @property
+    def _outputs(self) -> list[int]:
+        """pycaffe's ``net._outputs``: the output blobs' indices in ``_blobs``."""
+        index = {n: i for i, n in enumerate(self.blobs)}
+        return [index[n] for n in self.outputs]
+
+    @property
+    def blob_loss_weights(self) -> "OrderedDict[str, float]":
+        """pycaffe's ``net.blob_loss_weights``: {blob name: the loss weight its
+        last writer gives it} (Caffe's ``blob_loss_weights_``; 0 for most)."""
+        weights = OrderedDict((n, 0.0) for n in self.blobs)
+        for layer, names in zip(self.layers, self.top_names):
+            for ti, name in enumerate(names):
+                weights[name] = float(layer.loss_weight(ti))
+        return weights
 
     def clear_param_diffs(self):
         """Zero every learnable parameter's diff (``fill``: a memset on the GPU)."""

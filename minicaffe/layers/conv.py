@@ -75,6 +75,29 @@ from ..kernels import im2col as im2col_mod
 from ..layer import BackwardReads, Layer, register_layer
 
 
+def conv_geometry(p, x, channel_axis: int, where: str, what: str = "convolution",
+                  kernel_word: str = "kernel") -> tuple:
+    """(kernel, stride, pad, dilation), each per spatial axis, of ``convolution_param`` ``p``
+    for bottom ``x`` with its channels on ``channel_axis``: Caffe's BaseConvolutionLayer set-up
+    for two spatial axes (force_nd_im2col selects Caffe's N-d lowering, which computes the
+    same numbers for two axes: accepted, same code).  ``what`` and ``kernel_word`` name the
+    operation and the kernel in the errors, as the layer's Caffe source does."""
+    n_spatial = x.ndim - channel_axis - 1
+    if n_spatial != 2:
+        raise ValueError(
+            f"{where}only 2-d {what} is implemented: bottom {x.name!r} of shape {x.shape} has "
+            f"{n_spatial} spatial axes after the channel axis {channel_axis} (N-d {what} is "
+            "not supported)")
+    kernel = tuple(_spatial_values(p, "kernel", 2, None, where))
+    stride = tuple(_spatial_values(p, "stride", 2, 1, where))
+    pad = tuple(_spatial_values(p, "pad", 2, 0, where))
+    dilation = tuple(_spatial_values(p, "dilation", 2, 1, where))
+    for name, vals in ((kernel_word, kernel), ("stride", stride), ("dilation", dilation)):
+        if min(vals) < 1:
+            raise ValueError(f"{where}{name} dimensions must be nonzero, got {vals}")
+    return kernel, stride, pad, dilation
+
+
 def _spatial_values(param, name, n_spatial, default, where):
     """Caffe's handling of ``name`` (repeated) versus ``name_h``/``name_w``.
 
@@ -210,22 +233,8 @@ class ConvolutionLayer(Layer):
         self._where = where
         x = bottom[0]
         self.channel_axis = x.canonical_axis(p.axis)
-        n_spatial = x.ndim - self.channel_axis - 1
-        if n_spatial != 2:
-            raise ValueError(
-                f"{where}only 2-d convolution is implemented: bottom {x.name!r} of shape {x.shape} "
-                f"has {n_spatial} spatial axes after the channel axis {self.channel_axis} "
-                "(N-d convolution is not supported)")
-        # force_nd_im2col selects Caffe's general N-d lowering, which computes the
-        # same numbers for 2 spatial axes: accepted, same code.
-        self.kernel = tuple(_spatial_values(p, "kernel", 2, None, where))
-        self.stride = tuple(_spatial_values(p, "stride", 2, 1, where))
-        self.pad = tuple(_spatial_values(p, "pad", 2, 0, where))
-        self.dilation = tuple(_spatial_values(p, "dilation", 2, 1, where))
-        for name, vals, low in (("kernel", self.kernel, 1), ("stride", self.stride, 1),
-                                ("dilation", self.dilation, 1)):
-            if min(vals) < low:
-                raise ValueError(f"{where}{name} dimensions must be nonzero, got {vals}")
+        self.kernel, self.stride, self.pad, self.dilation = conv_geometry(
+            p, x, self.channel_axis, where)
         self.is_1x1 = self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
 
         self.channels = x.shape[self.channel_axis]

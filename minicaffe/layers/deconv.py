@@ -43,7 +43,7 @@ from .. import engine as engines
 from ..blob import Blob
 from ..fillers import fill
 from ..layer import register_layer
-from .conv import ConvolutionLayer, _spatial_values
+from .conv import ConvolutionLayer, conv_geometry
 
 
 def deconv_out_size(size: int, kernel: int, pad: int, stride: int, dilation: int = 1) -> int:
@@ -64,20 +64,8 @@ class DeconvolutionLayer(ConvolutionLayer):
         self._where = where
         x = bottom[0]
         self.channel_axis = x.canonical_axis(p.axis)
-        n_spatial = x.ndim - self.channel_axis - 1
-        if n_spatial != 2:
-            raise ValueError(
-                f"{where}only 2-d deconvolution is implemented: bottom {x.name!r} of shape "
-                f"{x.shape} has {n_spatial} spatial axes after the channel axis "
-                f"{self.channel_axis} (N-d deconvolution is not supported)")
-        self.kernel = tuple(_spatial_values(p, "kernel", 2, None, where))
-        self.stride = tuple(_spatial_values(p, "stride", 2, 1, where))
-        self.pad = tuple(_spatial_values(p, "pad", 2, 0, where))
-        self.dilation = tuple(_spatial_values(p, "dilation", 2, 1, where))
-        for name, vals in (("kernel", self.kernel), ("stride", self.stride),
-                           ("dilation", self.dilation)):
-            if min(vals) < 1:
-                raise ValueError(f"{where}{name} dimensions must be nonzero, got {vals}")
+        self.kernel, self.stride, self.pad, self.dilation = conv_geometry(
+            p, x, self.channel_axis, where, "deconvolution")
         self.is_1x1 = self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
 
         c, m, g = x.shape[self.channel_axis], int(p.num_output), int(p.group)

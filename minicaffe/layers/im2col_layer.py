@@ -28,7 +28,7 @@ import numpy as np
 from ..kernels import cuda_vision
 from ..kernels import im2col as im2col_mod
 from ..layer import BackwardReads, Layer, register_layer
-from .conv import _spatial_values
+from .conv import conv_geometry
 
 
 @register_layer
@@ -45,24 +45,8 @@ class Im2colLayer(Layer):
         self._where = where
         x = bottom[0]
         self.channel_axis = self.canonical_axis(x, p.axis)
-        n_spatial = x.ndim - self.channel_axis - 1
-        if n_spatial < 1:
-            raise ValueError(f"{where}bottom {x.name!r} of shape {x.shape} has no spatial axis "
-                             f"after the channel axis {self.channel_axis}")
-        if n_spatial != 2:
-            raise ValueError(
-                f"{where}only 2-d lowering is implemented: bottom {x.name!r} of shape {x.shape} "
-                f"has {n_spatial} spatial axes after the channel axis {self.channel_axis} "
-                "(Caffe's N-d im2col is not supported)")
-        # force_nd_im2col selects Caffe's N-d lowering, the same numbers for 2 axes
-        self.kernel = tuple(_spatial_values(p, "kernel", 2, None, where))
-        self.stride = tuple(_spatial_values(p, "stride", 2, 1, where))
-        self.pad = tuple(_spatial_values(p, "pad", 2, 0, where))
-        self.dilation = tuple(_spatial_values(p, "dilation", 2, 1, where))
-        for name, vals in (("filter", self.kernel), ("stride", self.stride),
-                           ("dilation", self.dilation)):
-            if min(vals) <= 0:
-                raise ValueError(f"{where}{name} dimensions must be nonzero, got {vals}")
+        self.kernel, self.stride, self.pad, self.dilation = conv_geometry(
+            p, x, self.channel_axis, where, "lowering", kernel_word="filter")
 
     def reshape(self, bottom, top):
         x = bottom[0]

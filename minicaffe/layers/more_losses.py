@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..io import blobproto_to_array, read_blobproto
 from ..layer import Layer, register_layer
-from .softmax import _Norm, _axis_dims, normalizer, softmax
+from .softmax import _Norm, _axis_dims, masked_normalizer, softmax
 
 # Caffe's kLOG_THRESHOLD (loss_layer.hpp): probabilities are clipped here before the log.
 LOG_THRESHOLD = 1e-20
@@ -221,12 +221,7 @@ class InfogainLossLayer(Layer):
         return xp.where(valid, label, 0), valid
 
     def _normalizer(self, valid):
-        if valid is None:
-            # full(), not asarray(): a fill kernel, no host-to-device copy
-            count = self.xp.full((), float(self.outer * self.inner), dtype=self.dtype)
-        else:
-            count = valid.sum().astype(self.dtype)
-        return normalizer(self.xp, self.normalization, self.outer, self.inner, count)
+        return masked_normalizer(self, valid)
 
     def forward_impl(self, bottom, top):
         xp = self.xp

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..layer import Layer, register_layer
-from .softmax import _Norm, normalizer
+from .softmax import _Norm, masked_normalizer
 
 
 @register_layer
@@ -71,12 +71,7 @@ class SigmoidCrossEntropyLossLayer(Layer):
         return self.xp.trunc(t) != self.ignore_label
 
     def _normalizer(self, valid):
-        if valid is None:
-            # full(), not asarray(): a fill kernel, no host-to-device copy
-            count = self.xp.full((), float(self.outer * self.inner), dtype=self.dtype)
-        else:
-            count = valid.sum().astype(self.dtype)
-        return normalizer(self.xp, self.normalization, self.outer, self.inner, count)
+        return masked_normalizer(self, valid)
 
     def forward_impl(self, bottom, top):
         xp = self.xp

@@ -136,6 +136,17 @@ def normalizer(xp, mode: int, outer: int, inner: int, valid_count):
     return max(n, 1.0)
 
 
+def masked_normalizer(layer, valid):
+    """:func:`normalizer` for a loss layer (``xp``, ``normalization``, ``outer``, ``inner``,
+    ``dtype``) whose counted elements are ``valid`` (a device mask; None: all of them)."""
+    if valid is None:
+        # full(), not asarray(): a fill kernel, no host-to-device copy
+        count = layer.xp.full((), float(layer.outer * layer.inner), dtype=layer.dtype)
+    else:
+        count = valid.sum().astype(layer.dtype)
+    return normalizer(layer.xp, layer.normalization, layer.outer, layer.inner, count)
+
+
 def normalization_mode(layer) -> int:
     """LossParameter.normalization, or the legacy ``normalize`` when only it is set."""
     lp = layer.param.loss_param

@@ -100,6 +100,39 @@ def require_pillow():
     return Image
 
 
+def resize_inter_linear(img, height: int, width: int) -> np.ndarray:
+    """OpenCV's ``cv::resize(src, dst, Size(width, height))`` with its default INTER_LINEAR,
+    which Caffe's ``ReadImageToCVMat`` uses (convert_imageset, ImageData): each output
+    pixel centre maps to the source coordinate ``(i + 0.5) * in / out - 0.5``, clamped to
+    the image, and is interpolated from its two neighbours per axis, also when shrinking
+    (no averaging over the area, unlike Pillow's BILINEAR).  ``img``: uint8 ``(H, W)`` or
+    ``(H, W, C)``; returns the same layout, rounded.  OpenCV computes in 11-bit fixed
+    point, so a value may differ from it by 1."""
+    src = np.asarray(img)
+    if src.dtype != np.uint8 or src.ndim not in (2, 3):
+        raise ValueError(f"resize_inter_linear takes a uint8 (H, W) or (H, W, C) image, got "
+                         f"{src.dtype} {src.shape}")
+    if height < 1 or width < 1:
+        raise ValueError(f"resize to {height}x{width}: both sizes must be positive")
+
+    def matrix(n_out: int, n_in: int) -> np.ndarray:
+        """(n_out, n_in) interpolation weights of one axis."""
+        x = np.clip((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0, n_in - 1)
+        lo = np.floor(x).astype(np.int64)
+        hi = np.minimum(lo + 1, n_in - 1)
+        frac = x - lo
+        m = np.zeros((n_out, n_in))
+        np.add.at(m, (np.arange(n_out), lo), 1 - frac)
+        np.add.at(m, (np.arange(n_out), hi), frac)
+        return m
+
+    a = src.astype(np.float64).reshape(src.shape[0], src.shape[1], -1)
+    out = np.einsum("yh,hwc,xw->yxc", matrix(height, src.shape[0]), a,
+                    matrix(width, src.shape[1]))
+    out = np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    return out[:, :, 0] if src.ndim == 2 else out
+
+
 def pil_to_array(img, is_color: bool = True) -> np.ndarray:
     """A Pillow image as a ``(C, H, W)`` uint8 array in Caffe's channel order.
 

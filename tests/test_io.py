@@ -221,3 +221,28 @@ def test_resolve_path(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "layer 'data' (Data)" in msg and "mean_file 'nope.bin' not found" in msg
     assert str(tmp_path / "proto" / "nope.bin") in msg
+
+
+def test_resize_inter_linear_takes_two_taps_per_axis():
+    """OpenCV's INTER_LINEAR: source x = (i + 0.5) * in / out - 0.5, clamped, two neighbours,
+    also when shrinking (Pillow's BILINEAR would average the whole area)."""
+    from minicaffe.io import resize_inter_linear
+    row = np.array([[0, 100, 200, 40]], np.uint8)
+    np.testing.assert_array_equal(resize_inter_linear(row, 1, 2), [[50, 120]])   # x = 0.5, 2.5
+    np.testing.assert_array_equal(resize_inter_linear(row[:, :2], 1, 4), [[0, 25, 75, 100]])
+    img = np.arange(24, dtype=np.uint8).reshape(2, 4, 3)
+    assert resize_inter_linear(img, 5, 3).shape == (5, 3, 3)
+    with pytest.raises(ValueError, match="uint8"):
+        resize_inter_linear(img.astype(np.float32), 2, 2)
+
+
+def test_resize_inter_linear_against_opencv():
+    from minicaffe.io import resize_inter_linear
+    cv2 = pytest.importorskip("cv2")
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        h, w, oh, ow = (int(v) for v in rng.integers(1, 30, 4))
+        a = rng.integers(0, 256, (h, w, 3)).astype(np.uint8)
+        ref = cv2.resize(a, (ow, oh), interpolation=cv2.INTER_LINEAR)
+        got = resize_inter_linear(a, oh, ow)
+        assert np.abs(ref.astype(int) - got.astype(int)).max() <= 1     # OpenCV's fixed point

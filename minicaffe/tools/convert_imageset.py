@@ -11,8 +11,9 @@ after the last space, so paths may contain spaces).  Images are read from
 
 * PNG, JPEG and whatever else Pillow reads (Pillow is needed for them), as
   3 channels in BGR order, as Caffe's OpenCV reader gives them, or 1 grey
-  channel with ``--gray``; resized (bilinear) when both ``--resize_height``
-  and ``--resize_width`` are given;
+  channel with ``--gray``; resized as OpenCV's INTER_LINEAR does
+  (:func:`minicaffe.io.resize_inter_linear`) when both ``--resize_height`` and
+  ``--resize_width`` are given;
 * ``.npy`` arrays of shape ``(C, H, W)`` or ``(H, W)``, stored as they are
   (uint8 as bytes, other types as ``float_data``).
 
@@ -30,7 +31,7 @@ import warnings
 
 import numpy as np
 
-from ..io import LMDBWriter, array_to_datum, pil_to_array, require_pillow
+from ..io import LMDBWriter, array_to_datum, pil_to_array, require_pillow, resize_inter_linear
 
 COMMIT_EVERY = 1000
 
@@ -76,7 +77,8 @@ def load_image(path, is_color: bool = True, resize_height: int = 0, resize_width
         img.load()
         if resize_height > 0 and resize_width > 0:
             img = img.convert("RGB" if is_color else "L")
-            img = img.resize((resize_width, resize_height), Image.BILINEAR)
+            img = Image.fromarray(resize_inter_linear(np.asarray(img), resize_height,
+                                                      resize_width))
         return pil_to_array(img, is_color=is_color)
 
 

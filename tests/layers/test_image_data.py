@@ -275,8 +275,6 @@ def test_resize_is_convert_imagesets_and_errors(sized):
             make_layer(image_text(listfile, extra=extra)).setup([], tops())
 
 
-@pytest.mark.xfail(strict=True, reason="convert_imageset resizes with Pillow's BILINEAR, which "
-                   "antialiases when it shrinks; OpenCV's INTER_LINEAR takes two taps per axis")
 def test_resize_shrinking_is_opencv_inter_linear(sized):
     listfile, arrays = sized
     layer, t = setup_layer(image_text(listfile, batch=3, extra="new_height: 2 new_width: 1",

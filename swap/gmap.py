@@ -596,7 +596,7 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
     """(name, kind, dtype, size, ref) of memory Caffe allocates and minicaffe does not.
 
     CAFFE_FACTS, "Memory that Caffe allocates":
-    * the Data layer's prefetched batches, all resident: ``prefetch`` batches, one of which the
+    * the Data and ImageData layers' prefetched batches, all resident: ``prefetch`` batches, one of which the
       tops alias (Caffe's Forward sets the tops' data to the current batch), so ``prefetch - 1``
       batches beyond the tops;
     * BatchNorm always keeps ``temp_`` and ``x_norm_`` (full size; minicaffe declares them only
@@ -615,7 +615,7 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
     backward = set(bwd_layers)
     for li, layer in enumerate(net.layers):
         tops, bottoms = net.top_vecs[li], net.bottom_vecs[li]
-        if hasattr(layer, "prefetch_nbytes") and layer.type == "Data":
+        if hasattr(layer, "prefetch_nbytes") and layer.type in ("Data", "ImageData"):
             top_bytes = sum(t.nbytes for t in tops)
             extra = layer.prefetch_nbytes() - top_bytes
             if extra > 0:

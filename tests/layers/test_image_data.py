@@ -539,6 +539,13 @@ def test_memory_plans_and_the_tuners_resize_accept_image_data(images):
     set_batch_size(s.net, 5)
     s.step(1)
     assert s.net.blobs["data"].shape == (5, 3, 5, 5) and s.net.blobs["label"].shape == (5,)
+    # Caffe's accounting holds the batches read ahead beyond the tops, as for Data
+    from swap.gmap import build_gmap
+    net = solver().net
+    layer = net.layers[net.layer_index("data")]
+    extra = {b.name: b.nbytes(net.blobs["data"].shape[0]) for b in build_gmap(net).buffers}
+    top_bytes = net.blobs["data"].nbytes + net.blobs["label"].nbytes
+    assert extra["caffe:data/prefetch"] == layer.prefetch_nbytes() - top_bytes > 0
 
 
 def test_in_a_net_the_list_is_found_next_to_the_prototxt(images, tmp_path, monkeypatch):

@@ -596,9 +596,9 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
     """(name, kind, dtype, size, ref) of memory Caffe allocates and minicaffe does not.
 
     CAFFE_FACTS, "Memory that Caffe allocates":
-    * the Data and ImageData layers' prefetched batches, all resident: ``prefetch`` batches, one of which the
-      tops alias (Caffe's Forward sets the tops' data to the current batch), so ``prefetch - 1``
-      batches beyond the tops;
+    * the Data and ImageData layers' prefetched batches, all resident: ``prefetch`` batches,
+      one of which the tops alias (Caffe's Forward sets the tops' data to the current batch),
+      so ``prefetch - 1`` batches beyond the tops;
     * BatchNorm always keeps ``temp_`` and ``x_norm_`` (full size; minicaffe declares them only
       with batch statistics) and, when in place, a full-size copy of the top diff
       (``x_norm_``'s diff) for backward;

@@ -64,6 +64,8 @@ CUDNN_STREAMS_PER_GROUP = 3
 HISTORY_SLOTS = {"SGD": 1, "Nesterov": 1, "Adam": 2}
 # the CAFFE-engine convolution's lowering scratch (buffer-name suffixes), one image in Caffe
 LOWERING_SCRATCH = ("/col", "/top_diff_t")
+# Caffe's BasePrefetchingDataLayer subclasses: their read-ahead batches are device memory
+PREFETCHING_TYPES = ("Data", "ImageData", "WindowData")
 
 # Layer types whose forward is cheap beside a convolution's or an inner product's (elementwise,
 # a small window, a copy, a view) and a function of the bottoms and parameters alone, so that
@@ -596,9 +598,9 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
     """(name, kind, dtype, size, ref) of memory Caffe allocates and minicaffe does not.
 
     CAFFE_FACTS, "Memory that Caffe allocates":
-    * the Data and ImageData layers' prefetched batches, all resident: ``prefetch`` batches,
-      one of which the tops alias (Caffe's Forward sets the tops' data to the current batch),
-      so ``prefetch - 1`` batches beyond the tops;
+    * the prefetching data layers' batches (:data:`PREFETCHING_TYPES`), all resident:
+      ``prefetch`` batches, one of which the tops alias (Caffe's Forward sets the tops' data
+      to the current batch), so ``prefetch - 1`` batches beyond the tops;
     * BatchNorm always keeps ``temp_`` and ``x_norm_`` (full size; minicaffe declares them only
       with batch statistics) and, when in place, a full-size copy of the top diff
       (``x_norm_``'s diff) for backward;
@@ -615,7 +617,7 @@ def _caffe_only(net, k0, bwd_layers, diff_of, caffe_engine, size_of):
     backward = set(bwd_layers)
     for li, layer in enumerate(net.layers):
         tops, bottoms = net.top_vecs[li], net.bottom_vecs[li]
-        if hasattr(layer, "prefetch_nbytes") and layer.type in ("Data", "ImageData"):
+        if hasattr(layer, "prefetch_nbytes") and layer.type in PREFETCHING_TYPES:
             top_bytes = sum(t.nbytes for t in tops)
             extra = layer.prefetch_nbytes() - top_bytes
             if extra > 0:

@@ -257,11 +257,114 @@ class _Prefetcher:
         return True
 
 
-def _shutdown(prefetcher, reader):
-    """Stop the prefetch thread, then close the database (finalizer of DataLayer)."""
+def _shutdown(prefetcher, reader=None):
+    """Finalizer of a prefetching layer: stop its thread, then close ``reader`` (the Data
+    layer's database), if any."""
     ended = prefetcher.stop() if prefetcher is not None else True
-    if ended:  # never pull the transaction from under a running thread
+    if ended and reader is not None:  # never pull the transaction from under a running thread
         reader.close()
+
+
+class PrefetchingDataLayer(_SourcelessLayer):
+    """Caffe's ``BasePrefetchingDataLayer``: batches loaded on a thread, ahead of forward.
+
+    A subclass's ``layer_setup`` sets ``batch_size``, ``_top_shape`` (the data top's),
+    ``output_labels``, ``prefetch_count`` and ``_loader`` (a callable that fills a
+    :class:`_Batch` and whose ``state()`` says where the next batch starts), then calls
+    :meth:`_begin`.  Forward copies the next batch into the tops (the data top reshaped like
+    the batch, as Caffe's Forward does); :meth:`state_dict` is the loader's state after the
+    last batch forward consumed, so that a resumed run reads the batches the uninterrupted
+    one would (the thread runs ahead; its batches are loaded again after a resume).
+    """
+
+    output_labels = True
+
+    def _begin(self, reader=None):
+        """Start prefetching (the thread starts with the first forward); ``reader``: closed
+        after the thread stops, when the layer is collected or closed."""
+        self._closed = False
+        self._reader_to_close = reader
+        self._start_prefetcher()
+        self._sync_batch = _Batch()
+        self._resume = self._loader.state()  # where the next unconsumed batch starts
+
+    def _start_prefetcher(self):
+        self._prefetcher = (_Prefetcher(self._loader, self.prefetch_count, self.where)
+                            if self.prefetch_count > 0 else None)
+        # Stops the thread (and closes the reader) when the layer is collected or at exit;
+        # close() runs it early.  It holds no reference to self.
+        self._finalizer = weakref.finalize(self, _shutdown, self._prefetcher,
+                                           self._reader_to_close)
+
+    def _refuse_once_started(self, what: str):
+        if self._prefetcher is not None and self._prefetcher.thread is not None:
+            raise RuntimeError(f"{self.where}: cannot restore the {what} once prefetching "
+                               "has started")
+
+    def reshape(self, bottom, top):
+        top[0].reshape(self._top_shape)
+        if self.output_labels:
+            top[1].reshape((self.batch_size,))
+
+    def forward_impl(self, bottom, top):
+        if self._closed:
+            raise RuntimeError(f"{self.where}: the layer was closed")
+        if self._prefetcher is not None:
+            batch = self._prefetcher.next()
+        else:
+            batch = self._sync_batch
+            self._loader(batch)
+        try:
+            if batch.data.shape != top[0].shape:
+                top[0].reshape(batch.data.shape)  # Caffe: top reshapes like each batch
+            # host -> device copy in GPU mode (synchronous for pageable memory)
+            top[0].data[...] = self.xp.asarray(batch.data)
+            if self.output_labels:
+                top[1].data[...] = self.xp.asarray(batch.label)
+            self._resume = batch.resume
+        finally:
+            if self._prefetcher is not None:
+                self._prefetcher.give_back(batch)
+
+    def state_dict(self) -> dict:
+        """The loader's state after the last batch that forward consumed (saved in the
+        solver state)."""
+        return dict(self._resume)
+
+    def _resize(self, new_size: int):
+        """``set_batch_size``'s common part: batches read ahead at the old size are dropped
+        and reading resumes where forward left it (the net must be reshaped afterwards)."""
+        if new_size <= 0:
+            raise ValueError(f"{self.where}: batch_size must be positive, got {new_size}")
+        if self._closed:
+            raise RuntimeError(f"{self.where}: the layer was closed")
+        resume = self.state_dict()
+        self._finalizer.detach()
+        if self._prefetcher is not None and not self._prefetcher.stop():
+            raise RuntimeError(f"{self.where}: the prefetch thread did not stop")
+        self.batch_size = self._loader.batch_size = int(new_size)
+        self._top_shape = (self.batch_size,) + tuple(self._top_shape[1:])
+        self._start_prefetcher()
+        self.load_state_dict(resume)
+
+    def prefetch_nbytes(self) -> int:
+        """Bytes of the batches Caffe keeps prefetched (on the GPU in GPU mode).
+
+        Here they stay on the host; a model of Caffe's device memory adds this.
+        """
+        per = int(np.prod(self._top_shape)) + (self.batch_size if self.output_labels else 0)
+        return max(self.prefetch_count, 0) * per * self.dtype.itemsize
+
+    @property
+    def prefetch_thread(self):
+        """The prefetch thread (None before the first forward or without prefetch)."""
+        return self._prefetcher.thread if self._prefetcher is not None else None
+
+    def close(self):
+        """Stop the prefetch thread (and close the reader); forward fails afterwards."""
+        if getattr(self, "_finalizer", None) is not None:
+            self._finalizer()
+            self._closed = True
 
 
 class _LMDBBatchLoader:
@@ -309,7 +412,7 @@ class _LMDBBatchLoader:
 
 # -------------------------------------------------------------------- Data
 @register_layer
-class DataLayer(_SourcelessLayer):
+class DataLayer(PrefetchingDataLayer):
     """Batches of Datums from an LMDB (Caffe's ``DataLayer``).
 
     ``data_param``: ``source`` (the database folder), ``batch_size``,
@@ -374,51 +477,12 @@ class DataLayer(_SourcelessLayer):
             reader.close()
             raise
         self.prefetch_count = int(dp.prefetch)
-        self._prefetcher = (_Prefetcher(self._loader, self.prefetch_count, where)
-                            if self.prefetch_count > 0 else None)
-        self._sync_batch = _Batch()
-        self._resume = self._loader.state()  # where the next unconsumed batch starts
-        # Stops the thread and closes the database when the layer is collected
-        # or at exit; close() runs it early.  It holds no reference to self.
-        self._finalizer = weakref.finalize(self, _shutdown, self._prefetcher, reader)
-
-    def reshape(self, bottom, top):
-        top[0].reshape(self._top_shape)
-        if self.output_labels:
-            top[1].reshape((self.batch_size,))
-
-    def forward_impl(self, bottom, top):
-        if self._closed:
-            raise RuntimeError(f"{self.where}: the layer was closed")
-        if self._prefetcher is not None:
-            batch = self._prefetcher.next()
-        else:
-            batch = self._sync_batch
-            self._loader(batch)
-        try:
-            if batch.data.shape != top[0].shape:
-                top[0].reshape(batch.data.shape)  # Caffe: top reshapes like each batch
-            # host -> device copy in GPU mode (synchronous for pageable memory)
-            top[0].data[...] = self.xp.asarray(batch.data)
-            if self.output_labels:
-                top[1].data[...] = self.xp.asarray(batch.label)
-            self._resume = batch.resume
-        finally:
-            if self._prefetcher is not None:
-                self._prefetcher.give_back(batch)
-
-    def state_dict(self) -> dict:
-        """The read position and transform RNG state after the last batch that
-        forward consumed (the prefetch thread runs ahead; its batches are
-        loaded again after a resume). Saved in the solver state so that a
-        resumed run reads exactly the batches the uninterrupted run would."""
-        return dict(self._resume)
+        self._begin(reader)
 
     def load_state_dict(self, state: dict):
-        """Move to a position saved by :meth:`state_dict`; before the first forward only."""
-        if self._prefetcher is not None and self._prefetcher.thread is not None:
-            raise RuntimeError(f"{self.where}: cannot restore the read position once "
-                               "prefetching has started")
+        """Move to a position saved by :meth:`state_dict` (the read position and the
+        transform RNG's state); before the first forward only."""
+        self._refuse_once_started("read position")
         cursor = self._loader.cursor
         cursor.seek_to_first()
         for _ in range(int(state["records_read"]) % len(self._reader)):
@@ -427,25 +491,6 @@ class DataLayer(_SourcelessLayer):
         if state.get("rng") is not None and self.transformer.rng is not None:
             self.transformer.rng.bit_generator.state = state["rng"]
         self._resume = self._loader.state()
-
-    def prefetch_nbytes(self) -> int:
-        """Bytes of the batches Caffe keeps prefetched (on the GPU in GPU mode).
-
-        Here they stay on the host; a model of Caffe's device memory adds this.
-        """
-        per = int(np.prod(self._top_shape)) + (self.batch_size if self.output_labels else 0)
-        return max(self.prefetch_count, 0) * per * self.dtype.itemsize
-
-    @property
-    def prefetch_thread(self):
-        """The prefetch thread (None before the first forward or without prefetch)."""
-        return self._prefetcher.thread if self._prefetcher is not None else None
-
-    def close(self):
-        """Stop the prefetch thread and close the database; forward fails afterwards."""
-        if getattr(self, "_finalizer", None) is not None:
-            self._finalizer()
-            self._closed = True
 
 
 # ---------------------------------------------------------------- HDF5Data

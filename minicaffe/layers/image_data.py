@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-import weakref
 
 import numpy as np
 
@@ -46,15 +45,9 @@ from ..layer import register_layer
 from ..rng import host_rng
 from ..tools.convert_imageset import load_image, read_list
 from ..transform import DataTransformer
-from .data import _Batch, _Prefetcher, _SourcelessLayer
+from .data import _Batch, PrefetchingDataLayer
 
 log = logging.getLogger(__name__)
-
-
-def _stop_prefetcher(prefetcher):
-    """Finalizer of an ImageDataLayer: stop its prefetch thread (it holds no reference to it)."""
-    if prefetcher is not None:
-        prefetcher.stop()
 
 
 class _ImageReader:
@@ -174,7 +167,7 @@ class _ImageBatchLoader:
 
 
 @register_layer
-class ImageDataLayer(_SourcelessLayer):
+class ImageDataLayer(PrefetchingDataLayer):
     """Batches of image files listed with their labels (module doc).
 
     ``image_data_param``: ``source``, ``root_folder``, ``batch_size``,
@@ -244,61 +237,13 @@ class ImageDataLayer(_SourcelessLayer):
         self._top_shape = (self.batch_size,) + self.transformer.output_shape(first.shape)
 
         self.prefetch_count = int(self.param.data_param.prefetch)
-        self._closed = False
-        self._start_prefetcher()
-        self._sync_batch = _Batch()
-        self._resume = self._loader.state()  # where the next unconsumed batch starts
-
-    # -------------------------------------------------------------- prefetch
-    def _start_prefetcher(self):
-        """A new prefetch thread (started by the first forward) and its finalizer."""
-        self._prefetcher = (_Prefetcher(self._loader, self.prefetch_count, self.where)
-                            if self.prefetch_count > 0 else None)
-        # Stops the thread when the layer is collected or at exit; close() runs
-        # it early.  It holds no reference to self.
-        self._finalizer = weakref.finalize(self, _stop_prefetcher, self._prefetcher)
-
-    def _stop_prefetch_thread(self):
-        self._finalizer.detach()
-        if self._prefetcher is not None and not self._prefetcher.stop():
-            raise RuntimeError(f"{self.where}: the prefetch thread did not stop")
-
-    # --------------------------------------------------------------- layer
-    def reshape(self, bottom, top):
-        top[0].reshape(self._top_shape)
-        top[1].reshape((self.batch_size,))
-
-    def forward_impl(self, bottom, top):
-        if self._closed:
-            raise RuntimeError(f"{self.where}: the layer was closed")
-        if self._prefetcher is not None:
-            batch = self._prefetcher.next()
-        else:
-            batch = self._sync_batch
-            self._loader(batch)
-        try:
-            if batch.data.shape != top[0].shape:
-                top[0].reshape(batch.data.shape)  # Caffe: top reshapes like each batch
-            # host -> device copy in GPU mode (synchronous for pageable memory)
-            top[0].data[...] = self.xp.asarray(batch.data)
-            top[1].data[...] = self.xp.asarray(batch.label)
-            self._resume = batch.resume
-        finally:
-            if self._prefetcher is not None:
-                self._prefetcher.give_back(batch)
+        self._begin()
 
     # --------------------------------------------------- resume and resize
-    def state_dict(self) -> dict:
-        """The read position, shuffle seed and transform RNG state after the
-        last batch that forward consumed (the prefetch thread runs ahead; its
-        batches are loaded again after a resume)."""
-        return dict(self._resume)
-
     def load_state_dict(self, state: dict):
-        """Move to a position saved by :meth:`state_dict`; before the first forward only."""
-        if self._prefetcher is not None and self._prefetcher.thread is not None:
-            raise RuntimeError(f"{self.where}: cannot restore the read position once "
-                               "prefetching has started")
+        """Move to a position saved by :meth:`state_dict` (the read position, the shuffle
+        seed and the transform RNG's state); before the first forward only."""
+        self._refuse_once_started("read position")
         self._loader.shuffle_seed = state.get("shuffle_seed")
         self._loader.seek(int(state["records_read"]))
         if state.get("rng") is not None and self.transformer.rng is not None:
@@ -309,33 +254,5 @@ class ImageDataLayer(_SourcelessLayer):
         """Change the batch size (the net must be reshaped afterwards; the tuner's
         :func:`swap.profiler.set_batch_size`).  The batches read ahead at the old
         size are dropped: reading resumes at the first image not yet consumed."""
-        if new_size <= 0:
-            raise ValueError(f"{self.where}: batch_size must be positive, got {new_size}")
-        if self._closed:
-            raise RuntimeError(f"{self.where}: the layer was closed")
-        resume = self.state_dict()
-        self._stop_prefetch_thread()
-        self.batch_size = self._loader.batch_size = int(new_size)
-        self._top_shape = (self.batch_size,) + tuple(self._top_shape[1:])
-        self._start_prefetcher()
-        self.load_state_dict(resume)
-
-    def prefetch_nbytes(self) -> int:
-        """Bytes of the batches Caffe keeps prefetched (on the GPU in GPU mode).
-
-        Here they stay on the host; a model of Caffe's device memory adds this.
-        """
-        per = int(np.prod(self._top_shape)) + self.batch_size
-        return max(self.prefetch_count, 0) * per * self.dtype.itemsize
-
-    @property
-    def prefetch_thread(self):
-        """The prefetch thread (None before the first forward or without prefetch)."""
-        return self._prefetcher.thread if self._prefetcher is not None else None
-
-    def close(self):
-        """Stop the prefetch thread; forward fails afterwards."""
-        if getattr(self, "_finalizer", None) is not None:
-            self._finalizer()
-            self._closed = True
+        self._resize(new_size)
 

@@ -67,7 +67,6 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-import weakref
 
 import numpy as np
 
@@ -76,7 +75,7 @@ from ..layer import register_layer
 from ..rng import host_rng
 from ..tools.convert_imageset import load_image
 from ..transform import DataTransformer
-from .data import _Batch, _Prefetcher, _SourcelessLayer
+from .data import _Batch, PrefetchingDataLayer
 
 log = logging.getLogger(__name__)
 
@@ -331,15 +330,9 @@ class _WindowBatchLoader:
         self.rng.set_state(s)
 
 
-def _stop_prefetcher(prefetcher):
-    """Finalizer of a WindowDataLayer: stop its prefetch thread."""
-    if prefetcher is not None:
-        prefetcher.stop()
-
-
 # ----------------------------------------------------------------------- layer
 @register_layer
-class WindowDataLayer(_SourcelessLayer):
+class WindowDataLayer(PrefetchingDataLayer):
     """Batches of warped foreground and background windows (module doc).
 
     ``window_data_param``: ``source``, ``root_folder``, ``batch_size``,
@@ -434,10 +427,8 @@ class WindowDataLayer(_SourcelessLayer):
                     f"{self.source} has none (fg_threshold {wp.fg_threshold}, bg_threshold "
                     f"{wp.bg_threshold}, fg_fraction {wp.fg_fraction})")
         self.prefetch_count = int(self.param.data_param.prefetch)
-        self._closed = False
-        self._start_prefetcher()
-        self._sync_batch = _Batch()
-        self._resume = self._loader.state()
+        self._top_shape = (self.batch_size, self.channels, self.crop_size, self.crop_size)
+        self._begin()
 
     def _log_windows(self, wp):
         hist = {0: len(self.bg_windows)}
@@ -469,49 +460,11 @@ class WindowDataLayer(_SourcelessLayer):
                                  f"channels: {c} (got {mv.size})")
             self.mean_values = np.broadcast_to(mv, (c,)).astype(self.dtype)
 
-    # -------------------------------------------------------------- prefetch
-    def _start_prefetcher(self):
-        self._prefetcher = (_Prefetcher(self._loader, self.prefetch_count, self.where)
-                            if self.prefetch_count > 0 else None)
-        self._finalizer = weakref.finalize(self, _stop_prefetcher, self._prefetcher)
-
-    def _stop_prefetch_thread(self):
-        self._finalizer.detach()
-        if self._prefetcher is not None and not self._prefetcher.stop():
-            raise RuntimeError(f"{self.where}: the prefetch thread did not stop")
-
-    # ----------------------------------------------------------------- layer
-    def reshape(self, bottom, top):
-        top[0].reshape(self.batch_size, self.channels, self.crop_size, self.crop_size)
-        top[1].reshape((self.batch_size,))
-
-    def forward_impl(self, bottom, top):
-        if self._closed:
-            raise RuntimeError(f"{self.where}: the layer was closed")
-        if self._prefetcher is not None:
-            batch = self._prefetcher.next()
-        else:
-            batch = self._sync_batch
-            self._loader(batch)
-        try:
-            # host -> device copy in GPU mode (synchronous for pageable memory)
-            top[0].data[...] = self.xp.asarray(batch.data)
-            top[1].data[...] = self.xp.asarray(batch.label)
-            self._resume = batch.resume
-        finally:
-            if self._prefetcher is not None:
-                self._prefetcher.give_back(batch)
-
     # ------------------------------------------------------ resume and resize
-    def state_dict(self) -> dict:
-        """The sampling generator's state after the last batch that forward consumed."""
-        return dict(self._resume)
-
     def load_state_dict(self, state: dict):
-        """Restore a state saved by :meth:`state_dict`; before the first forward only."""
-        if self._prefetcher is not None and self._prefetcher.thread is not None:
-            raise RuntimeError(f"{self.where}: cannot restore the sampling state once "
-                               "prefetching has started")
+        """Restore the sampling generator's state saved by :meth:`state_dict`; before the
+        first forward only."""
+        self._refuse_once_started("sampling state")
         self._loader.load_state(state)
         self._resume = self._loader.state()
 
@@ -528,23 +481,4 @@ class WindowDataLayer(_SourcelessLayer):
             if count and not windows:
                 raise ValueError(f"{self.where}: a batch of {new_size} takes {count} {name} "
                                  "windows but the window file has none")
-        resume = self.state_dict()
-        self._stop_prefetch_thread()
-        self.batch_size = self._loader.batch_size = int(new_size)
-        self._start_prefetcher()
-        self.load_state_dict(resume)
-
-    def prefetch_nbytes(self) -> int:
-        """Bytes of the batches Caffe keeps prefetched (on the GPU in GPU mode)."""
-        per = self.batch_size * (self.channels * self.crop_size ** 2 + 1)
-        return max(self.prefetch_count, 0) * per * self.dtype.itemsize
-
-    @property
-    def prefetch_thread(self):
-        return self._prefetcher.thread if self._prefetcher is not None else None
-
-    def close(self):
-        """Stop the prefetch thread; forward fails afterwards."""
-        if getattr(self, "_finalizer", None) is not None:
-            self._finalizer()
-            self._closed = True
+        self._resize(new_size)

@@ -169,8 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add(me, "--batch", type=int, default=None,
          help="minibatch to size for (default: the net's own)")
     _add(me, "--budget", default=None, help="device memory budget, e.g. 12G (binary units)")
-    me.add_argument("--solver-type", default="SGD", choices=["SGD", "Nesterov", "Adam"],
-                    help="decides the solver history per parameter (Adam keeps two)")
+    me.add_argument("--solver-type", default="SGD",
+                    choices=["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"],
+                    help="decides the solver history per parameter (AdaDelta and Adam keep "
+                         "two)")
     me.add_argument("--strategies", default="none,naive,vdnn,recompute",
                     help="comma-separated swap strategies to report")
     # --- swap/ mem command (end)
@@ -199,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--granularity", choices=["type", "step", "segment"], default="segment",
                     help="with --profile: per step in segments between the profiled k (the "
                          "tuner's default), one curve per step, or per layer type (the paper's)")
-    pl.add_argument("--solver-type", default="SGD", choices=["SGD", "Nesterov", "Adam"])
+    pl.add_argument("--solver-type", default="SGD",
+                    choices=["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"])
     pl.add_argument("--peak-flops", default="50T",
                     help="synthetic device: saturated FLOP/s (decimal units, default 50T)")
     pl.add_argument("--x-half", type=float, default=5e8,

@@ -1,5 +1,5 @@
 """Solvers: Caffe's Solver loop (test, forward/backward, update, snapshot) and
-its update rules (SGD with momentum, Nesterov, Adam).
+its update rules (SGD with momentum, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam).
 
 The loop is Caffe's ``Solver::Step`` line by line: clear param diffs, test
 when ``iter % test_interval == 0`` (at iteration 0 only if
@@ -541,8 +541,14 @@ class SGDRule:
         self.solver = solver
         self.history = solver.history
 
+    def history_slots(self) -> list:
+        """The rule's per-parameter state, one list of arrays per slot (swap.gmap's
+        ``("history", i, slot)``): the history, then a second one where the rule keeps it."""
+        return [self.history]
+
     def state_blobs(self):
-        return self.history
+        """Every slot's arrays, slot after slot (the solver state's order, as Caffe's)."""
+        return [a for slot in self.history_slots() for a in slot]
 
     def compute_update(self, i, q, local_rate):
         h = self.history[i]
@@ -571,8 +577,8 @@ class AdamRule(SGDRule):
         xp = solver.net.xp
         self.second = [xp.zeros_like(h) for h in self.history]
 
-    def state_blobs(self):
-        return self.history + self.second
+    def history_slots(self) -> list:
+        return [self.history, self.second]
 
     def compute_update(self, i, q, local_rate):
         p = self.solver.param
@@ -587,7 +593,83 @@ class AdamRule(SGDRule):
         q.diff[...] = local_rate * correction * m / (self.solver.net.xp.sqrt(v) + eps)
 
 
-UPDATE_RULES = {"SGD": SGDRule, "Nesterov": NesterovRule, "Adam": AdamRule}
+class AdaGradRule(SGDRule):
+    """Caffe's AdaGradSolver: history += diff^2; diff = local_rate * diff / (sqrt(history)
+    + delta).  Caffe refuses momentum ("Momentum cannot be used with AdaGrad.")."""
+
+    name = "AdaGrad"
+
+    def __init__(self, solver):
+        super().__init__(solver)
+        _no_momentum(solver, self.name)
+
+    def compute_update(self, i, q, local_rate):
+        xp = self.solver.net.xp
+        h = self.history[i]
+        h += q.diff * q.diff
+        q.diff[...] = local_rate * (q.diff / (xp.sqrt(h) + self.solver.param.delta))
+
+
+class RMSPropRule(AdaGradRule):
+    """Caffe's RMSPropSolver: history = rms_decay * history + (1 - rms_decay) * diff^2;
+    diff = local_rate * diff / (sqrt(history) + delta); no momentum, 0 <= rms_decay < 1."""
+
+    name = "RMSProp"
+
+    def __init__(self, solver):
+        super().__init__(solver)
+        d = solver.param.rms_decay
+        if not 0 <= d < 1:
+            raise ValueError(f"{_solver_where(solver)}: rms_decay should lie between 0 and 1, "
+                             f"got {d}")
+
+    def compute_update(self, i, q, local_rate):
+        xp = self.solver.net.xp
+        d = self.solver.param.rms_decay
+        h = self.history[i]
+        h *= d
+        h += (1 - d) * (q.diff * q.diff)
+        q.diff[...] = local_rate * (q.diff / (xp.sqrt(h) + self.solver.param.delta))
+
+
+class AdaDeltaRule(SGDRule):
+    """Caffe's AdaDeltaSolver (momentum is the decay rho): history of squared gradients
+    h = m h + (1 - m) diff^2; update = diff * sqrt((u + delta) / (h + delta)), with u the
+    history of squared updates, then u = m u + (1 - m) update^2; diff = local_rate * update.
+    The update histories follow the gradient ones in the solver state, as in Caffe."""
+
+    def __init__(self, solver):
+        super().__init__(solver)
+        xp = solver.net.xp
+        self.updates = [xp.zeros_like(h) for h in self.history]
+
+    def history_slots(self) -> list:
+        return [self.history, self.updates]
+
+    def compute_update(self, i, q, local_rate):
+        xp = self.solver.net.xp
+        m, delta = self.solver.param.momentum, self.solver.param.delta
+        h, u = self.history[i], self.updates[i]
+        h *= m
+        h += (1 - m) * (q.diff * q.diff)
+        step = q.diff * xp.sqrt((u + delta) / (h + delta))
+        u *= m
+        u += (1 - m) * (step * step)
+        q.diff[...] = local_rate * step
+
+
+def _solver_where(solver) -> str:
+    return getattr(solver, "source", None) or "solver"
+
+
+def _no_momentum(solver, name: str):
+    if solver.param.momentum != 0:
+        raise ValueError(f"{_solver_where(solver)}: momentum cannot be used with {name} (Caffe's "
+                         f"{name}Solver checks momentum == 0), got {solver.param.momentum}")
+
+
+UPDATE_RULES = {"SGD": SGDRule, "Nesterov": NesterovRule, "AdaGrad": AdaGradRule,
+                "RMSProp": RMSPropRule, "AdaDelta": AdaDeltaRule, "Adam": AdamRule}
 
 
 def get_solver(path_or_param, **kwargs) -> Solver:

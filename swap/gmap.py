@@ -22,7 +22,8 @@ The memory objects (:class:`Buffer`) are what Caffe allocates, by storage identi
 * ``const_diff``: a diff read by backward but written by nobody: the loss weight a loss top's
   diff holds (Caffe's SetLossWeights), or zeros.  Resident, tiny.
 * ``param``, ``param_diff``, ``history``: each learnable parameter's data, diff and solver
-  history (one slot for SGD/Nesterov, two for Adam); BatchNorm's statistics too, as in Caffe.
+  history (one slot for SGD/Nesterov/AdaGrad/RMSProp, two for AdaDelta/Adam); BatchNorm's
+  statistics too, as in Caffe.
   Constant in k, resident.
 * ``saved``: a layer internal written by forward and read by backward (a mask, ``x_norm``); a
   feature map for swapping purposes.  ``scratch``: an internal used within one step (im2col).
@@ -61,7 +62,7 @@ KINDS = (DATA, DIFF, CONST_DIFF, PARAM, PARAM_DIFF, HISTORY, SAVED, SCRATCH, CAF
 # (cudnn_conv_layer.cpp: workspace_limit_bytes = 8*1024*1024, CUDNN_STREAMS_PER_GROUP 3).
 CUDNN_WORKSPACE_LIMIT = 8 << 20
 CUDNN_STREAMS_PER_GROUP = 3
-HISTORY_SLOTS = {"SGD": 1, "Nesterov": 1, "Adam": 2}
+HISTORY_SLOTS = {"SGD": 1, "Nesterov": 1, "AdaGrad": 1, "RMSProp": 1, "AdaDelta": 2, "Adam": 2}
 # the CAFFE-engine convolution's lowering scratch (buffer-name suffixes), one image in Caffe
 LOWERING_SCRATCH = ("/col", "/top_diff_t")
 # Caffe's BasePrefetchingDataLayer subclasses: their read-ahead batches are device memory
@@ -337,7 +338,7 @@ def build_gmap(net, k: int | None = None, *, solver_type: str = "SGD",
     Args:
         net: a built ``minicaffe.net.Net`` (TRAIN phase for training).
         k: minibatch to size for; sizes scale from the net's own batch by :class:`Size`.
-        solver_type: decides the history slots per parameter (SGD 1, Adam 2).
+        solver_type: decides the history slots per parameter (HISTORY_SLOTS).
         caffe_engine: what a DEFAULT-engine convolution is in the Caffe accounting ("CAFFE":
             a one-image im2col buffer per layer; "CUDNN": workspaces, no im2col).
 

@@ -624,9 +624,7 @@ def _target(net, ref, solver=None):
     if ref[0] == "history":
         if solver is None:
             return None
-        rule = solver.rule
-        lists = [rule.history] + ([rule.second] if hasattr(rule, "second") else [])
-        return ("history", lists[ref[2]], ref[1])
+        return ("history", solver.rule.history_slots()[ref[2]], ref[1])
     raise ValueError(f"unknown buffer reference {ref!r}")
 
 

@@ -219,3 +219,126 @@ def test_adam_update_rule():
         corr = math.sqrt(1 - b2) / (1 - b1)
         np.testing.assert_allclose(p.data, w[i] - lr * lm * corr * m / (np.sqrt(v) + eps),
                                    rtol=1e-9)
+
+
+# --------------------------------------------- AdaGrad, RMSProp, AdaDelta (Caffe's solvers)
+def caffe_reference(kind, g_steps, lr, delta, momentum=0.0, rms_decay=0.99):
+    """Caffe's ComputeUpdateValue, op by op (adagrad_solver.cpp, rmsprop_solver.cpp,
+    adadelta_solver.cpp), over a sequence of gradients; returns the applied steps."""
+    h = np.zeros_like(g_steps[0])
+    u = np.zeros_like(g_steps[0])
+    out = []
+    for g in g_steps:
+        if kind == "AdaGrad":
+            h = h + g ** 2
+            out.append(lr * (g / (np.sqrt(h) + delta)))
+        elif kind == "RMSProp":
+            h = (1 - rms_decay) * g ** 2 + rms_decay * h
+            out.append(lr * (g / (np.sqrt(h) + delta)))
+        else:
+            h = (1 - momentum) * g ** 2 + momentum * h
+            step = g * np.sqrt((u + delta) / (h + delta))
+            u = (1 - momentum) * step ** 2 + momentum * u
+            out.append(lr * step)
+    return out
+
+
+@pytest.mark.parametrize("kind, kw", [
+    ("AdaGrad", dict(momentum=0.0, delta=1e-6)),
+    ("RMSProp", dict(momentum=0.0, delta=1e-6, rms_decay=0.9)),
+    ("AdaDelta", dict(momentum=0.95, delta=1e-6)),
+])
+def test_adaptive_rules_follow_caffe_op_by_op(kind, kw):
+    s = Solver(solver_param(type=kind, weight_decay=0.0, **kw), verbose=False, dtype=np.float64)
+    net = s.net
+    grads, steps = [], []
+    for _ in range(4):
+        w = [p.data.copy() for p in net.learnable_params]
+        net.clear_param_diffs()
+        net.forward_backward()
+        grads.append([p.diff.copy() for p in net.learnable_params])
+        s.apply_update()
+        s.iter += 1
+        steps.append([a - p.data for a, p in zip(w, net.learnable_params)])
+    f32 = {k: float(np.float32(v)) for k, v in kw.items()}   # the proto holds floats
+    for i, lm in enumerate([1, 2, 1, 1]):
+        ref = caffe_reference(kind, [g[i] for g in grads], 0.05 * lm, f32["delta"],
+                              f32.get("momentum", 0.0), f32.get("rms_decay", 0.99))
+        for t in range(4):
+            np.testing.assert_allclose(steps[t][i], ref[t], rtol=1e-7, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["AdaGrad", "RMSProp", "AdaDelta"])
+def test_adaptive_rules_match_torch_optimizers(kind):
+    """Without weight decay Caffe's rules are PyTorch's Adagrad (lr decay 0), RMSprop
+    (alpha = rms_decay, no momentum) and Adadelta (rho = momentum, eps = delta)."""
+    torch = pytest.importorskip("torch")
+    kw = {"AdaGrad": dict(momentum=0.0, delta=1e-7),
+          "RMSProp": dict(momentum=0.0, delta=1e-7, rms_decay=0.95),
+          "AdaDelta": dict(momentum=0.9, delta=1e-6, base_lr=1.0)}[kind]
+    s = Solver(solver_param(type=kind, weight_decay=0.0, **kw), verbose=False, dtype=np.float64)
+    lr = float(np.float32(s.param.base_lr))
+    params = [torch.tensor(p.data.copy(), requires_grad=True) for p in s.net.learnable_params]
+    groups = [{"params": [q], "lr": lr * m} for q, m in zip(params, [1, 2, 1, 1])]
+    eps = float(np.float32(kw["delta"]))
+    opt = {"AdaGrad": lambda: torch.optim.Adagrad(groups, lr=lr, eps=eps),
+           "RMSProp": lambda: torch.optim.RMSprop(groups, lr=lr, eps=eps,
+                                                  alpha=float(np.float32(0.95))),
+           "AdaDelta": lambda: torch.optim.Adadelta(groups, lr=lr, eps=eps,
+                                                    rho=float(np.float32(0.9)))}[kind]()
+    for _ in range(5):
+        s.net.clear_param_diffs()
+        s.net.forward_backward()
+        for q, p in zip(params, s.net.learnable_params):
+            q.grad = torch.tensor(p.diff.copy())
+        s.apply_update()
+        s.iter += 1
+        opt.step()
+        for q, p in zip(params, s.net.learnable_params):
+            np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_adaptive_rules_refuse_what_caffe_refuses():
+    for kind in ("AdaGrad", "RMSProp"):
+        with pytest.raises(ValueError, match=f"momentum cannot be used with {kind}"):
+            Solver(solver_param(type=kind, momentum=0.9), verbose=False)
+    with pytest.raises(ValueError, match="rms_decay should lie between 0 and 1"):
+        Solver(solver_param(type="RMSProp", momentum=0.0, rms_decay=1.0), verbose=False)
+
+
+def test_adadelta_state_resumes_with_both_histories(tmp_path):
+    kw = dict(type="AdaDelta", momentum=0.95, delta=1e-6, base_lr=1.0,
+              snapshot_prefix=str(tmp_path / "ada"))
+    full = Solver(solver_param(**kw), verbose=False)
+    full.step(8)
+    part = Solver(solver_param(**kw), verbose=False)
+    part.step(4)
+    assert len(part.rule.state_blobs()) == 2 * len(part.net.learnable_params)
+    _, state = part.snapshot()
+    resumed = Solver(solver_param(**kw), verbose=False)
+    resumed.restore(state)
+    resumed.step(4)
+    for pa, pb in zip(full.net.learnable_params, resumed.net.learnable_params):
+        np.testing.assert_array_equal(pa.data, pb.data)
+
+
+@pytest.mark.parametrize("enum, name", [("ADAGRAD", "AdaGrad"), ("RMSPROP", "RMSProp"),
+                                        ("ADADELTA", "AdaDelta")])
+def test_legacy_solver_type_enum_selects_the_rule(enum, name):
+    p = solver_param(momentum=0.0 if name != "AdaDelta" else 0.9)
+    p.solver_type = getattr(caffe_pb2.SolverParameter, enum)
+    s = Solver(p, verbose=False)
+    assert s.type == name and type(s.rule).__name__ == f"{name}Rule"
+
+
+@pytest.mark.parametrize("kind", ["RMSProp", "AdaDelta"])
+def test_adaptive_rules_train_under_a_swap_plan_as_plainly(kind):
+    """The swap planner holds every history slot (AdaDelta's second one too)."""
+    from minicaffe.testing import train_steps
+    kw = dict(type=kind, momentum=0.0 if kind == "RMSProp" else 0.9, delta=1e-6)
+    base = train_steps(Solver(solver_param(**kw), verbose=False), 5)
+    for strategy in ("none", "naive"):
+        got = train_steps(Solver(solver_param(**kw), verbose=False), 5, strategy)
+        assert got[2] == base[2], strategy
+        for a, b in zip(got[0] + got[1], base[0] + base[1]):
+            np.testing.assert_array_equal(a, b)

@@ -49,6 +49,9 @@ def shard_of(solver, ids):
 
 @pytest.mark.parametrize("kind, extra", [("SGD", {}), ("Nesterov", {}),
                                          ("Adam", {"momentum2": 0.99}),
+                                         ("AdaGrad", {"momentum": 0.0}),
+                                         ("RMSProp", {"momentum": 0.0, "rms_decay": 0.9}),
+                                         ("AdaDelta", {"delta": 1e-6}),
                                          ("SGD", {"regularization_type": "L1"})])
 def test_two_shards_update_exactly_like_the_solver(kind, extra):
     """Two shards updated whole, and one shard of every blob updated by buckets (in the
@@ -195,12 +198,13 @@ def test_threaded_shard_update_is_bit_identical(monkeypatch):
             default_threads()
 
 
-@pytest.mark.parametrize("kind", ["SGD", "Nesterov", "Adam"])
+@pytest.mark.parametrize("kind", ["SGD", "Nesterov", "Adam", "AdaGrad", "RMSProp", "AdaDelta"])
 def test_blobs_updated_in_slices_match_whole_blobs_and_snapshot_whole(kind, tmp_path):
     """A shard that updates its blobs in 12-byte slices (three floats; the 5-float blob
     in two slices and a remainder) gives every bit of the whole-blob update, and its
     snapshot holds whole blobs: a shard with another slice size resumes from it."""
-    p = caffe_pb2.SolverParameter(base_lr=0.1, momentum=0.9, weight_decay=0.01,
+    momentum = 0.0 if kind in ("AdaGrad", "RMSProp") else 0.9   # Caffe refuses it there
+    p = caffe_pb2.SolverParameter(base_lr=0.1, momentum=momentum, weight_decay=0.01,
                                   lr_policy="fixed", type=kind, momentum2=0.99, delta=1e-8)
     shapes, lr, decay = [(2, 3), (5,), (1,)], [1.0, 2.0, 1.0], [1.0, 0.0, 1.0]
     whole = ShardSolver(p, shapes, lr, decay, verbose=False, unit_bytes=1 << 20)

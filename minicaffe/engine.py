@@ -304,7 +304,7 @@ def in_place_hazards(net) -> list[str]:
                 if any(t.data_storage is storage and any(b is t for b in bottoms)
                        for t in net.top_vecs[lj]):
                     out.append(f"layer {net.layer_names[lj]!r} works in place on the data of "
-                               f"{net.top_names[li][ti]!r}, which the backward of layer "
+                               f"{net.layer_top_names[li][ti]!r}, which the backward of layer "
                                f"{net.layer_names[li]!r} ({layer.type}, engine "
                                f"{getattr(layer, 'engine', CAFFE)}) reads")
                     break

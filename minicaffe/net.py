@@ -224,8 +224,8 @@ class Net:
         self.layer_names: list[str] = []
         self.bottom_vecs: list[list[Blob]] = []
         self.top_vecs: list[list[Blob]] = []
-        self.bottom_names: list[list[str]] = []
-        self.top_names: list[list[str]] = []
+        self.layer_bottom_names: list[list[str]] = []   # per layer index
+        self.layer_top_names: list[list[str]] = []
         self.blobs: "OrderedDict[str, Blob]" = OrderedDict()
         self.blob_need_backward: dict[str, bool] = {}
         self.bottom_need_backward: list[list[bool]] = []
@@ -304,8 +304,8 @@ class Net:
             self.layer_names.append(lp.name)
             self.bottom_vecs.append(bottoms)
             self.top_vecs.append(tops)
-            self.bottom_names.append(bnames)
-            self.top_names.append(tnames)
+            self.layer_bottom_names.append(bnames)
+            self.layer_top_names.append(tnames)
             self.bottom_need_backward.append(bneed)
             self.layer_need_backward.append(need_backward)
 
@@ -316,7 +316,7 @@ class Net:
                 for bi in range(len(self.bottom_vecs[li])):
                     nb = self.bottom_need_backward[li][bi] or layer.allow_force_backward(bi)
                     self.bottom_need_backward[li][bi] = nb
-                    name = self.bottom_names[li][bi]
+                    name = self.layer_bottom_names[li][bi]
                     self.blob_need_backward[name] = self.blob_need_backward[name] or nb
                 layer.param_propagate_down = [True] * len(layer.blobs)
         # Caffe keeps available blobs in a std::set: outputs come in name order
@@ -334,7 +334,7 @@ class Net:
             layer = self.layers[li]
             contributes = False
             skip_prop = True
-            for ti, name in enumerate(self.top_names[li]):
+            for ti, name in enumerate(self.layer_top_names[li]):
                 if layer.loss_weight(ti) != 0 or name in under_loss:
                     contributes = True
                 if name not in skip:
@@ -346,7 +346,7 @@ class Net:
                 self.bottom_need_backward[li] = [False] * len(self.bottom_vecs[li])
             if not contributes:
                 self.layer_need_backward[li] = False
-            for bi, name in enumerate(self.bottom_names[li]):
+            for bi, name in enumerate(self.layer_bottom_names[li]):
                 if contributes:
                     under_loss.add(name)
                 else:
@@ -547,7 +547,7 @@ class Net:
         s = 0 if start is None else self.layer_index(start)
         e = len(self.layers) - 1 if end is None else self.layer_index(end)
         self.forward_from_to(s, e)
-        outs = set(self.outputs if end is None else self.top_names[e]) | set(blobs or [])
+        outs = set(self.outputs if end is None else self.layer_top_names[e]) | set(blobs or [])
         return {n: self.blobs[n].data for n in outs}
 
     def backward(self, diffs=None, start=None, end=None, **kwargs):
@@ -696,11 +696,23 @@ class Net:
         return [index[n] for n in self.outputs]
 
     @property
+    def top_names(self) -> "OrderedDict[str, list[str]]":
+        """pycaffe's ``net.top_names``: {layer name: its top blob names}, in layer order
+        (by index: :attr:`layer_top_names`)."""
+        return OrderedDict(zip(self.layer_names, (list(n) for n in self.layer_top_names)))
+
+    @property
+    def bottom_names(self) -> "OrderedDict[str, list[str]]":
+        """pycaffe's ``net.bottom_names``: {layer name: its bottom blob names}, in layer
+        order (by index: :attr:`layer_bottom_names`)."""
+        return OrderedDict(zip(self.layer_names, (list(n) for n in self.layer_bottom_names)))
+
+    @property
     def blob_loss_weights(self) -> "OrderedDict[str, float]":
         """pycaffe's ``net.blob_loss_weights``: {blob name: the loss weight its
         last writer gives it} (Caffe's ``blob_loss_weights_``; 0 for most)."""
         weights = OrderedDict((n, 0.0) for n in self.blobs)
-        for layer, names in zip(self.layers, self.top_names):
+        for layer, names in zip(self.layers, self.layer_top_names):
             for ti, name in enumerate(names):
                 weights[name] = float(layer.loss_weight(ti))
         return weights

@@ -309,7 +309,7 @@ class Solver:
 
     @staticmethod
     def _output_loss_weight(net, name):
-        for li, names in enumerate(net.top_names):
+        for li, names in enumerate(net.layer_top_names):
             if name in names:
                 return net.layers[li].loss_weight(names.index(name))
         return 0.0

@@ -143,7 +143,7 @@ def evaluate(solver) -> tuple[int, int]:
     from minicaffe.backend import to_numpy
     net = solver.test_nets[0]
     li, _ = _layer(net, "Accuracy")
-    scores_name, label_name = net.bottom_names[li][:2]
+    scores_name, label_name = net.layer_bottom_names[li][:2]
     n = db_size(net)
     correct = seen = 0
     while seen < n:

@@ -112,7 +112,10 @@ def test_pycaffe_name_lists_and_loss_weights():
     assert [b for b in net._blobs] == list(net.blobs.values())
     assert net._inputs == [0, 1] and net._outputs == [3]
     assert dict(net.blob_loss_weights) == {"data": 0.0, "label": 0.0, "ip": 0.0, "loss": 0.5}
-    assert isinstance(net.top_names, list)  # minicaffe's per-layer list stays as it is
+    # pycaffe's {layer name: blob names}; by layer index: layer_top_names / layer_bottom_names
+    assert net.top_names == {"data": ["data", "label"], "ip": ["ip"], "loss": ["loss"]}
+    assert list(net.bottom_names) == ["data", "ip", "loss"]
+    assert net.bottom_names["loss"] == ["ip", "label"] and net.bottom_names["data"] == []
 
 
 # --------------------------------------------------------------- Classifier

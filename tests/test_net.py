@@ -37,8 +37,9 @@ def test_phase_filtering_and_splits():
     assert "ip2_ip2_0_split" not in train.layer_names
     split = test.layers[test.layer_index("ip2_ip2_0_split")]
     assert split.type == "Split"
-    assert test.top_names[test.layer_index("ip2_ip2_0_split")] == ["ip2_ip2_0_split_0",
-                                                                   "ip2_ip2_0_split_1"]
+    assert test.top_names["ip2_ip2_0_split"] == ["ip2_ip2_0_split_0", "ip2_ip2_0_split_1"]
+    assert test.layer_top_names[test.layer_index("ip2_ip2_0_split")] == ["ip2_ip2_0_split_0",
+                                                                         "ip2_ip2_0_split_1"]
     # the label feeds two layers too
     assert "label_data_1_split" in test.layer_names
 

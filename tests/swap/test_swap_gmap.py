@@ -168,10 +168,12 @@ def test_caffe_accounting_of_cudnn_workspaces(build_net):
 
 def test_adam_keeps_two_history_slots(build_net):
     net = build_net("lenet")
-    assert build_gmap(net, solver_type="Adam").total((HISTORY,)) == \
-        2 * build_gmap(net).total((HISTORY,))
+    one = build_gmap(net).total((HISTORY,))
+    for solver_type, slots in (("Adam", 2), ("AdaDelta", 2), ("AdaGrad", 1), ("RMSProp", 1),
+                               ("Nesterov", 1)):
+        assert build_gmap(net, solver_type=solver_type).total((HISTORY,)) == slots * one
     with pytest.raises(ValueError, match="unknown solver type"):
-        build_gmap(net, solver_type="RMSProp")
+        build_gmap(net, solver_type="Adamm")
 
 
 def test_chunked_im2col_scales_up_to_its_bound(build_net, monkeypatch):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from math import prod
 
+import numpy as np
+
 from ..layer import BackwardReads, Layer, register_layer
 from ..proto import caffe_pb2
 
@@ -153,8 +155,11 @@ class ArgMaxLayer(Layer):
         if self.top_k == 1:
             pos = xp.argmax(flipped, axis=1)[:, None, :]
         else:
-            # a stable sort of -x keeps ties in flipped order (NumPy and CuPy both take it)
-            pos = xp.argsort(-flipped, axis=1, kind="stable")[:, :self.top_k, :]
+            # a stable sort of -x keeps ties in flipped order.  CuPy's argsort is always
+            # stable (thrust) and older releases refuse a ``kind`` keyword, so it goes to
+            # NumPy alone.
+            stable = {"kind": "stable"} if xp is np else {}
+            pos = xp.argsort(-flipped, axis=1, **stable)[:, :self.top_k, :]
         return (self.dim - 1) - pos
 
     def forward_impl(self, bottom, top):

@@ -79,7 +79,10 @@ class EmbedLayer(Layer):
         x = bottom[0].data.reshape(-1)
         if check:
             bad = (x < 0) | (x >= self.input_dim) | (x != xp.trunc(x))
-            if bool(bad.any()):  # one host sync per forward, for an error that names the index
+            # syncs: one device-to-host read of a bool per forward.  Caffe's GPU Forward
+            # reads nothing back (nor checks); kept so that a bad index is an error that
+            # names it rather than CuPy's take silently wrapping it into range.
+            if bool(bad.any()):
                 i = int(xp.argmax(bad))
                 raise ValueError(
                     f"layer {self.name!r} of type Embed: bottom {bottom[0].name!r} holds "

@@ -342,3 +342,27 @@ def test_adaptive_rules_train_under_a_swap_plan_as_plainly(kind):
         assert got[2] == base[2], strategy
         for a, b in zip(got[0] + got[1], base[0] + base[1]):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["AdaGrad", "RMSProp", "AdaDelta"])
+def test_adaptive_rules_on_the_gpu_match_the_cpu(cp, kind, tmp_path):
+    """GPU mode: the rules run on CuPy histories (float32 kept) and train as the CPU does;
+    an AdaDelta state snapshotted on the GPU resumes there with both histories."""
+    from minicaffe.testing import train_steps
+    kw = dict(type=kind, momentum=0.0 if kind != "AdaDelta" else 0.9, delta=1e-6,
+              snapshot_prefix=str(tmp_path / kind))
+    cpu = train_steps(Solver(solver_param(**kw), verbose=False), 5)
+    solver = Solver(solver_param(**kw), mode="GPU", verbose=False)
+    gpu = train_steps(solver, 5)
+    assert all(h.dtype == cp.float32 for h in solver.rule.state_blobs())
+    np.testing.assert_allclose(gpu[2], cpu[2], rtol=1e-4)
+    for g, c in zip(gpu[0] + gpu[1], cpu[0] + cpu[1]):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-5)
+    _, state = solver.snapshot()
+    solver.step(3)
+    resumed = Solver(solver_param(**kw), mode="GPU", verbose=False)
+    resumed.restore(state)
+    resumed.step(3)
+    for a, b in zip(solver.net.learnable_params, resumed.net.learnable_params):
+        np.testing.assert_array_equal(cp.asnumpy(a.data), cp.asnumpy(b.data))

@@ -98,6 +98,23 @@ def conv_geometry(p, x, channel_axis: int, where: str, what: str = "convolution"
     return kernel, stride, pad, dilation
 
 
+def conv_output_hw(layer, x) -> tuple:
+    """((h, w), (oh, ow)): the input's spatial size on ``layer.channel_axis`` and the
+    lowering's output size (Caffe's truncating division) for the layer's ``kernel``,
+    ``stride``, ``pad`` and ``dilation``; an error naming the layer when it is empty."""
+    ax = layer.channel_axis
+    h, w = x.shape[ax + 1], x.shape[ax + 2]
+    oh = im2col_mod.conv_out_size(h, layer.kernel[0], layer.pad[0], layer.stride[0],
+                                  layer.dilation[0])
+    ow = im2col_mod.conv_out_size(w, layer.kernel[1], layer.pad[1], layer.stride[1],
+                                  layer.dilation[1])
+    if oh <= 0 or ow <= 0:
+        raise ValueError(
+            f"{layer._where}kernel {layer.kernel} (dilation {layer.dilation}) does not fit the "
+            f"{h}x{w} input of {x.name!r} padded by {layer.pad} (output {oh}x{ow})")
+    return (h, w), (oh, ow)
+
+
 def _spatial_values(param, name, n_spatial, default, where):
     """Caffe's handling of ``name`` (repeated) versus ``name_h``/``name_w``.
 
@@ -289,17 +306,8 @@ class ConvolutionLayer(Layer):
         x = bottom[0]
         ax = self.channel_axis
         self.num = int(np.prod(x.shape[:ax], dtype=np.int64))
-        h, w = x.shape[ax + 1], x.shape[ax + 2]
-        oh = im2col_mod.conv_out_size(h, self.kernel[0], self.pad[0], self.stride[0],
-                                      self.dilation[0])
-        ow = im2col_mod.conv_out_size(w, self.kernel[1], self.pad[1], self.stride[1],
-                                      self.dilation[1])
-        if oh <= 0 or ow <= 0:
-            raise ValueError(
-                f"{self._where}kernel {self.kernel} (dilation {self.dilation}) does not fit the "
-                f"{h}x{w} input of {x.name!r} padded by {self.pad} (output {oh}x{ow})")
-        self.in_hw = (h, w)
-        self.out_hw = (oh, ow)
+        self.in_hw, self.out_hw = conv_output_hw(self, x)
+        oh, ow = self.out_hw
         for t in top:
             t.reshape(x.shape[:ax] + (self.num_output, oh, ow))
         self.kdim = self.channels * self.kernel[0] * self.kernel[1]  # rows of col

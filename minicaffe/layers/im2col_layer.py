@@ -28,7 +28,7 @@ import numpy as np
 from ..kernels import cuda_vision
 from ..kernels import im2col as im2col_mod
 from ..layer import BackwardReads, Layer, register_layer
-from .conv import conv_geometry
+from .conv import conv_geometry, conv_output_hw
 
 
 @register_layer
@@ -54,18 +54,10 @@ class Im2colLayer(Layer):
         if x.ndim != ax + 3:
             raise ValueError(f"{self._where}bottom num_axes may not change: {x.name!r} now has "
                              f"shape {x.shape}")
-        h, w = x.shape[ax + 1], x.shape[ax + 2]
-        oh = im2col_mod.conv_out_size(h, self.kernel[0], self.pad[0], self.stride[0],
-                                      self.dilation[0])
-        ow = im2col_mod.conv_out_size(w, self.kernel[1], self.pad[1], self.stride[1],
-                                      self.dilation[1])
-        if oh <= 0 or ow <= 0:
-            raise ValueError(
-                f"{self._where}kernel {self.kernel} (dilation {self.dilation}) does not fit the "
-                f"{h}x{w} input of {x.name!r} padded by {self.pad} (output {oh}x{ow})")
+        self.in_hw, self.out_hw = conv_output_hw(self, x)
+        oh, ow = self.out_hw
         self.channels = x.shape[ax]
         self.num = int(np.prod(x.shape[:ax], dtype=np.int64))
-        self.in_hw, self.out_hw = (h, w), (oh, ow)
         kdim = self.channels * self.kernel[0] * self.kernel[1]
         top[0].reshape(x.shape[:ax] + (kdim, oh, ow))
 

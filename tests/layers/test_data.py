@@ -1,6 +1,5 @@
 """Data layers: Input, DummyData, Data (LMDB, prefetch thread), HDF5Data, MemoryData."""
 import gc
-import threading
 import time
 
 import numpy as np
@@ -33,10 +32,6 @@ def setup_layer(text, n_top=2, phase=None, xp=np, dtype=np.float32, source_dir=N
     return layer, t
 
 
-def prefetch_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("minicaffe-prefetch")]
-
-
 @pytest.fixture
 def db(tmp_path):
     """An LMDB of 10 random (2, 4, 5) uint8 images labelled 0..9; returns (path, images)."""
@@ -56,14 +51,8 @@ def data_text(source, batch=4, extra="", transform="", prefetch=None, tops_=("da
             f"transform_param {{ {transform} }}")
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_threads():
-    yield
-    gc.collect()
-    deadline = time.time() + 5
-    while prefetch_threads() and time.time() < deadline:
-        time.sleep(0.01)
-    assert not prefetch_threads(), "a prefetch thread outlived its test"
+# every test here ends with no prefetch thread left (tests/layers/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_leftover_prefetch_threads")
 
 
 # -------------------------------------------------------------------- Input

@@ -5,8 +5,6 @@ computed from the pixels written (OpenCV's BGR order, Caffe's list order,
 wrap-around and shuffles), from minicaffe's DataTransformer applied directly,
 and, for resizing, from a NumPy reference of OpenCV's INTER_LINEAR."""
 import gc
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -52,18 +50,8 @@ def bgr(rgb):
     return np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))
 
 
-def prefetch_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("minicaffe-prefetch")]
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_threads():
-    yield
-    gc.collect()
-    deadline = time.time() + 5
-    while prefetch_threads() and time.time() < deadline:
-        time.sleep(0.01)
-    assert not prefetch_threads(), "a prefetch thread outlived its test"
+# every test here ends with no prefetch thread left (tests/layers/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_leftover_prefetch_threads")
 
 
 @pytest.fixture

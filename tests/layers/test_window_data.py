@@ -8,10 +8,7 @@ Caffe's for a given random_seed).  The warp is checked against a reference writt
 in float64 from the C++ source (context padding, square crops, clipping, mirror), with
 minicaffe.io.resize_inter_linear as OpenCV's INTER_LINEAR (tested against cv2 in
 tests/layers/test_image_data.py)."""
-import gc
 import math
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -30,14 +27,8 @@ Image = pytest.importorskip("PIL.Image")
 SIZES = [(12, 16), (10, 10), (9, 14)]  # (H, W) of the three images
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_threads():
-    yield
-    gc.collect()
-    deadline = time.time() + 5
-    while [t for t in threading.enumerate() if t.name.startswith("minicaffe-prefetch")]:
-        assert time.time() < deadline, "a prefetch thread outlived its test"
-        time.sleep(0.01)
+# every test here ends with no prefetch thread left (tests/layers/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_leftover_prefetch_threads")
 
 
 # windows: (class, overlap, x1, y1, x2, y2) per image

@@ -89,6 +89,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -105,7 +106,10 @@ from scripts.launch_ps import free_port, wait_endpoint  # noqa: E402
 MODES = ("caffe_ps", "accudnn_ps")
 COMMS = ("ps", "nccl", "alone")
 DEFAULT_COMMS = "ps,nccl"
-LINKS = ("none", "emulated")
+# how a worker reaches a shard: none = TCP on the loopback as it is, emulated = the same with
+# --link-gbps / --link-latency-ms, ipc = ZeroMQ's ipc:// (Unix-domain sockets, one host only)
+LINKS = ("none", "emulated", "ipc")
+DEFAULT_LINKS = "none,emulated"
 OVERLAPS = ("on", "off")
 
 # Table 2 of the paper: speedup of 8 workers over one (one M40 per server).
@@ -149,9 +153,11 @@ def parse_args(argv=None):
                     help="ps (ZeroMQ parameter server), nccl, alone (W single-GPU trainings "
                          "at once, the baseline without communication); nccl and alone are "
                          "skipped, with a note, for CPU workers (default ps,nccl)")
-    ap.add_argument("--links", default=",".join(LINKS),
-                    help="for --comm ps: none (loopback as it is) and/or emulated "
-                         "(--link-gbps, --link-latency-ms)")
+    ap.add_argument("--links", default=DEFAULT_LINKS,
+                    help="for --comm ps: none (TCP on the loopback as it is), emulated "
+                         "(the same with --link-gbps, --link-latency-ms) and/or ipc "
+                         "(ZeroMQ's ipc://, Unix-domain sockets: the shards bind a socket "
+                         "file; one host only); default none,emulated")
     ap.add_argument("--overlap", default="on",
                     help="on (communication overlaps backward, the workers' default) and/or off "
                          "(after backward: --no-overlap); default on")
@@ -563,16 +569,22 @@ def run_config(cfg: Config, args, work) -> dict:
     link = link_args(cfg, args)
     row = base_row(cfg, args, shards)
     procs = []
+    sock_dir = None
     t0 = time.monotonic()
     deadline = t0 + args.timeout
     failure = None
     try:
         if cfg.comm == "ps":
-            # the shards bind free ports and report them (--endpoint-file)
+            # the shards bind free ports (or socket files) and report them (--endpoint-file)
+            if cfg.link == "ipc":
+                # a short directory of its own: a Unix socket's path holds at most 107 bytes
+                sock_dir = tempfile.mkdtemp(prefix="mcps-")
             for s in range(shards):
+                bind = (f"ipc://{sock_dir}/shard{s}" if cfg.link == "ipc"
+                        else "tcp://127.0.0.1:*")
                 procs.append(Proc(f"shard{s}", [
                     args.python, "-m", "ps", "server", "--shard", str(s), "--world-size",
-                    str(cfg.world), "--bind", "tcp://127.0.0.1:*", "--timeout",
+                    str(cfg.world), "--bind", bind, "--timeout",
                     str(args.ps_timeout), "--endpoint-file",
                     os.path.join(run_dir, f"shard{s}.endpoint"), "--stats",
                     os.path.join(run_dir, f"shard{s}.jsonl"), *link], run_dir, env))
@@ -600,6 +612,8 @@ def run_config(cfg: Config, args, work) -> dict:
     finally:
         for p in procs:
             p.kill()
+        if sock_dir is not None:
+            shutil.rmtree(sock_dir, ignore_errors=True)
     row["wall_s"] = time.monotonic() - t0
     if failure is None:
         try:
@@ -813,6 +827,8 @@ def merge_rows(old, new) -> list:
 
 
 def _link_words(r) -> str:
+    if r["link"] == "ipc":
+        return "ipc"
     if r["link"] != "emulated":
         return "loopback" if r["comm"] == "ps" else "-"
     if r["link_gbps"] == "":

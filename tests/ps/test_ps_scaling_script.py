@@ -111,6 +111,24 @@ def test_a_failed_configuration_is_recorded_and_the_run_goes_on(tmp_path):
     assert "too small" in r.stderr
 
 
+def test_ipc_links_bind_socket_files_and_remove_them(tmp_path, monkeypatch):
+    """--links ipc: the shards bind ZeroMQ ipc:// sockets in a directory of their own, the
+    workers reach them there, and the directory is gone afterwards."""
+    sock_root = tmp_path / "tmp"
+    sock_root.mkdir()
+    monkeypatch.setenv("TMPDIR", str(sock_root))
+    r, rows, md = run_script(tmp_path, "--modes", "caffe_ps", "--links", "ipc", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [(x["link"], x["world_size"], x["status"]) for x in rows] == [
+        ("ipc", "1", "ok"), ("ipc", "2", "ok")]
+    assert float(rows[1]["speedup"]) > 0 and float(rows[1]["mb_pushed_per_iter"]) > 0.5
+    endpoints = [p.read_text() for p in (tmp_path / "work").rglob("shard*.endpoint")]
+    assert len(endpoints) == 3                   # W = 1: one shard; W = 2: two
+    assert all(e.startswith(f"ipc://{sock_root}/mcps-") for e in endpoints), endpoints
+    assert list(sock_root.iterdir()) == []       # the socket directory was removed
+    assert "| ipc |" in md
+
+
 def test_dry_run_lists_the_gpu_matrix():
     r = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--caffe-batch",
                         "resnet101=18,resnet152=12"], cwd=ROOT, env=env(), capture_output=True,

@@ -4,7 +4,7 @@
     minicaffe ps keys --curve-dir DIR [--clients N]
     minicaffe train --solver S --ps tcp://h1:p1,tcp://h2:p2 --rank R --world-size W [--gpu G]
                     [--comm ps|nccl] [--link-gbps G --link-latency-ms L] [--curve-dir DIR]
-                    [--no-overlap] [--bucket-mb MB] [--copy-up MODE] [--tail-mb MB]
+                    [--no-overlap] [--bucket-mb MB] [--copy-up MODE] [--tail-mb MB] [--ps-shm]
 
 ``python -m ps server ...`` is the same as ``minicaffe ps server ...``.
 This module imports neither ZeroMQ nor the framework's heavy parts until a
@@ -73,6 +73,10 @@ def add_train_options(t):
                    help="--comm ps with overlap: the last MB of parameters backward finishes go "
                         "in buckets of at most 1 MiB, which come back sooner (default 8; 0: "
                         "none)")
+    g.add_argument("--ps-shm", action="store_true",
+                   help="--comm ps, workers and shards on one host: gradients and parameters "
+                        "go through shared memory (registered with CUDA on a GPU) instead of "
+                        "the sockets, which carry the headers (docs/PS.md)")
     _link_args(g)
 
 
@@ -96,9 +100,10 @@ def wrap_solver(args, solver):
             raise ValueError("--comm nccl needs GPU mode (--gpu N)")
         if args.link_gbps or args.link_latency_ms:
             raise ValueError("link emulation (--link-gbps/--link-latency-ms) applies to --comm ps")
-        if getattr(args, "copy_up", None) or getattr(args, "tail_mb", None):
-            raise ValueError("--copy-up and --tail-mb apply to --comm ps (NCCL all-reduces on "
-                             "the device)")
+        if (getattr(args, "copy_up", None) or getattr(args, "tail_mb", None)
+                or getattr(args, "ps_shm", False)):
+            raise ValueError("--copy-up, --tail-mb and --ps-shm apply to --comm ps (NCCL "
+                             "all-reduces on the device)")
         return NcclWorker(solver, endpoints[0], args.rank, args.world_size,
                           timeout=args.ps_timeout, curve_dir=args.curve_dir,
                           stats_path=args.ps_stats, overlap=overlap,
@@ -117,7 +122,7 @@ def wrap_solver(args, solver):
                    timeout=args.ps_timeout, link_gbps=args.link_gbps,
                    link_latency_ms=args.link_latency_ms, curve_dir=args.curve_dir,
                    stats_path=args.ps_stats, overlap=overlap, bucket_mb=bucket_mb,
-                   copy_up=copy_up, tail_mb=tail_mb)
+                   copy_up=copy_up, tail_mb=tail_mb, shm=getattr(args, "ps_shm", False))
     return PSWorker(solver, cfg)
 
 

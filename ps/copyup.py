@@ -91,6 +91,10 @@ class CopyUp:
         staging: pinned host arrays per parameter (GPU), or None (CPU: the answer's
             array is copied into the net directly).
         timeout: seconds a waiter gives the thread before it reports it stuck.
+        gpu: copy up to a device (default: with staging buffers).
+        direct: the answers' arrays stay valid and are pinned until the copies are done
+            (--ps-shm: the shard's parameter segment, registered with CUDA), so they go up
+            from there, without the copy into staging.
 
     Per round: :meth:`arrived` for every answered blob (main thread, any time after its
     bucket was pushed), :meth:`go` once all are in, :meth:`wait` per bucket before a
@@ -98,14 +102,15 @@ class CopyUp:
     """
 
     def __init__(self, params, buckets: list, order: list, staging=None,
-                 timeout: float = 120.0):
+                 timeout: float = 120.0, gpu: bool | None = None, direct: bool = False):
         self.params = params
         self.buckets = [list(b) for b in buckets]
         # every bucket is issued each round: those ``order`` leaves out go last
         self.order = list(order) + [b for b in range(len(self.buckets)) if b not in set(order)]
         self.staging = staging
         self.timeout = timeout
-        self.gpu = staging is not None
+        self.gpu = staging is not None if gpu is None else bool(gpu)
+        self.direct = bool(direct)
         if self.gpu:
             import cupy
             self._device = cupy.cuda.Device()
@@ -192,7 +197,7 @@ class CopyUp:
                 kind, i, array = job
                 if kind == "host":
                     t0 = time.perf_counter()
-                    if self.gpu:
+                    if self.gpu and not self.direct:
                         np.copyto(self.staging[i], np.asarray(array).reshape(self.staging[i].shape))
                     else:
                         self._arrays[i] = array
@@ -212,7 +217,9 @@ class CopyUp:
             for i in self.buckets[b]:
                 q = self.params[i]
                 if self.gpu:
-                    q.data.set(self.staging[i], stream=self.stream)
+                    src = (self._arrays.pop(i).reshape(q.data.shape) if self.direct
+                           else self.staging[i])
+                    q.data.set(src, stream=self.stream)
                 else:
                     np.copyto(q.data, np.asarray(self._arrays.pop(i)).reshape(q.data.shape))
             if self.gpu:

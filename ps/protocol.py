@@ -16,12 +16,17 @@ A header is one fixed C struct (:data:`HEADER`, 104 bytes, little endian)::
                     (-2: INIT's bucket table)
     dtype      B    DType code of the buffer
     ndim       B    0..MAX_NDIM
-    (2 pad bytes)
+    flags      B    FLAG_SHM: the values are not in this message (the buffer frame is
+                    empty) but in the sender's shared-memory segment, at this blob's
+                    place (ps/shm.py, ``--ps-shm``); 0 otherwise
+    (1 pad byte)
     shape      8q   the first ``ndim`` entries; the rest must be 0
     nbytes     Q    prod(shape) * itemsize, and exactly the length of the buffer frame
 
 The buffer frame is the array's memory sent as is (``copy=False``); the
-receiver maps it with ``np.frombuffer`` without copying.  Nothing is ever
+receiver maps it with ``np.frombuffer`` without copying.  With ``FLAG_SHM`` the frame is
+empty and the receiver's ``placed`` function (given to :func:`decode`) maps the blob in
+the sender's segment, after the same checks of the header.  Nothing is ever
 pickled: a peer can only make us allocate what a header describes, and every
 header is checked before its buffer is interpreted, so a malformed message
 ends in a :class:`ProtocolError` with a reason, never in a crash or a
@@ -40,10 +45,14 @@ from math import prod
 import numpy as np
 
 MAGIC = b"MCPS"
-PROTOCOL_VERSION = 2   # 2: buckets (a shard's round is one PUSH and one PARAMS per bucket)
+PROTOCOL_VERSION = 3   # 2: buckets (a shard's round is one PUSH and one PARAMS per bucket)
+                       # 3: the flags byte (FLAG_SHM), INIT's and its answer's segment pair
 MAX_NDIM = 8
 
-HEADER = struct.Struct("<4sHHqiiiBB2x" + "q" * MAX_NDIM + "Q")
+HEADER = struct.Struct("<4sHHqiiiBBBx" + "q" * MAX_NDIM + "Q")
+FLAG_SHM = 1
+# INIT's pair, and the pair of INIT's answer, naming a shared-memory segment (uint8 text)
+SEGMENT_BLOB = -3
 assert HEADER.size == 104
 
 
@@ -51,14 +60,17 @@ class Op(enum.IntEnum):
     """Message kinds.
 
     INIT     worker -> shard at start: pair 0 is the worker's SolverParameter
-             (protobuf binary, uint8, blob -1); optionally pair 1 is the
-             bucket of each blob of the shard (int64, blob -2, in the order
-             the blobs follow; absent: one bucket, the whole shard); then for
-             each blob of the shard its initial values (blob id, float) and
-             its ParamSpec multipliers (same blob id, float64
-             ``[lr_mult, decay_mult]``).
+             (protobuf binary, uint8, blob -1); optionally (``--ps-shm``) the
+             name of the worker's gradient segment for this shard (uint8 text,
+             blob -3); optionally the bucket of each blob of the shard (int64,
+             blob -2, in the order the blobs follow; absent: one bucket, the
+             whole shard); then for each blob of the shard its initial values
+             (blob id, float) and its ParamSpec multipliers (same blob id,
+             float64 ``[lr_mult, decay_mult]``).
     PARAMS   shard -> worker: parameters for ``iteration``: the whole shard
-             (the answer to INIT), or one bucket (the answer to its PUSH).
+             (the answer to INIT, led by the shard's parameter segment's name,
+             blob -3, when the workers use shared memory), or one bucket (the
+             answer to its PUSH; with shared memory, headers only).
     PUSH     worker -> shard: the worker's gradients of ``iteration``, one
              bucket of the shard per message.
     ABORT    either way: the round failed; one uint8 pair holds the reason.
@@ -137,6 +149,16 @@ class Payload:
     array: np.ndarray
 
 
+class InShm:
+    """An array to send by its place in this process's shared-memory segment (``FLAG_SHM``):
+    its header goes, its bytes do not."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+
 @dataclass(frozen=True)
 class Message:
     op: Op
@@ -152,14 +174,14 @@ class Message:
         return bytes(self.payloads[0].array).decode("utf-8", "replace")
 
 
-def pack_header(op, iteration, rank, shard, blob_id, array) -> bytes:
+def pack_header(op, iteration, rank, shard, blob_id, array, flags: int = 0) -> bytes:
     """The header describing ``array`` (which must be C-contiguous)."""
     if array.ndim > MAX_NDIM:
         raise ProtocolError(f"blob {blob_id}: {array.ndim} dimensions, at most {MAX_NDIM}")
     shape = tuple(array.shape) + (0,) * (MAX_NDIM - array.ndim)
     return HEADER.pack(MAGIC, PROTOCOL_VERSION, int(op), int(iteration), int(rank), int(shard),
-                       int(blob_id), int(dtype_code(array.dtype)), array.ndim, *shape,
-                       int(array.nbytes))
+                       int(blob_id), int(dtype_code(array.dtype)), array.ndim, int(flags),
+                       *shape, int(array.nbytes))
 
 
 def encode(op, iteration, rank, shard, payloads=()) -> list:
@@ -171,10 +193,15 @@ def encode(op, iteration, rank, shard, payloads=()) -> list:
     """
     frames = []
     for blob_id, array in payloads:
+        in_shm = isinstance(array, InShm)
+        if in_shm:
+            array = array.array
         if not array.flags.c_contiguous:
             raise ProtocolError(f"blob {blob_id}: only C-contiguous arrays are sent")
-        frames.append(pack_header(op, iteration, rank, shard, blob_id, array))
-        frames.append(memoryview(array.reshape(-1).view(np.uint8)) if array.size else b"")
+        frames.append(pack_header(op, iteration, rank, shard, blob_id, array,
+                                  FLAG_SHM if in_shm else 0))
+        frames.append(memoryview(array.reshape(-1).view(np.uint8))
+                      if array.size and not in_shm else b"")
     if not frames:  # every message has at least one pair, so headers always carry op/rank
         frames = [pack_header(op, iteration, rank, shard, -1, np.empty(0, np.uint8)), b""]
     return frames
@@ -194,10 +221,12 @@ def _buffer(frame):
 
 
 def decode(frames, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-           max_pairs: int = DEFAULT_MAX_PAIRS) -> Message:
+           max_pairs: int = DEFAULT_MAX_PAIRS, placed=None) -> Message:
     """Validate and decode the frames of one message (routing frames removed).
 
-    Raises ProtocolError with the first problem found; nothing is copied.
+    ``placed(rank, shard, blob_id, dtype, shape)``: the array of a ``FLAG_SHM`` pair in the
+    sender's segment (raising ProtocolError when there is none such); None: such pairs are
+    refused.  Raises ProtocolError with the first problem found; nothing is copied.
     """
     n = len(frames)
     if n == 0:
@@ -212,7 +241,7 @@ def decode(frames, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         head = _buffer(frames[i])
         if len(head) != HEADER.size:
             raise ProtocolError(f"frame {i}: header of {len(head)} bytes, expected {HEADER.size}")
-        magic, version, op, iteration, rank, shard, blob_id, code, ndim, *rest = \
+        magic, version, op, iteration, rank, shard, blob_id, code, ndim, flags, *rest = \
             HEADER.unpack(head)
         shape_all, nbytes = rest[:MAX_NDIM], rest[MAX_NDIM]
         if magic != MAGIC:
@@ -246,7 +275,19 @@ def decode(frames, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         if nbytes != expect:
             raise ProtocolError(f"frame {i}: byte count {nbytes} does not match shape {shape} of "
                                 f"{dt} ({expect} bytes)")
+        if flags & ~FLAG_SHM:
+            raise ProtocolError(f"frame {i}: unknown flags {flags:#x}")
         buf = _buffer(frames[i + 1])
+        if flags & FLAG_SHM:
+            if len(buf):
+                raise ProtocolError(f"frame {i + 1}: {len(buf)} bytes after a shared-memory "
+                                    "header (its values are in the segment; the frame must be "
+                                    "empty)")
+            if placed is None:
+                raise ProtocolError(f"frame {i}: blob {blob_id} is in a shared-memory segment, "
+                                    "and none is mapped for this peer")
+            payloads.append(Payload(blob_id, placed(rank, shard, blob_id, dt, shape)))
+            continue
         if len(buf) != nbytes:
             raise ProtocolError(f"frame {i + 1}: buffer of {len(buf)} bytes, the header says "
                                 f"{nbytes}")

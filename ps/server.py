@@ -30,6 +30,11 @@ Failure rules (nothing waits forever):
 * on failure the shard tells every other rank why (ABORT) and exits 1;
 * a malformed, oversized or unexpected message is rejected with a logged
   reason and an ERROR answer to its sender; the shard carries on.
+
+With ``--ps-shm`` workers (ps/shm.py) every INIT names the worker's gradient segment for
+this shard; the shard then keeps its parameters in a segment of its own, which its
+answer to INIT names, and the rounds' PUSH and PARAMS carry headers only.  All ranks use
+shared memory or none does.
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ from minicaffe.proto import caffe_pb2
 
 from . import protocol as P
 from .protocol import Op, ProtocolError
+from .shm import Segment, check_name
 from .transport import CurveServer, LinkModel, SendFailed, context, poll_until, router, send
 from .update import ShardSolver, read_shard_state, update_fields
 
@@ -105,6 +111,7 @@ class _Join:
     lr_mult: list
     decay_mult: list
     buckets: list       # the bucket of each blob (INIT order); all 0: one bucket
+    segment: str | None = None   # --ps-shm: the name of the worker's gradient segment
 
 
 @dataclass
@@ -153,6 +160,10 @@ class ShardServer:
         self._ctx = None
         self._sock = None
         self._curve = None
+        # --ps-shm: the shard's parameter segment and each rank's gradient segment
+        self._params_seg: Segment | None = None
+        self._grad_segs: dict[int, Segment] = {}
+        self._position: dict[int, int] = {}     # blob id -> position in blob_ids
 
     # ----------------------------------------------------------- plumbing
     def _log(self, msg, level="I"):
@@ -183,6 +194,11 @@ class ShardServer:
     def close(self):
         if self.solver is not None:
             self.solver.close()
+        for seg in [self._params_seg, *self._grad_segs.values()]:
+            if seg is not None:
+                seg.close()
+        self._params_seg = None
+        self._grad_segs = {}
         if self._sock is not None:
             self._sock.close()   # lingers up to `timeout` so the last replies leave
             self._sock = None
@@ -218,7 +234,8 @@ class ShardServer:
             frames = self._sock.recv_multipart(copy=False)
             rid = frames[0].bytes
             try:
-                msg = P.decode(frames[1:], c.max_frame_bytes)
+                msg = P.decode(frames[1:], c.max_frame_bytes,
+                               placed=self._placed if self._grad_segs else None)
             except ProtocolError as e:
                 self._reject(rid, str(e))
                 continue
@@ -252,6 +269,21 @@ class ShardServer:
                               f"{e.failures[0][1]} (the worker has gone)") from None
         return sum(P.frames_nbytes(f) for _, _, f, _ in sends)
 
+    def _placed(self, rank, shard, blob_id, dtype, shape):
+        """A ``FLAG_SHM`` payload of ``rank``: its blob in the rank's gradient segment."""
+        seg = self._grad_segs.get(rank)
+        if seg is None:
+            raise ProtocolError(f"rank {rank} sent a shared-memory payload, but joined "
+                                "without a segment")
+        k = self._position.get(blob_id)
+        if k is None:
+            raise ProtocolError(f"blob {blob_id} is not on shard {self.config.shard}")
+        a = seg.arrays[k]
+        if a.dtype != dtype or a.shape != tuple(shape):
+            raise ProtocolError(f"blob {blob_id}: the header says {dtype}{list(shape)}, the "
+                                f"segment holds {a.dtype}{list(a.shape)}")
+        return a
+
     def abort_all(self, reason: str):
         """Tell every joined rank that the round failed (best effort, no raise)."""
         for rank, rid in sorted(self.routes.items()):
@@ -271,6 +303,15 @@ class ShardServer:
         except Exception as e:  # protobuf's DecodeError
             raise ProtocolError(f"INIT solver parameters do not parse: {e}") from None
         rest = pl[1:]
+        segment = None
+        if rest and rest[0].blob_id == P.SEGMENT_BLOB:    # --ps-shm
+            if rest[0].array.dtype != np.uint8:
+                raise ProtocolError("INIT: the segment name (blob -3) must be uint8 text")
+            try:
+                segment = check_name(bytes(rest[0].array).decode("ascii"))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise ProtocolError(f"INIT: {e}") from None
+            rest = rest[1:]
         table = None
         if rest and rest[0].blob_id == -2:
             table, rest = rest[0].array, rest[1:]
@@ -303,7 +344,7 @@ class ShardServer:
         if len({a.dtype for a in arrays}) > 1:
             raise ProtocolError("INIT: the blobs of one shard must share one dtype")
         buckets = [0] * len(ids) if table is None else [int(b) for b in table]
-        return _Join(rid, msg.iteration, solver, ids, arrays, lr, decay, buckets)
+        return _Join(rid, msg.iteration, solver, ids, arrays, lr, decay, buckets, segment)
 
     def join(self):
         """Wait for every rank's INIT, build the shard, answer PARAMS."""
@@ -335,7 +376,7 @@ class ShardServer:
             self._log(f"rank {msg.rank} joined [{rid.hex()}] at iteration {msg.iteration} with "
                       f"{len(j.blob_ids)} blob(s) ({sum(a.nbytes for a in j.arrays):,} bytes)")
         self._build(joined)
-        nbytes = self._send_all(Op.PARAMS, self.solver.iter, self._params_payloads)
+        nbytes = self._send_all(Op.PARAMS, self.solver.iter, self._join_payloads)
         self._log(f"all {c.world_size} rank(s) joined; serving blobs {self.blob_ids} "
                   f"({nbytes // max(1, c.world_size):,} bytes per worker) from iteration "
                   f"{self.solver.iter}")
@@ -384,9 +425,11 @@ class ShardServer:
                               f"workers send shard {c.shard} in {nb} buckets (use one server "
                               "shard with --no-overlap, or drop clip_gradients)")
         dtype = first.arrays[0].dtype if first.arrays else np.dtype(np.float32)
-        self.solver = ShardSolver(first.solver, [a.shape for a in first.arrays], first.lr_mult,
+        shapes = [a.shape for a in first.arrays]
+        data = self._open_segments(joined, shapes, dtype)
+        self.solver = ShardSolver(first.solver, shapes, first.lr_mult,
                                   first.decay_mult, dtype=dtype, verbose=c.verbose,
-                                  log_where=self.where)
+                                  log_where=self.where, data=data)
         prefix = c.snapshot_prefix or first.solver.snapshot_prefix or "ps"
         self.prefix = f"{prefix}_shard{c.shard}"
         if self.restored is not None:
@@ -413,8 +456,39 @@ class ShardServer:
                 f"{self.solver.iter}: give every process snapshots of the same iteration "
                 "(servers: --snapshot ..._shard{s}_iter_N.solverstate)")
 
-    def _params_payloads(self, rank):
-        return [(i, b.data) for i, b in zip(self.blob_ids, self.solver.blobs)]
+    def _open_segments(self, joined: dict, shapes, dtype):
+        """--ps-shm: map every rank's gradient segment and make the parameter segment;
+        returns the parameter arrays the solver's blobs live in (None: no shared memory)."""
+        named = [r for r in sorted(joined) if joined[r].segment is not None]
+        if not named:
+            return None
+        if len(named) != len(joined):
+            plain = sorted(set(joined) - set(named))
+            raise RoundFailed(f"rank(s) {_ranks(named)} use shared memory (--ps-shm), rank(s) "
+                              f"{_ranks(plain)} do not: start every worker alike")
+        if self.link.enabled:
+            raise RoundFailed("the workers use shared memory (--ps-shm), which link emulation "
+                              "cannot delay: drop --link-gbps/--link-latency-ms or --ps-shm")
+        self._position = {b: k for k, b in enumerate(self.blob_ids)}
+        for r in named:
+            try:
+                self._grad_segs[r] = Segment.attach(joined[r].segment, shapes, dtype)
+            except (OSError, ValueError) as e:
+                raise RoundFailed(f"rank {r}: {e}") from None
+        self._params_seg = Segment.create(f"p{self.config.shard}", shapes, dtype)
+        self._log(f"shared memory: parameters in {self._params_seg.path}, gradients of "
+                  f"{len(named)} rank(s) mapped ({self._params_seg.nbytes:,} bytes each)")
+        return self._params_seg.arrays
+
+    def _join_payloads(self, rank):
+        """The answer to INIT: the shard's values (and its segment's name)."""
+        out = [(i, b.data) for i, b in zip(self.blob_ids, self.solver.blobs)]
+        if self._params_seg is not None:
+            name = np.frombuffer(self._params_seg.name.encode("ascii"), dtype=np.uint8)
+            out.insert(0, (P.SEGMENT_BLOB, name))
+        return out
+
+
 
     # -------------------------------------------------------------- rounds
     def round(self) -> _RoundStats:
@@ -477,12 +551,15 @@ class ShardServer:
             pending[b] = {r: () for r in range(c.world_size)}   # done; frees the frames
             u1 = time.monotonic()
             stats.update_s += u1 - u0
+            wrap = P.InShm if self._params_seg is not None else (lambda a: a)
             stats.bytes_out += self._send_all(
                 Op.PARAMS, t + 1,
-                lambda rank: [(self.blob_ids[k], s.blobs[k].data) for k in positions])
+                lambda rank: [(self.blob_ids[k], wrap(s.blobs[k].data)) for k in positions])
             stats.send_s += time.monotonic() - u1
             left -= 1
         s.end_round()
+        if self._params_seg is not None:   # every rank has pushed: each has mapped it
+            self._params_seg.unlink()
         if p.snapshot and s.iter % p.snapshot == 0:
             self.snapshot()
         stats.iteration = t

@@ -111,11 +111,13 @@ class ShardSolver(Solver):
         shapes: shape of each blob of the shard, in shard order.
         lr_mult, decay_mult: each blob's ParamSpec multipliers.
         dtype: the blobs' dtype (the workers' net dtype).
+        data: optional arrays the blobs' values live in, one per blob of its shape (the
+            shard's shared-memory segment, ps/shm.py); default: the blobs' own.
     """
 
     def __init__(self, param, shapes, lr_mult, decay_mult, dtype=np.float32, verbose=True,
                  log_where="ps.server", threads: int | None = None,
-                 unit_bytes: int = UNIT_BYTES):
+                 unit_bytes: int = UNIT_BYTES, data=None):
         self.param = upgrade_solver(param)
         self.source = None
         self.source_dir = None
@@ -131,6 +133,12 @@ class ShardSolver(Solver):
         blobs = []
         for i, shape in enumerate(shapes):
             b = Blob(tuple(shape), xp=np, dtype=self.dtype, name=f"shard/param{i}")
+            if data is not None:
+                a = data[i]
+                if a.shape != tuple(shape) or a.dtype != self.dtype:
+                    raise ValueError(f"blob {i}: storage {a.dtype}{list(a.shape)} for "
+                                     f"{self.dtype}{list(shape)}")
+                b.bind_data(a.reshape(-1))
             b.data[...] = 0
             b.diff[...] = 0
             blobs.append(b)

@@ -84,6 +84,7 @@ from .overlap import (DEFAULT_PS_BUCKET_MB, DEFAULT_PS_TAIL_MB, PS_TAIL_BUCKET_M
 from .protocol import Op, ProtocolError
 from .rounds import RoundThread
 from .sharding import assign_buckets, assign_shards, bucket_cap, shard_bytes
+from .shm import WorkerSegments
 from .transport import LinkModel, SendFailed, context, dealer, poll_until
 
 
@@ -119,6 +120,7 @@ class PSConfig:
     copy_up: str | None = None        # with overlap: ps.copyup mode (None: the default)
     tail_mb: float | None = None      # with overlap: the last MiB of backward in 1 MiB buckets
                                       # (None: DEFAULT_PS_TAIL_MB)
+    shm: bool = False                 # values through shared memory (ps/shm.py; one host)
 
     def validate(self):
         if self.world_size < 1:
@@ -133,6 +135,9 @@ class PSConfig:
             raise ValueError(f"--bucket-mb must be positive, got {self.bucket_mb}")
         if self.tail_mb is not None and self.tail_mb < 0:
             raise ValueError(f"--tail-mb must be at least 0, got {self.tail_mb}")
+        if self.shm and (self.link_gbps or self.link_latency_ms):
+            raise ValueError("--ps-shm moves the values through shared memory, which link "
+                             "emulation cannot delay: drop --link-gbps/--link-latency-ms")
 
     @property
     def grace(self) -> float:
@@ -160,10 +165,12 @@ class ParameterClient:
     whatever order they come, so the shards' transfers and updates overlap.
     """
 
-    def __init__(self, config: PSConfig, shards: list, buckets: list | None = None):
+    def __init__(self, config: PSConfig, shards: list, buckets: list | None = None,
+                 segments: WorkerSegments | None = None):
         import zmq
         self._zmq = zmq
         self.config = config
+        self.segments = segments      # --ps-shm: the values' segments
         self.shards = shards          # blob ids per shard
         # per shard, its buckets (sorted blob ids each); default: one bucket, the shard
         self.buckets = [[list(ids)] for ids in shards] if buckets is None else buckets
@@ -295,7 +302,8 @@ class ParameterClient:
         """One message from shard s, which must be a due PARAMS."""
         frames = sock.recv_multipart(copy=False)
         try:
-            msg = P.decode(frames, self.config.max_frame_bytes)
+            msg = P.decode(frames, self.config.max_frame_bytes,
+                           placed=self.segments.placed if self.segments is not None else None)
         except ProtocolError as e:
             raise PSError(f"{self.name(s)} sent a malformed answer: {e}") from None
         if msg.op == Op.ABORT:
@@ -320,9 +328,22 @@ class ParameterClient:
                           "(servers listed in another order?)")
         due.discard(ids)
         for p in msg.payloads:
+            if p.blob_id == P.SEGMENT_BLOB:
+                self._attach(s, p.array)
+        for p in msg.payloads:
             if p.blob_id >= 0:
                 on_params(p.blob_id, p.array)
         self._pulled += P.frames_nbytes(frames)   # on the wire, headers included
+
+    def _attach(self, s, text):
+        """Shard s's answer to INIT names its parameter segment (--ps-shm)."""
+        if self.segments is None:
+            raise PSError(f"{self.name(s)} named a shared-memory segment; this worker did not "
+                          "ask for one")
+        try:
+            self.segments.attach(s, bytes(text).decode("ascii"))
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            raise PSError(f"{self.name(s)}: {e}") from None
 
     @property
     def _timeout(self) -> float:
@@ -338,6 +359,9 @@ class ParameterClient:
 
         def payloads(s):
             out = [solver_pl]
+            if self.segments is not None:
+                out.append((P.SEGMENT_BLOB,
+                            np.frombuffer(self.segments.name(s).encode("ascii"), np.uint8)))
             if len(self.buckets[s]) > 1:   # one bucket (the whole shard) needs no table
                 bucket = {i: b for b, ids in enumerate(self.buckets[s]) for i in ids}
                 out.append((-2, np.array([bucket[i] for i in self.shards[s]], dtype=np.int64)))
@@ -349,6 +373,11 @@ class ParameterClient:
         self._expect([[tuple(ids)] for ids in self.shards], None)
         self._send(Op.INIT, iteration, ((s, payloads(s)) for s in range(len(self.socks))))
         self._receive(iteration, on_params, time.monotonic() + self._timeout)
+        if self.segments is not None:
+            missing = [s for s, seg in enumerate(self.segments.params) if seg is None]
+            if missing:
+                raise PSError(f"{self.name(missing[0])} answered without a shared-memory "
+                              "segment (a server without --ps-shm support?)")
         return self._got_iter
 
     def _expect_round(self, iteration: int):
@@ -757,7 +786,16 @@ class PSWorker(DataParallel):
         # The history lives on the shards: free the solver's copy.
         solver.rule = _NoLocalHistory()
         solver.history = []
-        self._staging = self._make_staging() if self._on_gpu else None
+        self._segments = None
+        if config.shm:
+            self._segments = WorkerSegments(
+                config.rank, self.shards, [q.shape for q in self.params],
+                self.params[0].data.dtype if self.params else np.float32,
+                gpu=self._on_gpu)
+        # where gradients go on the host (GPU: pinned buffers; --ps-shm: the segments)
+        self._staging = (self._make_staging()
+                         if self._on_gpu or self._segments is not None else None)
+        self._wrap = P.InShm if self._segments is not None else (lambda a: a)
         self.client = None
         self._copy_up_s = 0.0     # this iteration's time in _set_param
         self._parts: dict = {}    # this iteration's parts of Delta (_sync_parts)
@@ -809,7 +847,8 @@ class PSWorker(DataParallel):
         last = len(net.layers) - 1
         self._needs[last] = list(range(len(groups)))
         order = [b for li in sorted(self._needs) if li != last for b in self._needs[li]]
-        self._copy = CopyUp(self.params, groups, order, self._staging, self.config.timeout)
+        self._copy = CopyUp(self.params, groups, order, self._staging, self.config.timeout,
+                            gpu=self._on_gpu, direct=self._segments is not None)
         net.forward_listener = self._forward_wait
         for name in ("test_all", "snapshot"):
             setattr(solver, name, self._landing(getattr(solver, name)))
@@ -855,7 +894,10 @@ class PSWorker(DataParallel):
             self._set_param(i, array)
 
     def _make_staging(self):
-        """Pinned host buffers for the gradients (device-to-host copies)."""
+        """Host buffers for the gradients: the shared-memory segments' places (--ps-shm),
+        else pinned buffers (device-to-host copies)."""
+        if self._segments is not None:
+            return [self._segments.grad(i) for i in range(len(self.params))]
         try:
             import cupyx
             return [cupyx.empty_pinned(q.shape, dtype=q.dtype) for q in self.params]
@@ -866,7 +908,10 @@ class PSWorker(DataParallel):
         q = self.params[i]
         if self._staging is None:
             return np.ascontiguousarray(q.diff)     # CPU mode: the diff itself, no copy
-        q.diff.get(out=self._staging[i])             # device -> host; synchronises
+        if self._on_gpu:
+            q.diff.get(out=self._staging[i])         # device -> host; synchronises
+        else:                                        # CPU, --ps-shm: into the segment
+            np.copyto(self._staging[i], q.diff.reshape(self._staging[i].shape))
         return self._staging[i]
 
     def _set_param(self, i, array):
@@ -895,7 +940,7 @@ class PSWorker(DataParallel):
         per_shard = [[] for _ in self.shards]
         for h, b in self.buckets:
             per_shard[h].append(sorted(b))
-        self.client = ParameterClient(c, self.shards, per_shard)
+        self.client = ParameterClient(c, self.shards, per_shard, self._segments)
         sp = caffe_pb2.SolverParameter()
         sp.CopyFrom(s.param)
         for f in ("net_param", "train_net_param", "test_net_param"):
@@ -909,6 +954,8 @@ class PSWorker(DataParallel):
         if at != s.iter:  # the servers check this; a mismatch here is a server bug
             raise PSError(f"the servers are at iteration {at}, this worker at {s.iter}")
         self._copy_up_s = 0.0    # the join's copies are not an iteration's
+        if self._segments is not None:   # every shard has mapped this worker's segments
+            self._segments.unlink()
         if self.overlap is not None:   # the client is the round thread's from now on
             device = None
             if self._on_gpu:
@@ -924,7 +971,7 @@ class PSWorker(DataParallel):
         s = self.solver
         if self.overlap is None:
             out = self.client.push_pull(
-                s.iter, lambda sh: [(i, self._host_grad(i)) for i in self.shards[sh]],
+                s.iter, lambda sh: [(i, self._wrap(self._host_grad(i))) for i in self.shards[sh]],
                 self._set_param)
             self._params_landed()
             return out
@@ -962,7 +1009,7 @@ class PSWorker(DataParallel):
         # again (they are, when the forward waited for every bucket)
         self._land(settle=True)
         done = None
-        if self._staging is not None:
+        if self._on_gpu:
             side = self._copy_stream
             side.wait_event(event)
             for i in self.buckets[g][1]:
@@ -973,7 +1020,7 @@ class PSWorker(DataParallel):
 
     def _bucket_payloads(self, g, done):
         """(blob id, host array) of bucket g, its copy done (round thread)."""
-        return [(i, self._host_grad(i) if done is None else self._staging[i])
+        return [(i, self._wrap(self._host_grad(i) if done is None else self._staging[i]))
                 for i in sorted(self.buckets[g][1])]
 
     def _stop_round(self):
@@ -999,3 +1046,10 @@ class PSWorker(DataParallel):
         if self.client is not None:
             self.client.close()
             self.client = None
+        if self._segments is not None:
+            if self._on_gpu:   # no copy may still read or write a mapping
+                import cupy
+                cupy.cuda.Device().synchronize()
+            self._staging = None
+            self._segments.close()
+            self._segments = None

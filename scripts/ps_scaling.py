@@ -107,8 +107,9 @@ MODES = ("caffe_ps", "accudnn_ps")
 COMMS = ("ps", "nccl", "alone")
 DEFAULT_COMMS = "ps,nccl"
 # how a worker reaches a shard: none = TCP on the loopback as it is, emulated = the same with
-# --link-gbps / --link-latency-ms, ipc = ZeroMQ's ipc:// (Unix-domain sockets, one host only)
-LINKS = ("none", "emulated", "ipc")
+# --link-gbps / --link-latency-ms, ipc = ZeroMQ's ipc:// (Unix-domain sockets, one host only),
+# shm = TCP on the loopback for the messages, shared memory for the values (--ps-shm)
+LINKS = ("none", "emulated", "ipc", "shm")
 DEFAULT_LINKS = "none,emulated"
 OVERLAPS = ("on", "off")
 
@@ -157,7 +158,9 @@ def parse_args(argv=None):
                     help="for --comm ps: none (TCP on the loopback as it is), emulated "
                          "(the same with --link-gbps, --link-latency-ms) and/or ipc "
                          "(ZeroMQ's ipc://, Unix-domain sockets: the shards bind a socket "
-                         "file; one host only); default none,emulated")
+                         "file; one host only) and/or shm (the workers' --ps-shm: values "
+                         "through shared memory, headers on the loopback; one host only); "
+                         "default none,emulated")
     ap.add_argument("--overlap", default="on",
                     help="on (communication overlaps backward, the workers' default) and/or off "
                          "(after backward: --no-overlap); default on")
@@ -536,6 +539,8 @@ def worker_cmd(cfg: Config, args, rank, solver, ps_arg, run_dir) -> list:
         cmd += ["--copy-up", args.copy_up]
     if cfg.overlap != "off" and cfg.comm == "ps" and args.tail_mb is not None:
         cmd += ["--tail-mb", str(args.tail_mb)]
+    if cfg.comm == "ps" and cfg.link == "shm":
+        cmd.append("--ps-shm")
     if args.engine:
         cmd += ["--engine", args.engine]
     return cmd
@@ -827,8 +832,8 @@ def merge_rows(old, new) -> list:
 
 
 def _link_words(r) -> str:
-    if r["link"] == "ipc":
-        return "ipc"
+    if r["link"] in ("ipc", "shm"):
+        return r["link"]
     if r["link"] != "emulated":
         return "loopback" if r["comm"] == "ps" else "-"
     if r["link_gbps"] == "":

@@ -144,6 +144,28 @@ def test_ps_gpu_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_p
     assert_equal(on, off)
 
 
+@pytest.mark.parametrize("extra", [["--bucket-mb", "0.00005"],
+                                   ["--bucket-mb", "0.00005", "--copy-up", "update"],
+                                   ["--bucket-mb", "0.00005", "--copy-up", "backward"],
+                                   ["--no-overlap"]])
+def test_ps_gpu_shared_memory_gives_the_parameters_of_the_sockets(procs, tmp_path, monkeypatch,
+                                                                  extra):
+    """--ps-shm on GPU workers: gradients copied down into the registered gradient segments,
+    new parameters copied up straight from the shards' registered segments (by default
+    during the next forward, without the copy into staging), or at the update, or as they
+    come back, or after backward: the same parameters as through the sockets, and no
+    segment left behind."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv("MINICAFFE_PS_SHM_DIR", str(shm))
+    source = write_hdf5(tmp_path, rows=32)
+    got, w = ps_run(procs, tmp_path, "shm", source, ["--ps-shm", *extra])
+    want, _ = ps_run(procs, tmp_path, "sock", source, extra)
+    assert_equal(got, want)
+    assert list(shm.iterdir()) == []
+    assert "computation/communication" in w[0].log()
+
+
 # --bucket-mb 0.00005 (52 bytes): one parameter per bucket, all-reduced in place; the
 # default (25 MiB): one bucket of the four, packed into the flat buffer.
 @needs_two

@@ -41,9 +41,9 @@ def test_buffers_are_neither_copied_on_send_nor_on_receive():
 def test_header_is_a_fixed_struct():
     h = P.pack_header(Op.PUSH, 5, 1, 0, 9, np.zeros((2, 3), np.float32))
     assert len(h) == P.HEADER.size == 104
-    magic, version, op, it, rank, shard, blob, code, ndim, *rest = P.HEADER.unpack(h)
-    assert (magic, version, op, it, rank, shard, blob, code, ndim) == (
-        b"MCPS", P.PROTOCOL_VERSION, Op.PUSH, 5, 1, 0, 9, P.DType.FLOAT32, 2)
+    magic, version, op, it, rank, shard, blob, code, ndim, flags, *rest = P.HEADER.unpack(h)
+    assert (magic, version, op, it, rank, shard, blob, code, ndim, flags) == (
+        b"MCPS", P.PROTOCOL_VERSION, Op.PUSH, 5, 1, 0, 9, P.DType.FLOAT32, 2, 0)
     assert rest[:3] == [2, 3, 0] and rest[-1] == 24
 
 

@@ -12,10 +12,10 @@ from ps.protocol import HEADER, MAGIC, PROTOCOL_VERSION, Op
 
 
 def header(op=Op.PUSH, iteration=0, rank=0, shard=0, blob=0, dtype=1, ndim=1, shape=(4,),
-           nbytes=16, magic=MAGIC, version=PROTOCOL_VERSION):
+           nbytes=16, magic=MAGIC, version=PROTOCOL_VERSION, flags=0):
     dims = list(shape) + [0] * (P.MAX_NDIM - len(shape))
-    return HEADER.pack(magic, version, int(op), iteration, rank, shard, blob, dtype, ndim, *dims,
-                       nbytes)
+    return HEADER.pack(magic, version, int(op), iteration, rank, shard, blob, dtype, ndim, flags,
+                       *dims, nbytes)
 
 
 BAD = [
@@ -31,6 +31,9 @@ BAD = [
     ([header(shape=(4096,), nbytes=16384), bytes(16384)], "exceeds the maximum of 8192 bytes"),
     ([header(), bytes(16), header(iteration=3), bytes(16)], "differs from the message's first"),
     ([header(rank=5), bytes(16)], "rank 5 out of range"),
+    ([header(flags=2), bytes(16)], "unknown flags 0x2"),
+    ([header(flags=P.FLAG_SHM), b""], "none is mapped for this peer"),
+    ([header(flags=P.FLAG_SHM), bytes(16)], "the frame must be empty"),
     ([header(shard=3), bytes(16)], "message for shard 3 reached shard 0"),
     ([header(), bytes(16)], "PUSH before every rank has joined"),
     ([header(op=Op.INIT, dtype=4, shape=(3,), nbytes=3, blob=-1), b"abc"],

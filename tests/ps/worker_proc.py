@@ -6,7 +6,7 @@ trains to max_iter, and saves the final parameters to an .npz (no pickle).
 
     worker_proc.py SOLVER ENDPOINTS RANK WORLD_SIZE OUT.npz TIMEOUT [--snapshot F]
                    [--curve-dir D] [--link-latency-ms L] [--link-gbps G] [--stats F]
-                   [--no-overlap] [--bucket-mb MB]
+                   [--no-overlap] [--bucket-mb MB] [--shm]
 """
 import argparse
 import os
@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--copy-up", default=None)
     ap.add_argument("--tail-mb", type=float, default=None)
+    ap.add_argument("--shm", action="store_true")
     ap.add_argument("--copy-delay", type=float, default=0.0,
                     help="copy-up forward: the copy thread sleeps this long per bucket")
     a = ap.parse_args()
@@ -58,7 +59,7 @@ def main():
                    timeout=a.timeout, curve_dir=a.curve_dir, link_latency_ms=a.link_latency_ms,
                    link_gbps=a.link_gbps, stats_path=a.stats, overlap=a.overlap,
                    bucket_mb=a.bucket_mb, copy_up=a.copy_up,
-                   tail_mb=a.tail_mb)
+                   tail_mb=a.tail_mb, shm=a.shm)
     worker = PSWorker(solver, cfg, data_hook=feed)
     if a.copy_delay:
         worker._copy.delay_s = a.copy_delay

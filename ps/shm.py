@@ -25,6 +25,8 @@ did after its forward had copied g's values of round t up (the copy is ordered b
 backward that made the push).
 
 Segments are files in ``$MINICAFFE_PS_SHM_DIR`` (default ``/dev/shm``) mapped with mmap;
+on a GPU that directory must be a tmpfs: CUDA registers tmpfs mappings, not mappings of
+files on a disk's file system (cudaErrorInvalidValue on an H200 host, 2026-11-22).
 names carry the creator's process id.  Each name is removed as soon as the peers have
 opened it (a worker's after the join, a shard's after its first round), so that a process
 killed later leaves nothing behind.  A peer on another host cannot open them: the join
@@ -148,7 +150,15 @@ class Segment:
         if self._registered is None:
             import cupy
             ptr = self._base.ctypes.data
-            cupy.cuda.runtime.hostRegister(ptr, self.nbytes, 0)
+            try:
+                cupy.cuda.runtime.hostRegister(ptr, self.nbytes, 0)
+            except cupy.cuda.runtime.CUDARuntimeError as e:
+                # seen on an H200 host (2026-11-22): tmpfs mappings register, mappings of
+                # files on a disk's file system fail with cudaErrorInvalidValue
+                raise RuntimeError(
+                    f"cannot register shared-memory segment {self.name} in {shm_dir()} with "
+                    f"CUDA ({e}): GPU workers need its directory on a tmpfs such as /dev/shm "
+                    f"(${ENV_DIR})") from None
             self._registered = ptr
 
     def close(self):

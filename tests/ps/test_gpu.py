@@ -10,8 +10,11 @@ two ranks NCCL's sum is one addition per element, whatever the buckets), and a
 stream that waits on the hook's event must read the final diffs even when a
 long kernel holds the compute stream back.
 """
+import shutil
 import socket
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,15 +158,33 @@ def test_ps_gpu_shared_memory_gives_the_parameters_of_the_sockets(procs, tmp_pat
     during the next forward, without the copy into staging), or at the update, or as they
     come back, or after backward: the same parameters as through the sockets, and no
     segment left behind."""
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setenv("MINICAFFE_PS_SHM_DIR", str(shm))
-    source = write_hdf5(tmp_path, rows=32)
-    got, w = ps_run(procs, tmp_path, "shm", source, ["--ps-shm", *extra])
-    want, _ = ps_run(procs, tmp_path, "sock", source, extra)
-    assert_equal(got, want)
-    assert list(shm.iterdir()) == []
-    assert "computation/communication" in w[0].log()
+    # CUDA registers tmpfs mappings only: a directory of this test's own under /dev/shm
+    shm = Path(tempfile.mkdtemp(prefix="mcps-test-", dir="/dev/shm"))
+    try:
+        monkeypatch.setenv("MINICAFFE_PS_SHM_DIR", str(shm))
+        source = write_hdf5(tmp_path, rows=32)
+        got, w = ps_run(procs, tmp_path, "shm", source, ["--ps-shm", *extra])
+        want, _ = ps_run(procs, tmp_path, "sock", source, extra)
+        assert_equal(got, want)
+        assert list(shm.iterdir()) == []
+        assert "computation/communication" in w[0].log()
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.mark.skipif(gpu_count() < 1, reason="needs a GPU")
+def test_a_segment_on_a_disk_file_system_is_refused_with_its_directory(tmp_path, monkeypatch):
+    from ps.shm import Segment
+    monkeypatch.setenv("MINICAFFE_PS_SHM_DIR", str(tmp_path))
+    seg = Segment.create("g0s0", [(1024,)], np.float32)
+    try:
+        with pytest.raises(RuntimeError) as e:
+            seg.register()
+    except pytest.fail.Exception:
+        pytest.skip(f"{tmp_path} is on a file system whose mappings CUDA registers (tmpfs?)")
+    finally:
+        seg.close()
+    assert "tmpfs such as /dev/shm" in str(e.value) and str(tmp_path) in str(e.value)
 
 
 # --bucket-mb 0.00005 (52 bytes): one parameter per bucket, all-reduced in place; the

@@ -66,6 +66,9 @@ def parse_args(argv=None):
                     help="create the CURVE keys in --curve-dir when missing")
     ap.add_argument("--link-gbps", type=float, default=None, help="emulated link bandwidth")
     ap.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated link latency")
+    ap.add_argument("--shm", action="store_true",
+                    help="one node, --comm ps: the workers' --ps-shm (gradients and parameters "
+                         "through shared memory in /dev/shm, the sockets carry the headers)")
     ap.add_argument("--resume", default=None,
                     help="snapshot iteration to resume every process from, or 'auto' (latest "
                          "iteration with a snapshot of every shard and local rank)")
@@ -200,6 +203,12 @@ def main(argv=None) -> int:
         print(f"made CURVE keys in {args.curve_dir}")
     if args.comm == "nccl" and (args.link_gbps or args.link_latency_ms):
         raise SystemExit("link emulation (--link-*) applies to --comm ps only")
+    if args.shm and (args.comm != "ps" or args.nodes > 1):
+        raise SystemExit("--shm is for --comm ps on one node (shared memory does not cross "
+                         "hosts)")
+    if args.shm and (args.link_gbps or args.link_latency_ms):
+        raise SystemExit("--shm moves the values through shared memory, which link emulation "
+                         "cannot delay: drop --link-*")
     local_ranks = list(range(L))
     resume_servers, resume_workers = [], []
     it = None
@@ -265,7 +274,8 @@ def main(argv=None) -> int:
         for r, (flag, dev) in enumerate(workers):
             cmd = [args.python, "-m", "minicaffe", "train", "--solver", solver, "--ps", ps_arg,
                    "--rank", str(r), "--world-size", str(world), "--comm", args.comm,
-                   flag, *([str(dev)] if dev is not None else []), *common, *curve, *link]
+                   flag, *([str(dev)] if dev is not None else []), *common, *curve, *link,
+                   *(["--ps-shm"] if args.shm else [])]
             if resume_workers:
                 cmd += ["--snapshot", resume_workers[r]]
             if args.dry_run:

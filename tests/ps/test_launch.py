@@ -61,3 +61,29 @@ def test_launch_prints_the_other_nodes_commands(tmp_path):
     assert "--ps tcp://node0:7000,tcp://node0:7001" in out
     r = launch("--solver", solver, "--cpu-workers", "2", "--nodes", "2", "--dry-run")
     assert r.returncode != 0 and "loopback" in r.stderr
+
+
+def test_launch_with_shared_memory_trains_as_through_the_sockets(tmp_path):
+    """--shm: the local workers run --ps-shm; the same parameters as without it."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    e = env()
+    e["MINICAFFE_PS_SHM_DIR"] = str(shm)
+    got, solvers = {}, {}
+    for name, extra in (("plain", []), ("shm", ["--shm"])):
+        solver = solvers[name] = write_solver(tmp_path, name, DUMMY_NET, k=4, max_iter=6)
+        cmd = [sys.executable, str(ROOT / "scripts" / "launch_ps.py"), "--solver", solver,
+               "--shards", "2", "--cpu-workers", "2", "--timeout", "10",
+               "--log-dir", str(tmp_path / f"{name}_logs"), *extra]
+        r = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        got[name] = caffemodel_params(tmp_path / "snap" / f"{name}_iter_6.caffemodel")
+    assert "shared memory: parameters in" in (tmp_path / "shm_logs" / "shard0.log").read_text()
+    assert "shared memory" not in (tmp_path / "plain_logs" / "shard0.log").read_text()
+    for layer in got["plain"]:
+        for a, b in zip(got["plain"][layer], got["shm"][layer]):
+            np.testing.assert_array_equal(a, b)
+    assert list(shm.iterdir()) == []
+    r = launch("--solver", solvers["plain"], "--cpu-workers", "2",
+               "--nodes", "2", "--bind", "0.0.0.0", "--shm", "--dry-run")
+    assert r.returncode != 0 and "one node" in r.stderr

@@ -168,21 +168,34 @@ def _wait_for(proc, text, timeout=20):
 
 
 def long_run(procs, tmp_path, name, extra=()):
-    """2 shards, 2 workers, a run far longer than the test (slowed by link latency)."""
+    """2 shards, 2 workers, a run far longer than the test (slowed by link latency, except
+    through shared memory, which link emulation cannot delay)."""
     solver = write_solver(tmp_path, name, INPUT_NET, k=4, max_iter=1_000_000)
     servers = [procs.server(s, 2, timeout=TIMEOUT, name=f"{name}_shard{s}") for s in range(2)]
     eps = [p.endpoint for p in servers]
+    slow = [] if "--shm" in extra else ["--link-latency-ms", "2"]
     workers = [procs.worker_api(f"{name}_w{r}", solver, eps, r, 2, tmp_path / f"{r}.npz", TIMEOUT,
-                                extra=["--link-latency-ms", "2", *extra]) for r in range(2)]
+                                extra=[*slow, *extra]) for r in range(2)]
     for w in workers:
         _wait_for(w, "joined 2 shard(s)")
     time.sleep(0.3)   # a few rounds
     return servers, workers
 
 
-# with overlap (the default: pushes leave during backward) and without
-@pytest.mark.parametrize("extra", [[], ["--no-overlap"]])
-def test_a_dead_worker_fails_the_round_everywhere_naming_it(procs, tmp_path, extra):
+def _shm_dir(extra, tmp_path, monkeypatch):
+    """With --shm: a segment directory of the test's own (to check that nothing is left)."""
+    if "--shm" not in extra:
+        return None
+    d = tmp_path / "shm"
+    d.mkdir()
+    monkeypatch.setenv("MINICAFFE_PS_SHM_DIR", str(d))
+    return d
+
+
+# with overlap (the default: pushes leave during backward) and without; through shared memory
+@pytest.mark.parametrize("extra", [[], ["--no-overlap"], ["--shm"]])
+def test_a_dead_worker_fails_the_round_everywhere_naming_it(procs, tmp_path, monkeypatch, extra):
+    shm = _shm_dir(extra, tmp_path, monkeypatch)
     servers, workers = long_run(procs, tmp_path, "killw", extra)
     t0 = time.monotonic()
     workers[1].popen.kill()
@@ -198,10 +211,13 @@ def test_a_dead_worker_fails_the_round_everywhere_naming_it(procs, tmp_path, ext
     for p in servers:
         assert named.search(p.log()), p.log()
     assert "rank(s) 1" in workers[0].log() and "worker error" in workers[0].log()
+    if shm is not None:      # the names went after the join and the first round
+        assert list(shm.iterdir()) == []
 
 
-@pytest.mark.parametrize("extra", [[], ["--no-overlap"]])
-def test_a_dead_server_is_named_by_every_worker(procs, tmp_path, extra):
+@pytest.mark.parametrize("extra", [[], ["--no-overlap"], ["--shm"]])
+def test_a_dead_server_is_named_by_every_worker(procs, tmp_path, monkeypatch, extra):
+    shm = _shm_dir(extra, tmp_path, monkeypatch)
     servers, workers = long_run(procs, tmp_path, "kills", extra)
     t0 = time.monotonic()
     servers[1].popen.kill()
@@ -212,6 +228,8 @@ def test_a_dead_server_is_named_by_every_worker(procs, tmp_path, extra):
     for w in workers:
         assert f"shard 1 ({servers[1].endpoint})" in w.log(), w.log()
     assert "aborted" in servers[0].log() and "shard 1" in servers[0].log()
+    if shm is not None:
+        assert list(shm.iterdir()) == []
 
 
 def test_a_server_that_never_starts_is_named(procs, tmp_path):

@@ -165,7 +165,8 @@ def _fill_ps_parser(ps):
                    help="number of workers W (each round waits for all)")
     s.add_argument("--bind", default="tcp://127.0.0.1:*",
                    help="endpoint to bind (default loopback, free port); tcp://0.0.0.0:5555 for "
-                        "a real network (then use --curve-dir)")
+                        "a real network (then use --curve-dir); ipc:///path for Unix-domain "
+                        "sockets on one host")
     s.add_argument("--timeout", type=_positive(float), default=120.0,
                    help="seconds a join or round waits for the slowest worker")
     s.add_argument("--snapshot", default=None,

@@ -932,7 +932,9 @@ def write_md(path, rows, args, notes):
               "slowest peer; with overlap on, only what backward did not hide); "
               "both medians over every rank and timed iteration (ps/worker.py, --ps-stats). "
               "Link emulation delays each worker-shard link on its own; it does not model a "
-              "network card shared by several links (docs/PS.md)."]
+              "network card shared by several links (docs/PS.md). link ipc: ZeroMQ ipc:// "
+              "sockets; link shm: the workers' --ps-shm, values through shared memory (MB "
+              "pushed then counts the headers only)."]
     paper = any(r["net"] == net for net, _ in PAPER_8GPU for r in rows)
     most = max(int(r["world_size"]) for r in rows)
     lines += ["", "Paper (Table 2, 8 servers with one GPU each, speedup over one): ResNet-101 "

@@ -475,7 +475,10 @@ class ShardServer:
                 self._grad_segs[r] = Segment.attach(joined[r].segment, shapes, dtype)
             except (OSError, ValueError) as e:
                 raise RoundFailed(f"rank {r}: {e}") from None
-        self._params_seg = Segment.create(f"p{self.config.shard}", shapes, dtype)
+        try:
+            self._params_seg = Segment.create(f"p{self.config.shard}", shapes, dtype)
+        except OSError as e:     # no room in the directory: every worker hears why
+            raise RoundFailed(str(e)) from None
         self._log(f"shared memory: parameters in {self._params_seg.path}, gradients of "
                   f"{len(named)} rank(s) mapped ({self._params_seg.nbytes:,} bytes each)")
         return self._params_seg.arrays

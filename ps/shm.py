@@ -105,6 +105,14 @@ class Segment:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, nbytes)
+            # reserve the pages now: a tmpfs that runs out of room later kills the process
+            # that touches the missing page (SIGBUS) instead of raising
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as e:
+                raise OSError(e.errno, f"shared-memory segment {path}: no room for {nbytes:,} "
+                                       f"bytes in {d} ({e.strerror}); free some, or point "
+                                       f"${ENV_DIR} at a larger tmpfs") from None
             mm = mmap.mmap(fd, nbytes)
         except BaseException:
             os.close(fd)

@@ -61,6 +61,21 @@ def test_attach_checks_the_name_and_the_size(shm_dir):
     assert list(shm_dir.iterdir()) == []
 
 
+def test_a_full_segment_directory_is_an_error_not_a_crash(shm_dir, monkeypatch):
+    """The pages are reserved at creation (posix_fallocate): a tmpfs without room raises,
+    naming the directory, and leaves no file behind (touching a missing page later would
+    kill the process with SIGBUS)."""
+    import errno
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError, match=f"no room for 4,096 bytes in {shm_dir}"):
+        Segment.create("p0", [(1024,)], np.float32)
+    assert list(shm_dir.iterdir()) == []
+
+
 def test_flag_shm_frames_carry_headers_only(shm_dir):
     ws = WorkerSegments(0, [[0, 2], [1]], [(2, 3), (4,), (5,)], np.float32)
     g = ws.grad(2)

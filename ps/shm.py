@@ -55,6 +55,12 @@ def shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
 
 
+def available() -> bool:
+    """Whether a tmpfs for segments is at hand: ``$MINICAFFE_PS_SHM_DIR`` set, or
+    ``/dev/shm`` (the fallback, /tmp, is for CPU workers only)."""
+    return bool(os.environ.get(ENV_DIR, "").strip()) or os.path.isdir("/dev/shm")
+
+
 def layout(shapes, dtype) -> tuple:
     """(byte offset of each blob, total bytes) of a segment holding ``shapes`` of ``dtype``
     in this order, each blob aligned to :data:`ALIGN` bytes."""

@@ -16,6 +16,9 @@ other nodes need too (``server.key`` and a client pair, not the server's
 secret).  Output lines are prefixed with the process (``[shard0]``,
 ``[rank1]``) and copied to ``--log-dir``.
 
+On one node the workers move gradients and parameters through shared memory
+(``--ps-shm``, ps/shm.py; ``--no-shm`` sends every value through the sockets).
+
 When any process fails, the others fail by themselves within the timeout
 (naming the culprit); the launcher waits for that, then ends stragglers.
 Its exit status is the first failure's, or 0.
@@ -66,9 +69,13 @@ def parse_args(argv=None):
                     help="create the CURVE keys in --curve-dir when missing")
     ap.add_argument("--link-gbps", type=float, default=None, help="emulated link bandwidth")
     ap.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated link latency")
-    ap.add_argument("--shm", action="store_true",
-                    help="one node, --comm ps: the workers' --ps-shm (gradients and parameters "
-                         "through shared memory in /dev/shm, the sockets carry the headers)")
+    shm = ap.add_mutually_exclusive_group()
+    shm.add_argument("--shm", dest="shm", action="store_const", const=True, default=None,
+                     help="the workers' --ps-shm: gradients and parameters through shared "
+                          "memory in /dev/shm, the sockets carry the headers (the default for "
+                          "--comm ps on one node without link emulation)")
+    shm.add_argument("--no-shm", dest="shm", action="store_const", const=False,
+                     help="every value through the sockets")
     ap.add_argument("--resume", default=None,
                     help="snapshot iteration to resume every process from, or 'auto' (latest "
                          "iteration with a snapshot of every shard and local rank)")
@@ -209,6 +216,13 @@ def main(argv=None) -> int:
     if args.shm and (args.link_gbps or args.link_latency_ms):
         raise SystemExit("--shm moves the values through shared memory, which link emulation "
                          "cannot delay: drop --link-*")
+    if args.shm is None:   # one host's workers and shards: the faster data path (ps/shm.py)
+        from ps.shm import available
+        args.shm = (args.comm == "ps" and args.nodes == 1 and not args.link_gbps
+                    and not args.link_latency_ms and available())
+    if args.shm:
+        print("gradients and parameters go through shared memory (--ps-shm; --no-shm for the "
+              "sockets)")
     local_ranks = list(range(L))
     resume_servers, resume_workers = [], []
     it = None

@@ -64,13 +64,14 @@ def test_launch_prints_the_other_nodes_commands(tmp_path):
 
 
 def test_launch_with_shared_memory_trains_as_through_the_sockets(tmp_path):
-    """--shm: the local workers run --ps-shm; the same parameters as without it."""
+    """One node: the local workers run --ps-shm unless --no-shm; the same parameters both
+    ways."""
     shm = tmp_path / "shm"
     shm.mkdir()
     e = env()
     e["MINICAFFE_PS_SHM_DIR"] = str(shm)
     got, solvers = {}, {}
-    for name, extra in (("plain", []), ("shm", ["--shm"])):
+    for name, extra in (("plain", ["--no-shm"]), ("shm", [])):
         solver = solvers[name] = write_solver(tmp_path, name, DUMMY_NET, k=4, max_iter=6)
         cmd = [sys.executable, str(ROOT / "scripts" / "launch_ps.py"), "--solver", solver,
                "--shards", "2", "--cpu-workers", "2", "--timeout", "10",
@@ -78,6 +79,7 @@ def test_launch_with_shared_memory_trains_as_through_the_sockets(tmp_path):
         r = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         got[name] = caffemodel_params(tmp_path / "snap" / f"{name}_iter_6.caffemodel")
+        assert ("through shared memory (--ps-shm" in r.stdout) == (name == "shm")
     assert "shared memory: parameters in" in (tmp_path / "shm_logs" / "shard0.log").read_text()
     assert "shared memory" not in (tmp_path / "plain_logs" / "shard0.log").read_text()
     for layer in got["plain"]:
@@ -87,3 +89,14 @@ def test_launch_with_shared_memory_trains_as_through_the_sockets(tmp_path):
     r = launch("--solver", solvers["plain"], "--cpu-workers", "2",
                "--nodes", "2", "--bind", "0.0.0.0", "--shm", "--dry-run")
     assert r.returncode != 0 and "one node" in r.stderr
+    # the default: on one node without link emulation only
+    dry = ["--solver", solvers["plain"], "--cpu-workers", "2", "--dry-run"]
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_ps.py"), *dry], cwd=ROOT,
+                       env=e, capture_output=True, text=True, timeout=60)
+    workers = [ln for ln in r.stdout.splitlines() if "minicaffe train" in ln]
+    assert r.returncode == 0 and len(workers) == 2, r.stdout + r.stderr
+    assert all(ln.endswith(" --ps-shm") for ln in workers), r.stdout
+    for other in (["--link-latency-ms", "1"], ["--nodes", "2", "--bind", "0.0.0.0"]):
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_ps.py"), *dry, *other],
+                           cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "--ps-shm" not in r.stdout, r.stdout + r.stderr

@@ -499,7 +499,8 @@ def resolve_path(path, source_dir=None, what: str = "file", where: str = "") -> 
         alt = os.path.join(source_dir, path)
         if os.path.exists(alt):
             return alt
-        tried.append(os.path.abspath(alt))
+        if os.path.abspath(alt) not in tried:
+            tried.append(os.path.abspath(alt))
     prefix = f"{where}: " if where else ""
     raise FileNotFoundError(f"{prefix}{what} {path!r} not found (looked at {', '.join(tried)})")
 

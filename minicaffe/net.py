@@ -280,11 +280,16 @@ class Net:
             # Layers whose top count is free (e.g. data layers) see the tops given.
             try:
                 layer.setup(bottoms, tops)
-            except (ValueError, IndexError, TypeError) as e:
+            except (ValueError, IndexError, TypeError, FileNotFoundError) as e:
                 shapes = ", ".join(f"{n} {b.shape}" for n, b in zip(bnames, bottoms))
-                raise ValueError(
-                    f"{where}layer {lp.name!r} (type {lp.type}, bottoms: {shapes or 'none'}): {e}"
-                ) from e
+                text = str(e)
+                own = f"layer {lp.name!r} ({lp.type}): "    # the layer named itself already
+                if text.startswith(own):
+                    text = text[len(own):]
+                cls = FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError
+                raise cls(
+                    f"{where}layer {lp.name!r} (type {lp.type}, bottoms: {shapes or 'none'}): "
+                    f"{text}") from e
             # parameters: ParamSpec lr_mult decides param_propagate_down
             specs = []
             for pi in range(len(layer.blobs)):

@@ -441,8 +441,9 @@ class DataLayer(PrefetchingDataLayer):
             raise ValueError(f"{where}: data_param.batch_size must be positive")
         if dp.backend != LMDB:
             raise ValueError(
-                f"{where}: LEVELDB not supported, convert to LMDB (Caffe's data_param.backend "
-                "defaults to LEVELDB: set `backend: LMDB`)")
+                f"{where}: data source {dp.source!r} is read as LEVELDB (data_param.backend, "
+                "whose default in Caffe is LEVELDB), which minicaffe does not read: convert it "
+                "to LMDB (convert_imageset -backend lmdb), or set `backend: LMDB` if it is one")
         legacy = [f for f in ("scale", "mean_file", "crop_size", "mirror") if dp.HasField(f)]
         if legacy:
             warnings.warn(f"{where}: data_param.{', '.join(legacy)} are deprecated and ignored "

@@ -232,7 +232,8 @@ def test_data_source_errors(db, tmp_path):
                        match=r"layer 'data' \(Data\): data source .*nowhere_lmdb"):
         layer.setup([], tops(2))
     text = data_text(path).replace("backend: LMDB", "")
-    with pytest.raises(ValueError, match="LEVELDB not supported, convert to LMDB"):
+    with pytest.raises(ValueError, match=r"data source '.*' is read as LEVELDB .* convert it "
+                                         r"to LMDB"):
         make_layer(text).setup([], tops(2))
     with pytest.raises(ValueError, match="batch_size must be positive"):
         make_layer(data_text(path, batch=0)).setup([], tops(2))
@@ -525,3 +526,24 @@ def test_data_prefetch_thread_does_not_hold_up_exit(db):
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0"
+
+
+def test_a_nets_data_source_errors_name_the_layer_once(db, tmp_path):
+    """Built in a net, a missing source stays a FileNotFoundError and gains the net's prefix
+    (the layer and its type, once), and each place looked at is listed once."""
+    from minicaffe import caffe_pb2
+    from minicaffe.net import Net
+    from minicaffe.proto import parse_text
+    path, _ = db
+    text = data_text("nowhere_lmdb")
+    param = parse_text(f"name: 'n' layer {{ {text} }}", caffe_pb2.NetParameter)
+    with pytest.raises(FileNotFoundError) as info:
+        Net(param, "TRAIN")
+    msg = str(info.value)
+    assert msg.count("layer 'data'") == 1 and "(type Data, bottoms: none)" in msg
+    assert msg.count("nowhere_lmdb") == 2          # the name, and one place looked at
+    leveldb = parse_text(f"name: 'n' layer {{ {data_text(path).replace('backend: LMDB', '')} }}",
+                         caffe_pb2.NetParameter)
+    with pytest.raises(ValueError) as info:
+        Net(leveldb, "TRAIN")
+    assert str(info.value).count("layer 'data'") == 1 and "LEVELDB" in str(info.value)

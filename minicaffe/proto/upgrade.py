@@ -3,9 +3,15 @@
 Caffe reads old files by rewriting them into the current schema right after parsing, and minicaffe
 does the same, in Caffe's order:
 
-1. V0 nets (``layers { layer { ... } }``, 2013) are refused with a pointer to Caffe's converter:
-   no published model still needs them and the padding-layer folding they require is easy to get
-   subtly wrong.
+1. V0 nets (``layers { layer { ... } }``, 2013) become V1 nets (UpgradeV0Net): a ``padding``
+   layer is folded into the convolution or pooling that reads it (its ``pad``, and its bottom
+   instead of its top), the lowercase type names become the V1 enum (``conv`` CONVOLUTION,
+   ``innerproduct`` INNER_PRODUCT, ``images`` IMAGE_DATA, ...), and each flat V0 field goes to
+   its type's parameter message (``kernelsize`` to ``kernel_size``, ``batchsize`` to
+   ``batch_size``, ``det_fg_threshold`` to ``window_data_param.fg_threshold``, ``scale``,
+   ``meanfile``, ``cropsize``, ``mirror`` to ``transform_param``).  A field that does not
+   belong to its layer's type is dropped with a warning, as Caffe logs it and goes on; an
+   unknown type is an error, as in Caffe.
 2. Data-layer transformation fields of V1 layers (``scale``, ``mean_file``, ``crop_size``,
    ``mirror`` in ``data_param``/``image_data_param``/``window_data_param``) move into
    ``transform_param``.
@@ -168,8 +174,7 @@ def upgrade_v1_layer(v1_layer, index=0):
     """Convert one V1LayerParameter into a LayerParameter (UpgradeV1LayerParameter)."""
     label = f'layers {index} ("{v1_layer.name}")' if v1_layer.name else f"layers {index}"
     if v1_layer.HasField("layer"):
-        raise ValueError(f"{label} holds a V0 layer definition; upgrade the file with Caffe's "
-                         f"upgrade_net_proto_text first")
+        raise ValueError(f"{label} holds a V0 layer definition (upgrade_net upgrades it first)")
     layer = caffe_pb2.LayerParameter()
     layer.bottom.extend(v1_layer.bottom)
     layer.top.extend(v1_layer.top)
@@ -262,18 +267,161 @@ def _upgrade_batch_norm(net):
                 spec.decay_mult = 0.0
 
 
+# V0LayerParameter.type string -> V1LayerParameter.LayerType name (UpgradeV0LayerType)
+V0_LAYER_TYPES = {
+    "accuracy": "ACCURACY", "bnll": "BNLL", "concat": "CONCAT", "conv": "CONVOLUTION",
+    "data": "DATA", "dropout": "DROPOUT", "euclidean_loss": "EUCLIDEAN_LOSS",
+    "flatten": "FLATTEN", "hdf5_data": "HDF5_DATA", "hdf5_output": "HDF5_OUTPUT",
+    "im2col": "IM2COL", "images": "IMAGE_DATA", "infogain_loss": "INFOGAIN_LOSS",
+    "innerproduct": "INNER_PRODUCT", "lrn": "LRN",
+    "multinomial_logistic_loss": "MULTINOMIAL_LOGISTIC_LOSS", "pool": "POOLING", "relu": "RELU",
+    "sigmoid": "SIGMOID", "softmax": "SOFTMAX", "softmax_loss": "SOFTMAX_LOSS", "split": "SPLIT",
+    "tanh": "TANH", "window_data": "WINDOW_DATA",
+}
+
+# V0 field -> {V0 type: (V1 parameter message, its field)}; a repeated target field (conv's
+# pad, kernel_size, stride) takes the one value.  UpgradeV0LayerParameter, field by field.
+_CONV, _IP, _POOL = "convolution_param", "inner_product_param", "pooling_param"
+_DATA, _HDF5, _IMAGES, _WINDOW = ("data_param", "hdf5_data_param", "image_data_param",
+                                  "window_data_param")
+_V0_FIELDS = {
+    "num_output": {"conv": (_CONV, "num_output"), "innerproduct": (_IP, "num_output")},
+    "biasterm": {"conv": (_CONV, "bias_term"), "innerproduct": (_IP, "bias_term")},
+    "weight_filler": {"conv": (_CONV, "weight_filler"), "innerproduct": (_IP, "weight_filler")},
+    "bias_filler": {"conv": (_CONV, "bias_filler"), "innerproduct": (_IP, "bias_filler")},
+    "pad": {"conv": (_CONV, "pad"), "pool": (_POOL, "pad")},
+    "kernelsize": {"conv": (_CONV, "kernel_size"), "pool": (_POOL, "kernel_size")},
+    "group": {"conv": (_CONV, "group")},
+    "stride": {"conv": (_CONV, "stride"), "pool": (_POOL, "stride")},
+    # V0's PoolMethod and PoolingParameter's have the same numbers (MAX 0, AVE 1, STOCHASTIC 2)
+    "pool": {"pool": (_POOL, "pool")},
+    "dropout_ratio": {"dropout": ("dropout_param", "dropout_ratio")},
+    "local_size": {"lrn": ("lrn_param", "local_size")},
+    "alpha": {"lrn": ("lrn_param", "alpha")},
+    "beta": {"lrn": ("lrn_param", "beta")},
+    "k": {"lrn": ("lrn_param", "k")},
+    "source": {"data": (_DATA, "source"), "hdf5_data": (_HDF5, "source"),
+               "images": (_IMAGES, "source"), "window_data": (_WINDOW, "source"),
+               "infogain_loss": ("infogain_loss_param", "source")},
+    "batchsize": {"data": (_DATA, "batch_size"), "hdf5_data": (_HDF5, "batch_size"),
+                  "images": (_IMAGES, "batch_size"), "window_data": (_WINDOW, "batch_size")},
+    "rand_skip": {"data": (_DATA, "rand_skip"), "images": (_IMAGES, "rand_skip")},
+    "shuffle_images": {"images": (_IMAGES, "shuffle")},
+    "new_height": {"images": (_IMAGES, "new_height")},
+    "new_width": {"images": (_IMAGES, "new_width")},
+    "concat_dim": {"concat": ("concat_param", "concat_dim")},
+    "det_fg_threshold": {"window_data": (_WINDOW, "fg_threshold")},
+    "det_bg_threshold": {"window_data": (_WINDOW, "bg_threshold")},
+    "det_fg_fraction": {"window_data": (_WINDOW, "fg_fraction")},
+    "det_context_pad": {"window_data": (_WINDOW, "context_pad")},
+    "det_crop_mode": {"window_data": (_WINDOW, "crop_mode")},
+    "hdf5_output_param": {"hdf5_output": ("hdf5_output_param", None)},
+}
+# whatever the type (Caffe's transform fields of every V0 layer)
+_V0_TRANSFORM = {"scale": "scale", "meanfile": "mean_file", "cropsize": "crop_size",
+                 "mirror": "mirror"}
+
+
+def _set(message, field, value):
+    """``message.field = value`` for scalars, append for repeated, CopyFrom for messages."""
+    current = getattr(message, field)
+    if hasattr(current, "CopyFrom"):       # a message
+        current.CopyFrom(value)
+    elif hasattr(current, "append"):       # a repeated scalar (conv's pad, kernel_size, stride)
+        current.append(value)
+    else:
+        setattr(message, field, value)
+
+
+def _fold_v0_padding(net):
+    """V0 ``padding`` layers, folded into the convolution or pooling that reads them
+    (UpgradeV0PaddingLayers): the reader takes the padding layer's ``pad`` and its bottom."""
+    last_top = {name: None for name in net.input}      # blob -> the V0 layer that wrote it last
+    kept = []
+    for i, conn in enumerate(net.layers):
+        v0 = conn.layer
+        label = f'layers {i} ("{v0.name}")' if v0.name else f"layers {i}"
+        out = caffe_pb2.V1LayerParameter()
+        out.CopyFrom(conn)
+        for j, name in enumerate(conn.bottom):
+            if name not in last_top:
+                raise ValueError(f"{label}: unknown bottom blob {name!r}")
+            src = last_top[name]
+            if src is None or src.layer.type != "padding":
+                continue
+            if v0.type not in ("conv", "pool"):
+                raise ValueError(f"{label}: a padding layer feeds a {v0.type!r} layer; only "
+                                 "conv and pool layers take padding")
+            if len(conn.bottom) != 1 or len(src.bottom) != 1 or len(src.top) != 1:
+                raise ValueError(f"{label}: a padded layer, and its padding layer, take one "
+                                 "bottom and give one top")
+            out.layer.pad = src.layer.pad
+            out.bottom[j] = src.bottom[0]
+        if v0.type != "padding":
+            kept.append(out)
+        for name in conn.top:
+            last_top[name] = conn
+    return kept
+
+
+def upgrade_v0_layer(conn, index=0):
+    """One V0 layer connection as a V1LayerParameter (UpgradeV0LayerParameter)."""
+    v0 = conn.layer
+    label = f'layers {index} ("{v0.name}")' if v0.name else f"layers {index}"
+    v1 = caffe_pb2.V1LayerParameter()
+    v1.bottom.extend(conn.bottom)
+    v1.top.extend(conn.top)
+    if not conn.HasField("layer"):
+        return v1
+    if v0.HasField("name"):
+        v1.name = v0.name
+    t = v0.type
+    if v0.HasField("type"):
+        if t not in V0_LAYER_TYPES:
+            raise ValueError(f"{label} has unknown V0 layer type {t!r}; known: "
+                             f"{', '.join(sorted(V0_LAYER_TYPES))}")
+        v1.type = caffe_pb2.V1LayerParameter.LayerType.Value(V0_LAYER_TYPES[t])
+    v1.blobs.extend(v0.blobs)
+    v1.blobs_lr.extend(v0.blobs_lr)
+    v1.weight_decay.extend(v0.weight_decay)
+    for field, targets in _V0_FIELDS.items():
+        if not v0.HasField(field):
+            continue
+        if t not in targets:
+            logger.warning("%s: V0 field %s does not apply to a %r layer; dropped (as Caffe "
+                           "drops it)", label, field, t)
+            continue
+        msg_name, target = targets[t]
+        value = getattr(v0, field)
+        if target is None:
+            getattr(v1, msg_name).CopyFrom(value)
+        else:
+            _set(getattr(v1, msg_name), target, value)
+    for field, target in _V0_TRANSFORM.items():
+        if v0.HasField(field):
+            setattr(v1.transform_param, target, getattr(v0, field))
+    return v1
+
+
+def _upgrade_v0_net(net):
+    """V0 ``layers`` become V1 ``layers`` (in place; UpgradeV0Net)."""
+    upgraded = [upgrade_v0_layer(conn, i) for i, conn in enumerate(_fold_v0_padding(net))]
+    net.ClearField("layers")
+    net.layers.extend(upgraded)
+
+
 def upgrade_net(net_param):
     """Return an upgraded copy of ``net_param`` in the current format (UpgradeNetAsNeeded).
 
-    Raises ValueError for V0 nets, for nets that mix ``layer`` and ``layers``, for unknown V1 layer
-    types and for inconsistent legacy input declarations.
+    Raises ValueError for nets that mix ``layer`` and ``layers``, for unknown V0 or V1 layer
+    types, for padding layers Caffe cannot fold and for inconsistent legacy input declarations.
     """
     net = caffe_pb2.NetParameter()
     net.CopyFrom(net_param)
     if net_needs_v0_upgrade(net):
-        raise ValueError("the net uses the V0 layer format (layers { layer { ... } }), which "
-                         "minicaffe does not upgrade; convert it with Caffe's "
-                         "upgrade_net_proto_text first")
+        logger.warning("upgrading a net in the deprecated V0 format (layers { layer { ... } }); "
+                       "Caffe's upgrade_net_proto_text writes the current one")
+        _upgrade_v0_net(net)
     if net_needs_data_upgrade(net):
         logger.info("upgrading deprecated data transformation fields into transform_param")
         _upgrade_data_transformation(net)

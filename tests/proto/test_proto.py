@@ -400,11 +400,90 @@ def test_layer_and_layers_together_is_an_error(tmp_path):
         read_net_param(path)
 
 
-def test_v0_net_is_refused():
-    net = parse_text('layers { layer { name: "c" type: "conv" num_output: 3 } }',
-                     caffe_pb2.NetParameter)
-    with pytest.raises(ValueError, match="V0"):
-        upgrade_net(net)
+# A V0 net of 2013 in the style of Caffe's imagenet deploy file: a padding layer before conv2,
+# flat per-layer fields, lowercase types.
+V0_NET = textwrap.dedent("""\
+    name: "v0net"
+    input: "data"
+    input_dim: 2 input_dim: 3 input_dim: 12 input_dim: 12
+    layers { layer { name: "conv1" type: "conv" num_output: 4 kernelsize: 3 stride: 1 group: 1
+                     biasterm: true weight_filler { type: "gaussian" std: 0.1 }
+                     bias_filler { type: "constant" value: 0.2 } blobs_lr: 1 blobs_lr: 2
+                     weight_decay: 1 weight_decay: 0 }
+             bottom: "data" top: "conv1" }
+    layers { layer { name: "relu1" type: "relu" } bottom: "conv1" top: "conv1" }
+    layers { layer { name: "pool1" type: "pool" pool: MAX kernelsize: 2 stride: 2 }
+             bottom: "conv1" top: "pool1" }
+    layers { layer { name: "norm1" type: "lrn" local_size: 3 alpha: 0.001 beta: 0.75 }
+             bottom: "pool1" top: "norm1" }
+    layers { layer { name: "pad2" type: "padding" pad: 1 } bottom: "norm1" top: "pad2" }
+    layers { layer { name: "conv2" type: "conv" num_output: 6 kernelsize: 3 group: 2 }
+             bottom: "pad2" top: "conv2" }
+    layers { layer { name: "fc" type: "innerproduct" num_output: 5 local_size: 7 }
+             bottom: "conv2" top: "fc" }
+    layers { layer { name: "drop" type: "dropout" dropout_ratio: 0.3 } bottom: "fc" top: "fc" }
+    layers { layer { name: "prob" type: "softmax" } bottom: "fc" top: "prob" }
+    """)
+
+
+def test_v0_net_is_upgraded_as_caffe_does(caplog):
+    """UpgradeV0Net: the padding layer is folded into conv2 (its pad, its bottom), types and flat
+    fields move to the current names, blobs_lr/weight_decay become ParamSpecs, a field that
+    does not belong to its type (local_size on an inner product) is dropped with a warning."""
+    from minicaffe import Net
+    net = upgrade_net(parse_text(V0_NET, caffe_pb2.NetParameter))
+    assert [lp.type for lp in net.layer] == ["Input", "Convolution", "ReLU", "Pooling", "LRN",
+                                           "Convolution", "InnerProduct", "Dropout", "Softmax"]
+    by = {lp.name: lp for lp in net.layer}
+    assert "pad2" not in by and list(by["conv2"].bottom) == ["norm1"]
+    c1, c2 = by["conv1"].convolution_param, by["conv2"].convolution_param
+    assert (c1.num_output, list(c1.kernel_size), list(c1.stride), c1.group, c1.bias_term) == (
+        4, [3], [1], 1, True)
+    assert c1.weight_filler.std == pytest.approx(0.1) and c1.bias_filler.value == pytest.approx(0.2)
+    assert [(p.lr_mult, p.decay_mult) for p in by["conv1"].param] == [(1, 1), (2, 0)]
+    assert (list(c2.pad), c2.group, c2.num_output) == ([1], 2, 6)
+    pp = by["pool1"].pooling_param
+    assert (pp.pool, pp.kernel_size, pp.stride) == (caffe_pb2.PoolingParameter.MAX, 2, 2)
+    lrn = by["norm1"].lrn_param
+    assert (lrn.local_size, lrn.alpha, lrn.beta) == (3, pytest.approx(0.001), 0.75)
+    assert by["drop"].dropout_param.dropout_ratio == pytest.approx(0.3)
+    assert by["fc"].inner_product_param.num_output == 5
+    assert "V0 field local_size does not apply to a 'innerproduct' layer" in caplog.text
+    out = Net(net, "TEST").forward()
+    assert out["prob"].shape == (2, 5)           # 12 -> conv 10 -> pool 5 -> pad 7 -> conv 5
+
+
+def test_v0_data_layers_take_their_fields_and_transformation():
+    net = upgrade_net(parse_text(textwrap.dedent("""\
+        layers { layer { name: "d" type: "data" source: "train_lmdb" batchsize: 8 cropsize: 5
+                         mirror: true scale: 0.5 meanfile: "mean.binaryproto" rand_skip: 3 }
+                 top: "data" top: "label" }
+        layers { layer { name: "w" type: "window_data" source: "w.txt" batchsize: 4
+                         det_fg_threshold: 0.6 det_context_pad: 16 det_crop_mode: "square" }
+                 top: "wdata" top: "wlabel" }
+        """), caffe_pb2.NetParameter))
+    d, w = net.layer
+    assert d.type == "Data" and w.type == "WindowData"
+    assert (d.data_param.source, d.data_param.batch_size, d.data_param.rand_skip) == (
+        "train_lmdb", 8, 3)
+    t = d.transform_param
+    assert (t.crop_size, t.mirror, t.scale, t.mean_file) == (5, True, 0.5, "mean.binaryproto")
+    wp = w.window_data_param
+    assert (wp.fg_threshold, wp.context_pad, wp.crop_mode) == (
+        pytest.approx(0.6), 16, "square")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('layers { layer { name: "x" type: "nonsense" } top: "x" }', "unknown V0 layer type 'nonsense'"),
+    ('input: "data" layers { layer { name: "p" type: "padding" pad: 1 } bottom: "data" top: "p" }'
+     ' layers { layer { name: "r" type: "relu" } bottom: "p" top: "r" }',
+     "a padding layer feeds a 'relu' layer"),
+    ('layers { layer { name: "c" type: "conv" } bottom: "nowhere" top: "c" }',
+     "unknown bottom blob 'nowhere'"),
+])
+def test_v0_nets_caffe_cannot_upgrade_are_refused(text, message):
+    with pytest.raises(ValueError, match=message):
+        upgrade_net(parse_text(text, caffe_pb2.NetParameter))
 
 
 def test_legacy_input_dim_becomes_input_layer():
@@ -510,3 +589,28 @@ def test_bad_binary_names_the_file(tmp_path):
     text.write_text(NEW_STYLE_NET)
     with pytest.raises(BinaryProtoError, match="looks like a text prototxt"):
         read_binary(text, caffe_pb2.NetParameter)
+
+
+def test_v0_caffemodel_weights_load_by_layer_name(tmp_path):
+    """A binary V0 model (blobs inside each V0 layer) is upgraded as it is read, as Caffe's
+    CopyTrainedLayersFrom does, and its blobs land in the layers of the same name."""
+    import numpy as np
+    from minicaffe import Net
+    v0 = parse_text(V0_NET, caffe_pb2.NetParameter)
+    net = Net(upgrade_net(v0), "TEST")
+    rng = np.random.default_rng(0)
+    want = {}
+    for conn in v0.layers:
+        for blob in net.params.get(conn.layer.name, []):
+            values = rng.standard_normal(blob.shape).astype(np.float32)
+            b = conn.layer.blobs.add()
+            b.shape.dim.extend(blob.shape)
+            b.data.extend(values.ravel().tolist())
+            want.setdefault(conn.layer.name, []).append(values)
+    path = tmp_path / "v0.caffemodel"
+    path.write_bytes(v0.SerializeToString())
+    net.copy_from(str(path))
+    assert sorted(want) == ["conv1", "conv2", "fc"]
+    for name, arrays in want.items():
+        for blob, values in zip(net.params[name], arrays):
+            np.testing.assert_array_equal(np.asarray(blob.data), values)

@@ -459,6 +459,190 @@ class LMDBWriter:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+# ------------------------------------------------------------------ LevelDB
+def require_plyvel():
+    """The plyvel module (LevelDB), or an ImportError that says how to install it."""
+    try:
+        import plyvel
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("LevelDB support needs the plyvel package: pip install "
+                          "'minicaffe[leveldb]'") from e
+    return plyvel
+
+
+class LevelDBCursor:
+    """A cursor over a LevelDB (Caffe's ``LevelDBCursor``: an iterator from the first key, in
+    the database's bytewise key order), with :class:`LMDBCursor`'s interface."""
+
+    def __init__(self, db, path: str = ""):
+        self.path = path
+        self._db = db
+        self._it = None
+        self._item = None
+        self.wraps = 0
+        self.seek_to_first()
+
+    def seek_to_first(self):
+        if self._it is not None:
+            self._it.close()
+        self._it = self._db.iterator()
+        self.next()
+
+    def next(self):
+        self._item = next(self._it, None)
+
+    @property
+    def valid(self) -> bool:
+        return self._item is not None
+
+    def key(self) -> bytes:
+        self._check()
+        return self._item[0]
+
+    def value(self) -> bytes:
+        self._check()
+        return self._item[1]
+
+    def _check(self):
+        if self._item is None:
+            raise ValueError(f"LevelDB {self.path}: cursor is past the last record (or the "
+                             "database is empty)")
+
+    def advance_wrapping(self):
+        """Step to the next record, restarting from the first after the last."""
+        self.next()
+        if self._item is None:
+            self.seek_to_first()
+            self.wraps += 1
+
+    def close(self):
+        if self._it is not None:
+            self._it.close()
+            self._it = None
+            self._item = None
+
+
+_READ_LEVELDBS: dict = {}  # realpath of the database folder -> _SharedEnv of a plyvel.DB
+
+
+def _acquire_leveldb(path) -> _SharedEnv:
+    """The handle of the LevelDB ``path`` shared in this process (one more user): LevelDB locks
+    a database to one handle per process, so two Data layers (a TRAIN and a TEST net) on one
+    database share it."""
+    plyvel = require_plyvel()
+    key = _env_key(path)
+    with _ENV_LOCK:
+        shared = _READ_LEVELDBS.get(key)
+        if shared is None:
+            try:
+                db = plyvel.DB(key, create_if_missing=False)
+            except plyvel.Error as e:
+                raise ValueError(f"{path} is not a LevelDB database ({e})") from None
+            shared = _READ_LEVELDBS[key] = _SharedEnv(db, key, None)
+        shared.refs += 1
+        return shared
+
+
+def _release_leveldb(shared: _SharedEnv):
+    with _ENV_LOCK:
+        shared.refs -= 1
+        if shared.refs <= 0:
+            if _READ_LEVELDBS.get(shared.key) is shared:
+                del _READ_LEVELDBS[shared.key]
+            shared.env.close()
+
+
+class LevelDBReader:
+    """A LevelDB database opened for reading (Caffe's ``db::LevelDB`` with ``READ``), with
+    :class:`LMDBReader`'s interface.  ``len()`` counts the records once (LevelDB keeps no
+    count)."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._shared = _acquire_leveldb(self.path)
+        self._db = self._shared.env
+        self._cursors: list[LevelDBCursor] = []
+        self._len = None
+
+    def __len__(self) -> int:
+        if self._len is None:
+            self._len = sum(1 for _ in self._db.iterator(include_value=False))
+        return self._len
+
+    def cursor(self) -> LevelDBCursor:
+        if self._db is None:
+            raise ValueError(f"LevelDB {self.path} is closed")
+        c = LevelDBCursor(self._db, self.path)
+        self._cursors.append(c)
+        return c
+
+    def items(self):
+        """Every (key, value) pair in key order."""
+        yield from self._db.iterator()
+
+    def close(self):
+        if self._db is None:
+            return
+        for c in self._cursors:
+            c.close()
+        self._cursors.clear()
+        self._db = None
+        shared, self._shared = self._shared, None
+        _release_leveldb(shared)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LevelDBWriter:
+    """Create a new LevelDB database (Caffe's ``db::LevelDB`` with ``NEW``: it must not exist;
+    Caffe's options: 64 KiB blocks, a 256 MiB write buffer).  ``put`` buffers, ``commit``
+    writes one batch, as :class:`LMDBWriter`."""
+
+    def __init__(self, path):
+        plyvel = require_plyvel()
+        self.path = os.fspath(path)
+        if os.path.exists(self.path):
+            raise FileExistsError(f"{self.path}: already exists (Caffe refuses to overwrite a "
+                                  "database; remove it first)")
+        self._db = plyvel.DB(self.path, create_if_missing=True, error_if_exists=True,
+                             block_size=65536, write_buffer_size=268435456)
+        self._pending: list[tuple[bytes, bytes]] = []
+        self.count = 0
+
+    def put(self, key, value):
+        self._pending.append((LMDBWriter._bytes(key), LMDBWriter._bytes(value)))
+
+    def commit(self):
+        if not self._pending:
+            return
+        with self._db.write_batch() as batch:
+            for k, v in self._pending:
+                batch.put(k, v)
+        self.count += len(self._pending)
+        self._pending.clear()
+
+    def close(self):
+        if self._db is not None:
+            self.commit()
+            self._db.close()
+            self._db = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+            return
+        self._pending.clear()
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
 def read_lmdb_arrays(path, limit: int | None = None):
     """All Datums of an LMDB as ``(images (N, C, H, W), labels (N,) int64, keys)``.
 

@@ -7,7 +7,8 @@ host in NumPy and copied to the net's array module once per forward
 * ``Input``: tops the caller fills (pycaffe's ``net.blobs['data'].data[...]``).
 * ``DummyData``: tops from fillers; constant fillers fill once, at setup, and
   every other filler refills on every forward (Caffe's ``refill_``).
-* ``Data``: Datum records of an LMDB, read in key order and wrapping around at
+* ``Data``: Datum records of an LMDB or a LevelDB (``data_param.backend``, LEVELDB by
+  default as in Caffe; LevelDB through plyvel), read in key order and wrapping around at
   the end, transformed by :class:`~minicaffe.transform.DataTransformer`, with a
   background thread keeping ``data_param.prefetch`` batches ready (Caffe's
   ``BasePrefetchingDataLayer``).
@@ -28,7 +29,7 @@ import weakref
 import numpy as np
 
 from ..fillers import fill
-from ..io import LMDBReader, datum_to_array, parse_datum, resolve_path
+from ..io import LevelDBReader, LMDBReader, datum_to_array, parse_datum, resolve_path
 from ..layer import Layer, register_layer
 from ..proto import caffe_pb2
 from ..rng import host_rng
@@ -439,11 +440,6 @@ class DataLayer(PrefetchingDataLayer):
         where = self.where
         if dp.batch_size <= 0:
             raise ValueError(f"{where}: data_param.batch_size must be positive")
-        if dp.backend != LMDB:
-            raise ValueError(
-                f"{where}: data source {dp.source!r} is read as LEVELDB (data_param.backend, "
-                "whose default in Caffe is LEVELDB), which minicaffe does not read: convert it "
-                "to LMDB (convert_imageset -backend lmdb), or set `backend: LMDB` if it is one")
         legacy = [f for f in ("scale", "mean_file", "crop_size", "mirror") if dp.HasField(f)]
         if legacy:
             warnings.warn(f"{where}: data_param.{', '.join(legacy)} are deprecated and ignored "
@@ -457,7 +453,15 @@ class DataLayer(PrefetchingDataLayer):
                                            source_dir=source_dir, where=where)
 
         self._closed = False
-        self._reader = reader = LMDBReader(self.source)
+        if dp.backend == LMDB:
+            reader = LMDBReader(self.source)
+        else:      # LEVELDB, Caffe's default backend
+            try:
+                reader = LevelDBReader(self.source)
+            except ValueError as e:
+                raise ValueError(f"{where}: data_param.backend is LEVELDB (Caffe's default), "
+                                 f"but {e}: if it is an LMDB, set `backend: LMDB`") from None
+        self._reader = reader
         try:
             if len(reader) == 0:
                 raise ValueError(f"{where}: the database {self.source} holds no records")

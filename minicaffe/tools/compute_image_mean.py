@@ -17,14 +17,16 @@ import sys
 
 import numpy as np
 
-from ..io import LMDBReader, datum_to_array, parse_datum, save_mean_file
+from ..io import LevelDBReader, LMDBReader, datum_to_array, parse_datum, save_mean_file
 
 
-def compute_image_mean(db_path, output=None, verbose: bool = True) -> np.ndarray:
-    """The mean ``(1, C, H, W)`` float32 image of the LMDB; written to ``output`` if given."""
+def compute_image_mean(db_path, output=None, verbose: bool = True,
+                       backend: str = "lmdb") -> np.ndarray:
+    """The mean ``(1, C, H, W)`` float32 image of the LMDB (or LevelDB); written to ``output``
+    if given."""
     total = None
     count = 0
-    with LMDBReader(db_path) as db:
+    with (LevelDBReader if backend == "leveldb" else LMDBReader)(db_path) as db:
         for key, value in db.items():
             image = datum_to_array(parse_datum(value))
             if total is None:
@@ -58,12 +60,10 @@ def main(argv=None):
     ap.add_argument("db", metavar="INPUT_DB")
     ap.add_argument("output", metavar="OUTPUT_FILE", nargs="?", default=None)
     ap.add_argument("--backend", default="lmdb", choices=["lmdb", "leveldb"],
-                    help="only lmdb is supported")
+                    help="the database to read (LevelDB through plyvel)")
     args = ap.parse_args(argv)
-    if args.backend != "lmdb":
-        ap.error("LEVELDB not supported, convert to LMDB")
     try:
-        compute_image_mean(args.db, args.output)
+        compute_image_mean(args.db, args.output, backend=args.backend)
     except (OSError, ValueError, ImportError) as e:
         print(f"compute_image_mean: {e}", file=sys.stderr)
         return 1

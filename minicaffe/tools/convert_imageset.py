@@ -31,7 +31,8 @@ import warnings
 
 import numpy as np
 
-from ..io import LMDBWriter, array_to_datum, pil_to_array, require_pillow, resize_inter_linear
+from ..io import (LevelDBWriter, LMDBWriter, array_to_datum, pil_to_array, require_pillow,
+                  resize_inter_linear)
 
 COMMIT_EVERY = 1000
 
@@ -84,8 +85,9 @@ def load_image(path, is_color: bool = True, resize_height: int = 0, resize_width
 
 def convert_imageset(root, listfile, db_path, gray: bool = False, shuffle: bool = False,
                      resize_height: int = 0, resize_width: int = 0, check_size: bool = False,
-                     seed: int | None = None, verbose: bool = True) -> int:
-    """Write the images of ``listfile`` under ``root`` to a new LMDB; return the record count."""
+                     seed: int | None = None, verbose: bool = True, backend: str = "lmdb") -> int:
+    """Write the images of ``listfile`` under ``root`` to a new LMDB (or LevelDB); return the
+    record count."""
     lines = read_list(listfile)
     if not lines:
         raise ValueError(f"{listfile}: no images listed")
@@ -101,7 +103,7 @@ def convert_imageset(root, listfile, db_path, gray: bool = False, shuffle: bool 
     if verbose:
         print(f"A total of {len(lines)} images.", file=sys.stderr)
     first_size = None
-    with LMDBWriter(db_path) as db:
+    with (LevelDBWriter if backend == "leveldb" else LMDBWriter)(db_path) as db:
         count = 0
         for line_id, (rel, label) in enumerate(lines):
             full = os.path.join(root, rel)
@@ -147,14 +149,12 @@ def main(argv=None):
     ap.add_argument("--check_size", action="store_true",
                     help="check that all the images have the same size")
     ap.add_argument("--backend", default="lmdb", choices=["lmdb", "leveldb"],
-                    help="only lmdb is supported")
+                    help="the database to write (LevelDB through plyvel)")
     args = ap.parse_args(argv)
-    if args.backend != "lmdb":
-        ap.error("LEVELDB not supported, convert to LMDB")
     try:
         convert_imageset(args.root, args.listfile, args.db, gray=args.gray, shuffle=args.shuffle,
                          resize_height=args.resize_height, resize_width=args.resize_width,
-                         check_size=args.check_size, seed=args.seed)
+                         check_size=args.check_size, seed=args.seed, backend=args.backend)
     except (OSError, ValueError, ImportError) as e:
         print(f"convert_imageset: {e}", file=sys.stderr)
         return 1

@@ -228,3 +228,21 @@ def test_digits_train_a_data_layer(tmp_path):
     layer.close()
     assert tops[0].shape == (100, 1, 8, 8) and tops[1].shape == (100,)
     assert np.abs(tops[0].data).max() <= 1.0
+
+
+def test_convert_and_mean_with_the_leveldb_backend(imageset, tmp_path, capsys):
+    """-backend leveldb (Caffe's tools write and read it too): the same records in the same
+    order as the LMDB, and the same mean."""
+    pytest.importorskip("plyvel")
+    root, listfile, _, _ = imageset
+    for backend in ("lmdb", "leveldb"):
+        assert convert_main([str(root), str(listfile), str(tmp_path / backend), "--seed", "1",
+                             "--shuffle", "--backend", backend]) == 0
+        assert mean_main([str(tmp_path / backend), str(tmp_path / f"{backend}.binaryproto"),
+                          "--backend", backend]) == 0
+    with mio.LMDBReader(tmp_path / "lmdb") as a, mio.LevelDBReader(tmp_path / "leveldb") as b:
+        assert list(a.items()) == list(b.items())
+    np.testing.assert_array_equal(mio.load_mean_file(tmp_path / "lmdb.binaryproto"),
+                                  mio.load_mean_file(tmp_path / "leveldb.binaryproto"))
+    assert mean_main([str(tmp_path / "lmdb"), "--backend", "leveldb"]) == 1
+    assert "is not a LevelDB database" in capsys.readouterr().err

@@ -14,7 +14,8 @@ from .blob import Blob
 from .layer import Layer, register_layer, known_layer_types
 from .net import TEST, TRAIN, Net
 from .proto import caffe_pb2
-from .solver import SGDSolver, Solver, get_solver
+from .solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver, RMSPropSolver,
+                     SGDSolver, Solver, get_solver)
 from .rng import set_random_seed
 from . import layers  # registers every layer; also pycaffe's `layers as L` NetSpec factory
 from . import io  # pycaffe's caffe.io: Transformer, load_image, resize_image, oversample
@@ -23,7 +24,8 @@ from .classifier import Classifier
 
 __version__ = "0.1.0"
 
-__all__ = ["Net", "Blob", "Layer", "Solver", "SGDSolver", "get_solver", "TRAIN", "TEST",
+__all__ = ["Net", "Blob", "Layer", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
+           "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "TRAIN", "TEST",
            "Classifier", "io", "caffe_pb2", "set_mode_cpu", "set_mode_gpu", "set_device",
            "gpu_available", "register_layer", "known_layer_types", "set_random_seed", "layers",
            "params", "NetSpec"]
@@ -36,3 +38,26 @@ def __getattr__(name):
         from . import netspec
         return getattr(netspec, "P" if name == "params" else name)
     raise AttributeError(name)
+
+
+def _answer_to_caffe():
+    """Scripts and Python layers written for pycaffe say ``import caffe`` and ``from
+    caffe.proto import caffe_pb2``.  Once minicaffe is imported, and where no real Caffe is
+    installed, those names reach minicaffe (a real ``caffe`` package always wins)."""
+    import importlib.util
+    import sys
+    if "caffe" in sys.modules:
+        return
+    try:
+        if importlib.util.find_spec("caffe") is not None:
+            return
+    except (ImportError, ValueError):
+        return
+    from . import proto
+    sys.modules["caffe"] = sys.modules[__name__]
+    sys.modules["caffe.proto"] = proto
+    sys.modules["caffe.proto.caffe_pb2"] = caffe_pb2
+    sys.modules["caffe.io"] = io
+
+
+_answer_to_caffe()

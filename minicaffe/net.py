@@ -562,7 +562,9 @@ class Net:
         s = len(self.layers) - 1 if start is None else self.layer_index(start)
         e = 0 if end is None else self.layer_index(end)
         self.backward_from_to(s, e)
-        names = set(self.inputs) | set(diffs or [])
+        # pycaffe's _Net_backward: the diffs of the inputs, or of the bottoms of `end`
+        first = self.inputs if end is None else self.layer_bottom_names[e]
+        names = set(first) | set(diffs or [])
         return {n: self.blobs[n].diff for n in names}
 
     # ------------------------------------------- pycaffe's batched passes
@@ -773,6 +775,21 @@ class Net:
         return self
 
     copy_trained_layers_from = copy_from
+
+    def set_input_arrays(self, data, labels):
+        """pycaffe's ``net.set_input_arrays``: hand ``data`` (n, C, H, W) and ``labels`` (n,)
+        to the MemoryData layer that must be the net's first (``MemoryDataLayer.reset``;
+        minicaffe copies them, pycaffe keeps pointing at the caller's arrays)."""
+        first = self.layers[0] if self.layers else None
+        if first is None or first.type != "MemoryData":
+            raise RuntimeError("set_input_arrays may only be called if the first layer is a "
+                               f"MemoryData layer (net {self.name!r}: its first layer is "
+                               f"{first.type if first is not None else 'missing'})")
+        first.reset(data, labels)
+
+    def share_with(self, other: "Net"):
+        """pycaffe's ``net.share_with`` (Caffe's ShareTrainedLayersWith)."""
+        self.share_trained_layers_with(other)
 
     def share_trained_layers_with(self, other: "Net"):
         """Share parameter data with ``other`` by layer name (test nets share

@@ -99,6 +99,10 @@ class Solver:
             (see the module doc); None follows ``$MINICAFFE_CUDA_GRAPH``.
     """
 
+    # the update rule a subclass imposes (pycaffe's SGDSolver, AdamSolver ...); None: the
+    # file's ``type``
+    update_type: str | None = None
+
     def __init__(self, param, mode=None, device_id=None, net_param=None, dtype=np.float32,
                  verbose=True, cuda_graph=None):
         self.source_dir = None
@@ -109,6 +113,8 @@ class Solver:
         else:
             self.source = None
         self.param = upgrade_solver(param)
+        if self.update_type is not None:     # pycaffe's typed classes: the class decides
+            self.param.type = self.update_type
         self.verbose = verbose
         self.type = self.param.type or "SGD"
         if self.type not in UPDATE_RULES:
@@ -677,4 +683,28 @@ def get_solver(path_or_param, **kwargs) -> Solver:
     return Solver(path_or_param, **kwargs)
 
 
-SGDSolver = Solver
+class SGDSolver(Solver):
+    """pycaffe's ``caffe.SGDSolver``: SGD whatever the file's ``type`` says (as each of
+    pycaffe's solver classes is one C++ solver class); ``get_solver`` follows the file."""
+
+    update_type = "SGD"
+
+
+class NesterovSolver(Solver):
+    update_type = "Nesterov"
+
+
+class AdaGradSolver(Solver):
+    update_type = "AdaGrad"
+
+
+class RMSPropSolver(Solver):
+    update_type = "RMSProp"
+
+
+class AdaDeltaSolver(Solver):
+    update_type = "AdaDelta"
+
+
+class AdamSolver(Solver):
+    update_type = "Adam"

@@ -190,3 +190,23 @@ class EuclideanLossLayer(caffe.Layer):
             if propagate_down[i]:
                 bottom[i].diff[...] = (sign * weight / bottom[i].num * self.diff).reshape(
                     bottom[i].shape)
+
+
+class RoidbLayer(caffe.Layer):
+    """A data layer fed from outside by a method of its own, as py-faster-rcnn's RoIDataLayer
+    is (``solver.net.layers[0].set_roidb(roidb)``)."""
+
+    def setup(self, bottom, top):
+        self.rows = [0.0]         # until the caller sets them
+
+    def set_rows(self, rows):
+        self.rows = rows
+
+    def reshape(self, bottom, top):
+        top[0].reshape(len(self.rows), 1)
+
+    def forward(self, bottom, top):
+        top[0].data[:, 0] = self.rows
+
+    def backward(self, top, propagate_down, bottom):
+        pass

@@ -119,10 +119,19 @@ class PythonLayer(Layer):
     """Caffe's ``PythonLayer``: runs the ``python_param.layer`` class of
     ``python_param.module`` (see the module doc).
 
-    ``user_layer`` is the user's instance: what pycaffe's ``net.layers[i]`` returns for a
-    Python layer, so ``net.layers[i].user_layer.anything`` reaches its attributes.
+    ``user_layer`` is the user's instance, what pycaffe's ``net.layers[i]`` returns for a
+    Python layer: any attribute this wrapper does not have is the user's, so
+    ``solver.net.layers[0].set_roidb(roidb)`` (py-faster-rcnn's pattern) works as in pycaffe.
     ``blobs`` is the user's ``self.blobs`` (one list).
     """
+
+    def __getattr__(self, name):
+        # only reached for attributes the wrapper lacks; before __init__ has set user_layer
+        # there is nothing to delegate to
+        user = self.__dict__.get("user_layer")
+        if user is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(user, name)
 
     type = "Python"
     # Any number of bottoms and tops (Caffe's PythonLayer constrains neither).

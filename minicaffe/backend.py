@@ -18,7 +18,8 @@ except Exception:  # pragma: no cover - CuPy absent in CI
 CPU = "CPU"
 GPU = "GPU"
 
-_default = {"mode": CPU, "device": 0}
+# "explicit": set_mode_cpu/gpu was called, so pycaffe's solvers follow it, not solver_mode
+_default = {"mode": CPU, "device": 0, "explicit": False}
 
 
 def gpu_available() -> bool:
@@ -76,13 +77,21 @@ def to_numpy(a):
 
 
 def set_mode_cpu():
-    """Default mode for nets and solvers built afterwards (pycaffe habit)."""
+    """Default mode for nets and solvers built afterwards (pycaffe habit): as in pycaffe, a
+    solver then runs in this mode whatever its file's ``solver_mode`` says."""
     _default["mode"] = CPU
+    _default["explicit"] = True
 
 
 def set_mode_gpu():
     cupy_module()
     _default["mode"] = GPU
+    _default["explicit"] = True
+
+
+def explicit_mode() -> str | None:
+    """The mode set_mode_cpu/set_mode_gpu chose, or None where neither was called."""
+    return _default["mode"] if _default["explicit"] else None
 
 
 def set_device(device_id: int):

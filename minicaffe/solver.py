@@ -28,7 +28,8 @@ from collections import deque
 
 import numpy as np
 
-from .backend import gpu_available, normalize_mode, set_device, to_numpy, GPU, CPU
+from .backend import (explicit_mode, gpu_available, normalize_mode, set_device, to_numpy, GPU,
+                      CPU)
 from .kernels import cuda_fused
 from .log import log
 from .net import TEST, TRAIN, Net
@@ -92,8 +93,10 @@ class Solver:
 
     Args:
         param: a SolverParameter or the path of a solver prototxt.
-        mode: "CPU"/"GPU" to override ``solver_mode``; None follows the file
-            (falling back to CPU with a warning when no GPU is present).
+        mode: "CPU"/"GPU" to override ``solver_mode``; None: the mode of
+            ``caffe.set_mode_cpu/gpu`` where one was called (pycaffe, whose solvers never
+            read ``solver_mode``), else the file's (falling back to CPU with a warning
+            when no GPU is present).
         net_param: overrides the train net (used by ``minicaffe train NET``).
         cuda_graph: run each iteration as one CUDA graph where it can be captured
             (see the module doc); None follows ``$MINICAFFE_CUDA_GRAPH``.
@@ -145,6 +148,9 @@ class Solver:
     def _choose_mode(self, mode):
         if mode is not None:
             return normalize_mode(mode)
+        chosen = explicit_mode()
+        if chosen is not None:   # pycaffe: Caffe::mode decides; solver_mode is the tool's
+            return chosen
         wanted = GPU if self.param.solver_mode == caffe_pb2.SolverParameter.GPU else CPU
         if wanted == GPU and not gpu_available():
             log("solver_mode is GPU but no CUDA device is visible: running on CPU")

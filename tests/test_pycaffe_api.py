@@ -103,3 +103,20 @@ def test_import_caffe_reaches_minicaffe_where_no_caffe_is_installed():
             "assert P.Pooling.MAX == 0 and L.Convolution\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_set_mode_decides_the_solvers_mode_as_in_pycaffe(monkeypatch):
+    """pycaffe's solvers never read solver_mode: Caffe::mode (set_mode_cpu/gpu) decides.
+    Where neither was called, minicaffe follows the file."""
+    from minicaffe import backend, solver as solver_mod
+
+    class Stub:
+        param = caffe_pb2.SolverParameter(solver_mode=caffe_pb2.SolverParameter.GPU)
+
+    monkeypatch.setattr(solver_mod, "gpu_available", lambda: True)
+    monkeypatch.setitem(backend._default, "explicit", False)
+    assert solver_mod.Solver._choose_mode(Stub(), None) == "GPU"
+    monkeypatch.setitem(backend._default, "mode", "CPU")
+    caffe.set_mode_cpu()
+    assert solver_mod.Solver._choose_mode(Stub(), None) == "CPU"
+    assert solver_mod.Solver._choose_mode(Stub(), "GPU") == "GPU"     # an explicit argument

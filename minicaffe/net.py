@@ -33,6 +33,23 @@ TEST = caffe_pb2.TEST
 ENV_FUSE_BN_SCALE = "MINICAFFE_FUSE_BN_SCALE"
 
 
+def _is_hdf5(path) -> bool:
+    """Whether ``path`` is an HDF5 file, as Caffe's H5Fis_hdf5 (h5py's check, which also
+    finds the signature after a user block; without h5py, the signature at the start)."""
+    try:
+        import h5py
+        return bool(h5py.is_hdf5(os.fspath(path)))
+    except ImportError:
+        pass
+    except OSError:
+        return False
+    try:
+        with open(os.fspath(path), "rb") as f:
+            return f.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
+
+
 def fusion_default() -> bool:
     """Whether new nets pair BatchNorm and Scale layers for the fused GPU path
     (``$MINICAFFE_FUSE_BN_SCALE``, default on; 0/false/off/no turns it off)."""
@@ -746,12 +763,76 @@ class Net:
         """Write a binary ``.caffemodel`` atomically."""
         write_binary(self.to_proto(write_diff), path)
 
+    def save_hdf5(self, path: str, write_diff: bool = False):
+        """Write the parameters as Caffe's ``Net::ToHDF5`` does (``.caffemodel.h5``, pycaffe's
+        ``net.save_hdf5``), atomically: group ``data`` (and ``diff``) holds a group per layer
+        with parameters, and in it dataset ``"j"`` for its param j, shaped as the blob;
+        params shared from another layer are written by their owner only."""
+        import h5py
+        path = os.fspath(path)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with h5py.File(tmp, "w") as f:
+                groups = [f.create_group("data")] + ([f.create_group("diff")] if write_diff
+                                                     else [])
+                for flat, (li, pi) in enumerate(self.param_layer_index):
+                    if self.param_owner[flat] != -1:
+                        continue
+                    blob = self.layers[li].blobs[pi]
+                    for g, which in zip(groups, ("data", "diff")):
+                        layer_group = g.require_group(self.layer_names[li])
+                        layer_group.create_dataset(str(pi), data=to_numpy(getattr(blob, which)))
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def copy_from_hdf5(self, path: str):
+        """Caffe's ``CopyTrainedLayersFromHDF5`` (pycaffe's ``net.load_hdf5``): for each layer
+        of this net with a group under ``data``, its datasets ``"0"``, ``"1"``, ... into its
+        params; a missing dataset is allowed only for a param shared from another layer."""
+        import h5py
+        where = f"{os.fspath(path)}: "
+        flat_of = {lp: flat for flat, lp in enumerate(self.param_layer_index)}
+        with h5py.File(os.fspath(path), "r") as f:
+            if "data" not in f:
+                raise ValueError(f"{where}no 'data' group: not a Caffe HDF5 model")
+            data = f["data"]
+            for li, name in enumerate(self.layer_names):
+                if name not in data:
+                    continue
+                group, target = data[name], self.layers[li].blobs
+                if len(group) > len(target):
+                    raise ValueError(f"{where}incompatible number of blobs for layer {name!r}: "
+                                     f"source has {len(group)}, target {len(target)}")
+                for pi, blob in enumerate(target):
+                    if str(pi) not in group:
+                        if self.param_owner[flat_of[(li, pi)]] != -1:
+                            continue         # shared: its owner's dataset fills it
+                        raise ValueError(f"{where}incompatible number of blobs for layer "
+                                         f"{name!r}: no dataset {pi}")
+                    values = group[str(pi)][...]
+                    if tuple(values.shape) != tuple(blob.shape):
+                        raise ValueError(
+                            f"{where}cannot copy param {pi} weights from layer {name!r}: shape "
+                            f"{tuple(values.shape)} in the file, {tuple(blob.shape)} in the "
+                            "net; to learn this layer's parameters from scratch rather than "
+                            "copying from a saved net, rename the layer")
+                    blob.data[...] = self.xp.asarray(values, dtype=self.dtype)
+        return self
+
+    load_hdf5 = copy_from_hdf5
+
     def copy_from(self, weights):
         """Copy parameters by layer name from a ``.caffemodel`` path or NetParameter
-        (Caffe's CopyTrainedLayersFrom); shape mismatches name the layer."""
+        (Caffe's CopyTrainedLayersFrom, which reads an HDF5 file, ``.caffemodel.h5``, as
+        such); shape mismatches name the layer."""
         where = ""
         if isinstance(weights, (str, os.PathLike)):
             where = f"{os.fspath(weights)}: "
+            if _is_hdf5(weights):
+                return self.copy_from_hdf5(weights)
             weights = read_binary(os.fspath(weights), caffe_pb2.NetParameter)
         src = upgrade_net(weights)
         index = {n: i for i, n in enumerate(self.layer_names)}

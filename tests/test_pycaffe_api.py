@@ -120,3 +120,46 @@ def test_set_mode_decides_the_solvers_mode_as_in_pycaffe(monkeypatch):
     caffe.set_mode_cpu()
     assert solver_mod.Solver._choose_mode(Stub(), None) == "CPU"
     assert solver_mod.Solver._choose_mode(Stub(), "GPU") == "GPU"     # an explicit argument
+
+
+SHARED = TINY.replace('name: "ip2" type: "InnerProduct" bottom: "r" top: "out"',
+                      'name: "ip2" type: "InnerProduct" bottom: "r" top: "out" '
+                      'param { name: "w2" }') + (
+    'layer { name: "ip3" type: "InnerProduct" bottom: "r" top: "out3" param { name: "w2" } '
+    'inner_product_param { num_output: 2 } }')
+
+
+def test_hdf5_weights_as_caffes_to_hdf5_and_back(tmp_path):
+    """net.save_hdf5 writes Caffe's layout (data/<layer>/<j>, shared params by their owner
+    only); copy_from (pycaffe's Net(..., weights)) recognises an HDF5 file and loads it."""
+    import h5py
+    a = net(SHARED)
+    a.params["ip1"][0].data[...] = np.arange(12, dtype=np.float32).reshape(4, 3)
+    path = tmp_path / "w.caffemodel.h5"
+    a.save_hdf5(str(path), write_diff=True)
+    with h5py.File(path, "r") as f:
+        assert sorted(f) == ["data", "diff"]
+        assert sorted(f["data"]) == ["ip1", "ip2", "ip3"]
+        assert sorted(f["data/ip1"]) == ["0", "1"] and f["data/ip1/0"].shape == (4, 3)
+        assert sorted(f["data/ip3"]) == ["1"]        # its weights are ip2's
+    b = net(SHARED)
+    b.copy_from(str(path))
+    for name in ("ip1", "ip2", "ip3"):
+        for x, y in zip(a.params[name], b.params[name]):
+            np.testing.assert_array_equal(x.data, y.data)
+    c = caffe.Net(parse_text(SHARED, caffe_pb2.NetParameter), caffe.TEST)
+    c.load_hdf5(str(path))
+    np.testing.assert_array_equal(c.params["ip3"][0].data, a.params["ip2"][0].data)
+
+
+def test_hdf5_weights_that_do_not_fit_name_the_layer(tmp_path):
+    import h5py
+    path = tmp_path / "bad.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data/ip1/0", data=np.zeros((5, 3), np.float32))
+    with pytest.raises(ValueError, match=r"layer 'ip1': shape \(5, 3\) in the file, \(4, 3\)"):
+        net().copy_from(str(path))
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data/ip1/1", data=np.zeros((4,), np.float32))
+    with pytest.raises(ValueError, match="layer 'ip1': no dataset 0"):
+        net().copy_from(str(path))

@@ -868,12 +868,14 @@ def _pil_to_float(img) -> np.ndarray:
 
 def load_image(filename, color=True) -> np.ndarray:
     """pycaffe's ``caffe.io.load_image``: an image file as float32 in [0, 1],
-    (H, W, 3) RGB, or (H, W, 1) when the file is grey and ``color`` is False.
+    (H, W, 3) RGB, or (H, W, 1) grey when ``color`` is False.
 
     As pycaffe: a grey file is tiled to 3 channels when ``color``; an alpha
-    channel is dropped (not composited); ``color=False`` does not turn a
-    colour file grey (it stays (H, W, 3)).  Note the RGB order: Caffe's
-    ImageNet models want BGR (``Transformer.set_channel_swap(in_, (2, 1, 0))``).
+    channel is dropped (not composited); ``color=False`` reads a colour file grey,
+    as pycaffe's ``skimage.io.imread(filename, as_grey=True)`` did with the skimage
+    Caffe was written against (``rgb2gray``: 0.2125 R + 0.7154 G + 0.0721 B of the
+    first three channels; newer skimage dropped ``as_grey``).  Note the RGB order:
+    Caffe's ImageNet models want BGR (``Transformer.set_channel_swap(in_, (2, 1, 0))``).
 
     Decoded with Pillow instead of skimage/imageio; differences: a grey file
     with alpha (``LA``) becomes grey (imageio gives 2 channels, which pycaffe
@@ -884,6 +886,8 @@ def load_image(filename, color=True) -> np.ndarray:
     with Image.open(filename) as img:
         img.load()
         arr = _pil_to_float(img)
+    if not color and arr.ndim == 3:
+        arr = arr[:, :, :3] @ np.array([0.2125, 0.7154, 0.0721])    # skimage's rgb2gray
     if arr.ndim == 2:
         arr = arr[:, :, np.newaxis]
         if color:

@@ -138,8 +138,12 @@ def test_load_image_color_file(tmp_path):
     assert img.dtype == np.float32 and img.shape == (4, 6, 3)
     np.testing.assert_array_equal(img, (rgb / 255.0).astype(np.float32))
     np.testing.assert_array_equal(img[0, 0], [1.0, 0.0, 0.0])  # RGB order, as skimage
-    # color=False does not make a colour file grey (pycaffe)
-    assert load_image(path, color=False).shape == (4, 6, 3)
+    # color=False reads it grey, as pycaffe's imread(as_grey=True) (skimage's rgb2gray)
+    grey = load_image(path, color=False)
+    assert grey.shape == (4, 6, 1) and grey.dtype == np.float32
+    want = (rgb / 255.0) @ np.array([0.2125, 0.7154, 0.0721])
+    np.testing.assert_allclose(grey[:, :, 0], want, rtol=1e-6)
+    assert grey[0, 0, 0] == pytest.approx(0.2125)
 
 
 def test_load_image_gray_file(tmp_path):

@@ -281,12 +281,15 @@ def _acquire_read_env(path) -> _SharedEnv:
         return shared
 
 
-def _release_read_env(shared: _SharedEnv):
+def _release_read_env(shared: _SharedEnv, registry=None):
+    """One user fewer of a shared database handle (LMDB's, or with ``registry`` LevelDB's);
+    the last closes it."""
+    registry = _READ_ENVS if registry is None else registry
     with _ENV_LOCK:
         shared.refs -= 1
         if shared.refs <= 0:
-            if _READ_ENVS.get(shared.key) is shared:
-                del _READ_ENVS[shared.key]
+            if registry.get(shared.key) is shared:
+                del registry[shared.key]
             shared.env.close()
 
 
@@ -397,7 +400,40 @@ class LMDBReader:
         self.close()
 
 
-class LMDBWriter:
+class _NewDatabase:
+    """What Caffe's LMDB and LevelDB writers share: the path must not exist (Caffe's ``NEW``),
+    ``put`` buffers records and ``commit`` writes them (a subclass's), ``close`` commits, and a
+    ``with`` block that fails leaves no half-written database behind."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        if os.path.exists(self.path):
+            raise FileExistsError(f"{self.path}: already exists (Caffe refuses to overwrite a "
+                                  "database; remove it first)")
+        self._pending: list[tuple[bytes, bytes]] = []
+        self.count = 0
+
+    @staticmethod
+    def _bytes(x) -> bytes:
+        return x.encode("utf-8") if isinstance(x, str) else bytes(x)
+
+    def put(self, key, value):
+        self._pending.append((self._bytes(key), self._bytes(value)))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+            return
+        # a failed conversion leaves no half-written database behind
+        self._pending.clear()
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class LMDBWriter(_NewDatabase):
     """Create a new LMDB database (Caffe's ``db::LMDB`` opened with ``NEW``).
 
     ``put`` buffers records; ``commit`` writes them in one transaction (the
@@ -408,22 +444,10 @@ class LMDBWriter:
 
     def __init__(self, path, map_size: int = 1 << 24):
         lmdb = require_lmdb()
-        self.path = os.fspath(path)
-        if os.path.exists(self.path):
-            raise FileExistsError(f"{self.path}: already exists (Caffe refuses to overwrite a "
-                                  "database; remove it first)")
+        super().__init__(path)
         os.makedirs(self.path)
         self._lmdb = lmdb
         self._env = lmdb.open(self.path, map_size=int(map_size), subdir=True, readahead=False)
-        self._pending: list[tuple[bytes, bytes]] = []
-        self.count = 0
-
-    @staticmethod
-    def _bytes(x) -> bytes:
-        return x.encode("utf-8") if isinstance(x, str) else bytes(x)
-
-    def put(self, key, value):
-        self._pending.append((self._bytes(key), self._bytes(value)))
 
     def commit(self):
         if not self._pending:
@@ -445,18 +469,6 @@ class LMDBWriter:
             self.commit()
             self._env.close()
             self._env = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, *exc):
-        if exc_type is None:
-            self.close()
-            return
-        # a failed conversion leaves no half-written database behind
-        self._pending.clear()
-        self.close()
-        shutil.rmtree(self.path, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ LevelDB
@@ -543,15 +555,6 @@ def _acquire_leveldb(path) -> _SharedEnv:
         return shared
 
 
-def _release_leveldb(shared: _SharedEnv):
-    with _ENV_LOCK:
-        shared.refs -= 1
-        if shared.refs <= 0:
-            if _READ_LEVELDBS.get(shared.key) is shared:
-                del _READ_LEVELDBS[shared.key]
-            shared.env.close()
-
-
 class LevelDBReader:
     """A LevelDB database opened for reading (Caffe's ``db::LevelDB`` with ``READ``), with
     :class:`LMDBReader`'s interface.  ``len()`` counts the records once (LevelDB keeps no
@@ -588,7 +591,7 @@ class LevelDBReader:
         self._cursors.clear()
         self._db = None
         shared, self._shared = self._shared, None
-        _release_leveldb(shared)
+        _release_read_env(shared, _READ_LEVELDBS)
 
     def __enter__(self):
         return self
@@ -597,24 +600,15 @@ class LevelDBReader:
         self.close()
 
 
-class LevelDBWriter:
-    """Create a new LevelDB database (Caffe's ``db::LevelDB`` with ``NEW``: it must not exist;
-    Caffe's options: 64 KiB blocks, a 256 MiB write buffer).  ``put`` buffers, ``commit``
-    writes one batch, as :class:`LMDBWriter`."""
+class LevelDBWriter(_NewDatabase):
+    """Create a new LevelDB database (Caffe's ``db::LevelDB`` with ``NEW``; Caffe's options:
+    64 KiB blocks, a 256 MiB write buffer); ``commit`` writes one batch."""
 
     def __init__(self, path):
         plyvel = require_plyvel()
-        self.path = os.fspath(path)
-        if os.path.exists(self.path):
-            raise FileExistsError(f"{self.path}: already exists (Caffe refuses to overwrite a "
-                                  "database; remove it first)")
+        super().__init__(path)
         self._db = plyvel.DB(self.path, create_if_missing=True, error_if_exists=True,
                              block_size=65536, write_buffer_size=268435456)
-        self._pending: list[tuple[bytes, bytes]] = []
-        self.count = 0
-
-    def put(self, key, value):
-        self._pending.append((LMDBWriter._bytes(key), LMDBWriter._bytes(value)))
 
     def commit(self):
         if not self._pending:
@@ -630,17 +624,6 @@ class LevelDBWriter:
             self.commit()
             self._db.close()
             self._db = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, *exc):
-        if exc_type is None:
-            self.close()
-            return
-        self._pending.clear()
-        self.close()
-        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def read_lmdb_arrays(path, limit: int | None = None):

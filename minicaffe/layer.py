@@ -192,6 +192,12 @@ class Layer:
             if w != 0:
                 t.diff[...] = w
 
+    @property
+    def auto_top_blobs(self) -> bool:
+        """Caffe's AutoTopBlobs(): true for loss layers (LossLayer), whose missing tops the
+        net creates as anonymous blobs (a loss layer written without ``top``)."""
+        return self.is_loss
+
     def loss_weight(self, top_index: int) -> float:
         return self.loss_weights[top_index] if top_index < len(self.loss_weights) else 0.0
 

@@ -252,13 +252,12 @@ class Net:
         available = set()       # blobs produced and not yet consumed
         source_dir = os.path.dirname(os.path.abspath(self.source)) if self.source else None
 
-        seen_names = set()
+        # Caffe's Net::Init accepts two layers of one name (test_net.cpp's TinyTestNetwork
+        # with an accuracy layer has two 'loss' layers); copying weights by name then fills
+        # the first of them (CopyTrainedLayersFrom), as copy_from does.
         for li, lp in enumerate(param.layer):
             if not lp.HasField("phase"):
                 lp.phase = self.phase
-            if lp.name in seen_names:
-                raise ValueError(f"{where}net {self.name!r}: two layers are named {lp.name!r}")
-            seen_names.add(lp.name)
             if len(lp.propagate_down) and len(lp.propagate_down) != len(lp.bottom):
                 raise ValueError(
                     f"{where}layer {lp.name!r}: propagate_down has {len(lp.propagate_down)} "
@@ -294,6 +293,21 @@ class Net:
                 tops.append(blob)
                 tnames.append(name)
                 available.add(name)
+            # Caffe's Net::Init: a layer whose AutoTopBlobs() is true (a loss layer) and that
+            # has fewer tops than it needs gets anonymous ones, named "(automatic)" (AppendTop
+            # with no name); they are no net output and no other layer can read them.  Here
+            # each has its own key in ``blobs`` (a second one is "(automatic)_1", ...).
+            if layer.auto_top_blobs:
+                needed = max(layer.min_num_top or 0, layer.exact_num_top or 0)
+                for _ in range(len(tops), needed):
+                    name, k = "(automatic)", 0
+                    while name in self.blobs:
+                        k += 1
+                        name = f"(automatic)_{k}"
+                    blob = Blob(xp=self.xp, dtype=self.dtype, name=name)
+                    self.blobs[name] = blob
+                    tops.append(blob)
+                    tnames.append(name)
             # Layers whose top count is free (e.g. data layers) see the tops given.
             try:
                 layer.setup(bottoms, tops)
@@ -378,7 +392,7 @@ class Net:
 
     def _share_params(self):
         """Params named alike in ``param { name: }`` share data and diff with
-        their first owner; ``learnable_params`` holds owners only."""
+        their first owner; ``learnable_params`` holds owners only (Net::AppendParam)."""
         owners = {}
         self.learnable_params: list[Blob] = []
         self.param_owner: list[int] = []          # per flat param: owner index or -1
@@ -386,6 +400,8 @@ class Net:
         self.param_decay_mult: list[float] = []
         self.param_layer_index: list[tuple[int, int]] = []
         self.all_params: list[Blob] = []
+        has_lr: list[bool] = []                   # per learnable param: lr_mult given yet
+        has_decay: list[bool] = []
         for li, layer in enumerate(self.layers):
             for pi, blob in enumerate(layer.blobs):
                 spec = self.param_specs[li][pi]
@@ -396,20 +412,36 @@ class Net:
                 if name and name in owners:
                     owner = owners[name]
                     obj = self.all_params[owner]
-                    if obj.count != blob.count or (
-                            spec.share_mode == 0 and obj.shape != blob.shape):
+                    owner_layer = self.layer_names[self.param_layer_index[owner][0]]
+                    # Net::AppendParam: PERMISSIVE checks the count only, STRICT (the
+                    # default) the whole shape.
+                    permissive = spec.share_mode == caffe_pb2.ParamSpec.PERMISSIVE
+                    if obj.count != blob.count or (not permissive and obj.shape != blob.shape):
+                        what = "count" if permissive else "shape"
                         raise ValueError(
-                            f"{self._where()}layer {layer.name!r}: shared param {name!r} has shape "
-                            f"{blob.shape} but its owner has shape {obj.shape}")
+                            f"{self._where()}cannot share param {name!r} owned by layer "
+                            f"{owner_layer!r} with layer {layer.name!r}; {what} mismatch: "
+                            f"owner param shape is {obj.shape}, sharing layer's is {blob.shape}")
                     blob.share_data(obj)
                     blob.share_diff(obj)
                     self.param_owner.append(owner)
-                    # Caffe: an owner's lr_mult/decay_mult stand; a sharer may repeat them.
+                    # Net::AppendParam: the first lr_mult (decay_mult) given explicitly, by the
+                    # owner or a sharer, is the shared param's; a later explicit one must agree.
                     oi = self.learnable_params.index(obj)
-                    if spec.HasField("lr_mult") and spec.lr_mult != self.param_lr_mult[oi]:
-                        raise ValueError(
-                            f"{self._where()}layer {layer.name!r}: shared param {name!r} has "
-                            f"lr_mult {spec.lr_mult}, its owner {self.param_lr_mult[oi]}")
+                    for field, values, given in (("lr_mult", self.param_lr_mult, has_lr),
+                                                 ("decay_mult", self.param_decay_mult,
+                                                  has_decay)):
+                        if not spec.HasField(field):
+                            continue
+                        value = getattr(spec, field)
+                        if not given[oi]:
+                            given[oi] = True
+                            values[oi] = value
+                        elif value != values[oi]:
+                            raise ValueError(
+                                f"{self._where()}layer {layer.name!r}: shared param {name!r} "
+                                f"has mismatched {field}: {value}, while {values[oi]} was "
+                                f"given before (owner layer {owner_layer!r})")
                     continue
                 if name:
                     owners[name] = flat
@@ -417,6 +449,8 @@ class Net:
                 self.learnable_params.append(blob)
                 self.param_lr_mult.append(spec.lr_mult)
                 self.param_decay_mult.append(spec.decay_mult)
+                has_lr.append(spec.HasField("lr_mult"))
+                has_decay.append(spec.HasField("decay_mult"))
 
     # --------------------------------------------------- pycaffe accessors
     @property
@@ -835,7 +869,9 @@ class Net:
                 return self.copy_from_hdf5(weights)
             weights = read_binary(os.fspath(weights), caffe_pb2.NetParameter)
         src = upgrade_net(weights)
-        index = {n: i for i, n in enumerate(self.layer_names)}
+        index = {}
+        for i, n in enumerate(self.layer_names):
+            index.setdefault(n, i)  # Caffe: the first target layer of that name
         for lp in src.layer:
             li = index.get(lp.name)
             if li is None or not len(lp.blobs):

@@ -74,7 +74,10 @@ def fill(blob, filler, where: str = ""):
                 f"{where}bilinear filler needs a 4-d blob with square kernels, got {shape}")
         k = shape[3]
         f = np.ceil(k / 2.0)
-        c = (2 * f - 1 - f % 2) / (2.0 * f)
+        # Caffe's BilinearFiller: c = (k - 1) / (2f), the kernel's centre over f (the form
+        # test_filler.cpp's BilinearFillerTest checks for k = 6 and 7; the older
+        # (2f - 1 - f % 2) / (2f) puts the centre off by half a pixel for k = 2, 3, 6, 7, ...).
+        c = (k - 1) / (2.0 * f)
         x = np.arange(k)
         w1 = 1 - np.abs(x / f - c)
         values = np.broadcast_to(np.outer(w1, w1), shape).copy()

@@ -75,7 +75,7 @@ def test_positive_unitball():
 def test_bilinear_matches_caffe_loop(k):
     v = filled('type: "bilinear"', (2, 1, k, k))
     f = int(np.ceil(k / 2.0))
-    c = (2 * f - 1 - f % 2) / (2.0 * f)
+    c = (k - 1) / (2.0 * f)  # Caffe's BilinearFiller (and test_filler.cpp's reference)
     ref = np.empty(2 * k * k)
     for i in range(ref.size):  # Caffe's loop over the flat blob
         x = i % k

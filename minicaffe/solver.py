@@ -128,7 +128,10 @@ class Solver:
         if self.mode == GPU:
             set_device(self.param.device_id if device_id is None else device_id)
         self.dtype = dtype
-        set_random_seed(self.param.random_seed if self.param.HasField("random_seed") else None)
+        # Caffe's Solver::Init reseeds only for random_seed >= 0 (the default is -1): else the
+        # process seed (caffe.set_random_seed) stands, as Caffe's solver tests rely on
+        if self.param.random_seed >= 0:
+            set_random_seed(self.param.random_seed)
         self.iter = 0
         self.current_step = 0
         self._build_nets(net_param)

@@ -358,6 +358,10 @@ class Solver:
     # ------------------------------------------------------ update
     def get_learning_rate(self) -> float:
         p = self.param
+        if p.lr_policy == "step" and p.stepsize > 0:
+            # sgd_solver.cpp GetLearningRate: the step policy keeps current_step_ = iter /
+            # stepsize, which the solver state records
+            self.current_step = self.iter // p.stepsize
         if (p.lr_policy == "multistep" and self.current_step < len(p.stepvalue)
                 and self.iter >= p.stepvalue[self.current_step]):
             self.current_step += 1

@@ -248,13 +248,18 @@ class Blob:
 
     # ------------------------------------------------------------- utilities
     def to_proto(self, proto, write_diff: bool = False):
-        """Fill a caffe BlobProto (shape + float data, optionally diff)."""
+        """Fill a caffe BlobProto (shape + data, optionally diff): ``data``/``diff`` as float,
+        or ``double_data``/``double_diff`` for a float64 blob, as Caffe's
+        ``Blob<double>::ToProto`` (whose ``FromProto`` reads either)."""
         from .backend import to_numpy
         proto.Clear()
         proto.shape.dim.extend(self._shape)
-        proto.data.extend(to_numpy(self.data).astype(np.float32).ravel().tolist())
+        wide = self.dtype == np.float64
+        data, diff = (proto.double_data, proto.double_diff) if wide else (proto.data, proto.diff)
+        data.extend(to_numpy(self.data).astype(self.dtype if wide else np.float32).ravel().tolist())
         if write_diff:
-            proto.diff.extend(to_numpy(self.diff).astype(np.float32).ravel().tolist())
+            diff.extend(to_numpy(self.diff).astype(self.dtype if wide else np.float32)
+                        .ravel().tolist())
         return proto
 
     def from_proto(self, proto, reshape: bool = True, layer: str = ""):

@@ -491,7 +491,10 @@ class Solver:
         for h in self.rule.state_blobs():
             bp = state.history.add()
             bp.shape.dim.extend(h.shape)
-            bp.data.extend(to_numpy(h).astype(np.float32).ravel().tolist())
+            # Blob<double>::ToProto writes double_data: a float64 solver resumes exactly
+            values = bp.double_data if h.dtype == np.float64 else bp.data
+            values.extend(to_numpy(h).astype(h.dtype if h.dtype == np.float64 else np.float32)
+                          .ravel().tolist())
         state.minicaffe_state = json.dumps(self._extra_state()).encode()
         path = f"{prefix}_iter_{self.iter}.solverstate"
         self._log(f"Snapshotting solver state to binary proto file {path}")
@@ -530,7 +533,8 @@ class Solver:
                 f"{len(blobs)} (different net or solver type?)")
         xp = self.net.xp
         for h, bp in zip(blobs, state.history):
-            values = np.asarray(bp.data, dtype=np.float32)
+            values = (np.asarray(bp.double_data, dtype=np.float64) if len(bp.double_data)
+                      else np.asarray(bp.data, dtype=np.float32))
             if values.size != h.size:
                 raise ValueError(f"{path}: history blob of {values.size} values, expected {h.size}")
             h[...] = xp.asarray(values.reshape(h.shape), dtype=h.dtype)

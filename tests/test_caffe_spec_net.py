@@ -352,8 +352,8 @@ def test_shared_weights_resume():
     w1, w2 = net.layers[1].blobs[0], net.layers[2].blobs[0]
     assert w1 is not w2
     assert np.shares_memory(w1.data, w2.data) and np.shares_memory(w1.diff, w2.diff)
-    # minicaffe writes float data (a float .caffemodel), so compare at float precision
-    np.testing.assert_array_equal(np.asarray(w1.data), saved.astype(np.float32))
+    # a float64 net writes double_data, as Caffe's Blob<double>::ToProto: exact round trip
+    np.testing.assert_array_equal(np.asarray(w1.data), saved)
 
 
 def _shared_pair(mode, shape2, lr1="", lr2="", decay1="", decay2=""):

@@ -53,6 +53,12 @@ QUICK_NETS = "cifar10_quick:4"
 # Table 1 of the paper (M40, 12 GB): k*/k_caffe
 PAPER_RATIO = {"alexnet": 1.22, "googlenet": 1.91, "vgg16": 2.4, "resnet34": 3.03,
                "resnet50": 3.39, "resnet101": 3.7, "resnet152": 4.15}
+# Table 1 of the paper (M40, 12 GB): AccUDNN's k*, its images/s, Caffe's max k, its images/s
+PAPER_TABLE1 = {"alexnet": (1032, 853, 848, 865), "googlenet": (286, 245, 150, 263),
+                "vgg16": (192, 50, 80, 51), "resnet34": (276, 99, 91, 99),
+                "resnet50": (112, 66, 33, 66), "resnet101": (74, 34, 20, 29),
+                "resnet152": (54, 24, 13, 19)}
+SAVE_ON_CPU_TARGET = 5.0      # issue 5: dynamic images/s over PyTorch save_on_cpu's at k*
 SLOWDOWN = 1.03
 
 
@@ -716,7 +722,125 @@ def write_tables(results, peers, csv_path, md_path, header):
     if md_path:
         with open(md_path, "w") as f:
             f.write("\n".join(md) + "\n")
+        if rows:
+            plot_table1(rows, os.path.splitext(md_path)[0] + ".png", header.split(" (`")[0])
     return rows, "\n".join(md)
+
+
+def plot_table1(rows, path, title=None) -> bool:
+    """Table 1 beside the paper's, as three panels per network: k*/k_none (paper: AccUDNN's k*
+    over Caffe's max k), images/s at k* over `none`'s at k_none (paper: AccUDNN over Caffe;
+    here against `none` with Caffe's im2col and with the chunked one), and dynamic over PyTorch
+    save_on_cpu at k* (the issue's target line at 5).  False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = [r["net"] for r in rows]
+    x = list(range(len(rows)))
+
+    def paper(net, what):
+        p = PAPER_TABLE1.get(net)
+        if p is None:
+            return 0.0
+        return p[0] / p[2] if what == "k" else p[1] / p[3]
+
+    def ratio(a, b):
+        return a / b if a and b else 0.0
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    w = 0.27
+    ax = axes[0]
+    ax.bar([i - w / 2 for i in x], [r["ratio"] or 0 for r in rows], w, label="here: k*/k_none")
+    ax.bar([i + w / 2 for i in x], [paper(n, "k") for n in names], w,
+           label="paper (M40): k*/Caffe max k")
+    ax.set_title("minibatch gain at a 12 GB budget")
+    ax = axes[1]
+    ax.bar([i - w for i in x], [ratio(r["dyn_img_s"], r["none_img_s"]) for r in rows], w,
+           label="here: over none (Caffe im2col)")
+    ax.bar(x, [ratio(r["dyn_img_s"], r["none_chunked_img_s"]) for r in rows], w,
+           label="here: over none (chunked im2col)")
+    ax.bar([i + w for i in x], [paper(n, "img") for n in names], w,
+           label="paper (M40): AccUDNN over Caffe")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_title("images/s at k* over none at k_none")
+    ax = axes[2]
+    ax.bar(x, [r["vs_save_on_cpu"] or 0 for r in rows], 0.5,
+           label="dynamic / PyTorch save_on_cpu at k*")
+    ax.bar([i + 0.25 for i in x], [ratio(r["torch_eager_img_s"], r["torch_save_on_cpu_img_s"])
+                                   for r in rows], 0.2, color="tab:gray",
+           label="PyTorch eager / its save_on_cpu")
+    ax.axhline(SAVE_ON_CPU_TARGET, color="tab:red", ls="--", lw=1, label="target 5x")
+    ax.set_title("against PyTorch's offloading")
+    for ax in axes:
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, fontsize=8)
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# Table 1's columns in tuner_table.md, as write_tables writes them (15 cells)
+_MD_COLUMNS = ("net", "k_caffe", "k_none", "none_img_s", "none_chunked_img_s", "k_star",
+               "dyn_img_s", "largest", "ratio", "paper_ratio", "speed_ratio",
+               "torch_eager_img_s", "torch_save_on_cpu_img_s", "vs_save_on_cpu", "tuner")
+
+
+def read_table1_md(paths) -> list[dict]:
+    """The Table 1 rows of saved ``tuner_table.md`` files (one network per row; a later file's
+    row replaces an earlier one of the same network), for :func:`plot_table1`."""
+    by_net: dict = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                cells = [c.strip() for c in line.strip().strip("|").split("|")]
+                if len(cells) != len(_MD_COLUMNS) or cells[0] not in PAPER_RATIO:
+                    continue
+                row = dict(zip(_MD_COLUMNS, cells))
+                for k in _MD_COLUMNS[1:7] + _MD_COLUMNS[8:14]:
+                    try:
+                        row[k] = float(row[k])
+                    except ValueError:      # "-": not measured
+                        row[k] = None
+                row["source"] = path
+                by_net[row["net"]] = row
+    order = [n for n in PAPER_RATIO if n in by_net]
+    return [by_net[n] for n in order]
+
+
+def redraw(paths, out_dir) -> int:
+    """``--redraw``: Table 1 from saved tables, with the paper's columns (table1.csv, .png)."""
+    import csv
+    rows = read_table1_md(paths)
+    if not rows:
+        print(f"no Table 1 rows in {', '.join(paths)}", file=sys.stderr)
+        return 1
+    os.makedirs(out_dir, exist_ok=True)
+    fields = list(_MD_COLUMNS) + ["paper_k_star", "paper_img_s", "paper_caffe_k",
+                                  "paper_caffe_img_s", "source"]
+    with open(os.path.join(out_dir, "table1.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            p = PAPER_TABLE1.get(r["net"], (None,) * 4)
+            w.writerow(dict(r, paper_k_star=p[0], paper_img_s=p[1], paper_caffe_k=p[2],
+                            paper_caffe_img_s=p[3]))
+    png = os.path.join(out_dir, "table1.png")
+    plot_table1(rows, png, "Table 1 at 12 GiB (from " + ", ".join(
+        sorted({os.path.basename(os.path.dirname(p)) or "." for p in paths})) + ")")
+    for r in rows:
+        print(f"{r['net']}: k*/k_none {r['ratio']:.2f} (paper {r['paper_ratio']:.2f}), "
+              f"dynamic/save_on_cpu {r['vs_save_on_cpu'] or 0:.1f}  [{r['source']}]")
+    print(f"wrote {png}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -747,7 +871,12 @@ def main(argv=None) -> int:
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--torch-one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--redraw", nargs="+", default=None, metavar="MD",
+                    help="no run: draw Table 1 (table1.png, table1.csv in --out) from saved "
+                         "tuner_table.md files, a later file's row replacing an earlier one's")
     args = ap.parse_args(argv)
+    if args.redraw:
+        return redraw(args.redraw, args.out)
     from swap.memory import parse_bytes
     mode = args.mode or ("CPU" if args.quick else "GPU")
     if args.quick and args.budget == "12G":

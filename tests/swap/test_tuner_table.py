@@ -45,6 +45,34 @@ def test_tuner_table_quick(tmp_path):
     assert int(rows[0]["k_star"]) == t["k_star"] and int(rows[0]["k_none"]) == r["none"]["k"]
     md = (tmp_path / "tuner_table.md").read_text()
     assert "**Table 1**" in md and "| cifar10_quick | " in md and "CPU mode" in md
+    assert (tmp_path / "tuner_table.png").stat().st_size > 0
+
+
+def test_table1_redrawn_from_saved_tables_later_rows_win(tmp_path):
+    head = ("| net | k Caffe accounting | k none | none img/s (Caffe im2col) | none img/s "
+            "(chunked) | k* | dynamic img/s | largest | k*/k_none | paper | img/s ratio | "
+            "PyTorch eager img/s | save_on_cpu img/s | dynamic/save_on_cpu | tuner s |\n"
+            "|" + "---|" * 15 + "\n")
+    a, b = tmp_path / "a.md", tmp_path / "b.md"
+    a.write_text("Tuner table\n\n" + head +
+                 "| vgg16 | 92 | 92 | 294 | 569 | 176 | 581 | 176 (581) | 1.91 | 2.40 | 1.02 | "
+                 "694 | 157 | 3.7 | 45 (0.9) |\n"
+                 "| alexnet | 1133 | 1131 | 5206 | 11314 | 1152 | 11329 | 1536 (7345) | 1.02 | "
+                 "1.22 | 1.00 | - | - | - | 3 (2.1) |\n"
+                 "| cifar10_quick | 9 | 9 | 1 | 1 | 9 | 1 | 9 | 1.00 | - | 1.0 | - | - | - | 1 |\n")
+    b.write_text(head + "| vgg16 | 92 | 90 | 300 | 570 | 198 | 590 | 198 (590) | 2.20 | 2.40 | "
+                 "1.04 | 700 | 150 | 3.9 | 40 (1.0) |\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "tuner_table.py"),
+                           "--redraw", str(a), str(b), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["net"]: r for r in csv.DictReader(open(out / "table1.csv"))}
+    # the paper's order, networks of the paper only; b's VGG-16 replaces a's
+    assert list(rows) == ["alexnet", "vgg16"]
+    assert float(rows["vgg16"]["k_star"]) == 198 and rows["vgg16"]["source"] == str(b)
+    assert rows["alexnet"]["vs_save_on_cpu"] == "" and rows["alexnet"]["paper_k_star"] == "1032"
+    assert (out / "table1.png").stat().st_size > 0
 
 
 def test_tuner_table_reuses_a_saved_profile(tmp_path):

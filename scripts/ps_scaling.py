@@ -218,6 +218,8 @@ def parse_args(argv=None):
     ap.add_argument("--python", default=sys.executable, help="interpreter of the children")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the configurations and rank 0's command of each; start nothing")
+    ap.add_argument("--redraw", nargs="+", default=None, metavar="CSV",
+                    help="no run: draw the speedups of these saved CSVs into --md's .png")
     args = ap.parse_args(argv)
     defaults = dict(nets="resnet101,resnet152", gpus="1,2,4",
                     caffe_batch=None, accudnn_batch=None, warmup=5, iters=20, timeout=600.0,
@@ -956,11 +958,99 @@ def write_md(path, rows, args, notes):
         f.write("\n".join(lines) + "\n")
 
 
+def paper_baseline(rows, net):
+    """The paper's Table 2 baseline for ``net``: one GPU training in Caffe mode (caffe_ps at
+    W = 1 without a parameter server: the ``alone`` row, else NCCL's world of one), or None."""
+    for comm in ("alone", "nccl"):
+        for r in rows:
+            if (r["net"], r["mode"], r["comm"], r["status"]) == (net, "caffe_ps", comm, "ok") \
+                    and int(r["world_size"]) == 1:
+                return r
+    return None
+
+
+def plot_scaling(rows, path, title=None) -> bool:
+    """Table 2 as a figure: per network, every measured series (net, mode, comm, link, overlap)
+    against W, with the paper's 8-GPU speedups as stars.  Where the net has a Caffe-mode row at
+    W = 1 without a parameter server (:func:`paper_baseline`), the speedups are over it, as the
+    paper's (Table 1 x Table 2: 132 / 4.4 = 217 / 7.2 = 30 images/s for ResNet-101, one M40 in
+    Caffe); otherwise over W = 1 of the same series, with the ideal line.  False without
+    matplotlib or without a series."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ok = [r for r in rows if r["status"] == "ok" and r["comm"] != "alone"]
+    nets = list(dict.fromkeys(r["net"] for r in ok))
+    if not nets:
+        return False
+    fig, axes = plt.subplots(1, len(nets), figsize=(5.5 * len(nets), 4.2), squeeze=False)
+    for ax, net in zip(axes[0], nets):
+        base = paper_baseline(rows, net)
+        series: dict = {}
+        for r in ok:
+            if r["net"] != net:
+                continue
+            y = (r["images_per_s"] / base["images_per_s"] if base
+                 else r["speedup"] if r["speedup"] != "" else None)
+            if y is None:
+                continue
+            label = f"{r['mode']}, {r['comm']}" + (
+                f", {r['link']}" if r["comm"] == "ps" else "") + (
+                ", no overlap" if r["overlap"] == "off" else "")
+            series.setdefault(label, []).append((int(r["world_size"]), y))
+        for label, pts in series.items():
+            pts.sort()
+            ax.plot([w for w, _ in pts], [v for _, v in pts], marker="o",
+                    ls="-" if "accudnn" in label else "--", label=label)
+        if base is None:
+            most = max(w for pts in series.values() for w, _ in pts)
+            ax.plot([1, most], [1, most], color="k", lw=0.8, ls=":", label="ideal")
+            ax.set_ylabel("speedup over W = 1 of the same series")
+        else:
+            ax.set_ylabel(f"speedup over one GPU in Caffe mode\n(caffe_ps, W = 1, "
+                          f"{base['comm']}: {base['images_per_s']:.0f} images/s)")
+        for (n, mode), v in PAPER_8GPU.items():
+            if n == net:
+                ax.plot([8], [v], marker="*", ms=12, ls="none", label=f"paper {mode} (8 M40s)")
+        ax.set_title(net)
+        ax.set_xlabel("workers W (one GPU each)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def redraw(paths, png) -> int:
+    """``--redraw``: Table 2's figure from saved CSVs (a later file's row replaces an earlier
+    one of the same net, mode, comm, link, overlap and W)."""
+    rows: list = []
+    for path in paths:
+        rows = merge_rows(rows, read_csv_rows(path))
+    add_scaling(rows)
+    devices = sorted({r["device"] for r in rows if r.get("device")})
+    if not plot_scaling(rows, png, "; ".join(devices) or None):
+        print(f"nothing to draw from {', '.join(paths)} (no W > 1 series)", file=sys.stderr)
+        return 1
+    print(f"wrote {png}")
+    return 0
+
+
 # -------------------------------------------------------------------- main
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = "python3 scripts/ps_scaling.py" + ("" if not argv else " " + shlex.join(argv))
     args = parse_args(argv)
+    png = os.path.splitext(args.md)[0] + ".png"
+    if args.redraw:
+        return redraw(args.redraw, png)
     if args.warmup < 0 or args.iters < 1:
         raise SystemExit("--warmup must be >= 0 and --iters >= 1")
     if args.shards != "W" and (not args.shards.isdigit() or int(args.shards) < 1):
@@ -1010,7 +1100,8 @@ def main(argv=None) -> int:
     print_table(rows)
     write_csv(args.csv, rows)
     write_md(args.md, rows, args, notes)
-    print(f"\nwrote {args.csv} and {args.md}")
+    drawn = plot_scaling(rows, png, device)
+    print(f"\nwrote {args.csv} and {args.md}" + (f" and {png}" if drawn else ""))
     if failed:
         print(f"{len(failed)} configuration(s) failed:", file=sys.stderr)
         for r in failed:

@@ -37,6 +37,7 @@ def test_quick_run_measures_every_configuration(tmp_path):
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
     assert took < 60, f"--quick took {took:.0f} s"
+    assert (tmp_path / "out.png").stat().st_size > 0     # Table 2's figure beside the md
     assert list(rows[0]) == ps_scaling.CSV_COLUMNS
     # 2 modes x (ZeroMQ on loopback, ZeroMQ with emulated links) x W = 1, 2; nccl skipped on CPU
     got = {(x["mode"], x["comm"], x["link"], int(x["world_size"])) for x in rows}
@@ -369,3 +370,28 @@ def test_what_follows_the_sync_counts_as_the_next_compute(tmp_path):
     # the records cover the iterations but the last update (after the last sync)
     covered = sum(r.compute_s + r.delta_s for r in recs)
     assert covered <= wall and wall - covered < 0.05 + 0.04
+
+
+def test_table2_figure_takes_the_papers_baseline_where_there_is_one(tmp_path):
+    def row(net, mode, comm, w, ips):
+        return {"net": net, "mode": mode, "comm": comm, "link": "none", "overlap": "on",
+                "world_size": w, "images_per_s": ips, "status": "ok", "batch_per_worker": 8,
+                "compute_s": 0.1, "device": "D"}
+    rows = [row("resnet152", "caffe_ps", "nccl", 1, 50.0), row("resnet152", "caffe_ps", "ps", 1, 40.0),
+            row("resnet152", "accudnn_ps", "ps", 1, 100.0),
+            row("resnet152", "accudnn_ps", "ps", 8, 385.0), row("other", "accudnn_ps", "ps", 1, 10.0),
+            row("other", "accudnn_ps", "ps", 2, 19.0)]
+    # one GPU in Caffe mode, not on the parameter server: the alone row first, else NCCL's
+    assert ps_scaling.paper_baseline(rows, "resnet152")["comm"] == "nccl"
+    assert ps_scaling.paper_baseline(rows + [row("resnet152", "caffe_ps", "alone", 1, 55.0)],
+                                     "resnet152")["images_per_s"] == 55.0
+    assert ps_scaling.paper_baseline(rows, "other") is None
+    csv_a, csv_b = tmp_path / "a.csv", tmp_path / "b.csv"
+    ps_scaling.write_csv(csv_a, ps_scaling.add_scaling(rows[:4]))
+    ps_scaling.write_csv(csv_b, ps_scaling.add_scaling(rows[4:]))
+    assert ps_scaling.main(["--redraw", str(csv_a), str(csv_b), "--md",
+                            str(tmp_path / "t2.md")]) == 0
+    assert (tmp_path / "t2.png").stat().st_size > 0
+    # a file with no series to draw says so
+    ps_scaling.write_csv(csv_a, [dict(rows[0], status="failed")])
+    assert ps_scaling.main(["--redraw", str(csv_a), "--md", str(tmp_path / "t3.md")]) == 1

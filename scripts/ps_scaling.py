@@ -844,13 +844,19 @@ def _link_words(r) -> str:
 
 
 def table_lines(rows) -> list:
+    """The md/printed table: one line per row, with the speedup over one GPU in Caffe mode
+    (:func:`paper_baseline`; "-" without one) beside the paper's at W = 8."""
     head = ["net", "mode", "swap", "comm", "link", "overlap", "W", "k", "images/s", "speedup",
-            "efficiency", "vs alone", "vs together", "compute ms", "comm ms", "comp/comm",
-            "server ms",
-            "MB pushed", "status"]
+            "efficiency", "vs alone", "vs together", "over one Caffe GPU", "paper (8 M40s)",
+            "compute ms", "comm ms", "comp/comm", "server ms", "MB pushed", "status"]
     out = [head]
+    bases = {net: paper_baseline(rows, net) for net in dict.fromkeys(r["net"] for r in rows)}
     for r in rows:
         ok = r["status"] == "ok"
+        base = bases[r["net"]]
+        over_caffe = (f"{r['images_per_s'] / base['images_per_s']:.2f}x"
+                      if ok and base and r["comm"] != "alone" else "-")
+        paper = PAPER_8GPU.get((r["net"], r["mode"])) if int(r["world_size"]) == 8 else None
 
         def num(key, scale=1.0, fmt="{:.3g}"):
             v = r.get(key, "")
@@ -861,7 +867,8 @@ def table_lines(rows) -> list:
                     str(r["world_size"]), str(r["batch_per_worker"]),
                     num("images_per_s", fmt="{:.1f}"), num("speedup", fmt="{:.2f}x"),
                     num("efficiency", fmt="{:.0%}"), num("eff_alone", fmt="{:.0%}"),
-                    num("eff_together", fmt="{:.0%}"),
+                    num("eff_together", fmt="{:.0%}"), over_caffe,
+                    "-" if paper is None else f"{paper:.1f}x",
                     num("compute_s", 1e3, "{:.1f}"), num("comm_s", 1e3, "{:.1f}"),
                     num("comp_comm_ratio", fmt="{:.2f}"), num("server_busy_s", 1e3, "{:.1f}"),
                     num("mb_pushed_per_iter", fmt="{:.3g}"), r["status"]])
@@ -1039,7 +1046,16 @@ def redraw(paths, png) -> int:
     if not plot_scaling(rows, png, "; ".join(devices) or None):
         print(f"nothing to draw from {', '.join(paths)} (no W > 1 series)", file=sys.stderr)
         return 1
-    print(f"wrote {png}")
+    md = os.path.splitext(png)[0] + ".md"
+    runs = list(dict.fromkeys((r["device"], r["date"], r["command"]) for r in rows))
+    lines = [f"Parameter-server scaling (issue 6), redrawn from {', '.join(paths)}; the runs:", ""]
+    lines += [f"- {date}, {device}: `{command}`" for device, date, command in runs] + [""]
+    body = table_lines(rows)
+    lines += ["| " + " | ".join(body[0]) + " |", "|" + "---|" * len(body[0])]
+    lines += ["| " + " | ".join(b) + " |" for b in body[1:]]
+    with open(md, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {png} and {md}")
     return 0
 
 

@@ -392,6 +392,10 @@ def test_table2_figure_takes_the_papers_baseline_where_there_is_one(tmp_path):
     assert ps_scaling.main(["--redraw", str(csv_a), str(csv_b), "--md",
                             str(tmp_path / "t2.md")]) == 0
     assert (tmp_path / "t2.png").stat().st_size > 0
+    md = (tmp_path / "t2.md").read_text()
+    # W = 8 of ResNet-152's AccUDNN_PS: 385 images/s over the NCCL world of one's 50, beside 7.7x
+    assert "| resnet152 | accudnn_ps |  | ps | loopback | on | 8 | 8 | 385.0 | 3.85x |" in md
+    assert "| 7.70x | 7.7x |" in md and "| other | accudnn_ps |" in md
     # a file with no series to draw says so
     ps_scaling.write_csv(csv_a, [dict(rows[0], status="failed")])
     assert ps_scaling.main(["--redraw", str(csv_a), "--md", str(tmp_path / "t3.md")]) == 1

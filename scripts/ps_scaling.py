@@ -983,11 +983,9 @@ def plot_scaling(rows, path, title=None) -> bool:
     paper's (Table 1 x Table 2: 132 / 4.4 = 217 / 7.2 = 30 images/s for ResNet-101, one M40 in
     Caffe); otherwise over W = 1 of the same series, with the ideal line.  False without
     matplotlib or without a series."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    from scripts._figures import pyplot, save
+    plt = pyplot()
+    if plt is None:
         return False
     ok = [r for r in rows if r["status"] == "ok" and r["comm"] != "alone"]
     nets = list(dict.fromkeys(r["net"] for r in ok))
@@ -1026,12 +1024,7 @@ def plot_scaling(rows, path, title=None) -> bool:
         ax.set_xlabel("workers W (one GPU each)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    if title:
-        fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, title)
     return True
 
 

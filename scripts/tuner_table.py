@@ -732,11 +732,9 @@ def plot_table1(rows, path, title=None) -> bool:
     over Caffe's max k), images/s at k* over `none`'s at k_none (paper: AccUDNN over Caffe;
     here against `none` with Caffe's im2col and with the chunked one), and dynamic over PyTorch
     save_on_cpu at k* (the issue's target line at 5).  False without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    from scripts._figures import pyplot, save
+    plt = pyplot()
+    if plt is None:
         return False
     names = [r["net"] for r in rows]
     x = list(range(len(rows)))
@@ -779,12 +777,7 @@ def plot_table1(rows, path, title=None) -> bool:
         ax.set_xticklabels(names, rotation=30, fontsize=8)
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, title)
     return True
 
 

@@ -696,8 +696,15 @@ UPDATE_RULES = {"SGD": SGDRule, "Nesterov": NesterovRule, "AdaGrad": AdaGradRule
 
 
 def get_solver(path_or_param, **kwargs) -> Solver:
-    """pycaffe's ``caffe.get_solver``."""
-    return Solver(path_or_param, **kwargs)
+    """pycaffe's ``caffe.get_solver``: a solver of the class that the file's ``type``
+    names (``caffe.SGDSolver``, ``caffe.AdamSolver`` ...).  pycaffe's get_solver calls
+    ``GetSolverFromFile`` (python/caffe/_caffe.cpp), whose registry builds the typed C++
+    solver, and Boost.Python hands it back as that class's Python object."""
+    solver = Solver(path_or_param, **kwargs)
+    typed = {c.update_type: c for c in (SGDSolver, NesterovSolver, AdaGradSolver,
+                                        RMSPropSolver, AdaDeltaSolver, AdamSolver)}
+    solver.__class__ = typed[solver.type]  # the rule is already the type's: only the class
+    return solver
 
 
 class SGDSolver(Solver):

@@ -30,7 +30,6 @@ import threading
 
 import numpy as np
 
-from .blob import proto_shape
 from .proto import caffe_pb2, read_binary, write_binary
 
 LMDB_HINT = "pip install 'minicaffe[data]'"
@@ -189,12 +188,18 @@ def blobproto_to_array(proto, return_diff: bool = False) -> np.ndarray:
 
     float32, or float64 when the proto holds ``double_data``/``double_diff``.
     """
-    shape = proto_shape(proto)
+    # pycaffe's blobproto_to_array (python/caffe/io.py): the legacy 4-D fields where any
+    # is set, else ``shape.dim``, which is empty for a proto without a shape: one value then
+    # gives a 0-d array and more values are refused (numpy's reshape raises ValueError)
+    if any(proto.HasField(f) for f in ("num", "channels", "height", "width")):
+        shape = (proto.num, proto.channels, proto.height, proto.width)
+    else:
+        shape = tuple(int(d) for d in proto.shape.dim)
     doubles, floats = ((proto.double_diff, proto.diff) if return_diff
                        else (proto.double_data, proto.data))
     arr = (np.asarray(doubles, dtype=np.float64) if len(doubles)
            else np.asarray(floats, dtype=np.float32))
-    count = int(np.prod(shape)) if shape else 1
+    count = int(np.prod(shape))  # 1 for the 0-d shape ()
     if arr.size != count:
         raise ValueError(f"BlobProto of shape {tuple(shape)} holds {arr.size} values, "
                          f"expected {count}")

@@ -22,12 +22,18 @@ from . import io  # pycaffe's caffe.io: Transformer, load_image, resize_image, o
 from .classifier import Classifier
 
 
+def layer_type_list() -> list[str]:
+    """pycaffe's ``caffe.layer_type_list()``: the registered layer type names, sorted
+    (python/caffe/_caffe.cpp binds LayerRegistry::LayerTypeList, which walks a std::map)."""
+    return known_layer_types()
+
+
 __version__ = "0.1.0"
 
 __all__ = ["Net", "Blob", "Layer", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
            "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "TRAIN", "TEST",
            "Classifier", "io", "caffe_pb2", "set_mode_cpu", "set_mode_gpu", "set_device",
-           "gpu_available", "register_layer", "known_layer_types", "set_random_seed", "layers",
+           "gpu_available", "register_layer", "known_layer_types", "layer_type_list", "set_random_seed", "layers",
            "params", "NetSpec"]
 
 

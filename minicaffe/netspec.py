@@ -198,9 +198,10 @@ class Function:
     def __init__(self, type_name: str, inputs, params: dict):
         for i, inp in enumerate(inputs):
             if not isinstance(inp, Top):
-                raise TypeError(
-                    f"L.{type_name}: bottom {i} is {inp!r}; bottoms are tops made by L.<Type>(...) "
-                    "(a layer with ntop > 1 returns a tuple: pick one of its tops)")
+                # pycaffe's exact message (python/caffe/net_spec.py, Function.__init__),
+                # which its test_net_spec.py matches with a regex anchored at both ends
+                raise TypeError("%s input %d is not a Top (type is %s)"
+                                % (type_name, i, type(inp)))
         self.type_name = type_name
         self.inputs = tuple(inputs)
         params = dict(params)

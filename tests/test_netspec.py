@@ -212,7 +212,7 @@ def test_netspec_item_access_and_errors():
         n.missing
     with pytest.raises(TypeError, match="ntop > 1 returns a tuple"):
         n.pair = L.Data(ntop=2)
-    with pytest.raises(TypeError, match="bottom 0"):
+    with pytest.raises(TypeError, match=r"^ReLU input 0 is not a Top \(type is <class .tuple.>\)$"):
         L.ReLU(L.Data(ntop=2))
     with pytest.raises(ValueError, match="in_place"):
         L.ReLU(in_place=True)

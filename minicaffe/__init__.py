@@ -64,6 +64,35 @@ def _answer_to_caffe():
     sys.modules["caffe.proto"] = proto
     sys.modules["caffe.proto.caffe_pb2"] = caffe_pb2
     sys.modules["caffe.io"] = io
+    sys.meta_path.insert(0, _CaffeSubmodules())
+
+
+class _CaffeSubmodules:
+    """``import caffe.X`` (pycaffe's submodules: coord_map, net_spec, pycaffe, classifier...)
+    gives minicaffe's module of that role, the same object as ``minicaffe.X`` (a second copy
+    would have its own classes, and its exceptions would not be the ones minicaffe raises)."""
+    RENAMED = {"caffe.net_spec": "minicaffe.netspec", "caffe.pycaffe": "minicaffe"}
+
+    def _target(self, fullname):
+        return self.RENAMED.get(fullname, "minicaffe" + fullname[len("caffe"):])
+
+    def find_spec(self, fullname, path=None, target=None):
+        import importlib.util
+        if not fullname.startswith("caffe.") or fullname.count(".") != 1:
+            return None
+        try:
+            if importlib.util.find_spec(self._target(fullname)) is None:
+                return None
+        except (ImportError, ValueError):
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        import importlib
+        return importlib.import_module(self._target(spec.name))
+
+    def exec_module(self, module):
+        """Nothing: the module is minicaffe's, executed when it was imported."""
 
 
 _answer_to_caffe()

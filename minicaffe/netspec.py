@@ -58,7 +58,7 @@ from .proto import caffe_pb2
 # takes that answer as "already imported" and would leave the registry empty.
 importlib.import_module(__package__ + ".layers")
 
-__all__ = ["L", "P", "NetSpec", "Top", "Function", "to_proto", "param_name_dict", "assign_proto"]
+__all__ = ["L", "P", "layers", "params", "NetSpec", "Top", "Function", "to_proto", "param_name_dict", "assign_proto"]
 
 
 def param_name_dict() -> dict[str, str]:
@@ -389,3 +389,6 @@ class Parameters:
 
 L = Layers()
 P = Parameters()
+# pycaffe's net_spec module names them so (``from caffe.net_spec import layers as L``)
+layers = L
+params = P

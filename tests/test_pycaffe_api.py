@@ -105,6 +105,27 @@ def test_import_caffe_reaches_minicaffe_where_no_caffe_is_installed():
     assert r.returncode == 0, r.stderr
 
 
+def test_caffe_submodules_are_minicaffes_own_modules():
+    """``import caffe.coord_map`` is ``minicaffe.coord_map`` (not a second copy with its own
+    exception classes); pycaffe's net_spec and pycaffe module names reach their roles."""
+    code = ("import minicaffe, caffe\n"
+            "import caffe.coord_map, minicaffe.coord_map, caffe.net_spec, caffe.pycaffe\n"
+            "from caffe.net_spec import layers as L, params as P\n"
+            "from caffe.coord_map import crop, UndefinedMapException\n"
+            "assert caffe.coord_map is minicaffe.coord_map\n"
+            "assert UndefinedMapException is minicaffe.coord_map.UndefinedMapException\n"
+            "assert caffe.net_spec is minicaffe.netspec and L is minicaffe.netspec.L\n"
+            "assert caffe.pycaffe.Net is minicaffe.Net and P.Pooling.MAX == 0\n"
+            "try:\n"
+            "    import caffe.no_such_module\n"
+            "except ImportError:\n"
+            "    pass\n"
+            "else:\n"
+            "    raise AssertionError('caffe.no_such_module imported')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 def test_set_mode_decides_the_solvers_mode_as_in_pycaffe(monkeypatch):
     """pycaffe's solvers never read solver_mode: Caffe::mode (set_mode_cpu/gpu) decides.
     Where neither was called, minicaffe follows the file."""

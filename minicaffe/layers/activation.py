@@ -16,7 +16,8 @@ read it back.  Caffe's own answer differs per layer:
   in place is exact and costs nothing.
 * BNLL, Power, Log and Clip read ``bottom[0]->cpu_data()`` in backward, which in place is
   the top: Caffe then computes its gradient from the output (Clip passes every gradient,
-  BNLL takes the sigmoid of the output).  They do the same here, as ReLU with a negative
+  BNLL takes the sigmoid of the output; Power, outside powers 1 and 2, also reads the top
+  and divides the one by the other).  They do the same here, as ReLU with a negative
   slope does (:mod:`minicaffe.layers.neuron`): Caffe's behaviour is the reference, and
   a net trained in Caffe with such a layer in place trains the same way here.
 * ELU with ``alpha < 0`` reads the bottom like Caffe, which in place reproduces Caffe's
@@ -294,7 +295,11 @@ class PowerLayer(InputGradientNeuron):
     other powers ``dy * diff_scale * (shift + scale * x)^(power - 1)``.  Caffe writes the
     latter as ``diff_scale * y / (shift + scale * x)``, which is 0/0 = NaN wherever the base
     is 0 (an exact zero after a ReLU, say) although the derivative is finite for power > 1;
-    the direct form gives the same values elsewhere, to rounding, and reads no top.
+    the direct form gives the same values elsewhere, to rounding, and reads no top.  In place
+    x is overwritten by y, and Caffe's quotient form reads y for both x and y: it gives
+    ``power`` (shift 0) or ``diff_scale * y / (shift + scale * y)``, which is not the
+    derivative at y; in place this layer computes that quotient, as the module doc says of
+    in-place layers (Caffe's behaviour is the reference).
     """
 
     type = "Power"
@@ -336,6 +341,15 @@ class PowerLayer(InputGradientNeuron):
             grad = (self.diff_scale * self.scale) * x
             if self.shift != 0:
                 grad += self.diff_scale * self.shift
+        elif self._in_place:
+            # power_layer.cpp's quotient form, reading bottom_data and top_data as Caffe does:
+            # in place both hold y, so Caffe computes power * y / y (shift 0) or
+            # diff_scale * y / (shift + scale * y), not the derivative at y.
+            y = top[0].data
+            if self.shift == 0:
+                grad = self.power * (y / x)
+            else:
+                grad = self.diff_scale * (y / _scale_shift(x, self.scale, self.shift))
         else:
             grad = self.diff_scale * self.xp.power(_scale_shift(x, self.scale, self.shift),
                                                    self.power - 1)

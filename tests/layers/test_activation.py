@@ -293,7 +293,8 @@ def test_in_place_matches_out_of_place(text, rng):
 @pytest.mark.parametrize("text", READS_OVERWRITTEN)
 def test_in_place_reads_the_overwritten_bottom_as_caffe(text, rng):
     """In place, Caffe's BNLL, Power, Log and Clip read bottom[0]->cpu_data(), which holds
-    the top: their gradient is the out-of-place backward evaluated at y instead of x."""
+    the top: their gradient is the out-of-place backward evaluated at y instead of x, except
+    Power outside powers 1 and 2, whose quotient form also reads the top (y again)."""
     x = sample(text, rng)
     dy = rng.standard_normal(SHAPE)
     y, dx_in, _, layer = run(text, x, dy, in_place=True)
@@ -301,6 +302,12 @@ def test_in_place_reads_the_overwritten_bottom_as_caffe(text, rng):
     ref, bottom, top = setup(text, x)
     ref.forward([bottom], [top])
     np.testing.assert_array_equal(to_numpy(top.data), y)
+    if ref.type == "Power" and ref.power not in (1, 2):
+        # power_layer.cpp: diff_scale * top_data / (shift + scale * bottom_data), both y
+        p = ref.param.power_param
+        want = dy * (p.power * p.scale) * y / (p.shift + p.scale * y)
+        np.testing.assert_allclose(dx_in, want, rtol=1e-13)
+        return
     bottom.data[...] = top.data                    # what Caffe's in-place backward reads
     top.diff[...] = dy
     ref.backward([top], [True], [bottom])
@@ -481,6 +488,20 @@ def test_power_special_cases():
     _, dx, _, _ = run('name: "p" type: "Power" power_param { power: 3 }', x, dy)
     np.testing.assert_allclose(dx, dy * 3 * x ** 2)
     assert dx[0, 1] == 0.0
+
+
+def test_power_in_place_is_caffes_quotient():
+    """power_layer.cpp in place: bottom_data and top_data both hold y, so the quotient form
+    gives diff_scale * y / (shift + scale * y), and power * y / y = power for shift 0."""
+    x = np.array([[1.0, 2.0, 0.5]])
+    dy = np.ones_like(x)
+    y, dx, _, _ = run(POWER, x, dy, in_place=True)      # power 3, scale 0.5, shift 0.25
+    np.testing.assert_allclose(y, (0.25 + 0.5 * x) ** 3)
+    np.testing.assert_allclose(dx[0, 0], 1.5 * 0.421875 / (0.25 + 0.5 * 0.421875), rtol=1e-15)
+    np.testing.assert_allclose(dx, 1.5 * y / (0.25 + 0.5 * y), rtol=1e-15)
+    _, dx, _, _ = run('name: "p" type: "Power" power_param { power: 3 scale: 0.5 }', x, dy,
+                      in_place=True)
+    np.testing.assert_array_equal(dx, [[3.0, 3.0, 3.0]])
 
 
 def test_clip_gradient_passes_at_both_bounds():

@@ -10,6 +10,7 @@
     minicaffe train ... --swap dynamic --budget 12G [--auto-batch | --batch k] [--lr-rule eq9]
     minicaffe plan --model M --budget 12G [--batch k] [--profile P] [--plot out.png]
     minicaffe ps server|keys ...                         (parameter server, docs/PS.md)
+    minicaffe draw NET.prototxt OUT.png [--rankdir LR] [--phase TRAIN]   (pycaffe's draw_net.py)
     minicaffe train --solver S --ps tcp://h:p,... --rank R --world-size W
 
 Caffe's single-dash spellings (``-solver``, ``-model`` ...) are accepted too.
@@ -162,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     _mode_args(ti)
 
     sub.add_parser("device_query", help="show the CUDA devices")
+
+    from .tools.draw_net import add_arguments as add_draw_arguments  # proto only; pydot on use
+    add_draw_arguments(sub.add_parser(
+        "draw", help="draw a net as a graph (pycaffe's draw_net.py; png/svg need Graphviz)"))
     # --- swap/ mem command (begin)
     me = sub.add_parser("mem", help="memory breakdown per swap strategy and the largest "
                                     "trainable minibatch under a budget")
@@ -562,7 +567,13 @@ def cmd_ps(args):
     return run(args)
 
 
-COMMANDS = {"train": cmd_train, "test": cmd_test, "time": cmd_time,
+def cmd_draw(args):
+    """``minicaffe draw``: pycaffe's python/draw_net.py (minicaffe/tools/draw_net.py)."""
+    from .tools.draw_net import run
+    return run(args, prog="minicaffe draw")
+
+
+COMMANDS = {"draw": cmd_draw, "train": cmd_train, "test": cmd_test, "time": cmd_time,
             "device_query": cmd_device_query, "ps": cmd_ps,
             "mem": cmd_mem, "plan": cmd_plan}  # mem, plan: swap/
 

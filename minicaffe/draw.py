@@ -210,7 +210,11 @@ def _render(graph, ext: str) -> bytes:
             "rendering a net to %r needs Graphviz's `dot` program, which is not on PATH "
             "(apt-get install graphviz, or brew install graphviz); a .dot or .raw file gives "
             "the DOT text without it" % ext)
-    return graph.create(prog="dot", format=ext)
+    try:
+        return graph.create(prog="dot", format=ext)
+    except AssertionError as e:  # pydot's way of saying that dot exited non-zero
+        raise RuntimeError("Graphviz's dot could not render the net as %r (an unknown format?): %s"
+                           % (ext, e)) from None
 
 
 def draw_net(caffe_net, rankdir: str, ext: str = "png", phase=None,

@@ -7,8 +7,11 @@ Each runs with ``python -m minicaffe.tools.<name> --help``:
   of Datum records, keyed ``%08d_<path>`` as Caffe's tool;
 * ``compute_image_mean``: the mean image of an LMDB, as a ``.binaryproto``;
 * ``make_digits``: the bundled 8x8 digits as ``train_lmdb``, ``test_lmdb`` and
-  ``mean.binaryproto``, a tiny real data set for the examples and tests.
+  ``mean.binaryproto``, a tiny real data set for the examples and tests;
+* ``draw_net``: pycaffe's ``python/draw_net.py``, a net drawn as a graph
+  (``caffe.draw``; also ``minicaffe draw``).
 
 Each module also exposes its work as a function (``convert_imageset``,
-``compute_image_mean``, ``make_digits``) for use from Python.
+``compute_image_mean``, ``make_digits``; ``caffe.draw.draw_net_to_file`` for
+``draw_net``) for use from Python.
 """

@@ -799,28 +799,28 @@ class Net:
 
     def save_hdf5(self, path: str, write_diff: bool = False):
         """Write the parameters as Caffe's ``Net::ToHDF5`` does (``.caffemodel.h5``, pycaffe's
-        ``net.save_hdf5``), atomically: group ``data`` (and ``diff``) holds a group per layer
-        with parameters, and in it dataset ``"j"`` for its param j, shaped as the blob;
-        params shared from another layer are written by their owner only."""
-        import h5py
-        path = os.fspath(path)
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            with h5py.File(tmp, "w") as f:
-                groups = [f.create_group("data")] + ([f.create_group("diff")] if write_diff
-                                                     else [])
-                for flat, (li, pi) in enumerate(self.param_layer_index):
-                    if self.param_owner[flat] != -1:
-                        continue
-                    blob = self.layers[li].blobs[pi]
-                    for g, which in zip(groups, ("data", "diff")):
-                        layer_group = g.require_group(self.layer_names[li])
-                        layer_group.create_dataset(str(pi), data=to_numpy(getattr(blob, which)))
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        ``net.save_hdf5``, ``snapshot_format: HDF5``), atomically: group ``data`` (and
+        ``diff``) holds a group for every layer, parameters or not (Split layers too), and
+        in it dataset ``"j"`` for its param j, shaped as the blob, in the net's dtype.
+        A param shared from another layer has its data written by the owner only, but
+        its diff (the owner's) under every layer that uses it, as Caffe does."""
+        from .hdf5_util import write_atomic
+        flat_of = {lp: flat for flat, lp in enumerate(self.param_layer_index)}
+
+        def fill(f):
+            data = f.create_group("data")
+            diff = f.create_group("diff") if write_diff else None
+            for li, (name, layer) in enumerate(zip(self.layer_names, self.layers)):
+                layer_data = data.create_group(name)
+                layer_diff = diff.create_group(name) if write_diff else None
+                for pi, blob in enumerate(layer.blobs):
+                    if self.param_owner[flat_of[(li, pi)]] == -1:
+                        # host copy: syncs with the device where the net runs on a GPU
+                        layer_data.create_dataset(str(pi), data=to_numpy(blob.data))
+                    if write_diff:
+                        layer_diff.create_dataset(str(pi), data=to_numpy(blob.diff))
+
+        write_atomic(path, fill)
 
     def copy_from_hdf5(self, path: str):
         """Caffe's ``CopyTrainedLayersFromHDF5`` (pycaffe's ``net.load_hdf5``): for each layer

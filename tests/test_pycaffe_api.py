@@ -151,18 +151,26 @@ SHARED = TINY.replace('name: "ip2" type: "InnerProduct" bottom: "r" top: "out"',
 
 
 def test_hdf5_weights_as_caffes_to_hdf5_and_back(tmp_path):
-    """net.save_hdf5 writes Caffe's layout (data/<layer>/<j>, shared params by their owner
-    only); copy_from (pycaffe's Net(..., weights)) recognises an HDF5 file and loads it."""
+    """net.save_hdf5 writes Caffe's layout (Net::ToHDF5: data/<layer>/<j> with a group for
+    every layer, the inserted Split too; shared params' data by their owner only, their
+    diff under every layer); copy_from (pycaffe's Net(..., weights)) recognises an HDF5
+    file and loads it."""
     import h5py
     a = net(SHARED)
     a.params["ip1"][0].data[...] = np.arange(12, dtype=np.float32).reshape(4, 3)
+    a.params["ip2"][0].diff[...] = 3.0
     path = tmp_path / "w.caffemodel.h5"
     a.save_hdf5(str(path), write_diff=True)
     with h5py.File(path, "r") as f:
         assert sorted(f) == ["data", "diff"]
-        assert sorted(f["data"]) == ["ip1", "ip2", "ip3"]
+        assert list(f["data"]) == list(f["diff"]) == sorted(a.layer_names)
+        assert {"data", "relu", "ip1", "ip2", "ip3"} < set(f["data"])
+        assert len(f["data"]) == 6                   # and relu's Split
+        assert len(f["data/relu"]) == 0
         assert sorted(f["data/ip1"]) == ["0", "1"] and f["data/ip1/0"].shape == (4, 3)
         assert sorted(f["data/ip3"]) == ["1"]        # its weights are ip2's
+        assert sorted(f["diff/ip3"]) == ["0", "1"]   # Caffe: diffs regardless of sharing
+        np.testing.assert_array_equal(f["diff/ip3/0"][...], np.full((2, 4), 3, np.float32))
     b = net(SHARED)
     b.copy_from(str(path))
     for name in ("ip1", "ip2", "ip3"):

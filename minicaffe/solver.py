@@ -476,16 +476,36 @@ class Solver:
         return prefix
 
     def snapshot(self) -> tuple[str, str]:
-        """Write ``<prefix>_iter_N.caffemodel`` and ``.solverstate`` atomically."""
-        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
-            raise ValueError("snapshot_format HDF5 is not supported: use BINARYPROTO")
+        """Caffe's Solver::Snapshot: the weights, then the solver state, each written
+        atomically. ``snapshot_format: BINARYPROTO`` (the default) writes
+        ``<prefix>_iter_N.caffemodel`` and ``.solverstate``; ``HDF5`` writes
+        ``<prefix>_iter_N.caffemodel.h5`` (Net::ToHDF5, diffs too with ``snapshot_diff``)
+        and ``.solverstate.h5`` (SGDSolver::SnapshotSolverStateToHDF5)."""
+        hdf5 = self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5
         prefix = self._prefix()
         d = os.path.dirname(prefix)
         if d:
             os.makedirs(d, exist_ok=True)
-        model = f"{prefix}_iter_{self.iter}.caffemodel"
-        self._log(f"Snapshotting to binary proto file {model}")
-        self.net.save(model, write_diff=self.param.snapshot_diff)
+        if hdf5:
+            model = f"{prefix}_iter_{self.iter}.caffemodel.h5"
+            self._log(f"Snapshotting to HDF5 file {model}")
+            self.net.save_hdf5(model, write_diff=self.param.snapshot_diff)
+            path = f"{prefix}_iter_{self.iter}.solverstate.h5"
+            self._log(f"Snapshotting solver state to HDF5 file {path}")
+            self._snapshot_state_hdf5(model, path)
+        else:
+            model = f"{prefix}_iter_{self.iter}.caffemodel"
+            self._log(f"Snapshotting to binary proto file {model}")
+            self.net.save(model, write_diff=self.param.snapshot_diff)
+            path = f"{prefix}_iter_{self.iter}.solverstate"
+            self._log(f"Snapshotting solver state to binary proto file {path}")
+            self._snapshot_state_binary(model, path)
+        self.last_snapshot = (model, path)
+        return model, path
+
+    def _snapshot_state_binary(self, model: str, path: str):
+        """SGDSolver::SnapshotSolverStateToBinaryProto, plus minicaffe's extra state in
+        SolverState field 1000 (``minicaffe_state``, which Caffe skips as unknown)."""
         state = caffe_pb2.SolverState(iter=self.iter, learned_net=model,
                                       current_step=self.current_step)
         for h in self.rule.state_blobs():
@@ -496,11 +516,39 @@ class Solver:
             values.extend(to_numpy(h).astype(h.dtype if h.dtype == np.float64 else np.float32)
                           .ravel().tolist())
         state.minicaffe_state = json.dumps(self._extra_state()).encode()
-        path = f"{prefix}_iter_{self.iter}.solverstate"
-        self._log(f"Snapshotting solver state to binary proto file {path}")
         write_binary(state, path)
-        self.last_snapshot = (model, path)
-        return model, path
+
+    def _snapshot_state_hdf5(self, model: str, path: str):
+        """SGDSolver::SnapshotSolverStateToHDF5: int datasets ``iter`` and
+        ``current_step``, string ``learned_net`` (the weights file), and group ``history``
+        with dataset ``"i"`` for history blob i, shaped as its param, in the solver's
+        dtype. The history list is the rule's: one blob per learnable param, and for
+        AdaDelta and Adam a second run of them after the first (Caffe's PreSolve appends
+        them to history_, so their indices continue at n_params).
+
+        minicaffe's extra state (RNG and data-reader positions, as in the binary
+        ``minicaffe_state``) goes into group ``minicaffe``, dataset ``state`` (JSON);
+        Caffe's RestoreSolverStateFromHDF5 opens only the datasets it names, so it
+        ignores the group."""
+        from .hdf5_util import save_int, save_string, write_atomic
+        # host copies first (each one syncs with the device where the solver runs on a GPU)
+        history = [to_numpy(h).astype(np.float64 if h.dtype == np.float64 else np.float32,
+                                      copy=False)
+                   for h in self.rule.state_blobs()]
+        extra = json.dumps(self._extra_state())
+
+        def fill(f):
+            save_int(f, "iter", self.iter)
+            save_string(f, "learned_net", model)
+            save_int(f, "current_step", self.current_step)
+            group = f.create_group("history")
+            for i, h in enumerate(history):
+                group.create_dataset(str(i), data=h)
+            ours = f.create_group("minicaffe")
+            ours.attrs["version"] = MINICAFFE_STATE_VERSION
+            save_string(ours, "state", extra)
+
+        write_atomic(path, fill)
 
     def _extra_state(self) -> dict:
         """What Caffe does not save but an identical resume needs: the RNG
@@ -513,15 +561,33 @@ class Solver:
         return {"version": MINICAFFE_STATE_VERSION,
                 "host_rng": host_rng().bit_generator.state, "layers": layers}
 
-    def restore(self, path: str):
-        """Resume from a ``.solverstate`` (Caffe's Solver::Restore)."""
-        if path.endswith(".h5"):
-            raise ValueError(f"{path}: HDF5 solver states are not supported")
-        state = read_binary(path, caffe_pb2.SolverState)
-        model = state.learned_net
+    def _load_extra_state(self, extra: dict):
+        host_rng().bit_generator.state = extra["host_rng"]
+        nets = [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]
+        for tag, net in nets:
+            for name, layer in zip(net.layer_names, net.layers):
+                key = f"{tag}/{name}"
+                if key in extra["layers"] and hasattr(layer, "load_state_dict"):
+                    layer.load_state_dict(extra["layers"][key])
+
+    @staticmethod
+    def _learned_net_path(model: str, state_path: str) -> str:
+        """The weights a state names; where that path is gone (a moved snapshot
+        directory), the file of that name beside the state."""
         if model and not os.path.exists(model):
-            alt = os.path.join(os.path.dirname(path), os.path.basename(model))
+            alt = os.path.join(os.path.dirname(state_path), os.path.basename(model))
             model = alt if os.path.exists(alt) else model
+        return model
+
+    def restore(self, path: str):
+        """Resume from a solver state (Caffe's Solver::Restore): a name ending in ``.h5``
+        is read as HDF5 (RestoreSolverStateFromHDF5), any other as a binary
+        ``.solverstate``."""
+        path = os.fspath(path)
+        if path.endswith(".h5"):
+            return self._restore_hdf5(path)
+        state = read_binary(path, caffe_pb2.SolverState)
+        model = self._learned_net_path(state.learned_net, path)
         if model:
             self.net.copy_from(model)
         self.iter = state.iter
@@ -539,14 +605,62 @@ class Solver:
                 raise ValueError(f"{path}: history blob of {values.size} values, expected {h.size}")
             h[...] = xp.asarray(values.reshape(h.shape), dtype=h.dtype)
         if state.minicaffe_state:
-            extra = json.loads(state.minicaffe_state.decode())
-            host_rng().bit_generator.state = extra["host_rng"]
-            nets = [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]
-            for tag, net in nets:
-                for name, layer in zip(net.layer_names, net.layers):
-                    key = f"{tag}/{name}"
-                    if key in extra["layers"] and hasattr(layer, "load_state_dict"):
-                        layer.load_state_dict(extra["layers"][key])
+            self._load_extra_state(json.loads(state.minicaffe_state.decode()))
+
+    def _restore_hdf5(self, path: str):
+        """SGDSolver::RestoreSolverStateFromHDF5: ``iter``, the weights named by
+        ``learned_net`` where that dataset exists (Net::CopyTrainedLayersFrom, which reads
+        HDF5 or binary weights), ``current_step``, and group ``history`` that must hold
+        exactly as many datasets as this solver has history blobs, each shaped as its
+        blob. The whole file is read and checked before anything is changed."""
+        import h5py
+        from .hdf5_util import load_int, load_string
+        blobs = self.rule.state_blobs()
+        try:
+            f = h5py.File(path, "r")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: no such solver state file") from None
+        except OSError as e:
+            raise ValueError(f"{path}: not a readable HDF5 solver state ({e})") from None
+        try:
+            with f:
+                it = load_int(f, "iter")
+                model = load_string(f, "learned_net") if "learned_net" in f else ""
+                step = load_int(f, "current_step")
+                if not isinstance(f.get("history"), h5py.Group):
+                    raise ValueError("no 'history' group")
+                group = f["history"]
+                if len(group) != len(blobs):
+                    raise ValueError(
+                        f"solver state has {len(group)} history blobs, this solver needs "
+                        f"{len(blobs)} (different net or solver type?)")
+                values = []
+                for i, h in enumerate(blobs):
+                    if str(i) not in group:
+                        raise ValueError(f"history dataset {i!r} is missing")
+                    v = group[str(i)][...]
+                    if tuple(v.shape) != tuple(h.shape):
+                        raise ValueError(f"history blob {i} has shape {tuple(v.shape)}, "
+                                         f"this solver's is {tuple(h.shape)}")
+                    values.append(v)
+                extra = None
+                if isinstance(f.get("minicaffe"), h5py.Group) and "state" in f["minicaffe"]:
+                    extra = json.loads(load_string(f["minicaffe"], "state"))
+        except (KeyError, OSError, ValueError) as e:
+            # h5py reports a missing dataset as KeyError, unreadable (truncated) data as
+            # OSError; either way the message names the file
+            msg = e.args[0] if e.args else type(e).__name__
+            raise ValueError(f"{path}: bad HDF5 solver state: {msg}") from None
+        model = self._learned_net_path(model, path)
+        if model:
+            self.net.copy_from(model)
+        self.iter = it
+        self.current_step = step
+        xp = self.net.xp
+        for h, v in zip(blobs, values):
+            h[...] = xp.asarray(v, dtype=h.dtype)     # host to device where on a GPU
+        if extra is not None:
+            self._load_extra_state(extra)
 
 
 def _fmt_eta(s):

@@ -305,3 +305,39 @@ def test_cli_and_pycaffe_resume_from_hdf5_snapshots(tmp_path, capsys):
     for k, v in want.items():
         layer, j = k.split("/")
         np.testing.assert_array_equal(solver.net.params[layer][int(j)].data, v, err_msg=k)
+
+
+SHARED_NET = NET.replace(
+    'layer { name: "loss"',
+    'layer { name: "ip3" type: "InnerProduct" bottom: "ip2" top: "ip3" param { name: "w" } '
+    'inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }\n'
+    'layer { name: "ip4" type: "InnerProduct" bottom: "ip3" top: "ip4" param { name: "w" } '
+    'inner_product_param { num_output: 2 } }\n'
+    'layer { name: "loss"').replace('bottom: "ip2" bottom: "target"', 'bottom: "ip4" bottom: "target"')
+
+
+def test_shared_params_snapshot_and_resume(tmp_path):
+    """A param shared by name: Net::ToHDF5 writes its data under the owner only and its
+    diff under both layers; the resume fills the sharer from the owner, exactly."""
+    def param():
+        p = solver_param(tmp_path / "sh", "Adam", snapshot_diff=True)
+        p.net_param.CopyFrom(parse_text(SHARED_NET, caffe_pb2.NetParameter))
+        return p
+    full = Solver(param(), verbose=False)
+    full.step(6)
+    part = Solver(param(), verbose=False)
+    part.step(3)
+    model, state = part.snapshot()
+    with h5py.File(model, "r") as f:
+        assert sorted(f["data/ip3"]) == ["0", "1"] and sorted(f["data/ip4"]) == ["1"]
+        assert sorted(f["diff/ip4"]) == ["0", "1"]
+        np.testing.assert_array_equal(f["diff/ip4/0"][...], f["diff/ip3/0"][...])
+    with h5py.File(state, "r") as f:
+        assert len(f["history"]) == 2 * len(part.net.learnable_params)
+    resumed = Solver(param(), verbose=False)
+    resumed.restore(state)
+    resumed.step(3)
+    np.testing.assert_array_equal(resumed.net.params["ip4"][0].data,
+                                  resumed.net.params["ip3"][0].data)
+    for a, b in zip(params_of(resumed) + state_of(resumed), params_of(full) + state_of(full)):
+        np.testing.assert_array_equal(a, b)

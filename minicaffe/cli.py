@@ -67,6 +67,55 @@ def _mode(args, default=None):
     return default, None
 
 
+SIGNAL_EFFECTS = ("snapshot", "stop", "none")
+
+
+class SignalActions:
+    """Caffe's SignalHandler (tools/caffe.cpp, util/signal_handler.cpp) for ``train``: SIGINT
+    and SIGHUP only set a flag; the solver asks after every iteration and test batch
+    (:attr:`Solver.action_function`) and gets the signal's effect, SIGHUP's first.  So Ctrl-C
+    (``stop``, the default) ends training after the running iteration, with the final
+    snapshot, and SIGHUP (``snapshot``) writes one and goes on.  Unlike Caffe, a second
+    Ctrl-C before the solver has taken the first interrupts at once (KeyboardInterrupt)."""
+
+    def __init__(self, sigint_effect: str = "stop", sighup_effect: str = "snapshot"):
+        self.effects = {"SIGINT": sigint_effect, "SIGHUP": sighup_effect}
+        self.pending = {"SIGINT": False, "SIGHUP": False}
+        self._old = {}
+
+    def install(self):
+        import signal
+        for name in self.effects:
+            signum = getattr(signal, name, None)
+            if signum is not None:
+                self._old[signum] = signal.signal(signum, self._got)
+        return self
+
+    def restore(self):
+        import signal
+        for signum, handler in self._old.items():
+            signal.signal(signum, handler)
+        self._old = {}
+
+    def _got(self, signum, frame):
+        import signal
+        name = signal.Signals(signum).name
+        if name == "SIGINT" and self.pending[name]:
+            raise KeyboardInterrupt
+        self.pending[name] = True
+        effect = self.effects[name]
+        if effect != "none":
+            log(f"{name}: {effect} after this iteration"
+                + (" (Ctrl-C again interrupts at once)" if name == "SIGINT" else ""))
+
+    def __call__(self) -> str:
+        for name in ("SIGHUP", "SIGINT"):
+            if self.pending[name]:
+                self.pending[name] = False
+                return self.effects[name]
+        return "none"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="minicaffe", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -92,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--snapshot-prefix", default="")
     t.add_argument("--random-seed", type=int, default=-1)
     t.add_argument("--quiet", action="store_true", help="only warnings and errors")
+    for sig, default, what in (("sigint", "stop", "Ctrl-C"), ("sighup", "snapshot", "SIGHUP")):
+        t.add_argument(f"--{sig}-effect", f"--{sig}_effect", f"-{sig}_effect",
+                       dest=f"{sig}_effect", choices=SIGNAL_EFFECTS, default=default,
+                       help=f"what {what} does, as Caffe's -{sig}_effect: snapshot, stop (after "
+                            f"the iteration, with the final snapshot) or none (default "
+                            f"{default})")
     t.add_argument("--cuda-graph", action="store_true",
                    help="replay each training iteration as one CUDA graph (GPU mode, plain SGD; "
                         "where the iteration cannot be captured the reasons are logged and it "
@@ -282,7 +337,15 @@ def cmd_train(args):
     if args.ps:  # --- data-parallel (ps/): the worker takes over the update step
         from ps.cli import wrap_solver
         solver = wrap_solver(args, solver)
-    solver.solve(resume_file=args.snapshot)
+    signals = None
+    if not args.ps:   # a data-parallel worker ends on SIGTERM and its peers' failures instead
+        signals = SignalActions(args.sigint_effect, args.sighup_effect).install()
+        solver.action_function = signals
+    try:
+        solver.solve(resume_file=args.snapshot)
+    finally:
+        if signals is not None:
+            signals.restore()
     if executor is not None:  # --- swap/: the measured high-water mark
         log(executor.report())
         executor.close()

@@ -134,6 +134,10 @@ class Solver:
             set_random_seed(self.param.random_seed)
         self.iter = 0
         self.current_step = 0
+        # Caffe's Solver::SetActionFunction: asked after every iteration and test batch for
+        # "none", "snapshot" or "stop" (the CLI's SIGINT/SIGHUP effects); None: never asked
+        self.action_function = None
+        self.requested_early_exit = False
         self._build_nets(net_param)
         self.history = [self.net.xp.zeros_like(p.data) for p in self.net.learnable_params]
         self.rule = UPDATE_RULES[self.type](self)
@@ -258,6 +262,8 @@ class Solver:
             if p.test_interval and self.iter % p.test_interval == 0 and (
                     self.iter > 0 or p.test_initialization):
                 self.test_all()
+                if self.requested_early_exit:    # stop was asked for while testing
+                    break
             for cb in self.callbacks:
                 getattr(cb, "on_start", lambda s: None)(self)
             display = p.display and self.iter % p.display == 0
@@ -290,8 +296,23 @@ class Solver:
             elif display:  # the update ran in the graph; log its rate as apply_update does
                 self._log(f"Iteration {self.iter}, lr = {graph.last_rate:.6g}")
             self.iter += 1
-            if p.snapshot and self.iter % p.snapshot == 0:
+            request = self.requested_action()
+            if (p.snapshot and self.iter % p.snapshot == 0) or request == "snapshot":
                 self.snapshot()
+            if request == "stop":
+                self.requested_early_exit = True
+                break
+
+    def requested_action(self) -> str:
+        """Caffe's Solver::GetRequestedAction: "none", "snapshot" or "stop", from
+        :attr:`action_function` (the CLI sets it from SIGINT and SIGHUP)."""
+        if self.action_function is None:
+            return "none"
+        request = self.action_function()
+        if request not in ("none", "snapshot", "stop"):
+            raise ValueError(f"the solver's action function gave {request!r}; expected "
+                             "'none', 'snapshot' or 'stop'")
+        return request
 
     def solve(self, resume_file: str | None = None):
         """Train to ``max_iter`` (Caffe's Solver::Solve)."""
@@ -304,6 +325,9 @@ class Solver:
         self.step(p.max_iter - self.iter)
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
+        if self.requested_early_exit:      # Caffe: the snapshot above, then no final test
+            self._log("Optimization stopped early.")
+            return
         if p.display and self.iter % p.display == 0:
             loss = float(self.net.forward_from_to())
             self._log(f"Iteration {self.iter}, loss = {loss:.6g}")
@@ -332,6 +356,8 @@ class Solver:
     def test_all(self):
         results = []
         for i in range(len(self.test_nets)):
+            if self.requested_early_exit:   # Solver::TestAll stops at a requested stop
+                break
             results.append(self.test(i))
         return results
 
@@ -343,12 +369,25 @@ class Solver:
         sums = {}
         loss = 0.0
         for _ in range(n):
+            # Solver::Test: snapshots and stops asked for while testing are handled per batch
+            request = self.requested_action()
+            while request != "none":
+                if request == "snapshot":
+                    self.snapshot()
+                else:
+                    self.requested_early_exit = True
+                request = self.requested_action()
+            if self.requested_early_exit:
+                break
             batch_loss = net.forward_from_to()
             if self.param.test_compute_loss:
                 loss = loss + batch_loss
             for name in net.outputs:
                 v = net.blobs[name].data.reshape(-1)
                 sums[name] = v.copy() if name not in sums else sums[name] + v
+        if self.requested_early_exit:       # Caffe reports nothing of a partial test
+            self._log("Test interrupted.")
+            return {}
         means = {k: to_numpy(v) / n for k, v in sums.items()}
         if self.param.test_compute_loss:
             self._log(f"Test loss: {float(loss) / n:.6g}")

@@ -20,6 +20,7 @@ from .rng import set_random_seed
 from . import layers  # registers every layer; also pycaffe's `layers as L` NetSpec factory
 from . import io  # pycaffe's caffe.io: Transformer, load_image, resize_image, oversample
 from .classifier import Classifier
+from .detector import Detector
 
 
 def layer_type_list() -> list[str]:
@@ -32,7 +33,7 @@ __version__ = "0.1.0"
 
 __all__ = ["Net", "Blob", "Layer", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
            "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "TRAIN", "TEST",
-           "Classifier", "io", "caffe_pb2", "set_mode_cpu", "set_mode_gpu", "set_device",
+           "Classifier", "Detector", "io", "caffe_pb2", "set_mode_cpu", "set_mode_gpu", "set_device",
            "gpu_available", "register_layer", "known_layer_types", "layer_type_list", "set_random_seed", "layers",
            "params", "NetSpec"]
 

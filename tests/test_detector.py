@@ -274,3 +274,38 @@ def test_selective_search_windows_go_through_detect_windows(tiny_model, tmp_path
     for d, w in zip(dets, want):
         np.testing.assert_array_equal(d["window"], w["window"])
         np.testing.assert_array_equal(d["prediction"], w["prediction"])
+
+
+# ------------------------------------------------- python/detect.py's tool
+def test_detect_tool_writes_csv_in_input_order(tiny_model, tmp_path, capsys):
+    import csv
+
+    from minicaffe.tools import detect
+
+    rng = np.random.default_rng(9)
+    a = write_image(tmp_path / "a.png", rng, 10, 12)
+    b = write_image(tmp_path / "b.png", rng, 9, 9)
+    np.save(tmp_path / "mean.npy", np.broadcast_to(MEAN[:, None, None], (3, 5, 5)))
+    windows = tmp_path / "windows.csv"
+    # columns by name, in upstream's documented xmin-first order; images interleaved
+    windows.write_text("filename,xmin,ymin,xmax,ymax\n"
+                       f"{b},1,1,8,8\n{a},0,0,6,5\n{b},2,0,8,4\n")
+    out = tmp_path / "dets.csv"
+    args = [str(windows), str(out), "--model_def", tiny_model[0], "--pretrained_model",
+            tiny_model[1], "--crop_mode", "list", "--mean_file", str(tmp_path / "mean.npy"),
+            "--input_scale", str(INPUT_SCALE), "--context_pad", "2"]
+    assert detect.main(args) == 0
+    with open(out, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["filename", "ymin", "xmin", "ymax", "xmax", "class0", "class1", "class2"]
+    det = detector(tiny_model, context_pad=2)
+    want = det.detect_windows([(b, [np.array([1, 1, 8, 8]), np.array([0, 2, 4, 8])]),
+                               (a, [np.array([0, 0, 5, 6])])])
+    assert len(rows) == 1 + len(want)
+    for row, d in zip(rows[1:], want):
+        assert row[0] == d["filename"]
+        assert [int(c) for c in row[1:5]] == list(d["window"])
+        np.testing.assert_allclose([float(p) for p in row[5:]], d["prediction"], rtol=1e-6)
+
+    assert detect.main(args[:1] + [str(tmp_path / "dets.h5")] + args[2:]) == 1
+    assert "only .csv" in capsys.readouterr().err

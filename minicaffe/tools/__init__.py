@@ -9,7 +9,9 @@ Each runs with ``python -m minicaffe.tools.<name> --help``:
 * ``make_digits``: the bundled 8x8 digits as ``train_lmdb``, ``test_lmdb`` and
   ``mean.binaryproto``, a tiny real data set for the examples and tests;
 * ``draw_net``: pycaffe's ``python/draw_net.py``, a net drawn as a graph
-  (``caffe.draw``; also ``minicaffe draw``).
+  (``caffe.draw``; also ``minicaffe draw``);
+* ``detect``: pycaffe's ``python/detect.py``, a ``caffe.Detector`` over a CSV
+  of windows (or selective search proposals), detections written as CSV.
 
 Each module also exposes its work as a function (``convert_imageset``,
 ``compute_image_mean``, ``make_digits``; ``caffe.draw.draw_net_to_file`` for

@@ -514,19 +514,24 @@ def cmd_test(args):
         set_device(dev)
     phase = TRAIN if args.phase == "TRAIN" else TEST
     net = Net(args.model, phase, weights=args.weights, mode=mode)
+    from .solver import Solver
     log(f"Running for {args.iterations} iterations.")
-    sums = {}
+    # tools/caffe.cpp test(): every element of every output per batch under the output's
+    # name, the mean loss, then each element's mean with its loss weight where it has one
+    sums, loss = {}, 0.0
     for i in range(args.iterations):
-        net.forward_from_to()
+        loss += float(net.forward_from_to())   # a sync per batch, as Caffe's cpu_data()
         for name in net.outputs:
             v = to_numpy(net.blobs[name].data).ravel().astype(np.float64)
-            for k, x in enumerate(v):
-                log(f"Batch {i}, {name}{'' if v.size == 1 else f'[{k}]'} = {x:.6g}")
+            for x in v:
+                log(f"Batch {i}, {name} = {x:.6g}")
             sums[name] = sums.get(name, 0) + v
+    log(f"Loss: {loss / max(1, args.iterations):.6g}")
     for name, s in sums.items():
-        mean = s / args.iterations
-        for k, x in enumerate(mean):
-            log(f"{name}{'' if mean.size == 1 else f'[{k}]'} = {x:.6g}")
+        weight = Solver._output_loss_weight(net, name)
+        for x in s / args.iterations:
+            extra = f" (* {weight:g} = {weight * x:.6g} loss)" if weight else ""
+            log(f"{name} = {x:.6g}{extra}")
     return 0
 
 

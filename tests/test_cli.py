@@ -51,7 +51,16 @@ def test_train_solver_resume_and_test(net_file, tmp_path, capsys):
     assert "Test net output #0: acc = " in err
     assert main(["test", "--model", str(net_file), "--weights", f"{tmp_path}/s_iter_4.caffemodel",
                  "--iterations", "2"]) == 0
-    assert "acc = " in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # caffe test's lines: per batch, the mean loss, the means (a loss output with its weight)
+    assert "Batch 0, acc = " in err and "Batch 1, loss = " in err and "Loss: " in err
+    batch_losses = [float(ln.rsplit("= ", 1)[1]) for ln in err.splitlines()
+                    if ", loss = " in ln and "Batch " in ln]
+    mean = [ln for ln in err.splitlines() if ln.split("] ", 1)[-1].startswith("loss = ")]
+    assert len(batch_losses) == 2 and len(mean) == 1
+    assert f"(* 1 = {float(mean[0].split('= ')[1].split(' ')[0]):.6g} loss)" in mean[0]
+    loss_line = [ln for ln in err.splitlines() if "Loss: " in ln][0]
+    assert abs(float(loss_line.rsplit(" ", 1)[1]) - sum(batch_losses) / 2) < 1e-4
 
 
 def test_time_reports_each_layer(net_file, capsys):

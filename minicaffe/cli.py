@@ -35,6 +35,19 @@ def _add(p, *names, **kw):
     p.add_argument(*names, *extra, **kw)
 
 
+def _state_args(p):
+    """Caffe's -level and -stage (tools/caffe.cpp): the NetState of the net built."""
+    _add(p, "--level", type=int, default=0,
+         help="the net's NetState level (Caffe's -level; default 0)")
+    _add(p, "--stage", default="",
+         help="comma-separated NetState stages (Caffe's -stage, e.g. deploy or 'a,b')")
+
+
+def _stages(args) -> list:
+    """Caffe's get_stages_from_flags: -stage split at commas (an empty flag: none)."""
+    return args.stage.split(",") if args.stage else []
+
+
 def _mode_args(p):
     _engine_args(p)
     g = p.add_mutually_exclusive_group()
@@ -125,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(t, "--solver", help="solver prototxt")
     _add(t, "--weights", help="caffemodel(s) to fine-tune from (comma separated)")
     _add(t, "--snapshot", help="solverstate to resume from")
+    _state_args(t)
     _mode_args(t)
     t.add_argument("--base-lr", type=float, default=0.01)
     t.add_argument("--momentum", type=float, default=0.9)
@@ -208,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(te, "--weights")
     _add(te, "--iterations", type=int, default=50)
     _add(te, "--phase", default="TEST", choices=["TRAIN", "TEST"])
+    _state_args(te)
     _mode_args(te)
 
     ti = sub.add_parser("time", help="per-layer forward/backward times")
@@ -215,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(ti, "--iterations", type=int, default=50)
     _add(ti, "--phase", default="TRAIN", choices=["TRAIN", "TEST"])
     ti.add_argument("--warmup", type=int, default=2)
+    _state_args(ti)
     _mode_args(ti)
 
     sub.add_parser("device_query", help="show the CUDA devices")
@@ -317,14 +333,15 @@ def cmd_train(args):
     check_train_args(args)
     mode, dev = _mode(args)
     graph = True if args.cuda_graph else None  # None: $MINICAFFE_CUDA_GRAPH decides
+    state = dict(level=args.level, stages=_stages(args))
     if args.solver:
-        solver = Solver(args.solver, mode=mode, device_id=dev, cuda_graph=graph)
+        solver = Solver(args.solver, mode=mode, device_id=dev, cuda_graph=graph, **state)
     else:
         if mode is None:
             from .backend import gpu_available
             mode = "GPU" if gpu_available() else "CPU"
         solver = Solver(default_solver_param(args, args.net), mode=mode, device_id=dev,
-                        cuda_graph=graph)
+                        cuda_graph=graph, **state)
     log(f"Using {solver.mode} mode; net {solver.net.name!r}: {len(solver.net.layers)} layers, "
         f"{sum(p.count for p in solver.net.learnable_params):,} learnable parameters")
     if args.weights:
@@ -513,7 +530,8 @@ def cmd_test(args):
         from .backend import set_device
         set_device(dev)
     phase = TRAIN if args.phase == "TRAIN" else TEST
-    net = Net(args.model, phase, weights=args.weights, mode=mode)
+    net = Net(args.model, phase, weights=args.weights, mode=mode, level=args.level,
+              stages=_stages(args))
     from .solver import Solver
     log(f"Running for {args.iterations} iterations.")
     # tools/caffe.cpp test(): every element of every output per batch under the output's
@@ -592,7 +610,7 @@ def cmd_time(args):
         from .backend import set_device
         set_device(dev)
     phase = TRAIN if args.phase == "TRAIN" else TEST
-    net = Net(args.model, phase, mode=mode)
+    net = Net(args.model, phase, mode=mode, level=args.level, stages=_stages(args))
     log(f"Performing Forward/Backward, {args.iterations} iterations, {mode} mode")
     fwd, bwd, totals = layer_times(net, args.iterations, args.warmup)
     width = max(len(n) for n in net.layer_names)

@@ -100,6 +100,9 @@ class Solver:
         net_param: overrides the train net (used by ``minicaffe train NET``).
         cuda_graph: run each iteration as one CUDA graph where it can be captured
             (see the module doc); None follows ``$MINICAFFE_CUDA_GRAPH``.
+        level, stages: the train net's NetState as Caffe's ``caffe train -level -stage``
+            sets it: ``level`` (not None) replaces the file's ``train_state.level``, the
+            stages are added to its ``train_state.stage``; the test nets keep theirs.
     """
 
     # the update rule a subclass imposes (pycaffe's SGDSolver, AdamSolver ...); None: the
@@ -107,7 +110,7 @@ class Solver:
     update_type: str | None = None
 
     def __init__(self, param, mode=None, device_id=None, net_param=None, dtype=np.float32,
-                 verbose=True, cuda_graph=None):
+                 verbose=True, cuda_graph=None, level=None, stages=()):
         self.source_dir = None
         if isinstance(param, (str, os.PathLike)):
             self.source = os.fspath(param)
@@ -116,6 +119,9 @@ class Solver:
         else:
             self.source = None
         self.param = upgrade_solver(param)
+        if level is not None:   # caffe.cpp train: -level replaces train_state's, -stage adds
+            self.param.train_state.level = int(level)
+        self.param.train_state.stage.extend(stages)
         if self.update_type is not None:     # pycaffe's typed classes: the class decides
             self.param.type = self.update_type
         self.verbose = verbose

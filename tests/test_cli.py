@@ -103,3 +103,42 @@ def test_device_query_without_gpu(capsys):
     assert main(["device_query"]) == 0
     out = capsys.readouterr().out
     assert ("No CUDA device" in out) != gpu_available()
+
+
+STAGED = """
+name: "staged"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+        dummy_data_param { shape { dim: 4 dim: 5 } shape { dim: 4 }
+                           data_filler { type: "gaussian" std: 1 }
+                           data_filler { type: "constant" value: 1 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss"
+        exclude { stage: "deploy" } }
+layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" include { stage: "deploy" } }
+layer { name: "deep" type: "Softmax" bottom: "ip" top: "deep" include { min_level: 2 } }
+"""
+
+
+def test_level_and_stage_choose_the_layers_as_caffe_flags(tmp_path, capsys):
+    """tools/caffe.cpp: -stage (comma-separated) and -level build the net's NetState; train
+    sets them on the solver's train_state (-level replacing the file's)."""
+    net = tmp_path / "staged.prototxt"
+    net.write_text(STAGED)
+    assert main(["test", "--model", str(net), "--iterations", "1", "--stage", "deploy,x",
+                 "-level", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "Batch 0, prob = " in err and "Batch 0, deep = " in err and "loss = " not in err
+    assert main(["test", "--model", str(net), "--iterations", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "Batch 0, loss = " in err and "prob" not in err and "deep" not in err
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{net}"\nbase_lr: 0.01\nmax_iter: 1\nlr_policy: "fixed"\n'
+                      f'display: 1\nsnapshot_prefix: "{tmp_path}/s"\nsolver_mode: CPU\n'
+                      'train_state { level: 2 }\n')
+    assert main(["train", "--solver", str(solver)]) == 0      # -level 0 replaces the file's 2
+    assert "deep" not in capsys.readouterr().err
+    assert main(["train", "--solver", str(solver), "--level", "3"]) == 0
+    assert "Train net output #1: deep" in capsys.readouterr().err
+    assert main(["time", "--model", str(net), "--iterations", "1", "--stage", "deploy"]) == 0
+    assert "prob" in capsys.readouterr().err

@@ -252,14 +252,24 @@ class Blob:
         or ``double_data``/``double_diff`` for a float64 blob, as Caffe's
         ``Blob<double>::ToProto`` (whose ``FromProto`` reads either)."""
         from .backend import to_numpy
-        proto.Clear()
-        proto.shape.dim.extend(self._shape)
         wide = self.dtype == np.float64
-        data, diff = (proto.double_data, proto.double_diff) if wide else (proto.data, proto.diff)
-        data.extend(to_numpy(self.data).astype(self.dtype if wide else np.float32).ravel().tolist())
+        dtype = np.dtype("<f8" if wide else "<f4")
+        # The message is parsed from its wire bytes: the values go in as one packed field
+        # each (a copy of the array's bytes) instead of one Python float per value, which
+        # took VGG-16's 138 M parameters 16 s and gigabytes to save.
+        parts = []
+        if self._shape:     # BlobShape dim=1 (packed int64); Caffe writes none for 0-d
+            dims = b"".join(_varint(int(d)) for d in self._shape)
+            parts.append(_length_delimited(7, _length_delimited(1, dims)))
+        arrays = [(8 if wide else 5, self.data)]
         if write_diff:
-            diff.extend(to_numpy(self.diff).astype(self.dtype if wide else np.float32)
-                        .ravel().tolist())
+            arrays.append((9 if wide else 6, self.diff))
+        for number, values in arrays:    # host copies: each syncs with a device
+            raw = np.ascontiguousarray(to_numpy(values), dtype=dtype).tobytes()
+            if raw:
+                parts.append(_length_delimited(number, raw))
+        proto.Clear()
+        proto.MergeFromString(b"".join(parts))
         return proto
 
     def from_proto(self, proto, reshape: bool = True, layer: str = ""):
@@ -295,6 +305,22 @@ def proto_shape(proto) -> tuple:
     if any(proto.HasField(f) for f in ("num", "channels", "height", "width")):
         return (proto.num, proto.channels, proto.height, proto.width)
     return (len(proto.data) or len(proto.double_data),)
+
+
+def _varint(n: int) -> bytes:
+    """A protobuf base-128 varint of ``n`` >= 0."""
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        if not n:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    """Field ``number`` with wire type 2 (a message, or a packed repeated scalar)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def _legacy_equal(a, b) -> bool:

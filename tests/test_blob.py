@@ -62,3 +62,40 @@ def test_a_storage_bound_to_regions_in_turn_keeps_a_view_of_each():
     assert len(b._views) <= 3 + Blob._MORE_VIEWS      # bounded
     b.drop_views()
     assert not b._views
+
+
+@pytest.mark.parametrize("shape, dtype, diff", [
+    ((3, 4), np.float32, False), ((2, 3, 4, 5), np.float32, True), ((7,), np.float64, True),
+    ((0, 3), np.float32, True), ((300, 70), np.float32, True)])
+def test_to_proto_is_the_message_caffe_writes(shape, dtype, diff):
+    """to_proto builds the BlobProto from its wire bytes: the same message (and bytes) as
+    filling shape, data and diff field by field, as Blob::ToProto does."""
+    from minicaffe.proto import caffe_pb2
+    rng = np.random.default_rng(1)
+    b = Blob(shape=shape, dtype=dtype)
+    b.data[...] = rng.standard_normal(shape)
+    b.diff[...] = rng.standard_normal(shape)
+    got = b.to_proto(caffe_pb2.BlobProto(data=[9.0]), write_diff=diff)   # cleared first
+    want = caffe_pb2.BlobProto()
+    want.shape.dim.extend(shape)
+    wide = dtype == np.float64
+    (want.double_data if wide else want.data).extend(np.asarray(b.data).ravel().tolist())
+    if diff:
+        (want.double_diff if wide else want.diff).extend(np.asarray(b.diff).ravel().tolist())
+    assert got == want and got.SerializeToString() == want.SerializeToString()
+    back = Blob(shape=shape, dtype=dtype)
+    back.from_proto(got, reshape=False)
+    assert np.array_equal(back.data, b.data)
+
+
+def test_a_0d_blob_proto_has_no_shape_as_caffes():
+    """Blob::ToProto adds a dim per axis, so a 0-d blob (Scale with num_axes 0) writes data
+    alone; it loads back into a 0-d blob."""
+    from minicaffe.proto import caffe_pb2
+    b = Blob(shape=(), dtype=np.float32)
+    b.data[...] = 2.5
+    p = b.to_proto(caffe_pb2.BlobProto())
+    assert not p.HasField("shape") and list(p.data) == [2.5]
+    c = Blob(shape=(), dtype=np.float32)
+    c.from_proto(p, reshape=False)
+    assert float(c.data) == 2.5

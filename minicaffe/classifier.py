@@ -38,20 +38,8 @@ class Classifier(Net):
     def __init__(self, model_file, pretrained_file, image_dims=None, mean=None,
                  input_scale=None, raw_scale=None, channel_swap=None):
         super().__init__(model_file, TEST, weights=pretrained_file)
-        if not self.inputs:
-            raise ValueError(f"{self._where()}net {self.name!r} has no Input layer (or "
-                             "input: field) for the images")
-        in_ = self.inputs[0]
-        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        in_, self.transformer = image_transformer(self, mean, input_scale, raw_scale,
+                                                  channel_swap)
         self.crop_dims = np.array(self.blobs[in_].shape[2:])
         if image_dims is None or len(image_dims) == 0:
             image_dims = self.crop_dims
@@ -90,3 +78,24 @@ class Classifier(Net):
         if oversample:
             predictions = predictions.reshape((len(predictions) // 10, 10, -1)).mean(1)
         return predictions
+
+
+def image_transformer(net, mean=None, input_scale=None, raw_scale=None, channel_swap=None):
+    """(the input blob's name, its Transformer) for a net fed images (H, W, K), as pycaffe's
+    Classifier and Detector set it up: transpose (2, 0, 1), then the optional mean, input
+    scale, raw scale and channel swap."""
+    if not net.inputs:
+        raise ValueError(f"{net._where()}net {net.name!r} has no Input layer (or input: "
+                         "field) for the images")
+    in_ = net.inputs[0]
+    transformer = caffe_io.Transformer({in_: net.blobs[in_].shape})
+    transformer.set_transpose(in_, (2, 0, 1))
+    if mean is not None:
+        transformer.set_mean(in_, mean)
+    if input_scale is not None:
+        transformer.set_input_scale(in_, input_scale)
+    if raw_scale is not None:
+        transformer.set_raw_scale(in_, raw_scale)
+    if channel_swap is not None:
+        transformer.set_channel_swap(in_, channel_swap)
+    return in_, transformer

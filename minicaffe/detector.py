@@ -27,6 +27,7 @@ import os
 import numpy as np
 
 from . import io as caffe_io
+from .classifier import image_transformer
 from .net import TEST, Net
 
 SELECTIVE_SEARCH_PACKAGE = "selective_search_ijcv_with_python"
@@ -54,20 +55,8 @@ class Detector(Net):
     def __init__(self, model_file, pretrained_file, mean=None, input_scale=None,
                  raw_scale=None, channel_swap=None, context_pad=None):
         super().__init__(model_file, TEST, weights=pretrained_file)
-        if not self.inputs:
-            raise ValueError(f"{self._where()}net {self.name!r} has no Input layer (or "
-                             "input: field) for the images")
-        in_ = self.inputs[0]
-        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        in_, self.transformer = image_transformer(self, mean, input_scale, raw_scale,
+                                                  channel_swap)
         self.configure_crop(context_pad)
 
     # ------------------------------------------------------------ detection

@@ -36,6 +36,7 @@ waits that way.  :func:`forward_needs` is pure.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
 import threading
@@ -44,6 +45,8 @@ import time
 import numpy as np
 
 ENV_COPY_UP = "MINICAFFE_PS_COPY_UP"
+# 0: the copy thread issues its copies through CuPy's ndarray.set (see DriverCopies)
+ENV_DRIVER_COPIES = "MINICAFFE_PS_DRIVER_COPIES"
 COPY_UP_MODES = ("backward", "update", "forward")
 
 
@@ -79,6 +82,86 @@ def forward_needs(net, buckets: list) -> dict:
 
 class CopyError(RuntimeError):
     pass
+
+
+class DriverCopies:
+    """Host-to-device copies issued with the GIL held: ``cuMemcpyAsync`` of the CUDA driver
+    through ``ctypes.PyDLL``.
+
+    CuPy's ``ndarray.set`` lets go of the GIL around each copy it issues.  The copy thread
+    issues one per parameter (467 for ResNet-152) while the main thread issues the forward,
+    which lets go of the GIL around every launch too, so the two threads handed the GIL to
+    each other about a thousand times per iteration: on 4 H200s (2026-11-28, session 19)
+    the main thread of a worker blocked 1,600 to 1,900 times during compute, its CPU time
+    grew from 135 ms (no parameter server) to 160-190 ms, and it fell behind the GPU.  A
+    PyDLL call keeps the GIL, so a bucket's copies go out in one stretch of about 2 us a
+    copy, and the main thread waits at most once for them.
+
+    The copy thread must make the main thread's context current (:meth:`bind`) before its
+    first copy.  Raises OSError where the driver cannot be loaded or has no context current
+    (the caller falls back to ``ndarray.set``)."""
+
+    def __init__(self):
+        lib = ctypes.PyDLL("libcuda.so.1")
+        self._memcpy = lib.cuMemcpyAsync
+        self._memcpy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t,
+                                 ctypes.c_void_p]
+        self._memcpy.restype = ctypes.c_int
+        self._set_ctx = lib.cuCtxSetCurrent
+        self._set_ctx.argtypes = [ctypes.c_void_p]
+        self._set_ctx.restype = ctypes.c_int
+        get_ctx = lib.cuCtxGetCurrent
+        get_ctx.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        get_ctx.restype = ctypes.c_int
+        ctx = ctypes.c_void_p()
+        rc = get_ctx(ctypes.byref(ctx))
+        if rc != 0 or not ctx.value:
+            raise OSError(f"cuCtxGetCurrent: CUresult {rc}, no CUDA context current")
+        self.ctx = ctx.value
+
+    def bind(self):
+        """Make the context of the constructing thread current on this one."""
+        rc = self._set_ctx(self.ctx)
+        if rc != 0:
+            raise RuntimeError(f"cuCtxSetCurrent failed: CUresult {rc}")
+
+    def copy(self, dst_ptr: int, src_ptr: int, nbytes: int, stream_ptr: int):
+        """``nbytes`` from ``src_ptr`` to ``dst_ptr`` on the stream; the driver tells host from
+        device by the addresses (unified addressing).  The host side must be pinned or
+        registered, else the copy is synchronous and holds the GIL while it runs."""
+        if nbytes:
+            rc = self._memcpy(dst_ptr, src_ptr, nbytes, stream_ptr)
+            if rc != 0:
+                raise RuntimeError(f"cuMemcpyAsync of {nbytes} bytes failed: CUresult {rc}")
+
+    def up(self, dst, src, stream_ptr: int) -> bool:
+        """dst (a cupy array) <- src (a host array); False (nothing issued) unless both are
+        C-contiguous and of the same size."""
+        if not (dst.flags.c_contiguous and src.flags.c_contiguous and dst.nbytes == src.nbytes):
+            return False
+        self.copy(dst.data.ptr, src.ctypes.data, dst.nbytes, stream_ptr)
+        return True
+
+    def down(self, dst, src, stream_ptr: int) -> bool:
+        """dst (a host array) <- src (a cupy array); as :meth:`up`."""
+        if not (dst.flags.c_contiguous and src.flags.c_contiguous and dst.nbytes == src.nbytes):
+            return False
+        self.copy(dst.ctypes.data, src.data.ptr, src.nbytes, stream_ptr)
+        return True
+
+
+def driver_copies(env=None):
+    """A :class:`DriverCopies` for the calling thread's context, or None where
+    ``$MINICAFFE_PS_DRIVER_COPIES`` is 0 or the driver cannot be used (CuPy's copies then)."""
+    env = os.environ if env is None else env
+    if env.get(ENV_DRIVER_COPIES, "1").strip() == "0":
+        return None
+    try:
+        import cupy
+        cupy.cuda.Device().synchronize()   # the runtime's primary context is current
+        return DriverCopies()
+    except (OSError, AttributeError, ImportError):
+        return None
 
 
 class CopyUp:
@@ -117,6 +200,7 @@ class CopyUp:
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.events = [cupy.cuda.Event(disable_timing=True) for _ in self.buckets]
             self._current_stream = cupy.cuda.get_current_stream
+            self._driver = driver_copies()
         self._issued = [threading.Event() for _ in self.buckets]
         self._waited = [True] * len(self.buckets)    # by the current stream, this round
         self._open = False        # a round's copies are issued or due and not all waited for
@@ -145,8 +229,13 @@ class CopyUp:
                 self.stream.synchronize()
 
     def arrived(self, i: int, array):
-        """Blob i's new values (a host array that stays valid until :meth:`go`'s copies)."""
-        self._jobs.put(("host", i, array))
+        """Blob i's new values (a host array that stays valid until :meth:`go`'s copies).
+        Direct (the shards' segments): kept as it is, without waking the copy thread (one
+        wake-up per blob handed the GIL back and forth during backward)."""
+        if self.direct:
+            self._arrays[i] = array     # read by the thread only after go()
+        else:
+            self._jobs.put(("host", i, array))
 
     def go(self):
         """Every answer of the round is in: issue the copies up, in ``order``."""
@@ -190,6 +279,8 @@ class CopyUp:
         try:
             if self.gpu:
                 self._device.use()
+                if self._driver is not None:
+                    self._driver.bind()
             while True:
                 job = self._jobs.get()
                 if job is None:
@@ -219,7 +310,8 @@ class CopyUp:
                 if self.gpu:
                     src = (self._arrays.pop(i).reshape(q.data.shape) if self.direct
                            else self.staging[i])
-                    q.data.set(src, stream=self.stream)
+                    if self._driver is None or not self._driver.up(q.data, src, self.stream.ptr):
+                        q.data.set(src, stream=self.stream)
                 else:
                     np.copyto(q.data, np.asarray(self._arrays.pop(i)).reshape(q.data.shape))
             if self.gpu:

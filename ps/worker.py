@@ -78,7 +78,7 @@ from minicaffe.log import log
 from minicaffe.proto import caffe_pb2
 
 from . import protocol as P
-from .copyup import CopyError, CopyUp, copy_up_mode, forward_needs
+from .copyup import CopyError, CopyUp, copy_up_mode, driver_copies, forward_needs
 from .overlap import (DEFAULT_PS_BUCKET_MB, DEFAULT_PS_TAIL_MB, PS_TAIL_BUCKET_MB,
                       GradientOverlap, backward_order, make_buckets, overlap_default)
 from .protocol import Op, ProtocolError
@@ -599,6 +599,27 @@ class _NoLocalHistory:
         raise RuntimeError("a parameter-server worker does not update locally")
 
 
+def _thread_usage():
+    """The calling thread's (CPU seconds, voluntary, involuntary context switches), or None
+    where the system has no per-thread usage (Linux has)."""
+    try:
+        import resource
+        u = resource.getrusage(resource.RUSAGE_THREAD)
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
+    return u.ru_utime + u.ru_stime, u.ru_nvcsw, u.ru_nivcsw
+
+
+def _usage_parts(before, after) -> dict:
+    """The main thread's use during compute: host_cpu_s, the CPU time it ran (against the
+    compute's wall time: the rest it waited, for the GPU, the GIL or another thread);
+    host_vcsw and host_ivcsw, how often it blocked and how often the scheduler took its core."""
+    if before is None or after is None:
+        return {}
+    return {"host_cpu_s": after[0] - before[0], "host_vcsw": after[1] - before[1],
+            "host_ivcsw": after[2] - before[2]}
+
+
 def _terminate(signum, frame):
     raise PSError(f"terminated by signal {signum}")
 
@@ -637,6 +658,7 @@ class DataParallel:
             solver.callbacks.append(_DataHook(data_hook, rank, world_size))
         self.stats = SyncStats(stats_path)
         self._t_sync_end = None
+        self._usage_end = _thread_usage()    # the main thread's CPU use at the last sync end
         self._on_gpu = any(is_gpu_array(q.data) for q in solver.net.learnable_params)
         self.overlap = None      # a GradientOverlap on the train net's backward, if on
         solver.apply_update = self._apply_update   # the take-over
@@ -651,6 +673,7 @@ class DataParallel:
     def _apply_update(self, display: bool = False):
         s = self.solver
         ahead = None
+        usage = _thread_usage()    # before the wait for the GPU, which may spin
         if self._on_gpu:
             # Backward's kernels may still be queued: compute ends when they
             # do, so that Delta measures synchronisation only (a sync point).
@@ -668,6 +691,7 @@ class DataParallel:
         parts = self._sync_parts()
         if ahead is not None:
             parts["host_ahead_s"] = ahead
+        parts.update(_usage_parts(self._usage_end, usage))
         self.stats.add(SyncRecord(s.iter, compute, t1 - t0, pushed, pulled, parts))
         if display:
             self._log(f"Iteration {s.iter}, rank {self.rank}/{self.world_size}: "
@@ -675,6 +699,7 @@ class DataParallel:
         # What follows the synchronisation (NCCL: the local update) is computation: it
         # counts in the next iteration's compute, so that compute + Delta is the period.
         self._t_sync_end = time.perf_counter()
+        self._usage_end = _thread_usage()
         self._after_sync(display)
 
     def _after_sync(self, display):
@@ -699,6 +724,7 @@ class DataParallel:
                 s.restore(resume_file)
             self._join()
             self._t_sync_end = time.perf_counter()
+            self._usage_end = _thread_usage()
             s.solve()
             self._land()
         except BaseException as e:
@@ -716,6 +742,7 @@ class DataParallel:
             if self._t_sync_end is None:
                 self._join()
                 self._t_sync_end = time.perf_counter()
+                self._usage_end = _thread_usage()
             self.solver.step(iters)
             self._land()
         except BaseException as e:
@@ -810,6 +837,8 @@ class PSWorker(DataParallel):
             self._round = None       # the RoundThread, from the join on
             if self._on_gpu:
                 import cupy
+                # backward's copies down, issued without letting go of the GIL (DriverCopies)
+                self._driver = driver_copies()
                 self._copy_stream = cupy.cuda.Stream(non_blocking=True)
                 # the round thread sleeps on these (blocking sync), it does not spin
                 self._copy_done = [cupy.cuda.Event(block=True, disable_timing=True)
@@ -1013,7 +1042,10 @@ class PSWorker(DataParallel):
             side = self._copy_stream
             side.wait_event(event)
             for i in self.buckets[g][1]:
-                self.params[i].diff.get(stream=side, out=self._staging[i], blocking=False)
+                diff = self.params[i].diff
+                if self._driver is None or not self._driver.down(self._staging[i], diff,
+                                                                   side.ptr):
+                    diff.get(stream=side, out=self._staging[i], blocking=False)
             done = self._copy_done[g]
             done.record(side)
         self._round.bucket(self.solver.iter, g, done)

@@ -56,6 +56,8 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   first rank's push to its last rank's (the ranks' skew); medians over the timed rounds;
   lagging_ranks: how many timed rounds each rank pushed last ("rank:rounds;...");
   host_ahead_s: how long a GPU worker's update waited for backward's kernels (median);
+  host_cpu_s, host_vcsw, host_ivcsw: the worker's main thread during compute, its CPU time
+  and its voluntary and involuntary context switches (medians; Linux's per-thread rusage);
 * push_s, pull_wait_s, copy_up_s (CSV only): the parts of a parameter-server worker's
   Delta (``ps.worker.SyncRecord.parts``), medians over every (rank, timed iteration);
   early_mb: MB of answers back before the update; with ``--copy-up forward``,
@@ -128,7 +130,8 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "mb_pulled_per_iter", "server_busy_s", "server_update_s", "server_tail_s",
                "rank_spread_s", "push_s",
                "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
-               "host_ahead_s", "lagging_ranks", "timed_iterations",
+               "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "lagging_ranks",
+               "timed_iterations",
                "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
                  "efficiency", "eff_alone", "eff_together", "compute_s", "comm_s",
@@ -136,9 +139,9 @@ FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "spee
                  "mb_pushed_per_iter", "mb_pulled_per_iter", "server_busy_s", "server_update_s",
                  "server_tail_s", "rank_spread_s",
                  "push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
-                 "host_ahead_s", "wall_s")
+                 "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "wall_s")
 PART_COLUMNS = ("push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
-                "host_ahead_s")
+                "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw")
 INT_COLUMNS = ("world_size", "batch_per_worker", "shards", "timed_iterations")
 
 
@@ -203,6 +206,9 @@ def parse_args(argv=None):
     ap.add_argument("--ps-timeout", type=float, default=None,
                     help="workers' and shards' wait for the slowest peer (default 120)")
     ap.add_argument("--cpu", action="store_true", help="CPU workers (one BLAS thread each)")
+    ap.add_argument("--pin", type=int, default=0, metavar="N",
+                    help="give worker r the r-th block of N CPUs and the shards the rest "
+                         "(Linux affinity; default 0: the scheduler places every process)")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke run: cifar10_quick at batch 4, W = 1, 2, ZeroMQ only, "
                          f"{QUICK['warmup']}+{QUICK['iters']} iterations")
@@ -430,15 +436,19 @@ def write_solver(run_dir, net_path, max_iter, cpu) -> str:
 class Proc:
     """One child, its output in ``run_dir/NAME.log``."""
 
-    def __init__(self, name, cmd, run_dir, env):
+    def __init__(self, name, cmd, run_dir, env, cpus=None):
         self.name = name
         self.cmd = cmd
         self.log_path = os.path.join(run_dir, f"{name}.log")
         with open(self.log_path, "w") as log:
             log.write("$ " + shlex.join(cmd) + "\n")
             log.flush()
-            self.popen = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT)
+            if cpus:
+                log.write(f"# CPUs {cpu_list(cpus)}\n")
+                log.flush()
+            self.popen = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         self.ended = None          # monotonic time the exit was seen
 
     def tail(self, lines=15) -> str:
@@ -456,6 +466,26 @@ class Proc:
             self.popen.wait(10)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
             pass
+
+
+def cpu_list(cpus) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def pin_plan(n_per_worker: int, world: int, allowed=None) -> tuple:
+    """``--pin N``: ([CPUs of worker r], CPUs of the shards): worker r takes the r-th block of
+    N CPUs this process may use, the shards share the rest, so that a shard's threads never
+    run on a worker's cores.  ([None] * world, None) when off; ValueError when too few CPUs
+    are left."""
+    if not n_per_worker:
+        return [None] * world, None
+    allowed = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+    need = n_per_worker * world
+    if need >= len(allowed):
+        raise ValueError(f"--pin {n_per_worker}: {world} worker(s) need {need} CPUs and the "
+                         f"shards at least one more; this process may use {len(allowed)}")
+    blocks = [set(allowed[r * n_per_worker:(r + 1) * n_per_worker]) for r in range(world)]
+    return blocks, set(allowed[need:])
 
 
 def child_env(cpu: bool) -> dict:
@@ -577,6 +607,7 @@ def run_config(cfg: Config, args, work) -> dict:
     row = base_row(cfg, args, shards)
     procs = []
     sock_dir = None
+    worker_cpus, shard_cpus = pin_plan(args.pin, cfg.world)
     t0 = time.monotonic()
     deadline = t0 + args.timeout
     failure = None
@@ -594,7 +625,8 @@ def run_config(cfg: Config, args, work) -> dict:
                     str(cfg.world), "--bind", bind, "--timeout",
                     str(args.ps_timeout), "--endpoint-file",
                     os.path.join(run_dir, f"shard{s}.endpoint"), "--stats",
-                    os.path.join(run_dir, f"shard{s}.jsonl"), *link], run_dir, env))
+                    os.path.join(run_dir, f"shard{s}.jsonl"), *link], run_dir, env,
+                    shard_cpus))
             endpoints = []
             for s, p in enumerate(procs):
                 try:
@@ -612,7 +644,7 @@ def run_config(cfg: Config, args, work) -> dict:
                 if ports:                   # alone: a rendezvous of its own for each rank
                     ps_arg = f"tcp://127.0.0.1:{ports[r]}"
                 procs.append(Proc(f"rank{r}", worker_cmd(cfg, args, r, solver, ps_arg, run_dir),
-                                  run_dir, env))
+                                  run_dir, env, worker_cpus[r]))
             failure = wait_group(procs, deadline)
     except OSError as e:      # a child that cannot start (--python, a full disk ...)
         failure = (f"cannot start a process: {e}", procs[-1] if procs else None)

@@ -103,3 +103,30 @@ def test_a_stuck_copy_thread_times_out_naming_the_bucket():
     finally:
         gate.set()
         copy.close()
+
+
+def test_direct_answers_are_kept_without_waking_the_copy_thread():
+    """--ps-shm: the answers stay in the shards' segments; ``arrived`` only notes them (the
+    copy thread, woken once per blob, had handed the GIL back and forth during backward),
+    and ``go`` copies them in as before."""
+    params = [Blob(3), Blob(2)]
+    copy = CopyUp(params, [[0], [1]], order=[1, 0], direct=True)
+    try:
+        wakes = []
+        put = copy._jobs.put
+        copy._jobs.put = lambda job: (wakes.append(job and job[0]), put(job))
+        segment = [np.full(3, 5.0, np.float32), np.full(2, 6.0, np.float32)]
+        copy.arrived(0, segment[0])
+        copy.arrived(1, segment[1])
+        assert wakes == [] and all(p.data.sum() == 0 for p in params)
+        copy.go()
+        copy.land()
+        assert wakes == ["go"]
+        assert params[0].data.tolist() == [5.0] * 3 and params[1].data.tolist() == [6.0] * 2
+    finally:
+        copy.close()
+
+
+def test_driver_copies_can_be_turned_off():
+    from ps.copyup import driver_copies
+    assert driver_copies(env={"MINICAFFE_PS_DRIVER_COPIES": "0"}) is None

@@ -299,3 +299,42 @@ def test_nccl_dead_rank_is_named(procs, tmp_path, extra):
     assert time.monotonic() - t0 < 12
     log = workers[0].log()
     assert "rank(s) 1" in log or "did not complete" in log, log
+
+
+@pytest.mark.skipif(gpu_count() < 1, reason="needs a GPU")
+def test_driver_copies_move_the_bytes_both_ways_on_their_stream():
+    """ps.copyup.DriverCopies (cuMemcpyAsync with the GIL held): host to device and back,
+    ordered on the given stream, from a thread that binds the context first; arrays of
+    another size or layout are left to the caller."""
+    import threading
+
+    import cupy
+    import cupyx
+    from ps.copyup import driver_copies
+    drv = driver_copies(env={})
+    assert drv is not None
+    src = cupyx.empty_pinned((1000, 37), np.float32)
+    src[...] = np.random.RandomState(0).randn(1000, 37)
+    dev = cupy.zeros((1000, 37), np.float32)
+    back = cupyx.empty_pinned((1000, 37), np.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    errors = []
+
+    def up():
+        try:
+            drv.bind()
+            assert drv.up(dev, src, stream.ptr)
+            with stream:
+                dev[...] *= 2            # after the copy, on the same stream
+            assert drv.down(back, dev, stream.ptr)
+        except BaseException as e:   # reported to the test thread
+            errors.append(e)
+
+    t = threading.Thread(target=up)
+    t.start()
+    t.join()
+    assert not errors, errors
+    stream.synchronize()
+    np.testing.assert_array_equal(back, 2 * src)
+    assert not drv.up(dev[:, :10], src[:, :10], stream.ptr)      # not contiguous
+    assert not drv.down(back[:10], dev, stream.ptr)              # another size

@@ -2,6 +2,7 @@
 configuration recorded, and the statistics it derives from the workers'
 --ps-stats records."""
 import csv
+import os
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,9 @@ def test_quick_run_measures_every_configuration(tmp_path):
             per_rank = [float(v) for v in x[col].split(";")]
             assert len(per_rank) == w and min(per_rank) > 0
         assert float(x["mb_pushed_per_iter"]) > 0.5    # cifar10_quick: 145,578 float32
+        if sys.platform.startswith("linux"):           # the main thread's rusage
+            assert 0 < float(x["host_cpu_s"]) and float(x["host_vcsw"]) >= 0
+            assert float(x["host_ivcsw"]) >= 0
         assert x["swap"] == ("none" if x["mode"] == "caffe_ps" else "naive")
         if x["mode"] == "accudnn_ps":
             assert "naive" in x["note"]     # no profile: the fallback is said on the row
@@ -128,6 +132,31 @@ def test_ipc_links_bind_socket_files_and_remove_them(tmp_path, monkeypatch):
     assert all(e.startswith(f"ipc://{sock_root}/mcps-") for e in endpoints), endpoints
     assert list(sock_root.iterdir()) == []       # the socket directory was removed
     assert "| ipc |" in md
+
+
+def test_pin_plan_gives_each_worker_a_block_and_the_shards_the_rest():
+    assert ps_scaling.pin_plan(0, 3) == ([None] * 3, None)
+    blocks, shards = ps_scaling.pin_plan(2, 2, allowed={4, 5, 6, 7, 8, 9})
+    assert blocks == [{4, 5}, {6, 7}] and shards == {8, 9}
+    with pytest.raises(ValueError, match="--pin 2: 3 worker.*need 6 CPUs.*may use 6"):
+        ps_scaling.pin_plan(2, 3, allowed=set(range(6)))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux affinity and 2 CPUs")
+def test_pinned_processes_run_on_their_cpus(tmp_path):
+    """--pin 1: the worker runs on the first CPU this process may use, the shard on the rest
+    (each process's log names its CPUs, and the run measures as unpinned)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    r, rows, md = run_script(tmp_path, "--modes", "caffe_ps", "--links", "none", "--gpus", "1",
+                             "--pin", "1", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [(x["world_size"], x["status"]) for x in rows] == [("1", "ok")]
+    logs = {p.name: p.read_text() for p in (tmp_path / "work").rglob("*.log")}
+    rank = next(t for n, t in logs.items() if n == "rank0.log")
+    shard = next(t for n, t in logs.items() if n == "shard0.log")
+    assert f"# CPUs {allowed[0]}\n" in rank
+    assert f"# CPUs {','.join(map(str, allowed[1:]))}\n" in shard
 
 
 def test_dry_run_lists_the_gpu_matrix():

@@ -241,6 +241,9 @@ class CudnnOptions:
     workspace_per_image: with it (bytes, 0: off) a call on k images may use ``k`` times it,
         at least ``workspace_floor`` (and 64 MiB) and at most ``workspace_limit``
         (:func:`minicaffe.cudnn.ops.workspace_limit_at`).
+    chunks: with a bound per image, a convolution on more images than the limit gives at
+        its per-image bytes runs in chunks (:func:`minicaffe.cudnn.ops.workspace_chunks`;
+        ``$MINICAFFE_CUDNN_CHUNKS=0`` turns it off).
     """
     deterministic: bool = False
     tf32: bool = False
@@ -248,12 +251,14 @@ class CudnnOptions:
     workspace_limit: int = 4 << 30
     workspace_per_image: int = 0
     workspace_floor: int = 0
+    chunks: bool = True
 
 
 def cudnn_options() -> CudnnOptions:
     from .cudnn import ops
     return CudnnOptions(deterministic=_flag(ENV_DETERMINISTIC), tf32=_flag(ENV_TF32),
-                        find=_flag(ENV_FIND, default=True), workspace_limit=ops.workspace_limit())
+                        find=_flag(ENV_FIND, default=True), workspace_limit=ops.workspace_limit(),
+                        chunks=_flag(ops.ENV_CHUNKS, default=True))
 
 
 def bound_workspaces(net, budget: int | None, *, limit: int | None = None) -> tuple[int, int]:

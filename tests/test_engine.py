@@ -237,9 +237,12 @@ def test_cudnn_options(monkeypatch):
     for name in (engine.ENV_DETERMINISTIC, engine.ENV_TF32, engine.ENV_FIND,
                  "MINICAFFE_CUDNN_WORKSPACE_LIMIT"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("MINICAFFE_CUDNN_CHUNKS", raising=False)
     o = engine.cudnn_options()
     assert (o.deterministic, o.tf32, o.find) == (False, False, True)  # timed search by default
-    assert o.workspace_limit == 4 << 30
+    assert o.workspace_limit == 4 << 30 and o.chunks
+    monkeypatch.setenv("MINICAFFE_CUDNN_CHUNKS", "0")
+    assert not engine.cudnn_options().chunks
     monkeypatch.setenv(engine.ENV_DETERMINISTIC, "1")
     monkeypatch.setenv(engine.ENV_TF32, "true")
     monkeypatch.setenv(engine.ENV_FIND, "0")
@@ -328,6 +331,27 @@ def test_workspace_bound_per_image(monkeypatch):
     assert ops.workspace_per_image_under_budget(12 << 30) == 0
 
 
+def test_workspace_chunks_give_every_call_its_bytes_per_image():
+    from minicaffe.cudnn import ops
+    cap, per = 3 << 30, 8 << 20                    # 12 GiB's cap: 384 images of 8 MiB
+    assert ops.workspace_chunks(384, cap, per) == ((0, 384),)
+    assert ops.workspace_chunks(385, cap, per) == ((0, 193), (193, 385))
+    assert ops.workspace_chunks(1533, cap, per) == ((0, 384), (384, 767), (767, 1150),
+                                                    (1150, 1533))
+    assert ops.workspace_chunks(1153, cap, per) == ((0, 289), (289, 577), (577, 865),
+                                                    (865, 1153))
+    assert ops.workspace_chunks(5000, 768 << 20, 0) == ((0, 5000),)   # a fixed bound
+    assert ops.workspace_chunks(3, 1, 8) == ((0, 1), (1, 2), (2, 3))  # at least one image
+    assert ops.workspace_chunks(0, cap, per) == ((0, 0),)
+    for num in (385, 1000, 1533, 4097):            # as even as they come, all of them
+        chunks = ops.workspace_chunks(num, cap, per)
+        sizes = [b - a for a, b in chunks]
+        assert chunks[0][0] == 0 and chunks[-1][1] == num and sum(sizes) == num
+        assert all(chunks[i][1] == chunks[i + 1][0] for i in range(len(chunks) - 1))
+        assert max(sizes) <= 384 and max(sizes) - min(sizes) <= 1
+        assert len(chunks) == -(-num // 384)
+
+
 def test_bound_workspaces_sets_each_cudnn_convolution(recording_net, monkeypatch):
     monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", raising=False)
     monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", raising=False)
@@ -380,7 +404,13 @@ def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
     per = layer.workspace_model()
     assert per(20) == 1280 and calls == [((20, 4, 4, 4), 64 << 20)]
     assert per(200) == 200 << 20 and calls[-1] == ((200, 4, 4, 4), 200 << 20)
-    assert per(1000) == 256 << 20
+    # past the cap (256 images) the minibatch runs in chunks (4 of 250), each asked under
+    # its own limit; without chunks, the whole minibatch under the cap
+    assert per(1000) == 250 << 20 and calls[-1] == ((250, 4, 4, 4), 250 << 20)
+    layer._cudnn = dataclasses.replace(layer._cudnn, chunks=False)
+    assert layer.workspace_model()(1000) == 256 << 20
+    assert calls[-1] == ((1000, 4, 4, 4), 256 << 20)
+    layer._cudnn = dataclasses.replace(layer._cudnn, chunks=True)
     assert layer._workspace_limit_at(100) == 100 << 20
     layer.set_workspace_limit(256 << 20, 1 << 20, 128 << 20)  # a floor of 128 MiB
     assert layer._workspace_limit_at(100) == 128 << 20

@@ -47,7 +47,10 @@ The CUDNN engine (``engine: CUDNN``, or DEFAULT in GPU mode with cuDNN; see
 backward filter and backward bias on the same (N, C, H, W) views, with no
 column buffer.  Its scratch is the internal ``workspace`` (uint8, the largest
 need of the three algorithms chosen at reshape, at most the workspace limit),
-declared to the memory manager, which binds it in its arena; without one, every
+declared to the memory manager, which binds it in its arena (under a memory budget's
+bound per image, a minibatch past the bound's cap runs in chunks of images that each get
+their full bytes per image, :func:`minicaffe.cudnn.ops.workspace_chunks`, sharing the one
+workspace); without one, every
 convolution of the device shares one cached buffer of the largest need, so
 cuDNN allocates nothing in the steady state either way.  The algorithms are
 chosen once per shape by timing them (``cudnnFind*``, as PyTorch's
@@ -629,8 +632,9 @@ class ConvolutionLayer(Layer):
                 xp.matmul(weight.transpose(0, 2, 1), dyg, out=dxg)
 
     # ------------------------------------------------------------ CUDNN engine
-    def _conv_args(self):
-        """pad, stride, dilation, groups and the cuDNN keywords of every call.
+    def _conv_args(self, num: int | None = None):
+        """pad, stride, dilation, groups and the cuDNN keywords of every call on ``num``
+        images (default the layer's own: one chunk, :meth:`_chunks_at`).
 
         The workspace is the layer's ``workspace`` internal where a memory manager has
         bound it to its arena; otherwise (a net without one) every convolution shares the
@@ -644,7 +648,17 @@ class ConvolutionLayer(Layer):
                 {"workspace": ws.data if ws.data_storage.external and ws.nbytes else None,
                  "tf32": o.tf32,
                  "deterministic": o.deterministic, "find": o.find,
-                 "workspace_limit": self._workspace_limit_at(self.num)})
+                 "workspace_limit": self._workspace_limit_at(self.num if num is None
+                                                             else num)})
+
+    def _chunks_at(self, num: int, options=None) -> tuple:
+        """((start, stop), ...): the images of each cuDNN call on a minibatch of ``num``
+        (:func:`minicaffe.cudnn.ops.workspace_chunks`): more than one chunk only under a bound
+        per image, past its cap."""
+        o = self._cudnn if options is None else options
+        if not getattr(o, "chunks", False):
+            return ((0, int(num)),)
+        return cudnn_ops.workspace_chunks(num, o.workspace_limit, o.workspace_per_image)
 
     def _workspace_limit_at(self, num: int, options=None) -> int:
         """The workspace limit of a call on ``num`` images under ``options`` (default the
@@ -697,6 +711,20 @@ class ConvolutionLayer(Layer):
         def limit_at(num):          # the options as they are now, not at a later call
             return self._workspace_limit_at(num, o)
 
+        def one(size: int) -> int:   # the workspace of one call on ``size`` images
+            try:
+                ws = cudnn_ops.conv_workspace_estimate(
+                    (size,) + geometry, w_shape, *conv, dtype, tf32=o.tf32,
+                    deterministic=o.deterministic, find=o.find,
+                    limit_at=limit_at)
+                return max(ws.values())
+            except cudnn_lib.CudnnUnsupported:
+                return limit_at(size)
+            except Exception as e:          # pragma: no cover - GPU machine only
+                if type(e).__name__ != "OutOfMemoryError":
+                    raise
+                return limit_at(size)
+
         def fn(num: int) -> int:
             num = int(num)
             if num <= 0:
@@ -704,18 +732,8 @@ class ConvolutionLayer(Layer):
             if num in cache:
                 return cache[num]
             searches = cudnn_ops.algo_cache_info()["searches"]
-            try:
-                ws = cudnn_ops.conv_workspace_estimate(
-                    (num,) + geometry, w_shape, *conv, dtype, tf32=o.tf32,
-                    deterministic=o.deterministic, find=o.find,
-                    limit_at=limit_at)
-                need = max(ws.values())
-            except cudnn_lib.CudnnUnsupported:
-                need = limit_at(num)
-            except Exception as e:          # pragma: no cover - GPU machine only
-                if type(e).__name__ != "OutOfMemoryError":
-                    raise
-                need = limit_at(num)
+            # the calls of a chunked minibatch share the one workspace, of the largest need
+            need = max(one(size) for size in {b - a for a, b in self._chunks_at(num, o)})
             if cudnn_ops.algo_cache_info()["searches"] != searches:
                 # the search's temporary operands go back to the device, not to CuPy's pool
                 import cupy
@@ -736,17 +754,19 @@ class ConvolutionLayer(Layer):
         if self.num > 0:
             try:
                 # heuristics (or a timed search with find): cached per shape, so the
-                # calls of forward and backward use exactly these algorithms
-                ws = cudnn_ops.conv_workspace_bytes(
-                    (self.num, self.channels) + self.in_hw, self.blobs[0].shape, self.pad,
-                    self.stride, self.dilation, self.group, self.dtype, tf32=o.tf32,
-                    deterministic=o.deterministic, find=o.find,
-                    workspace_limit=self._workspace_limit_at(self.num))
+                # calls of forward and backward use exactly these algorithms; a chunked
+                # minibatch's calls share one workspace, of the largest need
+                for size in sorted({b - a for a, b in self._chunks_at(self.num)}):
+                    ws = cudnn_ops.conv_workspace_bytes(
+                        (size, self.channels) + self.in_hw, self.blobs[0].shape, self.pad,
+                        self.stride, self.dilation, self.group, self.dtype, tf32=o.tf32,
+                        deterministic=o.deterministic, find=o.find,
+                        workspace_limit=self._workspace_limit_at(size))
+                    need = max(need, max(ws.values()))
             except cudnn_lib.CudnnUnsupported as e:
                 engines.fall_back(self, f"cuDNN cannot run this convolution: {e}")
                 self.internals.pop("workspace", None)
                 return False
-            need = max(ws.values())
         # (bytes,): the chosen algorithms' scratch, used within one forward or
         # backward call; bounded by the limit, not linear in the batch
         self.add_internal("workspace", (need,), saved=False, batch_scaled=False,
@@ -754,43 +774,61 @@ class ConvolutionLayer(Layer):
         return True
 
     def _bound_cudnn(self):
-        """(BoundConv at this layer's current shape and options, workspace or None): built
-        again when the images, the shape or the options change."""
+        """(((start, stop, BoundConv), ...) of the calls at this layer's current shape and
+        options, one per chunk (:meth:`_chunks_at`), workspace or None): built again when
+        the images, the shape or the options change."""
         o = self._cudnn
         x_shape = (self.num, self.channels) + tuple(self.in_hw)
         bound = getattr(self, "_bound", None)
         if bound is None or bound[0] is not o or bound[1] != x_shape:
-            geo, kw = self._conv_args()
-            kw.pop("workspace")
-            conv = cudnn_ops.BoundConv(x_shape, tuple(self.blobs[0].shape), *geo,
-                                       dtype=self.dtype, **kw)
-            bound = self._bound = (o, x_shape, conv)
+            convs, calls = {}, []
+            for a, b in self._chunks_at(self.num):
+                conv = convs.get(b - a)
+                if conv is None:
+                    geo, kw = self._conv_args(b - a)
+                    kw.pop("workspace")
+                    conv = convs[b - a] = cudnn_ops.BoundConv(
+                        (b - a,) + x_shape[1:], tuple(self.blobs[0].shape), *geo,
+                        dtype=self.dtype, **kw)
+                calls.append((a, b, conv))
+            bound = self._bound = (o, x_shape, tuple(calls))
         ws = self.internal("workspace")
         # an empty workspace (no bytes needed at this shape) is never bound
         return bound[2], (ws.data if ws.data_storage.external and ws.nbytes else None)
 
     def _forward_cudnn(self, bottom, top):
-        conv, ws = self._bound_cudnn()
+        calls, ws = self._bound_cudnn()
         weight = self.blobs[0].data  # (M, C/G, kh, kw)
         bias = self.blobs[1].data if self.bias_term else None
         for b_blob, t_blob in zip(bottom, top):
             x = self._images(b_blob.data)  # (N, C, H, W)
             y = t_blob.data.reshape((self.num, self.num_output) + self.out_hw)
-            conv.forward(x, weight, bias, y, ws)
+            if len(calls) == 1:
+                calls[0][2].forward(x, weight, bias, y, ws)
+                continue
+            for a, b, conv in calls:
+                conv.forward(x[a:b], weight, bias, y[a:b], ws)
 
     def _backward_cudnn(self, top, propagate_down, bottom):
-        """Bias and weight diffs accumulate (cuDNN beta = 1), the bottom diff is overwritten."""
+        """Bias and weight diffs accumulate (cuDNN beta = 1, over the chunks too), the bottom
+        diff is overwritten."""
         need_w = bool(self.param_propagate_down[0])
         need_b = self.bias_term and bool(self.param_propagate_down[1])
-        conv, ws = self._bound_cudnn()
+        calls, ws = self._bound_cudnn()
+        one = len(calls) == 1
         for i, (t_blob, b_blob) in enumerate(zip(top, bottom)):
             dy = t_blob.diff.reshape((self.num, self.num_output) + self.out_hw)
             if need_b:
                 cudnn_ops.conv2d_backward_bias(dy, self.blobs[1].diff)
-            if need_w:
-                conv.backward_filter(self._images(b_blob.data), dy, self.blobs[0].diff, ws)
-            if propagate_down[i]:
-                conv.backward_data(self.blobs[0].data, dy, self._images(b_blob.diff), ws)
+            x = self._images(b_blob.data) if need_w else None
+            dx = self._images(b_blob.diff) if propagate_down[i] else None
+            for a, b, conv in calls:
+                if need_w:
+                    conv.backward_filter(x if one else x[a:b], dy if one else dy[a:b],
+                                         self.blobs[0].diff, ws)
+                if dx is not None:
+                    conv.backward_data(self.blobs[0].data, dy if one else dy[a:b],
+                                       dx if one else dx[a:b], ws)
 
     # ---------------------------------------------------------- declarations
     def backward_reads(self) -> BackwardReads:

@@ -176,11 +176,44 @@ def test_conv_reshaped_and_rebounded_agrees(cp, cu, rng, monkeypatch):
         bottom[0].data[...] = xp.asarray(x, dtype=np.float32)
         layer.reshape(bottom, top)
     check_pair(cp, pair, [True], rng)
-    assert g._bound[2] is not first and g._bound[2].geom.x_shape == (5, 3, 9, 8)
-    second = g._bound[2]
+    (a, b, conv), = g._bound[2]          # one call: the whole minibatch
+    assert conv is not first[0][2] and (a, b) == (0, 5) and conv.geom.x_shape == (5, 3, 9, 8)
     g.set_workspace_limit(0)            # the options change: bound again, with limit 0
     check_pair(cp, pair, [True], rng)
-    assert g._bound[2] is not second and g._bound[2].limit == 0
+    assert g._bound[2][0][2] is not conv and g._bound[2][0][2].limit == 0
+
+
+@pytest.mark.parametrize("chunks", [True, False])
+def test_conv_past_the_cap_of_a_bound_per_image_runs_in_chunks(cp, cu, rng, monkeypatch, chunks):
+    """Under a bound per image whose cap the minibatch passes (16 MiB per image, at most 64
+    MiB: 4 images), the layer runs cuDNN on chunks of at most 4 images (4, 3, 3 of 10), each
+    with its bytes per image, in one workspace of the largest need; the weight and bias
+    diffs accumulate over the chunks (two backward calls too), and it all computes what
+    CAFFE computes.  $MINICAFFE_CUDNN_CHUNKS=0: one call, as before."""
+    if not chunks:
+        monkeypatch.setenv("MINICAFFE_CUDNN_CHUNKS", "0")
+    text = conv_text("num_output: 8 kernel_size: 3 pad: 1 stride: 2")
+    x = rng.standard_normal((10, 3, 17, 15))
+    pair = build_pair(cp, text, [x])
+    (c, cb, ct), (g, gb, gt) = pair
+    assert g._cudnn.chunks is chunks
+    g.set_workspace_limit(64 << 20, 16 << 20)
+    g.reshape(gb, gt)
+    check_pair(cp, pair, [True], rng, calls=2)
+    calls = g._bound[2]
+    if chunks:
+        assert [(a, b) for a, b, _ in calls] == [(0, 4), (4, 7), (7, 10)]
+        assert calls[1][2] is calls[2][2]                  # one bound call per size
+        assert [conv.limit for _, _, conv in calls] == [64 << 20] * 3
+        sizes = {4, 3}
+    else:
+        assert [(a, b) for a, b, _ in calls] == [(0, 10)]
+        sizes = {10}
+    need = max(max(cu.conv_workspace_bytes(
+        (n, 3, 17, 15), g.blobs[0].shape, g.pad, g.stride, g.dilation, g.group, np.float32,
+        find=g._cudnn.find, workspace_limit=64 << 20).values()) for n in sizes)
+    assert g.internals["workspace"].blob.count == need
+    assert g.workspace_model()(10) == need
 
 
 def test_conv_without_bottom_gradient(cp, cu, rng):

@@ -231,3 +231,33 @@ def test_blobs_updated_in_slices_match_whole_blobs_and_snapshot_whole(kind, tmp_
         shard.end_round()
     for a, b in zip(whole.blobs, resumed.blobs):
         np.testing.assert_array_equal(a.data, b.data)
+
+
+@pytest.mark.parametrize("iter_size, decay", [(1, 0.01), (2, 0.01), (1, 0.0)])
+def test_in_place_sgd_leaves_the_workers_gradient_alone_and_matches_update(iter_size, decay):
+    """SGD with L2 decay runs in place on a thread's scratch (ShardSolver._sgd_in_place):
+    with one worker it reads the worker's gradient array (a shared-memory segment with
+    --ps-shm) and must not write it; the parameters and history are update()'s bit for bit,
+    over several rounds, on blobs whole and in slices."""
+    p = caffe_pb2.SolverParameter(base_lr=0.05, momentum=0.9, weight_decay=decay,
+                                  lr_policy="fixed", iter_size=iter_size)
+    rng = np.random.default_rng(5)
+    shapes, lr, dm = [(3, 700), (40,)], [1.0, 2.0], [1.0, 0.5]
+    fast = ShardSolver(p, shapes, lr, dm, verbose=False, unit_bytes=1024)   # 3 x 700: slices
+    ref = ShardSolver(p, shapes, lr, dm, verbose=False, unit_bytes=1024)
+    for a, b in zip(fast.blobs, ref.blobs):
+        a.data[...] = b.data[...] = rng.standard_normal(a.shape).astype(np.float32)
+    for _ in range(3):
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        kept = [g.copy() for g in grads]
+        fast.reduce_bucket([1, 0], [[grads[1], grads[0]]], fast.begin_round())
+        fast.end_round()
+        for g, k in zip(grads, kept):
+            np.testing.assert_array_equal(g, k)            # read, never written
+        for b, g in zip(ref.blobs, grads):
+            np.copyto(b.diff, g)
+        ref.update()
+        for a, b in zip(fast.blobs, ref.blobs):
+            np.testing.assert_array_equal(a.data, b.data)
+        for ha, hb in zip(fast.history, ref.history):
+            np.testing.assert_array_equal(ha, hb)

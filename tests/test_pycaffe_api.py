@@ -46,7 +46,8 @@ def test_set_input_arrays_feeds_the_first_memory_data_layer():
     n.set_input_arrays(x, np.arange(4, dtype=np.float32))
     n.forward()
     np.testing.assert_array_equal(n.blobs["data"].data, x[:2])
-    np.testing.assert_array_equal(n.blobs["label"].data, [0, 1])
+    assert n.blobs["label"].data.shape == (2, 1, 1, 1)   # as Caffe's MemoryData forward
+    np.testing.assert_array_equal(n.blobs["label"].data.ravel(), [0, 1])
     with pytest.raises(RuntimeError, match="first layer is a MemoryData layer"):
         net().set_input_arrays(x, np.arange(4, dtype=np.float32))
 

@@ -629,7 +629,8 @@ class MemoryDataLayer(_SourcelessLayer):
     ``net.set_input_arrays``) or :meth:`add_datum_vector` (Datums, through the
     transformer).  Each forward emits the next ``batch_size`` rows, cycling.
 
-    Tops: data ``(batch_size, C, H, W)`` and label ``(batch_size,)``.
+    Tops: data ``(batch_size, C, H, W)`` and label ``(batch_size,)`` at setup; from the first
+    forward on the label is ``(batch_size, 1, 1, 1)``, as Caffe's ``Forward_cpu`` reshapes it.
     """
 
     type = "MemoryData"
@@ -652,10 +653,11 @@ class MemoryDataLayer(_SourcelessLayer):
         self._n = 0
         self._pos = 0
         self.has_new_data = False
+        self._forwarded = False   # Caffe: label (N,) from DataLayerSetUp, (N, 1, 1, 1) from Forward
 
     def reshape(self, bottom, top):
         top[0].reshape(self.batch_size, self.channels, self.height, self.width)
-        top[1].reshape((self.batch_size,))
+        top[1].reshape((self.batch_size, 1, 1, 1) if self._forwarded else (self.batch_size,))
 
     def reset(self, data, labels):
         """Use ``data`` ``(n, C, H, W)`` and ``labels`` ``(n,)`` (or ``(n, 1, 1, 1)``).
@@ -725,10 +727,11 @@ class MemoryDataLayer(_SourcelessLayer):
         if self._n % self.batch_size:
             raise RuntimeError(f"{self.where}: {self._n} rows are not a multiple of the batch "
                                f"size {self.batch_size}")
+        self._forwarded = True
         self.reshape(bottom, top)
         b, p = self.batch_size, self._pos
         top[0].data[...] = self.xp.asarray(self._data[p:p + b])  # host -> device in GPU mode
-        top[1].data[...] = self.xp.asarray(self._labels[p:p + b])
+        top[1].data[...] = self.xp.asarray(self._labels[p:p + b]).reshape(top[1].shape)
         self._pos = (p + b) % self._n
         if self._pos == 0:
             self.has_new_data = False

@@ -113,6 +113,7 @@ MEM = ('name: "mem" type: "MemoryData" top: "data" top: "label" memory_data_para
 
 
 def test_memory_data_setup_and_six_passes_over_twelve_batches():
+    """Caffe's DataLayerSetUp shapes the label (N,), its Forward_cpu (N, 1, 1, 1)."""
     layer, (data, label) = setup_layer(MEM, 2)
     assert data.shape == (BATCH, C, H, W) and label.shape == (BATCH,)
     rng = np.random.default_rng(0)
@@ -121,9 +122,10 @@ def test_memory_data_setup_and_six_passes_over_twelve_batches():
     layer.reset(x, y)
     for i in range(BATCHES * 6):
         layer.forward([], [data, label])
+        assert label.shape == (BATCH, 1, 1, 1)
         rows = slice((i % BATCHES) * BATCH, (i % BATCHES + 1) * BATCH)
         np.testing.assert_array_equal(data.data, x[rows])
-        np.testing.assert_array_equal(label.data, y[rows])
+        np.testing.assert_array_equal(label.data.ravel(), y[rows])
 
 
 def test_memory_data_add_datum_vector_without_transform():
@@ -134,7 +136,7 @@ def test_memory_data_add_datum_vector_without_transform():
         layer.add_datum_vector([mio.array_to_datum(im, i) for i, im in enumerate(imgs)])
         layer.forward([], [data, label])
         np.testing.assert_array_equal(data.data, imgs.astype(np.float32))
-        np.testing.assert_array_equal(label.data, np.arange(BATCH))
+        np.testing.assert_array_equal(label.data.ravel(), np.arange(BATCH))
 
 
 def test_memory_data_set_batch_size():
@@ -146,10 +148,11 @@ def test_memory_data_set_batch_size():
     layer.add_datum_vector([mio.array_to_datum(im, i) for i, im in enumerate(imgs)])
     for it in range(n_iter):
         layer.forward([], [data, label])
-        assert data.shape == (new_batch, C, H, W) and label.shape == (new_batch,)
+        assert data.shape == (new_batch, C, H, W) and label.shape == (new_batch, 1, 1, 1)
         rows = slice(it * new_batch, (it + 1) * new_batch)
         np.testing.assert_array_equal(data.data, imgs[rows].astype(np.float32))
-        np.testing.assert_array_equal(label.data, np.arange(n_iter * new_batch)[rows])
+        np.testing.assert_array_equal(label.data.ravel(),
+                                      np.arange(n_iter * new_batch)[rows])
 
 
 # ------------------------------------------------------------------------- Data

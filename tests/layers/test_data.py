@@ -456,7 +456,8 @@ def test_memory_data_cycles_through_reset_arrays():
     for rows in ([0, 1], [2, 3], [0, 1]):
         layer.forward([], t)
         np.testing.assert_array_equal(t[0].data, data[rows])
-        np.testing.assert_array_equal(t[1].data, [5 + r for r in rows])
+        assert t[1].shape == (2, 1, 1, 1)           # Caffe's Forward_cpu reshapes the label
+        np.testing.assert_array_equal(t[1].data.ravel(), [5 + r for r in rows])
     data[...] = -1  # reset copied the arrays
     layer.forward([], t)
     assert (t[0].data >= 0).all()
@@ -498,14 +499,15 @@ def test_memory_data_add_datum_vector_and_batch_size():
         layer.set_batch_size(1)
     layer.forward([], t)
     np.testing.assert_array_equal(t[0].data[:, 0, 0, 0], [0, 2])
-    np.testing.assert_array_equal(t[1].data, [10, 11])
+    np.testing.assert_array_equal(t[1].data.ravel(), [10, 11])
     assert not layer.has_new_data
     with pytest.raises(ValueError, match="multiple of the batch size"):
         layer.add_datum_vector(datums[:1])
     layer.set_batch_size(1)
     layer.reset(np.ones((3, 1, 2, 3)), np.arange(3))
     layer.forward([], t)
-    assert t[0].shape == (1, 1, 2, 3) and t[1].data.tolist() == [0]
+    assert t[0].shape == (1, 1, 2, 3) and t[1].shape == (1, 1, 1, 1)
+    assert t[1].data.ravel().tolist() == [0]
 
 
 # ---------------------------------------------------------------------- GPU
@@ -543,7 +545,7 @@ def test_data_layers_gpu_match_cpu(cp, db, tmp_path):
     layer.reset(data, [1, 2])
     layer.forward([], t)
     np.testing.assert_allclose(to_numpy(t[0].data), data, rtol=1e-5)
-    np.testing.assert_array_equal(to_numpy(t[1].data), [1, 2])
+    np.testing.assert_array_equal(to_numpy(t[1].data).ravel(), [1, 2])
 
 
 def test_data_prefetch_thread_does_not_hold_up_exit(db):

@@ -142,6 +142,7 @@ class RoundThread:
         pending: deque = deque()       # (g, done) in the order backward made them ready
         t = None                       # the open round's iteration
         finish_t0 = None               # when the update asked for the end of the round
+        last_push_t = None             # time.monotonic() of the round's last push
         pushed = 0
         while True:
             try:
@@ -169,21 +170,27 @@ class RoundThread:
                     if done is not None:
                         done.synchronize()                 # off the GIL: the copy ends
                     pushed += self.client.push(t, self.shard_of[g], self.payloads(g, done))
+                    last_push_t = time.monotonic()
                     if finish_t0 is None:
                         self.client.receive_ready(t, self.take_early)
                 if t is None:
                     continue
                 if finish_t0 is None:
-                    self.client.send_due(wait=False)
+                    if self.client.send_due(wait=False):
+                        last_push_t = time.monotonic()
                     self.client.receive_ready(t, self.take_early)
                     self._sleep()
                     continue
-                self.client.send_due(wait=True)        # an emulated link's queue
+                if self.client.send_due(wait=True):    # an emulated link's queue
+                    last_push_t = time.monotonic()
                 t_pushed = time.perf_counter()
                 pulled = self.client.pull(t, self.take_late)
-                self._results.put((pushed, pulled, {"push_s": t_pushed - finish_t0,
-                                                    "pull_wait_s": time.perf_counter() - t_pushed}))
-                t, finish_t0, pushed = None, None, 0
+                parts = {"push_s": t_pushed - finish_t0,
+                         "pull_wait_s": time.perf_counter() - t_pushed}
+                if last_push_t is not None:   # the shards' stats hold when they read it
+                    parts["last_push_t"] = last_push_t
+                self._results.put((pushed, pulled, parts))
+                t, finish_t0, pushed, last_push_t = None, None, 0, None
             except BaseException as e:
                 self._results.put(e)
                 return

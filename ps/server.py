@@ -125,6 +125,7 @@ class _RoundStats:
     tail_s: float = 0.0        # from the last gradient's arrival to the last answer sent
     spread_s: float = 0.0      # the most any bucket waited from its first rank to its last
     rank_done_s: list = field(default_factory=list)   # per rank: its last push, from the start
+    start_t: float = 0.0       # the round's start, time.monotonic() (one clock on one host)
     bytes_in: int = 0
     bytes_out: int = 0
 
@@ -507,6 +508,7 @@ class ShardServer:
         pending: list[dict] = [{} for _ in range(nb)]    # per bucket: rank -> payloads
         first_at: list = [None] * nb                    # per bucket: its first push's arrival
         stats.rank_done_s = [0.0] * c.world_size
+        stats.start_t = start
         left = nb
         rate = None
         p = s.param

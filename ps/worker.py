@@ -415,18 +415,21 @@ class ParameterClient:
             self._send_one(s, frames)
         return nbytes
 
-    def send_due(self, wait: bool = False):
+    def send_due(self, wait: bool = False) -> int:
         """Send the queued emulated-link pushes whose time has come, earliest
-        first; ``wait``: sleep until every one has gone."""
+        first; ``wait``: sleep until every one has gone.  Returns how many were sent."""
         self._due.sort(key=lambda x: x[0])
+        sent = 0
         while self._due:
             rest = self.link.wait_time(self._due[0][0])
             if rest > 0:
                 if not wait:
-                    return
+                    return sent
                 self.link.sleep(rest)
             _, s, frames = self._due.pop(0)
             self._send_one(s, frames)
+            sent += 1
+        return sent
 
     def next_send_s(self):
         """Seconds until the next queued emulated-link push is due (<= 0: due now), or None

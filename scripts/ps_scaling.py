@@ -58,6 +58,9 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   host_ahead_s: how long a GPU worker's update waited for backward's kernels (median);
   host_cpu_s, host_vcsw, host_ivcsw: the worker's main thread during compute, its CPU time
   and its voluntary and involuntary context switches (medians; Linux's per-thread rusage);
+  read_lag_s: from a worker's last push of a round to the moment the last shard read its last
+  gradient (``time.monotonic()``, one clock for every process of a host; median over ranks
+  and timed rounds): how long the shards' queue held the end of backward;
 * push_s, pull_wait_s, copy_up_s (CSV only): the parts of a parameter-server worker's
   Delta (``ps.worker.SyncRecord.parts``), medians over every (rank, timed iteration);
   early_mb: MB of answers back before the update; with ``--copy-up forward``,
@@ -130,7 +133,8 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "mb_pulled_per_iter", "server_busy_s", "server_update_s", "server_tail_s",
                "rank_spread_s", "push_s",
                "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
-               "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "lagging_ranks",
+               "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "read_lag_s",
+               "lagging_ranks",
                "timed_iterations",
                "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
@@ -139,7 +143,8 @@ FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "spee
                  "mb_pushed_per_iter", "mb_pulled_per_iter", "server_busy_s", "server_update_s",
                  "server_tail_s", "rank_spread_s",
                  "push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
-                 "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "wall_s")
+                 "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "read_lag_s",
+                 "wall_s")
 PART_COLUMNS = ("push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                 "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw")
 INT_COLUMNS = ("world_size", "batch_per_worker", "shards", "timed_iterations")
@@ -661,9 +666,10 @@ def run_config(cfg: Config, args, work) -> dict:
             row.update(summarise(records, args.warmup, args.iters, cfg.batch,
                                  together=cfg.comm != "alone"))
             if cfg.comm == "ps":
-                row.update(summarise_shards(
-                    [read_stats(os.path.join(run_dir, f"shard{s}.jsonl")) for s in range(shards)],
-                    args.warmup, args.iters))
+                shard_records = [read_stats(os.path.join(run_dir, f"shard{s}.jsonl"))
+                                 for s in range(shards)]
+                row.update(summarise_shards(shard_records, args.warmup, args.iters))
+                row.update(read_lag(records, shard_records, args.warmup, args.iters))
             row["status"] = "ok"
             return row
         except ValueError as e:
@@ -772,6 +778,26 @@ def summarise_shards(records_by_shard, warmup: int, iters: int) -> dict:
            if all(key in k[i] for k in kept for i in common)},
         **_lagging(kept, common),
     }
+
+
+def read_lag(records_by_rank, records_by_shard, warmup: int, iters: int) -> dict:
+    """``read_lag_s``: per timed round and rank, from the worker's last push
+    (``parts["last_push_t"]``) to the latest moment a shard read that rank's last gradient of
+    the round (its ``start_t + rank_done_s[rank]``), both ``time.monotonic()``; the median.
+    Empty where the workers or the shards do not record them (no overlap, older runs)."""
+    shards = [{x["iteration"]: x for x in recs} for recs in records_by_shard]
+    lags = []
+    for rank, recs in enumerate(records_by_rank):
+        for x in sorted(recs, key=lambda x: x["iteration"])[warmup:warmup + iters]:
+            pushed = x.get("parts", {}).get("last_push_t")
+            rounds = [s.get(x["iteration"]) for s in shards]
+            if pushed is None or not rounds or any(
+                    r is None or "start_t" not in r or len(r.get("rank_done_s", ())) <= rank
+                    for r in rounds):
+                continue
+            read = max(r["start_t"] + r["rank_done_s"][rank] for r in rounds)
+            lags.append(read - pushed)
+    return {"read_lag_s": statistics.median(lags)} if lags else {}
 
 
 def _lagging(kept, common) -> dict:

@@ -60,6 +60,8 @@ def test_quick_run_measures_every_configuration(tmp_path):
             per_rank = [float(v) for v in x[col].split(";")]
             assert len(per_rank) == w and min(per_rank) > 0
         assert float(x["mb_pushed_per_iter"]) > 0.5    # cifar10_quick: 145,578 float32
+        # one monotonic clock for the workers and the shards: a gradient is read after it left
+        assert 0 <= float(x["read_lag_s"]) < 10
         if sys.platform.startswith("linux"):           # the main thread's rusage
             assert 0 < float(x["host_cpu_s"]) and float(x["host_vcsw"]) >= 0
             assert float(x["host_ivcsw"]) >= 0
@@ -132,6 +134,26 @@ def test_ipc_links_bind_socket_files_and_remove_them(tmp_path, monkeypatch):
     assert all(e.startswith(f"ipc://{sock_root}/mcps-") for e in endpoints), endpoints
     assert list(sock_root.iterdir()) == []       # the socket directory was removed
     assert "| ipc |" in md
+
+
+def test_read_lag_is_from_a_ranks_last_push_to_the_last_shard_reading_it():
+    def rank(push_ts):
+        return [{"iteration": i, "parts": {"last_push_t": t}} for i, t in enumerate(push_ts)]
+
+    def shard(starts, done):
+        return [{"iteration": i, "start_t": s, "rank_done_s": d}
+                for i, (s, d) in enumerate(zip(starts, done))]
+    # 3 rounds, the first a warm-up; two ranks, two shards
+    ranks = [rank([10.0, 20.0, 30.0]), rank([10.5, 20.5, 30.5])]
+    shards = [shard([9.0, 19.0, 29.0], [[1.1, 1.6], [1.2, 1.7], [1.4, 1.9]]),
+              shard([9.0, 19.0, 29.0], [[1.0, 1.5], [1.3, 1.8], [1.1, 1.6]])]
+    # round 1: rank 0 read at max(20.2, 20.3) - 20.0 = 0.3, rank 1 20.8 - 20.5 = 0.3;
+    # round 2: rank 0 30.4 - 30 = 0.4, rank 1 30.9 - 30.5 = 0.4
+    got = ps_scaling.read_lag(ranks, shards, warmup=1, iters=2)
+    assert abs(got["read_lag_s"] - 0.35) < 1e-9
+    old = [[{k: v for k, v in x.items() if k != "start_t"} for x in recs] for recs in shards]
+    assert ps_scaling.read_lag(ranks, old, 1, 2) == {}            # an older shard's stats
+    assert ps_scaling.read_lag([[{"iteration": 1, "parts": {}}]], shards, 0, 2) == {}
 
 
 def test_pin_plan_gives_each_worker_a_block_and_the_shards_the_rest():

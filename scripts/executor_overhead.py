@@ -374,15 +374,17 @@ def conv_algorithms(net) -> dict:
                 getattr(layer, "_cudnn", None) is None or layer.type != "Convolution":
             continue
         o = layer._cudnn
-        choices = ops.conv_algorithms(
-            (layer.num, layer.channels) + tuple(layer.in_hw), tuple(layer.blobs[0].shape),
-            layer.pad, layer.stride, layer.dilation, layer.group, layer.dtype, tf32=o.tf32,
-            deterministic=o.deterministic, find=o.find,
-            workspace_limit=layer._workspace_limit_at(layer.num))
-        for d, c in choices.items():
-            count[d][c.name] += 1
-            search_ms[d] += max(c.time_ms, 0.0)
-            workspace = max(workspace, c.workspace)
+        # the calls the layer makes: one per chunk of its images past the workspace cap
+        for a, b in layer._chunks_at(layer.num):
+            choices = ops.conv_algorithms(
+                (b - a, layer.channels) + tuple(layer.in_hw), tuple(layer.blobs[0].shape),
+                layer.pad, layer.stride, layer.dilation, layer.group, layer.dtype, tf32=o.tf32,
+                deterministic=o.deterministic, find=o.find,
+                workspace_limit=layer._workspace_limit_at(b - a))
+            for d, c in choices.items():
+                count[d][c.name] += 1
+                search_ms[d] += max(c.time_ms, 0.0)
+                workspace = max(workspace, c.workspace)
     return {"count": {d: dict(v) for d, v in count.items()}, "search_ms": dict(search_ms),
             "largest_workspace": workspace}
 

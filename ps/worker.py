@@ -701,9 +701,14 @@ class DataParallel:
                       + self.stats.display_line())
         # What follows the synchronisation (NCCL: the local update) is computation: it
         # counts in the next iteration's compute, so that compute + Delta is the period.
+        self._sync_ended()
+        self._after_sync(display)
+
+    def _sync_ended(self):
+        """The next iteration's compute starts now (its wall clock and the main thread's
+        CPU use)."""
         self._t_sync_end = time.perf_counter()
         self._usage_end = _thread_usage()
-        self._after_sync(display)
 
     def _after_sync(self, display):
         """Nothing by default: the parameter server has updated the parameters."""
@@ -726,8 +731,7 @@ class DataParallel:
                 s._log(f"Restoring previous solver status from {resume_file}")
                 s.restore(resume_file)
             self._join()
-            self._t_sync_end = time.perf_counter()
-            self._usage_end = _thread_usage()
+            self._sync_ended()
             s.solve()
             self._land()
         except BaseException as e:
@@ -744,8 +748,7 @@ class DataParallel:
         try:
             if self._t_sync_end is None:
                 self._join()
-                self._t_sync_end = time.perf_counter()
-                self._usage_end = _thread_usage()
+                self._sync_ended()
             self.solver.step(iters)
             self._land()
         except BaseException as e:

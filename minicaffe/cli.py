@@ -208,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --swap dynamic: per step in segments between the profiled k "
                         "(default), one throughput curve per step, or per layer type (the "
                         "paper's)")
+    t.add_argument("--recompute", default=None, metavar="LAYERS",
+                   help="with --swap dynamic: comma-separated forward layers (each with its in-place chain) "
+                        "run again in backward instead of keeping or offloading what they write, "
+                        "e.g. conv1_1 for VGG-16 (docs/SWAP.md)")
     t.add_argument("--host-budget", default=None,
                    help="with --swap dynamic: pinned host memory the plans may offload to, "
                         "which bounds k_max too (default $MINICAFFE_HOST_BUDGET or half the "
@@ -274,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-fill", dest="fill", action="store_false",
                     help="pin only what constraint (6) needs (the paper), not also what the "
                          "spare memory can hold")
+    pl.add_argument("--recompute", default=None, metavar="LAYERS",
+                    help="comma-separated forward layers (each with its in-place chain) run "
+                         "again in backward instead of keeping or offloading what they write")
     pl.add_argument("--granularity", choices=["type", "step", "segment"], default="segment",
                     help="with --profile: per step in segments between the profiled k (the "
                          "tuner's default), one curve per step, or per layer type (the paper's)")
@@ -377,7 +384,7 @@ def _install_swap(args, solver):
         ("--auto-batch", args.auto_batch), ("--batch", args.batch is not None),
         ("--lr-rule", args.lr_rule is not None), ("--convexity", args.convexity is not None),
         ("--profile", args.profile), ("--save-profile", args.save_profile),
-        ("--host-budget", args.host_budget)) if v]
+        ("--host-budget", args.host_budget), ("--recompute", args.recompute)) if v]
     if args.swap is None:
         if args.budget is not None or args.memory_trace is not None:
             raise UsageError("--budget and --memory-trace need --swap "
@@ -429,9 +436,15 @@ def _install_dynamic(args, solver, budget):
                           granularity=args.granularity, save_profile=args.save_profile,
                           trace=args.memory_trace, log=log, fill=args.fill,
                           objective=args.k_objective, scratch_extra=extra,
+                          recompute=_layers(args.recompute),
                           host_budget=("auto" if args.host_budget is None
                                        else parse_bytes(args.host_budget)))
     return ex
+
+
+def _layers(text) -> tuple:
+    """``--recompute conv1_1,conv1_2`` -> ("conv1_1", "conv1_2"); None -> ()."""
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
 
 
 def _parse_rate(text, what: str) -> float:
@@ -480,10 +493,11 @@ def cmd_plan(args):
                   f"{args.x_half:g} FLOPs, {bw / 1e9:g} GB/s each way, {both / 1e9:g} GB/s both)")
     if args.batch is not None:
         dec = plan_at(gmap, args.batch, budget, model, pcie, rule=args.pin_rule,
-                      delta=args.delta, fill=args.fill)
+                      delta=args.delta, fill=args.fill, recompute=_layers(args.recompute))
     else:
         dec = tune(gmap, budget, model, pcie, method=args.search, rule=args.pin_rule,
-                   delta=args.delta, fill=args.fill, objective=args.k_objective)
+                   delta=args.delta, fill=args.fill, objective=args.k_objective,
+                   recompute=_layers(args.recompute))
     print(f"net {gmap.net_name!r}: {gmap.n_steps} steps, {len(gmap.feature_maps())} feature "
           f"maps; budget {fmt_bytes(budget)}; model: {source}")
     print(dec.describe())

@@ -236,32 +236,48 @@ def _sizes(gmap: GMAP) -> list[int]:
     return [align(b.nbytes(gmap.k)) for b in gmap.buffers]
 
 
-def _base_intervals(gmap: GMAP, swap: set, hold=None) -> tuple[list, list]:
+def _base_intervals(gmap: GMAP, swap: set, hold=None, recompute=None) -> tuple[list, list]:
     """Intervals of everything but the returns of swapped buffers, and the swapped buffers'
     (buffer, lo, first backward use, last use) still to be placed.
 
     hold: optional {buffer: step}: keep an offloaded buffer's region until after that step
-    (at least its last forward use, at most the step before its first backward use)."""
+    (at least its last forward use, at most the step before its first backward use).
+    recompute: optional :class:`RecomputePolicy`: its buffers are held over their forward uses
+    and again from the step before which they are rebuilt to their last use (never swapped),
+    and every buffer a recomputation touches has the uses it gives (``RecomputePolicy.uses``).
+    """
     sizes = _sizes(gmap)
+    nf = gmap.n_forward
+    uses_of = recompute.uses if recompute is not None else {}
+    rebuilt = recompute.recomputed if recompute is not None else frozenset()
     out, pending = [], []
     for b in gmap.buffers:
         if sizes[b.id] == 0 or b.kind == CAFFE:
             continue
         if b.persistent:
             out.append((b.id, SETUP, None, ALLOCATE, False))
-        elif not b.uses:
             continue
-        elif b.kind == SCRATCH:
-            out.extend((b.id, s, s, ALLOCATE, False) for s in b.uses)
-        elif b.id in swap:
-            last_fwd = b.forward_uses[-1]
+        uses = uses_of.get(b.id, b.uses)
+        if not uses:
+            continue
+        if b.kind == SCRATCH:
+            out.extend((b.id, s, s, ALLOCATE, False) for s in uses)
+            continue
+        fwd = [u for u in uses if u < nf]
+        back = [u for u in uses if u >= nf]
+        if b.id in rebuilt:
+            out.append((b.id, fwd[0], fwd[-1], ALLOCATE, False))
+            if back:
+                out.append((b.id, back[0], back[-1], ALLOCATE, False))
+        elif b.id in swap and fwd and back:
+            last_fwd = fwd[-1]
             h = last_fwd
             if hold and b.id in hold:
-                h = min(max(int(hold[b.id]), last_fwd), b.backward_uses[0] - 1)
-            out.append((b.id, b.uses[0], h, ALLOCATE, True if h == last_fwd else (last_fwd,)))
-            pending.append((b.id, h + 1, b.backward_uses[0], b.uses[-1]))
+                h = min(max(int(hold[b.id]), last_fwd), back[0] - 1)
+            out.append((b.id, uses[0], h, ALLOCATE, True if h == last_fwd else (last_fwd,)))
+            pending.append((b.id, h + 1, back[0], uses[-1]))
         else:
-            out.append((b.id, b.uses[0], b.uses[-1], ALLOCATE, False))
+            out.append((b.id, uses[0], uses[-1], ALLOCATE, False))
     pending.sort(key=lambda p: (p[2], p[0]))
     return out, pending
 
@@ -484,14 +500,23 @@ def plan_none(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
 
 
 def plan_naive(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
-               strategy: str = "naive", hold=None) -> Plan:
+               strategy: str = "naive", hold=None, recompute=None) -> Plan:
     """Offload every feature map but the pinned ones; prefetch as early as memory allows.
 
-    hold: {buffer: step} keeps offloaded regions reserved until after that step (dynamic)."""
-    swap = set(gmap.feature_maps()) - set(pinned)
-    base, pending = _base_intervals(gmap, swap, hold)
-    jit = _assemble(strategy, gmap, _place_returns(gmap, base, pending, None, "jit"), budget,
-                    pinned, swap)
+    hold: {buffer: step} keeps offloaded regions reserved until after that step (dynamic).
+    recompute: a :class:`RecomputePolicy` (dynamic): its buffers are dropped after forward and
+    rebuilt by RECOMPUTE ops instead of being offloaded or kept."""
+    rebuilt = recompute.recomputed if recompute is not None else frozenset()
+    swap = set(gmap.feature_maps()) - set(pinned) - rebuilt
+    base, pending = _base_intervals(gmap, swap, hold, recompute)
+
+    def assemble(intervals):
+        if recompute is None:
+            return _assemble(strategy, gmap, intervals, budget, pinned, swap)
+        return _assemble(strategy, gmap, intervals, budget, pinned, swap, uses=recompute.uses,
+                         recompute=recompute.schedule(), recomputed=rebuilt)
+
+    jit = assemble(_place_returns(gmap, base, pending, None, "jit"))
     if not _fits(jit, budget):
         _fail(strategy, gmap, budget, pinned, jit)
     if budget is None:
@@ -501,8 +526,7 @@ def plan_naive(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
     # just-in-time plan, which fits.
     eff = budget
     for _ in range(8):
-        plan = _assemble(strategy, gmap, _place_returns(gmap, base, pending, eff, "early"),
-                         budget, pinned, swap)
+        plan = assemble(_place_returns(gmap, base, pending, eff, "early"))
         if plan.arena_bytes <= budget:
             return plan
         eff -= plan.arena_bytes - budget + ALIGN
@@ -515,8 +539,7 @@ def plan_naive(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
         lo, hi, best = 0, eff, None
         for _ in range(10):
             mid = (lo + hi) // 2
-            plan = _assemble(strategy, gmap, _place_returns(gmap, base, pending, mid, "early"),
-                             budget, pinned, swap)
+            plan = assemble(_place_returns(gmap, base, pending, mid, "early"))
             if plan.arena_bytes <= budget:
                 lo, best = mid, plan
             else:
@@ -567,19 +590,27 @@ class RecomputePolicy:
         return {j: tuple(v) for j, v in out.items()}
 
 
-def recompute_policy(gmap: GMAP, pinned=frozenset()) -> RecomputePolicy:
-    """The recompute strategy's decisions for ``gmap`` (the rules in :func:`plan_recompute`).
+@dataclass(frozen=True)
+class _Groups:
+    """The forward steps of a GMAP in groups that are rebuilt or kept as a whole.
 
-    Depends on the net's structure only, not on the minibatch: the same at every k.
+    groups: tuples of forward steps writing a common buffer (an in-place chain, a Split or
+    Flatten with the layer whose top it aliases), ordered by first step.  written[g]: the
+    buffers group g writes; owner: buffer -> the group writing it; inputs[g]: what g's steps
+    read besides its own and persistent buffers; writers: buffer -> forward steps writing it.
     """
+    groups: tuple
+    written: tuple
+    owner: dict
+    inputs: tuple
+    writers: dict
+
+
+def _forward_groups(gmap: GMAP) -> _Groups:
     bufs = gmap.buffers
     nf = gmap.n_forward
     fwd = gmap.steps[:nf]
-    fm = set(gmap.feature_maps())
-    pinned = set(pinned)
-
-    # ---- groups: forward steps writing a common buffer (union-find over the writers)
-    parent = list(range(nf))
+    parent = list(range(nf))        # union-find over the writers of each buffer
 
     def root(x):
         while parent[x] != x:
@@ -597,12 +628,70 @@ def recompute_policy(gmap: GMAP, pinned=frozenset()) -> RecomputePolicy:
     members: dict = {}
     for st in fwd:
         members.setdefault(root(st.index), []).append(st.index)
-    groups = sorted(tuple(v) for v in members.values())          # by first step
-    written = [frozenset(b for j in g for b in fwd[j].writes) for g in groups]
+    groups = tuple(sorted(tuple(v) for v in members.values()))         # by first step
+    written = tuple(frozenset(b for j in g for b in fwd[j].writes) for g in groups)
     owner = {b: gi for gi, w in enumerate(written) for b in w}
-    inputs = [frozenset(b for j in g for b in fwd[j].reads
-                        if b not in written[gi] and not bufs[b].persistent)
-              for gi, g in enumerate(groups)]
+    inputs = tuple(frozenset(b for j in g for b in fwd[j].reads
+                             if b not in written[gi] and not bufs[b].persistent)
+                   for gi, g in enumerate(groups))
+    return _Groups(groups, written, owner, inputs, writers)
+
+
+def _rebuildable(gmap: GMAP, G: _Groups, gi: int, pinned) -> str:
+    """Why group ``gi`` may not be recomputed ('' when it may): rules (2) and (3) of
+    :func:`plan_recompute`."""
+    bufs = gmap.buffers
+    if any(bufs[b].persistent or b in pinned for b in G.written[gi]):
+        return "it writes a parameter, a persistent or a pinned buffer"            # (2)
+    if any(max(G.writers.get(c, [-1])) >= G.groups[gi][0] for c in G.inputs[gi]):
+        return "a later layer overwrites what it reads"                            # (3)
+    return ""
+
+
+def _policy(gmap: GMAP, G: _Groups, chosen, offloaded) -> RecomputePolicy:
+    """The :class:`RecomputePolicy` that rebuilds the groups ``chosen``: rule (5) of
+    :func:`plan_recompute` (when), the order, and the uses it adds."""
+    bufs = gmap.buffers
+    fwd = gmap.steps[:gmap.n_forward]
+    fm = set(gmap.feature_maps())
+    # The first backward step needing the group or a recomputed group it feeds.  A group that
+    # reads another's buffers starts after all their writers (rule 3), so by decreasing first
+    # step every group comes after the groups that read it.
+    readers: dict = {gi: set() for gi in chosen}
+    for gi in chosen:
+        for c in G.inputs[gi]:
+            if G.owner.get(c) in chosen:
+                readers[G.owner[c]].add(gi)
+    at: dict = {}
+    for gi in sorted(chosen, key=lambda x: -G.groups[x][0]):
+        js = [bufs[b].backward_uses[0] for b in G.written[gi] if b in fm]
+        js += [at[r] for r in readers[gi] if r in at]
+        if js:
+            at[gi] = min(js)
+
+    order = sorted(at, key=lambda gi: G.groups[gi][0])     # a group after those it reads
+    segments = tuple((at[gi], G.groups[gi]) for gi in order)
+    extra: dict = {}
+    for j, g in segments:
+        for f in g:
+            for b in fwd[f].touches:
+                extra.setdefault(b, set()).add(j)
+    uses = {b: tuple(sorted(set(bufs[b].uses) | js)) for b, js in extra.items()}
+    recomputed = frozenset(b for gi in at for b in G.written[gi])
+    return RecomputePolicy(segments=segments, recomputed=recomputed,
+                           offloaded=frozenset(offloaded), uses=uses)
+
+
+def recompute_policy(gmap: GMAP, pinned=frozenset()) -> RecomputePolicy:
+    """The recompute strategy's decisions for ``gmap`` (the rules in :func:`plan_recompute`).
+
+    Depends on the net's structure only, not on the minibatch: the same at every k.
+    """
+    fwd = gmap.steps[:gmap.n_forward]
+    fm = set(gmap.feature_maps())
+    pinned = set(pinned)
+    G = _forward_groups(gmap)
+    groups, written, owner, inputs = G.groups, G.written, G.owner, G.inputs
 
     # ---- checkpoints: the feature maps of convolution groups go to the host
     offloaded = frozenset(b for gi, g in enumerate(groups)
@@ -610,49 +699,74 @@ def recompute_policy(gmap: GMAP, pinned=frozenset()) -> RecomputePolicy:
                           for b in written[gi] if b in fm and b not in pinned)
 
     # ---- candidates: rules (1)-(3), then (4) to a fixed point
-    cand = set()
-    for gi, g in enumerate(groups):
-        if not all(fwd[j].recomputable for j in g):
-            continue                                                        # (1)
-        if any(bufs[b].persistent or b in pinned for b in written[gi]):
-            continue                                                        # (2)
-        if any(max(writers.get(c, [-1])) >= g[0] for c in inputs[gi]):
-            continue                                                        # (3)
-        cand.add(gi)
+    cand = {gi for gi, g in enumerate(groups)
+            if all(fwd[j].recomputable for j in g)                                  # (1)
+            and not _rebuildable(gmap, G, gi, pinned)}                              # (2), (3)
     changed = True
-    while changed:                                                          # (4)
+    while changed:                                                                  # (4)
         changed = False
         for gi in sorted(cand):
             if not all(c in fm or owner.get(c) in cand for c in inputs[gi]):
                 cand.discard(gi)
                 changed = True
+    return _policy(gmap, G, cand, offloaded)
 
-    # ---- when: the first backward step needing the group or a recomputed group it feeds (5).
-    # A group that reads another's buffers starts after all their writers (rule 3), so by
-    # decreasing first step every group comes after the groups that read it.
-    readers: dict = {gi: set() for gi in cand}
-    for gi in cand:
-        for c in inputs[gi]:
-            if owner.get(c) in cand:
-                readers[owner[c]].add(gi)
-    at: dict = {}
-    for gi in sorted(cand, key=lambda x: -groups[x][0]):
-        js = [bufs[b].backward_uses[0] for b in written[gi] if b in fm]
-        js += [at[r] for r in readers[gi] if r in at]
-        if js:
-            at[gi] = min(js)
 
-    order = sorted(at, key=lambda gi: groups[gi][0])     # a group after those it reads
-    segments = tuple((at[gi], groups[gi]) for gi in order)
-    extra: dict = {}
-    for j, g in segments:
-        for f in g:
-            for b in fwd[f].touches:
-                extra.setdefault(b, set()).add(j)
-    uses = {b: tuple(sorted(set(bufs[b].uses) | js)) for b, js in extra.items()}
-    recomputed = frozenset(b for gi in at for b in written[gi])
-    return RecomputePolicy(segments=segments, recomputed=recomputed, offloaded=offloaded,
-                           uses=uses)
+# Forward layers that are not cheap (not RECOMPUTABLE_TYPES) but give the same result when run
+# again with the same bottoms and parameters, and have no other effect: the dynamic plan may
+# recompute them where the user asks (dynamic_recompute).  cuDNN's forward algorithms are
+# deterministic, unlike some of its backward ones.
+DETERMINISTIC_TYPES = frozenset({"Convolution", "Deconvolution", "InnerProduct"})
+
+
+def dynamic_recompute(gmap: GMAP, layers, pinned=frozenset()) -> RecomputePolicy | None:
+    """The forward groups of ``layers`` (names), to be recomputed in backward by the dynamic
+    plan instead of kept or offloaded (None when ``layers`` is empty).
+
+    The group of a layer is its in-place chain (conv1_1 and its ReLU: naming either names
+    both).  Each group is run again once, before the first backward step that reads what it
+    writes (or before a chosen group that reads it), from its inputs, which the plan then
+    brings back (kept or prefetched) for that step: VGG-16's conv1_1 is rebuilt from the data
+    before conv1_2's backward.  Its buffers hold memory over their forward uses and from that
+    step to their last use, and they cost no transfer; the step's compute grows by the
+    group's forward time (:func:`swap.planner.with_recomputations`).
+
+    Raises ValueError naming the layer where it is not in the net's forward pass, where one
+    of its group's layers could give another result when run again (Dropout, STOCHASTIC
+    pooling, BatchNorm, whose Scale the dynamic plan may run fused: not supported here, use
+    ``--swap recompute``), or where rules (2) and (3) of :func:`plan_recompute` fail.
+    """
+    names = [x for x in dict.fromkeys(layers or ()) if x]
+    if not names:
+        return None
+    fwd = gmap.steps[:gmap.n_forward]
+    G = _forward_groups(gmap)
+    group_of = {j: gi for gi, g in enumerate(G.groups) for j in g}
+    fm = set(gmap.feature_maps())
+    chosen = set()
+    for name in names:
+        steps = [st.index for st in fwd if st.name == name]
+        if not steps:
+            known = ", ".join(st.name for st in fwd[:8])
+            raise ValueError(f"recompute: net {gmap.net_name!r} has no layer {name!r} in its "
+                             f"forward pass (its first layers: {known}, ...)")
+        gi = group_of[steps[0]]
+        for j in G.groups[gi]:
+            st = fwd[j]
+            if st.type == "BatchNorm" or not (st.recomputable or st.type in DETERMINISTIC_TYPES):
+                raise ValueError(
+                    f"recompute {name!r}: layer {st.name!r} ({st.type}) of its group "
+                    f"({', '.join(fwd[x].name for x in G.groups[gi])}) cannot be recomputed "
+                    "by the dynamic plan: its forward is not a pure function of its bottoms "
+                    "and parameters here (BatchNorm: use --swap recompute)")
+        why = _rebuildable(gmap, G, gi, set(pinned))
+        if why:
+            raise ValueError(f"recompute {name!r}: its group cannot be recomputed: {why}")
+        if not G.written[gi] & fm:
+            raise ValueError(f"recompute {name!r}: its group writes no feature map that "
+                             "backward reads, so there is nothing to rebuild")
+        chosen.add(gi)
+    return _policy(gmap, G, chosen, frozenset())
 
 
 def plan_recompute(gmap: GMAP, budget: int | None = None, pinned=frozenset()) -> Plan:
@@ -701,32 +815,7 @@ def plan_recompute(gmap: GMAP, budget: int | None = None, pinned=frozenset()) ->
     the budget: under a budget below its arena it fails with :class:`BudgetError`.
     """
     pol = recompute_policy(gmap, pinned)
-    sizes = _sizes(gmap)
-    nf = gmap.n_forward
-    out, pending = [], []
-    for b in gmap.buffers:
-        if sizes[b.id] == 0 or b.kind == CAFFE:
-            continue
-        if b.persistent:
-            out.append((b.id, SETUP, None, ALLOCATE, False))
-            continue
-        uses = pol.uses.get(b.id, b.uses)
-        if not uses:
-            continue
-        back = [u for u in uses if u >= nf]
-        if b.kind == SCRATCH:
-            out.extend((b.id, u, u, ALLOCATE, False) for u in uses)
-        elif b.id in pol.recomputed:
-            fwd = b.forward_uses
-            out.append((b.id, fwd[0], fwd[-1], ALLOCATE, False))
-            out.append((b.id, back[0], back[-1], ALLOCATE, False))
-        elif b.id in pol.offloaded:
-            last_fwd = b.forward_uses[-1]
-            out.append((b.id, uses[0], last_fwd, ALLOCATE, True))
-            pending.append((b.id, last_fwd + 1, back[0], back[-1]))
-        else:
-            out.append((b.id, uses[0], uses[-1], ALLOCATE, False))
-    pending.sort(key=lambda p: (p[2], p[0]))
+    out, pending = _base_intervals(gmap, set(pol.offloaded), recompute=pol)
     plan = _assemble("recompute", gmap, _place_returns(gmap, out, pending, None, "ahead"),
                      budget, pinned, pol.offloaded, uses=pol.uses, recompute=pol.schedule(),
                      recomputed=pol.recomputed)
@@ -737,7 +826,7 @@ def plan_recompute(gmap: GMAP, budget: int | None = None, pinned=frozenset()) ->
 
 # --- dynamic strategy (swap/planner, swap/tuner) (begin)
 def plan_dynamic(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
-                 hold=None) -> Plan:
+                 hold=None, recompute=None) -> Plan:
     """AccUDNN's dynamic strategy: ``naive`` with the feature maps in ``pinned`` kept on the
     device (never offloaded).  The pinned set comes from :func:`swap.planner.choose_pins`
     (constraint (6)) and the minibatch from :func:`swap.tuner.tune` (Algorithm 2); this
@@ -745,8 +834,12 @@ def plan_dynamic(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
 
     hold: optional {buffer: step}: an offloaded buffer's region stays reserved until after
     that step (the step during which its offload is predicted to complete), so that the fixed
-    layout never hands the region to an allocation that would then wait for the copy."""
-    return plan_naive(gmap, budget, pinned, strategy="dynamic", hold=hold)
+    layout never hands the region to an allocation that would then wait for the copy.
+
+    recompute: optional :class:`RecomputePolicy` from :func:`dynamic_recompute`: the forward
+    groups it names are run again in backward instead of keeping or offloading what they
+    write (the buffers then are neither pinned nor offloaded)."""
+    return plan_naive(gmap, budget, pinned, strategy="dynamic", hold=hold, recompute=recompute)
 # --- dynamic strategy (end)
 
 

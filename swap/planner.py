@@ -82,7 +82,8 @@ import numpy as np
 
 from .gmap import GMAP
 from .model import D2H, H2D, PCIeModel
-from .plan import (ALLOCATE, COMPUTE, OFFLOAD, PREFETCH, RELEASE, SETUP, SWAP_IN, SWAP_OUT,
+from .plan import (ALLOCATE, COMPUTE, OFFLOAD, PREFETCH, RECOMPUTE, RELEASE, SETUP, SWAP_IN,
+                   SWAP_OUT,
                    BudgetError, Plan, _base_intervals, _place_returns, _sizes, _usage, make_plan)
 
 RULES = ("stall", "ratio")
@@ -114,6 +115,7 @@ class Sketch:
     usage: np.ndarray = field(repr=False)
     jit_usage: np.ndarray = field(repr=False)
     setup: int = 0
+    recompute: tuple = ()
 
     @property
     def k(self) -> int:
@@ -128,39 +130,84 @@ class Sketch:
         """Steps ``[lo, hi)`` over which pinning ``b`` adds its bytes to ``jit_usage``."""
         return self.last_fwd[b] + 1, self.first_bwd[b]
 
+    def step_times(self, times) -> np.ndarray:
+        """t_j of every step with the recomputations run before it (``recompute``: the
+        (step, forward step) pairs of the plan's RECOMPUTE ops)."""
+        return with_recomputations(times, self.recompute)
 
-def sketch(gmap: GMAP, budget: int | None, pinned=frozenset(), hold=None) -> Sketch:
+
+def with_recomputations(times, pairs) -> np.ndarray:
+    """``times`` (t_j of every step) with, for each (j, f) of ``pairs``, forward step f's time
+    added to step j's: a RECOMPUTE op runs f again on the compute stream just before j."""
+    t = np.array(times, dtype=np.float64)
+    if len(pairs):
+        base = t.copy()
+        for j, f in pairs:
+            t[j] += base[f]
+    return t
+
+
+def _pairs(recompute) -> tuple:
+    """(step, forward step) of every recomputation of a RecomputePolicy (or None)."""
+    if recompute is None:
+        return ()
+    return tuple((j, f) for j, steps in recompute.segments for f in steps)
+
+
+def _uses(gmap: GMAP, recompute) -> dict:
+    return recompute.uses if recompute is not None else {}
+
+
+def sketch(gmap: GMAP, budget: int | None, pinned=frozenset(), hold=None,
+           recompute=None) -> Sketch:
     """The :class:`Sketch` of ``naive(pinned)`` (with ``hold``, see
     :func:`swap.plan.plan_dynamic`) at ``gmap.k`` under ``budget``.
 
     Uses the very interval functions of :mod:`swap.plan`, so the prefetch placement is the one
     the executable plan will have (up to the layout's fragmentation retry).
-    :class:`Sketcher` computes the same faster when many pinned sets are tried at one k."""
+    :class:`Sketcher` computes the same faster when many pinned sets are tried at one k.
+    recompute: a :class:`swap.plan.RecomputePolicy` (:func:`swap.plan.dynamic_recompute`)."""
     pinned = frozenset(pinned)
     sizes = _sizes(gmap)
     swap = set(gmap.feature_maps()) - pinned
-    base, pending = _base_intervals(gmap, swap, hold)
+    if recompute is not None:
+        swap -= recompute.recomputed
+    base, pending = _base_intervals(gmap, swap, hold, recompute)
     jit = _place_returns(gmap, base, pending, None, "jit")
     setup, jit_usage = _usage(gmap, jit, sizes)
     early = _place_returns(gmap, base, pending, budget, "early") if budget is not None else jit
     _, usage = _usage(gmap, early, sizes)
     prefetch_at = {iv[0]: iv[1] for iv in early if iv[3] == PREFETCH}
     return _make_sketch(gmap, budget, pinned, sizes, [p[0] for p in pending],
-                        {p[0]: p[1] - 1 for p in pending}, prefetch_at, usage, jit_usage, setup)
+                        {p[0]: p[1] - 1 for p in pending}, prefetch_at, usage, jit_usage, setup,
+                        recompute)
+
+
+def _split_uses(gmap: GMAP, uses) -> tuple[dict, dict]:
+    """{buffer: last forward use}, {buffer: first backward use} of the feature maps, with the
+    uses a recomputation adds (``uses``: RecomputePolicy.uses)."""
+    nf = gmap.n_forward
+    last_fwd, first_bwd = {}, {}
+    for b in gmap.feature_maps():
+        u = uses.get(b, gmap.buffers[b].uses)
+        last_fwd[b] = max(x for x in u if x < nf)
+        first_bwd[b] = min(x for x in u if x >= nf)
+    return last_fwd, first_bwd
 
 
 def _make_sketch(gmap, budget, pinned, sizes, swapped, release_at, prefetch_at, usage, jit_usage,
-                 setup) -> Sketch:
-    bufs = gmap.buffers
-    swapped = tuple(sorted(swapped, key=lambda b: (bufs[b].forward_uses[-1], b)))
-    last_fwd = {b: bufs[b].forward_uses[-1] for b in swapped}
-    first_bwd = {b: bufs[b].backward_uses[0] for b in swapped}
+                 setup, recompute=None, split=None) -> Sketch:
+    lf, fb = split if split is not None else _split_uses(gmap, _uses(gmap, recompute))
+    swapped = tuple(sorted(swapped, key=lambda b: (lf[b], b)))
+    last_fwd = {b: lf[b] for b in swapped}
+    first_bwd = {b: fb[b] for b in swapped}
     order = tuple(sorted(prefetch_at, key=lambda b: (prefetch_at[b], first_bwd[b], b)))
     return Sketch(gmap=gmap, budget=budget, pinned=frozenset(pinned), sizes=tuple(sizes),
                   swapped=swapped, last_fwd=last_fwd, first_bwd=first_bwd, release_at=release_at,
                   prefetch_at=prefetch_at, prefetch_order=order,
                   usage=np.asarray(usage, dtype=np.int64),
-                  jit_usage=np.asarray(jit_usage, dtype=np.int64), setup=int(setup))
+                  jit_usage=np.asarray(jit_usage, dtype=np.int64), setup=int(setup),
+                  recompute=_pairs(recompute))
 
 
 class Sketcher:
@@ -168,25 +215,28 @@ class Sketcher:
     everything but the feature maps are computed once; the prefetch placement is the same
     loop as ``swap.plan._place_returns`` (tested equal)."""
 
-    def __init__(self, gmap: GMAP, budget: int | None):
+    def __init__(self, gmap: GMAP, budget: int | None, recompute=None):
         self.gmap = gmap
         self.budget = budget
+        self.recompute = recompute
         n = gmap.n_steps
         sizes = _sizes(gmap)
         self.sizes = sizes
         self.size_arr = np.asarray(sizes, dtype=np.int64)
-        fms = [b for b in gmap.feature_maps() if sizes[b]]
+        rebuilt = recompute.recomputed if recompute is not None else frozenset()
+        fms = [b for b in gmap.feature_maps() if sizes[b] and b not in rebuilt]
         self.fms = fms
-        base, _ = _base_intervals(gmap, set())
+        base, _ = _base_intervals(gmap, set(), recompute=recompute)
         fmset = set(fms)
         setup, usage = _usage(gmap, [iv for iv in base if iv[0] not in fmset], sizes)
         self.setup = int(setup)
         self.base_usage = np.asarray(usage, dtype=np.int64)
-        bufs = gmap.buffers
-        self.first = {b: bufs[b].uses[0] for b in fms}
-        self.last = {b: bufs[b].uses[-1] for b in fms}
-        self.last_fwd = {b: bufs[b].forward_uses[-1] for b in fms}
-        self.first_bwd = {b: bufs[b].backward_uses[0] for b in fms}
+        uses = _uses(gmap, recompute)
+        self.split = _split_uses(gmap, uses)
+        self.first = {b: uses.get(b, gmap.buffers[b].uses)[0] for b in fms}
+        self.last = {b: uses.get(b, gmap.buffers[b].uses)[-1] for b in fms}
+        self.last_fwd = {b: self.split[0][b] for b in fms}
+        self.first_bwd = {b: self.split[1][b] for b in fms}
         self.n = n
 
     def sketch(self, pinned=frozenset(), hold=None) -> Sketch:
@@ -233,7 +283,8 @@ class Sketcher:
                 early[p:last + 1] += s
                 prefetch_at[b] = p
         return _make_sketch(self.gmap, budget, pinned, self.sizes, [p[0] for p in pending],
-                            release_at, prefetch_at, early, jit, self.setup)
+                            release_at, prefetch_at, early, jit, self.setup, self.recompute,
+                            self.split)
 
 
 # -------------------------------------------------------------- Algorithm 1
@@ -316,7 +367,8 @@ def algorithm1(sk: Sketch, times, pcie: PCIeModel, *, propagate: bool = False,
     """t_ready of every step of ``sk`` (Algorithm 1, see the module doc) and the violations of
     constraint (6).
 
-    times: t_j of every step (``ComputeModel.step_times(gmap)``).  propagate: False (the
+    times: t_j of every step (``ComputeModel.step_times(gmap)``), to which the sketch's
+    recomputations are added (:meth:`Sketch.step_times`).  propagate: False (the
     paper's Algorithm 1): the compute stream runs stall-free, step j from ``sum_{r<j} t_r``, and
     ``stall[j] = max(0, t_ready[j] - sum_{r<j} t_r)`` is how late step j's data would be (all
     violations are measured against the same stall-free schedule, so they can be resolved
@@ -330,6 +382,7 @@ def algorithm1(sk: Sketch, times, pcie: PCIeModel, *, propagate: bool = False,
     t = np.asarray(times, dtype=np.float64)
     if len(t) != n:
         raise ValueError(f"{len(t)} step times for a GMAP of {n} steps")
+    t = sk.step_times(t)
     tol = 1e-9 * float(t.sum()) + 1e-15 if tol is None else tol
     sizes = sk.sizes
     budget = sk.budget
@@ -401,13 +454,15 @@ def algorithm1(sk: Sketch, times, pcie: PCIeModel, *, propagate: bool = False,
 @dataclass(frozen=True)
 class PinResult:
     """The outcome of :func:`choose_pins` at one k: feasible (constraint 6 holds), the pinned
-    buffer ids, the last sketch and its readiness, the rounds of pinning."""
+    buffer ids, the last sketch and its readiness, the rounds of pinning, and the
+    recomputation they were chosen with (a :class:`swap.plan.RecomputePolicy` or None)."""
     feasible: bool
     pinned: frozenset
     sketch: Sketch = field(repr=False)
     readiness: Readiness = field(repr=False)
     rounds: int = 0
     reason: str = ""
+    recompute: object = field(default=None, repr=False)
 
     @property
     def k(self) -> int:
@@ -458,7 +513,7 @@ class _Stream:
 
 def _pin_round(sk: Sketch, r: Readiness, rule: str, times, budget, eps: float) -> dict:
     """One round of pinning for every violation of ``r`` (module doc): {buffer: gain}."""
-    t = np.asarray(times)
+    t = sk.step_times(times)
     streams = [_Stream(r.prefetches, eps), _Stream(r.offloads, eps)]
     if rule == "stall":
         keys = [st.gain for st in streams]
@@ -537,14 +592,16 @@ def _pin_round(sk: Sketch, r: Readiness, rule: str, times, budget, eps: float) -
 
 def choose_pins(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
                 rule: str = "stall", pinned=frozenset(), patience: int = 3,
-                tol: float | None = None) -> PinResult:
+                tol: float | None = None, recompute=None) -> PinResult:
     """Pin feature maps until constraint (6) holds at ``gmap.k`` under ``budget`` (module doc).
 
     Each round runs :func:`algorithm1` (the paper's: against the stall-free schedule) and pins,
     for every violating step in order (the paper's Omega), candidates until their transfer time
     covers the step's lateness (pins already chosen in its window count).  Deterministic: a
     function of (gmap, budget, times, pcie, rule, initial pins) only, so the tuner's linear walk
-    and bisection ask the same question at every k.
+    and bisection ask the same question at every k.  recompute: a
+    :class:`swap.plan.RecomputePolicy` whose buffers are rebuilt in backward (never pinned or
+    offloaded; their forward time is added before the steps they are rebuilt for).
     """
     if rule not in RULES:
         raise ValueError(f"unknown pinning rule {rule!r} (known: {', '.join(RULES)})")
@@ -554,16 +611,16 @@ def choose_pins(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
     best_total = float("inf")
     stuck = 0
     rounds = 0
-    sketcher = Sketcher(gmap, budget)
+    sketcher = Sketcher(gmap, budget, recompute)
     while True:
         sk = sketcher.sketch(pinned)
         if not sk.fits:
             r = algorithm1(sk, t, pcie, tol=tol)
             return PinResult(False, frozenset(pinned), sk, r, rounds,
-                             "eq. (4): the just-in-time plan does not fit the budget")
+                             "eq. (4): the just-in-time plan does not fit the budget", recompute)
         r = algorithm1(sk, t, pcie, tol=tol)
         if r.feasible:
-            return PinResult(True, frozenset(pinned), sk, r, rounds)
+            return PinResult(True, frozenset(pinned), sk, r, rounds, recompute=recompute)
         total = r.total_stall
         if total < best_total * (1 - 1e-9):
             best_total, stuck = total, 0
@@ -571,13 +628,13 @@ def choose_pins(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
             stuck += 1
             if stuck >= patience:
                 return PinResult(False, frozenset(pinned), sk, r, rounds,
-                                 f"pinning stopped reducing the stall ({total:.3g} s)")
+                                 f"pinning stopped reducing the stall ({total:.3g} s)", recompute)
         chosen = _pin_round(sk, r, rule, t, budget, eps)
         if not chosen:
             j0 = r.violations[0]
             return PinResult(False, frozenset(pinned), sk, r, rounds,
                              f"{gmap.steps[j0]} waits {float(r.stall[j0]):.3g} s and no feature "
-                             "map involved fits in the spare memory")
+                             "map involved fits in the spare memory", recompute)
         pinned.update(chosen)
         rounds += 1
 
@@ -710,6 +767,8 @@ def simulate(plan: Plan, times, pcie: PCIeModel) -> Timeline:
     t = np.asarray(times, dtype=np.float64)
     if len(t) != n:
         raise ValueError(f"{len(t)} step times for a plan of {n} steps")
+    base_t = t
+    t = with_recomputations(t, plan.recomputations())
     ops = plan.ops
     m = len(ops)
     before = [[] for _ in range(n)]
@@ -750,7 +809,7 @@ def simulate(plan: Plan, times, pcie: PCIeModel) -> Timeline:
                 e = s + pcie.seconds(op.nbytes, H2D, so_free > s)
                 op_start[i], op_end[i] = s, e
                 si_free = e
-            else:
+            elif op.kind != RECOMPUTE:
                 raise ValueError(f"op {i}: {op.kind} before a step")
         for i in plan.needs[j]:
             r = max(r, op_end[i])
@@ -758,6 +817,11 @@ def simulate(plan: Plan, times, pcie: PCIeModel) -> Timeline:
         step_start[j] = max(prev, r)
         step_end[j] = step_start[j] + t[j]
         prev = step_end[j]
+        at = step_start[j]
+        for i in before[j]:         # recomputations run first, within the step's time
+            if ops[i].kind == RECOMPUTE:
+                op_start[i] = at
+                at = op_end[i] = at + base_t[ops[i].source]
         for i in after[j]:
             op = ops[i]
             if op.kind == OFFLOAD:
@@ -835,20 +899,21 @@ def spare_pins(sk: Sketch, budget: int | None, margin: float = FILL_MARGIN) -> l
     return out
 
 
-def _executable(gmap, budget, times, pcie, pins) -> DynamicPlan:
+def _executable(gmap, budget, times, pcie, pins, recompute=None) -> DynamicPlan:
     """The executable plan of ``pins`` (with region holds where they fit and stall least)."""
     best = None
     hold = hold_steps(pins.sketch, pins.readiness)
     if hold:
         try:
-            held = make_plan(gmap, "dynamic", budget, pins.pinned, hold=hold)
+            held = make_plan(gmap, "dynamic", budget, pins.pinned, hold=hold,
+                             recompute=recompute)
         except BudgetError:
             held = None
         if held is not None and (budget is None or held.arena_bytes <= budget):
             best = DynamicPlan(plan=held, timeline=simulate(held, times, pcie), pins=pins)
             if best.timeline.feasible():
                 return best
-    plain = make_plan(gmap, "dynamic", budget, pins.pinned)
+    plain = make_plan(gmap, "dynamic", budget, pins.pinned, recompute=recompute)
     cand = DynamicPlan(plan=plain, timeline=simulate(plain, times, pcie), pins=pins)
     if best is None or cand.timeline.total_stall < best.timeline.total_stall:
         best = cand
@@ -857,7 +922,7 @@ def _executable(gmap, budget, times, pcie, pins) -> DynamicPlan:
 
 def make_dynamic_plan(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
                       rule: str = "stall", pins: PinResult | None = None,
-                      fill: bool = True) -> DynamicPlan:
+                      fill: bool = True, recompute=None) -> DynamicPlan:
     """Choose the pinned set at ``gmap.k`` (:func:`choose_pins`), make the executable
     ``dynamic`` plan with it and replay it (:func:`simulate`).
 
@@ -879,15 +944,20 @@ def make_dynamic_plan(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
     strategy "none") where that fits the budget: every buffer stays where it is for the whole
     iteration, with no allocation or release between the steps.
 
-    pins: a :class:`PinResult` already computed for this gmap and times (before the fill).
+    pins: a :class:`PinResult` already computed for this gmap and times (before the fill); the
+    plan then recomputes what they were chosen with.  recompute (without ``pins``): a
+    :class:`swap.plan.RecomputePolicy`, the groups the plan rebuilds in backward
+    (:func:`swap.plan.dynamic_recompute`).
     Raises :class:`swap.plan.BudgetError` when not even the naive plan fits the budget."""
     times = np.asarray(times, dtype=np.float64)
     if pins is None:
-        pins = choose_pins(gmap, budget, times, pcie, rule=rule)
-    base = _executable(gmap, budget, times, pcie, pins)
+        pins = choose_pins(gmap, budget, times, pcie, rule=rule, recompute=recompute)
+    recompute = pins.recompute
+    base = _executable(gmap, budget, times, pcie, pins, recompute)
     if not fill:
         return base
-    return resident(gmap, budget, times, pcie, _filled(gmap, budget, times, pcie, pins, base))
+    return resident(gmap, budget, times, pcie,
+                    _filled(gmap, budget, times, pcie, pins, base, recompute))
 
 
 def resident(gmap: GMAP, budget: int | None, times, pcie: PCIeModel,
@@ -914,7 +984,7 @@ def resident(gmap: GMAP, budget: int | None, times, pcie: PCIeModel,
     return DynamicPlan(plan=plan, timeline=simulate(plan, times, pcie), pins=dyn.pins)
 
 
-def _filled(gmap, budget, times, pcie, pins, base) -> DynamicPlan:
+def _filled(gmap, budget, times, pcie, pins, base, recompute=None) -> DynamicPlan:
     """make_dynamic_plan's fill (its doc): ``base`` with more pins, or ``base``."""
     if not pins.sketch.swapped:
         return base
@@ -926,13 +996,13 @@ def _filled(gmap, budget, times, pcie, pins, base) -> DynamicPlan:
             break
         pinned = frozenset(pins.pinned) | frozenset(extra)
         if sketcher is None:
-            sketcher = Sketcher(gmap, budget)
+            sketcher = Sketcher(gmap, budget, recompute)
         sk = sketcher.sketch(pinned)
         r = algorithm1(sk, times, pcie)
         filled = PinResult(pins.feasible and r.feasible, pinned, sk, r, pins.rounds,
-                           pins.reason)
+                           pins.reason, recompute)
         try:
-            cand = _executable(gmap, budget, times, pcie, filled)
+            cand = _executable(gmap, budget, times, pcie, filled, recompute)
         except BudgetError:
             cand = None
         if (cand is not None and (budget is None or cand.plan.arena_bytes <= budget)

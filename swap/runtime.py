@@ -1830,7 +1830,7 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
             trace: str | None = None, poison: bool = False, pinned=frozenset(),
             scratch: int | None = None, strict: bool | None = None, measure: int = 1,
             nvtx: bool | None = None, test_nets=None, lowering: str | None = None,
-            fast: bool = True, workspace_budget: int | None = None) -> Executor:
+            fast: bool = True, workspace_budget: int | None = None, recompute=()) -> Executor:
     """Plan ``strategy`` for a Solver's train net (or a Net) and make it run under the plan.
 
     Builds the GMAP at the net's minibatch, the plan, and an Executor, and sets
@@ -1844,8 +1844,13 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     (:func:`set_lowering`; default ``budget``), for a run without a budget that should choose
     the algorithms a budgeted plan chose.  ``pinned``: buffer ids of the GMAP built here, or
     "all" for every feature map (nothing swapped: the dynamic plan where all of them fit).
-    The other options are the Executor's.
+    ``recompute``: with ``dynamic``, names of forward layers whose groups the plan rebuilds in
+    backward (:func:`swap.plan.dynamic_recompute`).  The other options are the Executor's.
     """
+    if recompute and strategy != "dynamic":
+        raise ValueError(f"recompute {', '.join(recompute)}: layers are chosen for the dynamic "
+                         f"plan; strategy {strategy!r} decides its own (use --swap recompute "
+                         "for SuperNeurons' rules)")
     solver = target if hasattr(target, "net") and hasattr(target, "rule") else None
     net = target.net if solver is not None else target
     lowering = lowering_for(strategy, lowering)
@@ -1873,8 +1878,12 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
         if pinned != "all":
             raise ValueError(f"pinned: buffer ids or 'all', not {pinned!r}")
         pinned = frozenset(g.feature_maps())
+    options = {}
+    if recompute:
+        from .plan import dynamic_recompute
+        options["recompute"] = dynamic_recompute(g, recompute, pinned)
     try:
-        plan = make_plan(g, strategy, plan_budget, pinned)
+        plan = make_plan(g, strategy, plan_budget, pinned, **options)
     except BudgetError as e:
         if not extra:
             raise

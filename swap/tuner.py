@@ -68,9 +68,10 @@ from .arena import align
 from .gmap import GMAP, build_gmap, net_batch_size
 from .memory import fmt_bytes
 from .model import D2H, H2D, TUNER_GRANULARITY, ComputeModel, PCIeModel
-from .plan import BudgetError, _base_intervals, _place_returns, make_plan
-from .planner import (RULES, DynamicPlan, PinResult, algorithm1, choose_pins,
-                      make_dynamic_plan)
+from .plan import (RECOMPUTE, BudgetError, _base_intervals, _place_returns, dynamic_recompute,
+                   make_plan)
+from .planner import (RULES, DynamicPlan, PinResult, _pairs, _split_uses, algorithm1,
+                      choose_pins, make_dynamic_plan, with_recomputations)
 
 METHODS = ("linear", "bisect")
 # what k* maximizes among the stall-free k: the predicted images/s ("throughput"), or the paper's
@@ -102,12 +103,14 @@ class Search:
     prefetch timing are decided under ``budget * (1 - margin)``, the plan is made under
     ``budget``.  scratch: ``k -> bytes`` of the scratch reserve at k (Algorithm 2's M_ws, a
     :class:`swap.profiler.ScratchModel`); at k everything above is asked of ``budget -
-    scratch(k)`` (None: no reserve, the whole budget).
+    scratch(k)`` (None: no reserve, the whole budget).  recompute: names of forward layers
+    whose groups a plan rebuilds in backward (:func:`swap.plan.dynamic_recompute`) at the k
+    where pins alone cannot make (6) hold (:meth:`result`: pins alone are asked first).
     """
 
     def __init__(self, gmap: GMAP, budget: int, model: ComputeModel | None, pcie: PCIeModel, *,
                  rule: str = "stall", prune: bool = True, times_fn=None, margin: float = 0.01,
-                 scratch=None, fill: bool = True):
+                 scratch=None, fill: bool = True, recompute=()):
         if rule not in RULES:
             raise ValueError(f"unknown pinning rule {rule!r} (known: {', '.join(RULES)})")
         if not 0 <= margin < 1:
@@ -122,6 +125,9 @@ class Search:
         self.prune = prune
         self.fill = fill
         self.times = times_fn if times_fn is not None else model.times_fn(gmap)
+        self.recompute = dynamic_recompute(gmap, recompute)
+        self.recompute_layers = tuple(dict.fromkeys(recompute or ()))
+        self._pairs = _pairs(self.recompute)
         self._cache: dict = {}
         self.evaluations: list = []
         self._prepare_bound()
@@ -132,8 +138,9 @@ class Search:
         candidate steps where the bound is taken."""
         g = self.gmap
         n = g.n_steps
-        fms = [b for b in g.feature_maps()]
-        base, pending = _base_intervals(g, set(fms))
+        rebuilt = self.recompute.recomputed if self.recompute is not None else frozenset()
+        fms = [b for b in g.feature_maps() if b not in rebuilt]
+        base, pending = _base_intervals(g, set(fms), recompute=self.recompute)
         ivs = _place_returns(g, base, pending, None, "jit")
         self._iv_bid = np.array([iv[0] for iv in ivs], dtype=np.int64)
         self._iv_start = np.array([iv[1] for iv in ivs], dtype=np.int64)
@@ -146,9 +153,10 @@ class Search:
         # sizes that are neither constant nor linear in k (cuDNN workspaces): asked at each k
         self._per_k = [(b.id, b.size.per_k) for b in bufs if b.size.per_k is not None]
         sw = [p[0] for p in pending]
+        last_fwd, first_bwd = _split_uses(g, self.recompute.uses if self.recompute else {})
         self._fm = np.array(sw, dtype=np.int64)
-        self._gap_lo = np.array([bufs[b].forward_uses[-1] + 1 for b in sw], dtype=np.int64)
-        self._gap_hi = np.array([bufs[b].backward_uses[0] - 1 for b in sw], dtype=np.int64)
+        self._gap_lo = np.array([last_fwd[b] + 1 for b in sw], dtype=np.int64)
+        self._gap_hi = np.array([first_bwd[b] - 1 for b in sw], dtype=np.int64)
         cover = np.zeros(n + 1)
         for b, lo, hi in zip(sw, self._gap_lo, self._gap_hi):
             if hi >= lo:
@@ -158,6 +166,13 @@ class Search:
         cands = {int(np.argmax(cover)) if n else 0, max(g.n_forward - 1, 0),
                  min(g.n_forward, n - 1)}
         self._bound_steps = sorted(c for c in cands if 0 <= c < n)
+
+    def step_times(self, k: int) -> np.ndarray:
+        """t_j(k) of every step, with the recomputations added before the steps they serve
+        where the plan at k recomputes (:meth:`result`; all of them where k is not asked)."""
+        res = self._cache.get(k)
+        pairs = res.sketch.recompute if res is not None else self._pairs
+        return with_recomputations(self.times(k), pairs)
 
     def plan_budget_at(self, k: int) -> int:
         """The budget a plan at k may lay out: the budget less the scratch reserve at k."""
@@ -193,7 +208,7 @@ class Search:
         budget = self.budget_at(k)
         if int(jit.max(initial=setup)) > budget:
             return False, "eq. (4): even the naive plan does not fit"
-        t_avail = float(np.sum(self.times(k)))
+        t_avail = float(np.sum(self.step_times(k)))
         fs = s[self._fm].astype(np.float64)
         for c in self._bound_steps:
             in_gap = (self._gap_lo <= c) & (c <= self._gap_hi)
@@ -232,6 +247,10 @@ class Search:
                 return None
         gk = self.gmap.at(k)
         res = choose_pins(gk, self.budget_at(k), self.times(k), self.pcie, rule=self.rule)
+        if self.recompute is not None and not res.feasible:
+            # the recomputation only where pins alone leave a stall: it costs compute
+            res = choose_pins(gk, self.budget_at(k), self.times(k), self.pcie, rule=self.rule,
+                              recompute=self.recompute)
         self._cache[k] = res
         r = res.readiness
         self.evaluations.append(Evaluation(k, res.feasible, False, len(res.pinned), res.rounds,
@@ -311,6 +330,7 @@ class Decision:
     overhead: float = 0.0       # O(k*): seconds of the iteration outside the layer steps
     tail: float = 0.0           # the device's own part of O (the solver update)
     host: float = 0.0           # H(k*): the host's seconds to issue the steps (0: no host model)
+    recompute: tuple = ()       # the layers whose groups the plan rebuilds in backward
 
     @property
     def plan(self):
@@ -391,6 +411,14 @@ class Decision:
             (f"feature maps: all {len(fms)} resident: nothing to swap at this k, and Caffe's "
              f"plan (every buffer allocated for the whole iteration) fits the budget"),
         ]
+        if p.recomputed:
+            rc = [i for i, op in enumerate(p.ops) if op.kind == RECOMPUTE]
+            t_rc = float(sum(tl.op_end[i] - tl.op_start[i] for i in rc))
+            lines.append(
+                f"recomputed in backward: {', '.join(self.recompute)} "
+                f"({fmt_bytes(sum(align(g.nbytes(b)) for b in p.recomputed))} neither kept nor "
+                f"offloaded; {len(rc)} forward steps run again, {1e3 * t_rc:.3f} ms of the "
+                "compute)")
         names = self.pinned_names() if p.strategy != "none" else ()
         if names:
             shown = ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)"
@@ -404,7 +432,7 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
          prune: bool = True, delta: float = 0.0, verify_tol: float = 0.01,
          verify_steps: int = 8, margin: float = 0.01, refits: int = 3, scratch=None,
          times_fn=None, fill: bool = True, objective: str = "throughput",
-         tie: float = THROUGHPUT_TIE) -> Decision:
+         tie: float = THROUGHPUT_TIE, recompute=()) -> Decision:
     """Algorithm 2 (module doc): the efficiency-optimal minibatch under ``budget`` bytes.
 
     gmap: the net's GMAP (any k; ``gmap.k0`` is k_base).  model / pcie: the performance model.
@@ -425,6 +453,10 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     objective: "throughput" (default): k* is the k of the most predicted images/s among the
     stall-free k at or below the largest one the search found (:func:`_fastest`; the largest k
     within ``tie`` of the best wins); "largest": the paper's k*, the largest stall-free k.
+    recompute: names of forward layers whose groups (a layer and its in-place chain) every plan
+    rebuilds in backward instead of keeping or offloading what they write
+    (:func:`swap.plan.dynamic_recompute`; their forward time counts before the step they are
+    rebuilt for).  Default: none.
     Raises :class:`swap.plan.BudgetError` when not even k = 1 fits the budget.
     """
     if objective not in OBJECTIVES:
@@ -446,7 +478,7 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     upper = km
     for attempt in range(refits + 1):
         search = Search(gmap, budget, model, pcie, rule=rule, prune=prune, times_fn=times_fn,
-                        margin=margin, scratch=scratch, fill=fill)
+                        margin=margin, scratch=scratch, fill=fill, recompute=recompute)
         k = find(search, upper, k_min)
         stall_free = k is not None
         if k is None:
@@ -516,8 +548,11 @@ def _images_per_s(k: int, device: float, delta: float, iteration) -> float:
 
 
 def _predicted_ips(search: Search, k: int, delta: float, iteration) -> float:
-    """Predicted images/s of a stall-free plan at k: the steps' time (eq. 2)."""
-    return _images_per_s(k, float(np.sum(search.times(k))), delta, iteration)
+    """Predicted images/s of a stall-free plan at k: the steps' time (eq. 2), with the
+    recomputations where the plan at k needs them (asked first)."""
+    if getattr(search, "recompute", None) is not None:
+        search.result(k)
+    return _images_per_s(k, float(np.sum(search.step_times(k))), delta, iteration)
 
 
 def _fastest(search: Search, k_hi: int, k_min: int, delta: float, iteration,
@@ -551,7 +586,8 @@ def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delt
                     largest_ips=largest[1] if largest else 0.0,
                     scratch=search.plan_budget - search.plan_budget_at(dyn.k),
                     overhead=float(_overhead_of(model)(dyn.k)), tail=_tail_of(model),
-                    host=float(_host_of(model)(dyn.k)))
+                    host=float(_host_of(model)(dyn.k)),
+                    recompute=search.recompute_layers if dyn.plan.recomputed else ())
 
 
 def _replay(search: Search, k: int) -> DynamicPlan | None:
@@ -565,13 +601,14 @@ def _replay(search: Search, k: int) -> DynamicPlan | None:
 
 
 def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeModel, *,
-            rule: str = "stall", delta: float = 0.0, scratch=None, fill: bool = True) -> Decision:
+            rule: str = "stall", delta: float = 0.0, scratch=None, fill: bool = True,
+            recompute=()) -> Decision:
     """The dynamic plan at a fixed k (``--batch k``): only the swaps are planned (under
     ``budget - scratch(k)``, as :func:`tune`); ``fill``: spare memory filled with pins
-    (:func:`swap.planner.make_dynamic_plan`)."""
+    (:func:`swap.planner.make_dynamic_plan`); ``recompute``: as :func:`tune`."""
     from .profiler import max_batch_scratch
     search = Search(gmap, int(budget), model, pcie, rule=rule, prune=False, scratch=scratch,
-                    fill=fill)
+                    fill=fill, recompute=recompute)
     res = search.result(int(k))
     dyn = make_dynamic_plan(gmap.at(k), search.plan_budget_at(int(k)), search.times(k), pcie,
                             rule=rule, pins=res, fill=fill)
@@ -581,7 +618,8 @@ def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeMode
                     evaluations=tuple(search.evaluations), delta=delta,
                     scratch=search.plan_budget - search.plan_budget_at(int(k)),
                     overhead=float(_overhead_of(model)(int(k))), tail=_tail_of(model),
-                    host=float(_host_of(model)(int(k))))
+                    host=float(_host_of(model)(int(k))),
+                    recompute=search.recompute_layers if dyn.plan.recomputed else ())
 
 
 def _best_throughput(search: Search, k_max: int, k_min: int, delta: float,
@@ -594,7 +632,7 @@ def _best_throughput(search: Search, k_max: int, k_min: int, delta: float,
         res = search.result(k)
         if res is None:           # pruned: evaluate anyway, stalls included
             res = choose_pins(search.gmap.at(k), search.budget_at(k), search.times(k),
-                              search.pcie, rule=search.rule)
+                              search.pcie, rule=search.rule, recompute=search.recompute)
         # predicted with the stalls (Algorithm 1 with the waits propagated)
         t = algorithm1(res.sketch, search.times(k), search.pcie, propagate=True).t_iter
         ips = _images_per_s(k, t, delta, iteration)
@@ -620,11 +658,12 @@ def _verified(search: Search, k: int, k_min: int, tol: float, steps: int, stall_
             continue
         if res is None:
             res = choose_pins(search.gmap.at(kk), search.budget_at(kk), search.times(kk),
-                              search.pcie, rule=search.rule)
+                              search.pcie, rule=search.rule, recompute=search.recompute)
         attempts += 1
         try:
-            dyn = make_dynamic_plan(search.gmap.at(kk), search.plan_budget_at(kk), search.times(kk),
-                               search.pcie, rule=search.rule, pins=res, fill=search.fill)
+            dyn = make_dynamic_plan(search.gmap.at(kk), search.plan_budget_at(kk),
+                                    search.times(kk), search.pcie, rule=search.rule, pins=res,
+                                    fill=search.fill)
         except BudgetError:             # the layout needs more than the budget: lower k
             kk -= 1
             continue
@@ -715,7 +754,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                   delta: float = 0.0,
                   trace: str | None = None, log=None, scratch="auto", host_budget="auto",
                   fill: bool = True, objective: str = "throughput", scratch_extra: int = 0,
-                  profile_pinned: bool | None = None):
+                  profile_pinned: bool | None = None, recompute=()):
     """The three stages of section 6 on ``solver``: profile, decide, install the plan.
 
     1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
@@ -728,7 +767,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
        rest with ``solver.solve()``.
 
     Returns ``(executor, TrainingDecision)``.  budget: bytes (required).  objective: what k*
-    maximizes among the stall-free k (:func:`tune`).
+    maximizes among the stall-free k (:func:`tune`).  recompute: names of forward layers whose
+    groups the plan rebuilds in backward (:func:`tune`; the profile runs without).
 
     scratch: the scratch reserve M_ws of Algorithm 2 (CuPy's transient allocations must fit in
     it, inside the budget): a :class:`swap.profiler.ScratchModel`, None (no reserve: the whole
@@ -881,10 +921,10 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         say(f"AccUDNN stage 2: k_max {k_max}{reserve_words(k_max)}")
     if auto_batch:
         dec = tune(g0, base, model, pcie, method=method, rule=rule, k_max=k_max, delta=delta,
-                   scratch=scratch, fill=fill, objective=objective)
+                   scratch=scratch, fill=fill, objective=objective, recompute=recompute)
     else:
         dec = plan_at(g0, batch or k_base, base, model, pcie, rule=rule, delta=delta,
-                      scratch=scratch, fill=fill)
+                      scratch=scratch, fill=fill, recompute=recompute)
     k_star = dec.k_star
     base_lr = float(solver.param.base_lr)
     lr = base_lr if k_star == k_base else scale_lr(base_lr, k_star, k_base, lr_rule, convexity)
@@ -913,8 +953,9 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
 def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
                      scratch: int | None = None, trace: str | None = None):
     """Resize the solver's net to the decision's k and run it under the decided dynamic plan
-    (its pins and region holds, laid out within ``plan_budget``) in an arena of ``budget``
-    with a scratch reserve of ``scratch`` bytes; returns the Executor (``net.executor``)."""
+    (its pins, region holds and recomputations, laid out within ``plan_budget``) in an arena
+    of ``budget`` with a scratch reserve of ``scratch`` bytes; returns the Executor
+    (``net.executor``)."""
     from .profiler import set_batch_size
     from .runtime import Executor, set_lowering
     net = solver.net
@@ -930,9 +971,10 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
         plan = make_plan(g, "none", plan_budget, pinned)
     else:
         hold = _hold_by_name(dec, g)
-        plan = make_plan(g, "dynamic", plan_budget, pinned, hold=hold)
+        rec = dynamic_recompute(g, dec.recompute, pinned)
+        plan = make_plan(g, "dynamic", plan_budget, pinned, hold=hold, recompute=rec)
         if plan.arena_bytes > plan_budget:
-            plan = make_plan(g, "dynamic", plan_budget, pinned)
+            plan = make_plan(g, "dynamic", plan_budget, pinned, recompute=rec)
     ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, scratch=scratch)
     net.executor = ex
     return ex

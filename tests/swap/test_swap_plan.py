@@ -5,9 +5,9 @@ import pytest
 from swap.arena import Arena, align
 from swap.gmap import CAFFE, DATA, build_gmap
 from swap.memory import breakdown
-from swap.plan import (AFTER, ALLOCATE, BEFORE, COMPUTE, OFFLOAD, PREFETCH, RECOMPUTE, RELEASE,
-                       SETUP, SWAP_IN, SWAP_OUT, BudgetError, make_plan, max_batch, min_budget,
-                       plan_naive, plan_none, plan_vdnn)
+from swap.plan import (AFTER, ALLOCATE, BEFORE, COMPUTE, DETERMINISTIC_TYPES, OFFLOAD, PREFETCH,
+                       RECOMPUTE, RELEASE, SETUP, SWAP_IN, SWAP_OUT, BudgetError, make_plan,
+                       max_batch, min_budget, plan_naive, plan_none, plan_vdnn)
 
 STRATEGIES = ("none", "naive", "vdnn", "recompute")
 
@@ -36,14 +36,17 @@ def check_consistent(plan):
         expected = {ALLOCATE: {COMPUTE}, PREFETCH: {SWAP_IN}, OFFLOAD: {SWAP_OUT},
                     RELEASE: {COMPUTE, SWAP_OUT}, RECOMPUTE: {COMPUTE}}[op.kind]
         assert op.stream in expected
-    # a recomputation reruns a recomputable forward step before a backward step, after that
-    # step's allocations (nothing of the step is placed after it)
+    # a recomputation reruns a recomputable forward step (the dynamic plan: also one of the
+    # layers the user named, DETERMINISTIC_TYPES) before a backward step, after that step's
+    # allocations (nothing of the step is placed after it)
     recomputing = {}                # step -> forward steps run again before it
     for i, op in enumerate(ops):
         if op.kind != RECOMPUTE:
             continue
         src = g.steps[op.source]
-        assert src.phase == "forward" and src.recomputable and op.step >= g.n_forward
+        assert src.phase == "forward" and op.step >= g.n_forward
+        assert src.recomputable or (plan.strategy == "dynamic"
+                                    and src.type in DETERMINISTIC_TYPES)
         assert op.nbytes == 0 and op.buffer in src.writes
         assert all(o.kind == RECOMPUTE for o in ops[i:] if (o.step, o.when) == (op.step, BEFORE))
         recomputing.setdefault(op.step, []).append(op.source)

@@ -143,6 +143,9 @@ def test_a_decided_k_is_measured_with_its_own_decision(monkeypatch):
         scratch = None
         plan_budget = 1 << 30
 
+        class decision:
+            recompute = ()
+
     class Dec:
         def __init__(self, k):
             self.k_star = k

@@ -291,7 +291,9 @@ def dynamic_point(solver, dec, g, k, td, model, pcie, budget, iters, warmup, gpu
     S = td.scratch
     decided = dec if isinstance(dec, dict) else {dec.k_star: dec}
     try:
-        d = decided[k] if k in decided else plan_at(g, k, td.plan_budget, model, pcie, scratch=S)
+        rc = td.decision.recompute
+        d = (decided[k] if k in decided else
+             plan_at(g, k, td.plan_budget, model, pcie, scratch=S, recompute=rc))
         try:
             return _measure_dynamic(solver, d, budget, td.plan_budget,
                                     S(k) if S is not None else None, iters, warmup, gpu,
@@ -299,7 +301,7 @@ def dynamic_point(solver, dec, g, k, td, model, pcie, budget, iters, warmup, gpu
         except ScratchOverflow as e:
             _close(solver.net)
             S.add(k, int(e.peak or e.scratch or 0) * 1.25)
-            d = plan_at(g, k, td.plan_budget, model, pcie, scratch=S)
+            d = plan_at(g, k, td.plan_budget, model, pcie, scratch=S, recompute=rc)
             r = _measure_dynamic(solver, d, budget, td.plan_budget, S(k), iters, warmup, gpu,
                                  transients=S.expected)
             r["replanned"] = f"after {type(e).__name__}: {str(e)[:160]}"
@@ -354,18 +356,23 @@ def no_stall(r: dict, dynamic, none, rounds: int = 2) -> dict:
     return r
 
 
-def _fits_device(g, k, reserve, gpu) -> bool:
+def _fits_device(g, k, reserve, gpu) -> tuple[bool, str]:
+    """Whether `none` at k (every buffer, every convolution's workspace included, resident at
+    once) fits the device's free memory with 2 GiB and 8 % to spare; (fits, the figures)."""
     from swap.plan import min_budget
     if not gpu:
-        return True
+        return True, ""
     import cupy as cp
     free, _ = cp.cuda.runtime.memGetInfo()
-    return min_budget(g.at(k), "none") + (reserve or 0) + (2 << 30) <= 0.92 * free
+    need = min_budget(g.at(k), "none") + (reserve or 0) + (2 << 30)
+    return need <= 0.92 * free, (f"none at {k} needs {need / 2**30:.2f} GiB with 2 GiB to "
+                                 f"spare; 92 % of the free device memory is "
+                                 f"{0.92 * free / 2**30:.2f} GiB")
 
 
 def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, search,
             out_dir, r152_batch, profile_dir=None, granularity="segment",
-            rounds: int = 2) -> dict:
+            rounds: int = 2, recompute=()) -> dict:
     from scripts.swap_budgets import _device, _solver
     from swap.gmap import build_gmap
     from swap.memory import caffe_max_batch
@@ -380,7 +387,8 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     net = solver.net
     out = {"net": name, "k_base": k_base, "budget": budget, "host_budget": host_budget,
            "device": _device(gpu), "mode": mode, "engine": engine, "search": search,
-           "granularity": granularity, "date": time.strftime("%Y-%m-%d")}
+           "granularity": granularity, "date": time.strftime("%Y-%m-%d"),
+           "recompute": list(recompute)}
     # Caffe's accounting: its one-image im2col and its cuDNN workspaces (swap.runtime)
     set_lowering(net, "caffe")
     net.reshape()
@@ -408,21 +416,21 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     t0 = time.perf_counter()
     ex, td = train_dynamic(solver, budget, auto_batch=True, method=search, log=log,
                            host_budget=host_budget if gpu else None, keep_epochs=False,
-                           profile=reused, granularity=granularity)
+                           profile=reused, granularity=granularity, recompute=recompute)
     t_tuner = time.perf_counter() - t0  # without profiling when a profile was reused
     dec = td.decision
     g = ex.gmap
     model, pcie = profile_models(td.profile, g, granularity)
     t0 = time.perf_counter()
     again = tune(g, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
-                 scratch=td.scratch)
+                 scratch=td.scratch, recompute=recompute)
     t_decide = time.perf_counter() - t0
     # the paper's k*, the largest stall-free k with its plan laid out and replayed (the
     # throughput objective's search stops at the fastest k, below it)
     paper = dec
     if dec.k_largest and dec.k_largest != dec.k_star:
         paper = tune(g, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
-                     scratch=td.scratch, objective="largest")
+                     scratch=td.scratch, objective="largest", recompute=recompute)
     net.executor = None
     _free(ex)
     S = td.scratch
@@ -469,7 +477,12 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                 f" ({100 * r['time_err']:+.1f} %); peak in use {r['peak_in_use'] / 2**30:.2f} "
                 f"GiB, predicted {r['pred_peak'] / 2**30:.2f} GiB")
         # ---- 4. none at the same k, same lowering, where it fits the device
-        if "error" not in r and _fits_device(g, k, S(k) if S is not None else None, gpu):
+        fits, why = (_fits_device(g, k, S(k) if S is not None else None, gpu)
+                     if "error" not in r else (False, ""))
+        if why and not fits:
+            r["none_skipped"] = why
+            log(f"dynamic at k = {k}: no `none` beside it: {why}")
+        if fits:
             try:
                 no_stall(r, lambda: dynamic_point(solver, decided, g, k, td, model, pcie, budget,
                                                   iters, warmup, gpu),
@@ -650,7 +663,8 @@ def write_tables(results, peers, csv_path, md_path, header):
             "torch_eager_img_s": eag, "torch_save_on_cpu_img_s": soc,
             "vs_save_on_cpu": (star["images_per_s"] / soc if soc and "images_per_s" in star
                                else None),
-            "tuner_s": t["seconds"], "decision_s": t["decision_seconds"]})
+            "tuner_s": t["seconds"], "decision_s": t["decision_seconds"],
+            "recompute": ",".join(r.get("recompute") or ())})
     if csv_path:
         os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
         with open(csv_path, "w", newline="") as f:
@@ -667,7 +681,8 @@ def write_tables(results, peers, csv_path, md_path, header):
           "| save_on_cpu img/s | dynamic/save_on_cpu | tuner s (decision s) |",
           "|" + "---|" * 15]
     for x in rows:
-        md.append(f"| {x['net']} | {x['k_caffe']} | {x['k_none']} | {x['none_img_s']:.0f} | "
+        shown = x["net"] + (f" (recomputing {x['recompute']})" if x["recompute"] else "")
+        md.append(f"| {shown} | {x['k_caffe']} | {x['k_none']} | {x['none_img_s']:.0f} | "
                   f"{_fmt(x['none_chunked_img_s'], '.0f')} | "
                   f"{x['k_star']} | {_fmt(x['dyn_img_s'], '.0f')} | "
                   f"{x['k_largest']} ({_fmt(x['largest_img_s'], '.0f')} img/s, "
@@ -736,7 +751,8 @@ def plot_table1(rows, path, title=None) -> bool:
     plt = pyplot()
     if plt is None:
         return False
-    names = [r["net"] for r in rows]
+    names = [r["net"] + ("\n(recomputing " + r["recompute"] + ")" if r.get("recompute") else "")
+             for r in rows]
     x = list(range(len(rows)))
 
     def paper(net, what):
@@ -795,9 +811,12 @@ def read_table1_md(paths) -> list[dict]:
         with open(path) as f:
             for line in f:
                 cells = [c.strip() for c in line.strip().strip("|").split("|")]
-                if len(cells) != len(_MD_COLUMNS) or cells[0] not in PAPER_RATIO:
+                name = cells[0].split(" (recomputing ")[0]      # write_tables' label
+                if len(cells) != len(_MD_COLUMNS) or name not in PAPER_RATIO:
                     continue
                 row = dict(zip(_MD_COLUMNS, cells))
+                row["net"] = name
+                row["recompute"] = cells[0][len(name):].strip(" ()").replace("recomputing ", "")
                 for k in _MD_COLUMNS[1:7] + _MD_COLUMNS[8:14]:
                     try:
                         row[k] = float(row[k])
@@ -817,7 +836,7 @@ def redraw(paths, out_dir) -> int:
         print(f"no Table 1 rows in {', '.join(paths)}", file=sys.stderr)
         return 1
     os.makedirs(out_dir, exist_ok=True)
-    fields = list(_MD_COLUMNS) + ["paper_k_star", "paper_img_s", "paper_caffe_k",
+    fields = list(_MD_COLUMNS) + ["recompute", "paper_k_star", "paper_img_s", "paper_caffe_k",
                                   "paper_caffe_img_s", "source"]
     with open(os.path.join(out_dir, "table1.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
@@ -834,6 +853,18 @@ def redraw(paths, out_dir) -> int:
               f"dynamic/save_on_cpu {r['vs_save_on_cpu'] or 0:.1f}  [{r['source']}]")
     print(f"wrote {png}")
     return 0
+
+
+def recompute_of(specs) -> dict:
+    """``["vgg16=conv1_1", "alexnet=conv1"]`` -> {"vgg16": ("conv1_1",), "alexnet": ("conv1",)}."""
+    out = {}
+    for spec in specs:
+        net, sep, layers = spec.partition("=")
+        if not sep or not net.strip() or not layers.strip():
+            raise SystemExit(f"--recompute {spec!r}: give NET=LAYER[,LAYER...], e.g. "
+                             "vgg16=conv1_1")
+        out[net.strip()] = tuple(x.strip() for x in layers.split(",") if x.strip())
+    return out
 
 
 def main(argv=None) -> int:
@@ -861,6 +892,10 @@ def main(argv=None) -> int:
                          "(the paper's)")
     ap.add_argument("--no-stall-rounds", type=int, default=2,
                     help="rounds of dynamic against none at each k, ordered ABBA (1: one each)")
+    ap.add_argument("--recompute", action="append", default=[], metavar="NET=LAYERS",
+                    help="the dynamic plans of NET rebuild these forward layers (comma-"
+                         "separated, each with its in-place chain) in backward instead of keeping "
+                         "or offloading them, e.g. vgg16=conv1_1 (repeatable)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--torch-one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)
@@ -882,7 +917,7 @@ def main(argv=None) -> int:
         hb = parse_bytes(args.host_budget) if args.host_budget else None
         r = run_net(name, int(k), budget, hb, args.iters, args.warmup, args.engine, mode,
                     args.search, out_dir, args.r152_batch, args.profiles, args.granularity,
-                    args.no_stall_rounds)
+                    args.no_stall_rounds, recompute_of(args.recompute).get(name, ()))
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     if args.torch_one:
@@ -906,6 +941,8 @@ def main(argv=None) -> int:
                  "--no-stall-rounds", str(args.no_stall_rounds)]
         if args.profiles:
             extra += ["--profiles", args.profiles]
+        for spec in args.recompute:
+            extra += ["--recompute", spec]
         if hb:
             extra += ["--host-budget", hb]
         r, err = _child(args, extra, gpu_id, args.timeout, f"{name} (GPU {gpu_id})")

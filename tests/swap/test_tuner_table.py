@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -60,8 +62,9 @@ def test_table1_redrawn_from_saved_tables_later_rows_win(tmp_path):
                  "| alexnet | 1133 | 1131 | 5206 | 11314 | 1152 | 11329 | 1536 (7345) | 1.02 | "
                  "1.22 | 1.00 | - | - | - | 3 (2.1) |\n"
                  "| cifar10_quick | 9 | 9 | 1 | 1 | 9 | 1 | 9 | 1.00 | - | 1.0 | - | - | - | 1 |\n")
-    b.write_text(head + "| vgg16 | 92 | 90 | 300 | 570 | 198 | 590 | 198 (590) | 2.20 | 2.40 | "
-                 "1.04 | 700 | 150 | 3.9 | 40 (1.0) |\n")
+    b.write_text(head + "| vgg16 (recomputing conv1_1) | 92 | 90 | 300 | 570 | 198 | 590 | "
+                 "221 (544 img/s, 2.46 x k_none) | 2.20 | 2.40 | 1.04 | 700 | 150 | 3.9 | "
+                 "40 (1.0) |\n")
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "tuner_table.py"),
                            "--redraw", str(a), str(b), "--out", str(out)],
@@ -71,6 +74,7 @@ def test_table1_redrawn_from_saved_tables_later_rows_win(tmp_path):
     # the paper's order, networks of the paper only; b's VGG-16 replaces a's
     assert list(rows) == ["alexnet", "vgg16"]
     assert float(rows["vgg16"]["k_star"]) == 198 and rows["vgg16"]["source"] == str(b)
+    assert rows["vgg16"]["recompute"] == "conv1_1" and rows["alexnet"]["recompute"] == ""
     assert rows["alexnet"]["vs_save_on_cpu"] == "" and rows["alexnet"]["paper_k_star"] == "1032"
     assert (out / "table1.png").stat().st_size > 0
 
@@ -162,3 +166,13 @@ def test_a_decided_k_is_measured_with_its_own_decision(monkeypatch):
     assert measured[:2] == [star, paper] and replanned == [50]
     tuner_table.dynamic_point(None, star, None, 100, Td, None, None, 0, 1, 0, False)
     assert measured[-1] is star and replanned == [50]        # one decision, as table3 passes
+
+
+def test_recompute_specs_per_network():
+    from scripts.tuner_table import recompute_of
+    assert recompute_of(["vgg16=conv1_1", "alexnet = conv1, conv2"]) == {
+        "vgg16": ("conv1_1",), "alexnet": ("conv1", "conv2")}
+    assert recompute_of([]) == {}
+    for bad in ("vgg16", "=conv1", "vgg16="):
+        with pytest.raises(SystemExit, match="NET=LAYER"):
+            recompute_of([bad])

@@ -129,6 +129,7 @@ class Search:
         self.recompute_layers = tuple(dict.fromkeys(recompute or ()))
         self._pairs = _pairs(self.recompute)
         self._cache: dict = {}
+        self._plain: dict = {}          # k -> choose_pins with pins alone (with recompute)
         self.evaluations: list = []
         self._prepare_bound()
 
@@ -246,11 +247,14 @@ class Search:
                 self.evaluations.append(Evaluation(k, False, pruned=True, reason=why))
                 return None
         gk = self.gmap.at(k)
-        res = choose_pins(gk, self.budget_at(k), self.times(k), self.pcie, rule=self.rule)
-        if self.recompute is not None and not res.feasible:
-            # the recomputation only where pins alone leave a stall: it costs compute
-            res = choose_pins(gk, self.budget_at(k), self.times(k), self.pcie, rule=self.rule,
-                              recompute=self.recompute)
+        if self.recompute is None:
+            res = choose_pins(gk, self.budget_at(k), self.times(k), self.pcie, rule=self.rule)
+        else:
+            res = self._pins_alone(k)
+            if not res.feasible:
+                # the recomputation only where pins alone leave a stall: it costs compute
+                res = choose_pins(gk, self.budget_at(k), self.times(k), self.pcie,
+                                  rule=self.rule, recompute=self.recompute)
         self._cache[k] = res
         r = res.readiness
         self.evaluations.append(Evaluation(k, res.feasible, False, len(res.pinned), res.rounds,
@@ -260,6 +264,27 @@ class Search:
     def feasible(self, k: int) -> bool:
         r = self.result(k)
         return r is not None and r.feasible
+
+    def _pins_alone(self, k: int) -> PinResult:
+        res = self._plain.get(k)
+        if res is None:
+            res = choose_pins(self.gmap.at(k), self.budget_at(k), self.times(k), self.pcie,
+                              rule=self.rule)
+            self._plain[k] = res
+        return res
+
+    def pins_alone_up_to(self, ks) -> int:
+        """With ``recompute``: the largest of the sorted ``ks`` at which pins alone make (6)
+        hold (0 if none), by bisection: feasibility falls with k (as :func:`bisect_search`
+        assumes), so the recomputation is needed only above it."""
+        lo, hi = -1, len(ks)            # pins alone hold at ks[lo], not at ks[hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._pins_alone(int(ks[mid])).feasible:
+                lo = mid
+            else:
+                hi = mid
+        return int(ks[lo]) if lo >= 0 else 0
 
 
 # ------------------------------------------------------------------ searches
@@ -572,7 +597,16 @@ def _fastest(search: Search, k_hi: int, k_min: int, delta: float, iteration,
         return k_hi
     ks = (range(k_min, k_hi + 1) if n <= FASTEST_GRID else
           sorted(set(np.linspace(k_min, k_hi, FASTEST_GRID).round().astype(int).tolist())))
-    ips = {int(k): _predicted_ips(search, int(k), delta, iteration) for k in ks}
+    if getattr(search, "recompute", None) is None:
+        ips = {int(k): _predicted_ips(search, int(k), delta, iteration) for k in ks}
+    else:
+        # where pins alone hold, nothing is recomputed: a bisection, not every k asked
+        ks = [int(k) for k in ks]
+        alone = search.pins_alone_up_to(ks)
+        ips = {k: _images_per_s(k, float(np.sum(search.times(k) if k <= alone else
+                                                with_recomputations(search.times(k),
+                                                                    search._pairs))),
+                                delta, iteration) for k in ks}
     best = max(ips.values())
     return max(k for k, v in ips.items() if v >= (1.0 - tie) * best)
 

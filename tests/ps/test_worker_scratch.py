@@ -37,7 +37,7 @@ def test_train_passes_the_extra_to_the_tuner(monkeypatch):
         auto_batch=False, batch=8, ps="tcp://127.0.0.1:5555", comm="nccl", profile="p.json",
         snapshot=None, lr_rule=None, convexity=None, search="bisect", pin_rule="stall",
         granularity="segment", save_profile=None, memory_trace=None, fill=True,
-        k_objective="throughput", host_budget=None)
+        k_objective="throughput", host_budget=None, recompute=None)
     assert cli._install_dynamic(args, solver, 1 << 30) == "executor"
     assert seen["scratch_extra"] == 2000 and seen["budget"] == 1 << 30
     args.comm = "ps"

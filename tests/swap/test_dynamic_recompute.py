@@ -251,21 +251,22 @@ def test_install_takes_recompute_for_the_dynamic_strategy_only():
 
 
 def _vgg16_search(recompute):
-    """VGG-16 at 12 GiB on session 18's H100 profile (the CPU-built GMAP)."""
+    """(Search, ComputeModel): VGG-16 at 12 GiB on session 18's H100 profile (the CPU-built
+    GMAP)."""
     from swap.profiler import Profile
     from swap.tuner import Search, profile_models
     with gzip.open(VGG16_PROFILE, "rt") as f:
         prof = Profile.from_dict(json.load(f))
     g = build_gmap(Net(VGG16, TRAIN, mode="CPU"))
     model, pcie = profile_models(prof, g, "segment")
-    return Search(g, 12 << 30, model, pcie, prune=False, recompute=recompute)
+    return Search(g, 12 << 30, model, pcie, prune=False, recompute=recompute), model
 
 
 def test_vgg16_conv1_1_recomputed_is_stall_free_where_pins_are_not():
     """The planner's own answer on a measured profile (docs/RESULTS.md, session 20): at
     k = 221 (2.4 x Caffe's 92) no pinned set is stall-free; with conv1_1 rebuilt it is, and
     the model's time per image is within 2 % of the plan without at 176."""
-    plain, rec = _vgg16_search(()), _vgg16_search(("conv1_1",))
+    (plain, _), (rec, _) = _vgg16_search(()), _vgg16_search(("conv1_1",))
     assert plain.feasible(176) and not plain.feasible(221)
     assert rec.feasible(221) and rec.feasible(240)
     per_image = [float(np.sum(s.step_times(k))) / k for s, k in ((plain, 176), (rec, 221))]
@@ -309,3 +310,23 @@ def test_train_and_plan_take_recompute(tmp_path, capsys, monkeypatch):
                  "dynamic", "--budget", "32M", "--batch", "8", "--recompute",
                  " conv1_1, conv2 "]) == 0
     assert seen["recompute"] == ("conv1_1", "conv2")
+
+
+def test_tune_recomputes_only_above_where_pins_alone_hold():
+    """Algorithm 2 on VGG-16 with conv1_1 recomputable: the paper's k* (largest stall-free)
+    moves past 2.4 x 92 and its plan recomputes; the fastest k lies where pins alone hold
+    and recomputes nothing; the search asks tens of k, not every k (a bisection finds where
+    the recomputation starts)."""
+    from swap.tuner import tune
+    s, model = _vgg16_search(("conv1_1",))
+    g, pcie = s.gmap, s.pcie
+    plain = tune(g, 12 << 30, model, pcie, method="bisect", objective="largest")
+    largest = tune(g, 12 << 30, model, pcie, method="bisect", objective="largest",
+                   recompute=("conv1_1",))
+    fastest = tune(g, 12 << 30, model, pcie, method="bisect", recompute=("conv1_1",))
+    assert plain.k_star < 221 <= largest.k_star and largest.plan.recomputed
+    assert largest.recompute == ("conv1_1",) and "recomputed in backward" in largest.describe()
+    assert fastest.k_star <= plain.k_star + 8 and not fastest.plan.recomputed
+    assert fastest.recompute == () and fastest.k_largest == largest.k_star
+    assert sum(1 for e in fastest.evaluations if not e.pruned) < 40
+

@@ -209,9 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default), one throughput curve per step, or per layer type (the "
                         "paper's)")
     t.add_argument("--recompute", default=None, metavar="LAYERS",
-                   help="with --swap dynamic: comma-separated forward layers (each with its in-place chain) "
-                        "run again in backward instead of keeping or offloading what they write, "
-                        "e.g. conv1_1 for VGG-16 (docs/SWAP.md)")
+                   help="with --swap dynamic: comma-separated forward layers (each with its "
+                        "in-place chain) run again in backward where pins alone would stall, "
+                        "instead of keeping or offloading what they write, e.g. conv1_1 for "
+                        "VGG-16 (docs/SWAP.md section 10)")
     t.add_argument("--host-budget", default=None,
                    help="with --swap dynamic: pinned host memory the plans may offload to, "
                         "which bounds k_max too (default $MINICAFFE_HOST_BUDGET or half the "
@@ -280,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "spare memory can hold")
     pl.add_argument("--recompute", default=None, metavar="LAYERS",
                     help="comma-separated forward layers (each with its in-place chain) run "
-                         "again in backward instead of keeping or offloading what they write")
+                         "again in backward where pins alone would stall, instead of keeping or "
+                         "offloading what they write")
     pl.add_argument("--granularity", choices=["type", "step", "segment"], default="segment",
                     help="with --profile: per step in segments between the profiled k (the "
                          "tuner's default), one curve per step, or per layer type (the paper's)")

@@ -154,7 +154,8 @@ def _pairs(recompute) -> tuple:
     return tuple((j, f) for j, steps in recompute.segments for f in steps)
 
 
-def _uses(gmap: GMAP, recompute) -> dict:
+def _uses(recompute) -> dict:
+    """{buffer: uses} a RecomputePolicy gives (empty without one)."""
     return recompute.uses if recompute is not None else {}
 
 
@@ -197,7 +198,7 @@ def _split_uses(gmap: GMAP, uses) -> tuple[dict, dict]:
 
 def _make_sketch(gmap, budget, pinned, sizes, swapped, release_at, prefetch_at, usage, jit_usage,
                  setup, recompute=None, split=None) -> Sketch:
-    lf, fb = split if split is not None else _split_uses(gmap, _uses(gmap, recompute))
+    lf, fb = split if split is not None else _split_uses(gmap, _uses(recompute))
     swapped = tuple(sorted(swapped, key=lambda b: (lf[b], b)))
     last_fwd = {b: lf[b] for b in swapped}
     first_bwd = {b: fb[b] for b in swapped}
@@ -231,7 +232,7 @@ class Sketcher:
         setup, usage = _usage(gmap, [iv for iv in base if iv[0] not in fmset], sizes)
         self.setup = int(setup)
         self.base_usage = np.asarray(usage, dtype=np.int64)
-        uses = _uses(gmap, recompute)
+        uses = _uses(recompute)
         self.split = _split_uses(gmap, uses)
         self.first = {b: uses.get(b, gmap.buffers[b].uses)[0] for b in fms}
         self.last = {b: uses.get(b, gmap.buffers[b].uses)[-1] for b in fms}

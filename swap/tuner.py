@@ -70,7 +70,7 @@ from .memory import fmt_bytes
 from .model import D2H, H2D, TUNER_GRANULARITY, ComputeModel, PCIeModel
 from .plan import (RECOMPUTE, BudgetError, _base_intervals, _place_returns, dynamic_recompute,
                    make_plan)
-from .planner import (RULES, DynamicPlan, PinResult, _pairs, _split_uses, algorithm1,
+from .planner import (RULES, DynamicPlan, PinResult, _pairs, _split_uses, _uses, algorithm1,
                       choose_pins, make_dynamic_plan, with_recomputations)
 
 METHODS = ("linear", "bisect")
@@ -154,7 +154,7 @@ class Search:
         # sizes that are neither constant nor linear in k (cuDNN workspaces): asked at each k
         self._per_k = [(b.id, b.size.per_k) for b in bufs if b.size.per_k is not None]
         sw = [p[0] for p in pending]
-        last_fwd, first_bwd = _split_uses(g, self.recompute.uses if self.recompute else {})
+        last_fwd, first_bwd = _split_uses(g, _uses(self.recompute))
         self._fm = np.array(sw, dtype=np.int64)
         self._gap_lo = np.array([last_fwd[b] + 1 for b in sw], dtype=np.int64)
         self._gap_hi = np.array([first_bwd[b] - 1 for b in sw], dtype=np.int64)

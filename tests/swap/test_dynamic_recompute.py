@@ -138,7 +138,8 @@ def test_the_recomputation_costs_its_forward_time_before_the_step():
     j = step_of(g, "conv1_2", "backward")
     f = [step_of(g, "conv1_1", "forward"), step_of(g, "relu1_1", "forward")]
     tt = with_recomputations(t, [(j, x) for x in f])
-    assert tt[j] == t[j] + t[f[0]] + t[f[1]] and np.delete(tt, j).tolist() == np.delete(t, j).tolist()
+    assert tt[j] == t[j] + t[f[0]] + t[f[1]]
+    assert np.delete(tt, j).tolist() == np.delete(t, j).tolist()
     pcie = PCIeModel(h2d=1e30, d2h=1e30, both=None)     # transfers free: no stall anywhere
     plan = make_plan(g, "dynamic", None, recompute=pol)
     tl = simulate(plan, t, pcie)

@@ -58,6 +58,8 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   host_ahead_s: how long a GPU worker's update waited for backward's kernels (median);
   host_cpu_s, host_vcsw, host_ivcsw: the worker's main thread during compute, its CPU time
   and its voluntary and involuntary context switches (medians; Linux's per-thread rusage);
+  host_ahead_s_per_rank, host_cpu_s_per_rank: the first two per rank ("r0;r1;..."), beside
+  compute_s_per_rank, to tell a rank slowed by its host from one slowed by its device;
   read_lag_s: from a worker's last push of a round to the moment the last shard read its last
   gradient (``time.monotonic()``, one clock for every process of a host; median over ranks
   and timed rounds): how long the shards' queue held the end of backward;
@@ -134,7 +136,7 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "rank_spread_s", "push_s",
                "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "read_lag_s",
-               "lagging_ranks",
+               "host_ahead_s_per_rank", "host_cpu_s_per_rank", "lagging_ranks",
                "timed_iterations",
                "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
@@ -742,6 +744,12 @@ def summarise(records_by_rank, warmup: int, iters: int, batch: int,
                if key in t[i].get("parts", {})]
         if got:
             parts[key] = statistics.median(got)
+    # per rank, where a rank computes slower than the others: was its host behind (ahead ~0,
+    # CPU time ~ compute) or its device (the host waited)?
+    for key in ("host_ahead_s", "host_cpu_s"):
+        if all(key in t[i].get("parts", {}) for t in timed for i in common):
+            parts[key + "_per_rank"] = ";".join(
+                f"{statistics.median(t[i]['parts'][key] for i in common):.6g}" for t in timed)
     return {
         **parts,
         "iter_s": iter_s,

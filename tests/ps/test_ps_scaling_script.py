@@ -65,6 +65,8 @@ def test_quick_run_measures_every_configuration(tmp_path):
         if sys.platform.startswith("linux"):           # the main thread's rusage
             assert 0 < float(x["host_cpu_s"]) and float(x["host_vcsw"]) >= 0
             assert float(x["host_ivcsw"]) >= 0
+            per_rank = [float(v) for v in x["host_cpu_s_per_rank"].split(";")]
+            assert len(per_rank) == w and min(per_rank) > 0
         assert x["swap"] == ("none" if x["mode"] == "caffe_ps" else "naive")
         if x["mode"] == "accudnn_ps":
             assert "naive" in x["note"]     # no profile: the fallback is said on the row

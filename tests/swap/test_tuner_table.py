@@ -176,3 +176,30 @@ def test_recompute_specs_per_network():
     for bad in ("vgg16", "=conv1", "vgg16="):
         with pytest.raises(SystemExit, match="NET=LAYER"):
             recompute_of([bad])
+
+
+def test_no_stall_falls_back_to_every_map_kept_where_none_does_not_fit(tmp_path, monkeypatch):
+    """Where `none` (every convolution's workspace held at once) does not fit the device, the
+    no-stall reference is the plan that keeps every feature map: timed in ABBA rounds,
+    marked in the row and the table, and the reason for skipping `none` recorded."""
+    sys.path.insert(0, REPO)
+    from scripts import tuner_table
+    monkeypatch.setattr(tuner_table, "_fits_device",
+                        lambda g, k, reserve, gpu: (False, f"none at {k} needs 99 GiB"))
+    kept = []
+    real = tuner_table._time_kept
+
+    def spy(solver, k, *a, **kw):
+        m = real(solver, k, *a, **kw)
+        kept.append((k, m["ms"]))
+        return m
+
+    monkeypatch.setattr(tuner_table, "_time_kept", spy)
+    r = tuner_table.run_net("cifar10_quick", 4, 40 << 20, None, 2, 1, "CAFFE", "CPU", "bisect",
+                            str(tmp_path), 0, rounds=1)
+    pts = [d for d in r["dynamic"] if "error" not in d]
+    assert pts and all(d["no_stall_reference"] == "kept" for d in pts)
+    assert all(d["none_skipped"] == f"none at {d['k']} needs 99 GiB" for d in pts)
+    assert all(d["slowdown"] > 0 for d in pts) and {k for k, _ in kept} == {d["k"] for d in pts}
+    _, md = tuner_table.write_tables([r], {}, None, str(tmp_path / "t.md"), "header")
+    assert md.count("(every map kept)") == len(pts)

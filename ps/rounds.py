@@ -142,7 +142,8 @@ class RoundThread:
         pending: deque = deque()       # (g, done) in the order backward made them ready
         t = None                       # the open round's iteration
         finish_t0 = None               # when the update asked for the end of the round
-        last_push_t = None             # time.monotonic() of the round's last push
+        last_push_t = None             # time.monotonic() when the round's last push began: a
+        #                                shard reads it after that, never before (read_lag_s)
         pushed = 0
         while True:
             try:
@@ -169,20 +170,23 @@ class RoundThread:
                     g, done = pending.popleft()
                     if done is not None:
                         done.synchronize()                 # off the GIL: the copy ends
+                    began = time.monotonic()
                     pushed += self.client.push(t, self.shard_of[g], self.payloads(g, done))
-                    last_push_t = time.monotonic()
+                    last_push_t = began
                     if finish_t0 is None:
                         self.client.receive_ready(t, self.take_early)
                 if t is None:
                     continue
                 if finish_t0 is None:
+                    began = time.monotonic()
                     if self.client.send_due(wait=False):
-                        last_push_t = time.monotonic()
+                        last_push_t = began
                     self.client.receive_ready(t, self.take_early)
                     self._sleep()
                     continue
+                began = time.monotonic()
                 if self.client.send_due(wait=True):    # an emulated link's queue
-                    last_push_t = time.monotonic()
+                    last_push_t = began
                 t_pushed = time.perf_counter()
                 pulled = self.client.pull(t, self.take_late)
                 parts = {"push_s": t_pushed - finish_t0,

@@ -60,9 +60,9 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   and its voluntary and involuntary context switches (medians; Linux's per-thread rusage);
   host_ahead_s_per_rank, host_cpu_s_per_rank: the first two per rank ("r0;r1;..."), beside
   compute_s_per_rank, to tell a rank slowed by its host from one slowed by its device;
-  read_lag_s: from a worker's last push of a round to the moment the last shard read its last
-  gradient (``time.monotonic()``, one clock for every process of a host; median over ranks
-  and timed rounds): how long the shards' queue held the end of backward;
+  read_lag_s: from the start of a worker's last push of a round to the moment the last shard
+  read its last gradient (``time.monotonic()``, one clock for every process of a host; median
+  over ranks and timed rounds): how long the shards' queue held the end of backward;
 * push_s, pull_wait_s, copy_up_s (CSV only): the parts of a parameter-server worker's
   Delta (``ps.worker.SyncRecord.parts``), medians over every (rank, timed iteration);
   early_mb: MB of answers back before the update; with ``--copy-up forward``,
@@ -789,7 +789,7 @@ def summarise_shards(records_by_shard, warmup: int, iters: int) -> dict:
 
 
 def read_lag(records_by_rank, records_by_shard, warmup: int, iters: int) -> dict:
-    """``read_lag_s``: per timed round and rank, from the worker's last push
+    """``read_lag_s``: per timed round and rank, from the start of the worker's last push
     (``parts["last_push_t"]``) to the latest moment a shard read that rank's last gradient of
     the round (its ``start_t + rank_done_s[rank]``), both ``time.monotonic()``; the median.
     Empty where the workers or the shards do not record them (no overlap, older runs)."""

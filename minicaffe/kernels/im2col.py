@@ -1,4 +1,5 @@
-"""Batched im2col / col2im for 2-d convolution, one code path for NumPy and CuPy.
+"""Batched im2col / col2im for 2-d (and N-d, at the end) convolution, one code path for
+NumPy and CuPy.
 
 Caffe lowers a convolution to a matrix product: ``im2col`` copies every
 receptive field of an image into a column, so that the layer's weights
@@ -141,4 +142,109 @@ def col2im(col, x_shape, kernel, pad=0, stride=1, dilation=1, out=None,
     if out is None:
         out = xp.empty((n, c, h, w), dtype=col.dtype)
     out[...] = acc[:, :, ph:ph + h, pw:pw + w]
+    return out
+
+
+# ------------------------------------------------------------------- N-d
+# Caffe's im2col_nd / col2im_nd (``force_nd_im2col``, or a number of spatial axes other than
+# two): the same lowering for D spatial axes,
+#
+#     x    (N, C, S1, ..., SD)
+#     col  (N, C*K1*...*KD, O1*...*OD), row index = ((c*K1 + k1)*K2 + k2)... (Caffe's order)
+#     col[n, row(c, k), o] = x[n, c, o1*s1 - p1 + k1*d1, ..., oD*sD - pD + kD*dD]
+#
+# with the same two layouts.  Through strided views as in 2-d; col2im_nd adds K1*...*KD
+# strided slices.
+
+
+def _geometry_nd(spatial, kernel, pad, stride, dilation):
+    """(out extents, padded extents) per spatial axis, or an error like 2-d's."""
+    outs, padded = [], []
+    for s, k, p, st, d in zip(spatial, kernel, pad, stride, dilation):
+        o = conv_out_size(s, k, p, st, d)
+        if o <= 0:
+            raise ValueError(
+                f"im2col: a {'x'.join(map(str, kernel))} kernel (dilation "
+                f"{'x'.join(map(str, dilation))}) does not fit a {'x'.join(map(str, spatial))} "
+                f"input padded by {'x'.join(map(str, pad))}")
+        outs.append(o)
+        padded.append(max(s + 2 * p, (o - 1) * st + d * (k - 1) + 1))
+    return tuple(outs), tuple(padded)
+
+
+def _col_view_nd(col, n, c, kernel, outs, batch_major):
+    """(N, C, K1..KD, O1..OD) view of a column buffer of either layout."""
+    d = len(kernel)
+    if batch_major:
+        return col.reshape((n, c) + tuple(kernel) + tuple(outs))
+    v = col.reshape((c,) + tuple(kernel) + (n,) + tuple(outs))
+    return v.transpose((d + 1, 0) + tuple(range(1, d + 1)) + tuple(range(d + 2, 2 * d + 2)))
+
+
+def col_shape_nd(x_shape, kernel, pad, stride, dilation, batch_major: bool = True) -> tuple:
+    """Shape of the N-d column buffer: ``(N, C*prod(K), prod(O))``, or ``(C*prod(K), N,
+    prod(O))`` when not ``batch_major``."""
+    n, c = x_shape[:2]
+    outs, _ = _geometry_nd(x_shape[2:], kernel, pad, stride, dilation)
+    rows, cols = c * _prod(kernel), _prod(outs)
+    return (n, rows, cols) if batch_major else (rows, n, cols)
+
+
+def _prod(vals) -> int:
+    out = 1
+    for v in vals:
+        out *= int(v)
+    return out
+
+
+def im2col_nd(x, kernel, pad, stride, dilation, out=None, batch_major: bool = True):
+    """Lower a batch ``x`` (N, C, S1..SD) to columns (N, C*prod(K), prod(O)): Caffe's
+    ``im2col_nd``.  ``kernel``, ``pad``, ``stride``, ``dilation``: one int per spatial axis."""
+    xp = get_array_module(x)
+    n, c = x.shape[:2]
+    spatial = x.shape[2:]
+    if not len(spatial) == len(kernel) == len(pad) == len(stride) == len(dilation):
+        raise ValueError(f"im2col: {len(spatial)} spatial axes in {x.shape} against kernel "
+                         f"{kernel}, pad {pad}, stride {stride}, dilation {dilation}")
+    outs, padded = _geometry_nd(spatial, kernel, pad, stride, dilation)
+    if out is None:
+        out = xp.empty(col_shape_nd(x.shape, kernel, pad, stride, dilation, batch_major),
+                       dtype=x.dtype)
+    if tuple(padded) == tuple(spatial):
+        src = x
+    else:
+        src = xp.zeros((n, c) + padded, dtype=x.dtype)
+        src[(slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(pad, spatial))] = x
+    st = src.strides
+    windows = xp.lib.stride_tricks.as_strided(
+        src, shape=(n, c) + tuple(kernel) + outs,
+        strides=st[:2] + tuple(dl * st[2 + i] for i, dl in enumerate(dilation))
+        + tuple(sd * st[2 + i] for i, sd in enumerate(stride)))
+    _col_view_nd(out, n, c, kernel, outs, batch_major)[...] = windows
+    return out
+
+
+def col2im_nd(col, x_shape, kernel, pad, stride, dilation, out=None, batch_major: bool = True):
+    """Sum N-d columns back into images (N, C, S1..SD), overwriting ``out``: the adjoint of
+    :func:`im2col_nd` (Caffe's ``col2im_nd``)."""
+    import itertools
+    xp = get_array_module(col)
+    n, c = x_shape[:2]
+    spatial = tuple(x_shape[2:])
+    outs, padded = _geometry_nd(spatial, kernel, pad, stride, dilation)
+    expected = col_shape_nd(x_shape, kernel, pad, stride, dilation, batch_major)
+    if col.shape != expected:
+        raise ValueError(f"col2im: columns of shape {col.shape} do not match images {x_shape} "
+                         f"with a {'x'.join(map(str, kernel))} kernel (expected {expected})")
+    cols = _col_view_nd(col, n, c, kernel, outs, batch_major)
+    acc = xp.zeros((n, c) + padded, dtype=col.dtype)
+    for k in itertools.product(*(range(kk) for kk in kernel)):
+        # for one kernel offset the output positions hit distinct pixels
+        target = tuple(slice(ki * dl, ki * dl + sd * (o - 1) + 1, sd)
+                       for ki, dl, sd, o in zip(k, dilation, stride, outs))
+        acc[(slice(None), slice(None)) + target] += cols[(slice(None), slice(None)) + k]
+    if out is None:
+        out = xp.empty((n, c) + spatial, dtype=col.dtype)
+    out[...] = acc[(slice(None), slice(None)) + tuple(slice(p, p + s)
+                                                       for p, s in zip(pad, spatial))]
     return out

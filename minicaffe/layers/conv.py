@@ -20,6 +20,13 @@ of the column buffer; ``col2im`` folds ``dcol`` back into the bottom diff.  A 1x
 kernel with stride 1 and no padding skips the lowering (the bottom already is its
 column matrix), as Caffe does.
 
+N-d (one, three or more spatial axes after ``axis``, as Caffe's ``im2col_nd``): the same
+with weight (M, C/G, K1, ..., KD), col (B, C*K1*...*KD, O1*...*OD) and top (N, M, O1, ...,
+OD), lowered by :func:`minicaffe.kernels.im2col.im2col_nd` on NumPy and CuPy alike (no CUDA
+fast path, no cuDNN: Caffe's CuDNNConvolutionLayer takes two spatial axes only, so an N-d
+layer that asks for CUDNN runs this engine and says why).  Two axes under
+``force_nd_im2col`` take the 2-d lowering: the same numbers.
+
 Caffe lowers one image at a time into a one-image buffer; here a chunk of
 images is lowered at once (fewer, larger GEMMs), with the chunk bounded by
 ``col_buffer_bytes`` (at least one image).  With ``col_buffer_bytes = 0`` the
@@ -82,19 +89,20 @@ def conv_geometry(p, x, channel_axis: int, where: str, what: str = "convolution"
                   kernel_word: str = "kernel") -> tuple:
     """(kernel, stride, pad, dilation), each per spatial axis, of ``convolution_param`` ``p``
     for bottom ``x`` with its channels on ``channel_axis``: Caffe's BaseConvolutionLayer set-up
-    for two spatial axes (force_nd_im2col selects Caffe's N-d lowering, which computes the
-    same numbers for two axes: accepted, same code).  ``what`` and ``kernel_word`` name the
-    operation and the kernel in the errors, as the layer's Caffe source does."""
+    for every axis after the channel axis.  Two spatial axes run the 2-d lowering (also with
+    force_nd_im2col, whose N-d lowering computes the same numbers); one, three or more run the
+    N-d lowering (:func:`minicaffe.kernels.im2col.im2col_nd`), as Caffe's do.  ``what`` and
+    ``kernel_word`` name the operation and the kernel in the errors, as the layer's Caffe
+    source does."""
     n_spatial = x.ndim - channel_axis - 1
-    if n_spatial != 2:
+    if n_spatial < 1:
         raise ValueError(
-            f"{where}only 2-d {what} is implemented: bottom {x.name!r} of shape {x.shape} has "
-            f"{n_spatial} spatial axes after the channel axis {channel_axis} (N-d {what} is "
-            "not supported)")
-    kernel = tuple(_spatial_values(p, "kernel", 2, None, where))
-    stride = tuple(_spatial_values(p, "stride", 2, 1, where))
-    pad = tuple(_spatial_values(p, "pad", 2, 0, where))
-    dilation = tuple(_spatial_values(p, "dilation", 2, 1, where))
+            f"{where}{what} needs at least one spatial axis after the channel axis "
+            f"{channel_axis}: bottom {x.name!r} has shape {x.shape}")
+    kernel = tuple(_spatial_values(p, "kernel", n_spatial, None, where))
+    stride = tuple(_spatial_values(p, "stride", n_spatial, 1, where))
+    pad = tuple(_spatial_values(p, "pad", n_spatial, 0, where))
+    dilation = tuple(_spatial_values(p, "dilation", n_spatial, 1, where))
     for name, vals in ((kernel_word, kernel), ("stride", stride), ("dilation", dilation)):
         if min(vals) < 1:
             raise ValueError(f"{where}{name} dimensions must be nonzero, got {vals}")
@@ -104,18 +112,18 @@ def conv_geometry(p, x, channel_axis: int, where: str, what: str = "convolution"
 def conv_output_hw(layer, x) -> tuple:
     """((h, w), (oh, ow)): the input's spatial size on ``layer.channel_axis`` and the
     lowering's output size (Caffe's truncating division) for the layer's ``kernel``,
-    ``stride``, ``pad`` and ``dilation``; an error naming the layer when it is empty."""
+    ``stride``, ``pad`` and ``dilation``, one entry per spatial axis (two for 2-d); an error
+    naming the layer when it is empty."""
     ax = layer.channel_axis
-    h, w = x.shape[ax + 1], x.shape[ax + 2]
-    oh = im2col_mod.conv_out_size(h, layer.kernel[0], layer.pad[0], layer.stride[0],
-                                  layer.dilation[0])
-    ow = im2col_mod.conv_out_size(w, layer.kernel[1], layer.pad[1], layer.stride[1],
-                                  layer.dilation[1])
-    if oh <= 0 or ow <= 0:
+    size = tuple(x.shape[ax + 1:])
+    out = tuple(im2col_mod.conv_out_size(n, k, p, st, d) for n, k, p, st, d in
+                zip(size, layer.kernel, layer.pad, layer.stride, layer.dilation))
+    if min(out) <= 0:
         raise ValueError(
             f"{layer._where}kernel {layer.kernel} (dilation {layer.dilation}) does not fit the "
-            f"{h}x{w} input of {x.name!r} padded by {layer.pad} (output {oh}x{ow})")
-    return (h, w), (oh, ow)
+            f"{'x'.join(map(str, size))} input of {x.name!r} padded by {layer.pad} (output "
+            f"{'x'.join(map(str, out))})")
+    return size, out
 
 
 def _spatial_values(param, name, n_spatial, default, where):
@@ -255,7 +263,7 @@ class ConvolutionLayer(Layer):
         self.channel_axis = x.canonical_axis(p.axis)
         self.kernel, self.stride, self.pad, self.dilation = conv_geometry(
             p, x, self.channel_axis, where)
-        self.is_1x1 = self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
+        self._set_lowering_kind()
 
         self.channels = x.shape[self.channel_axis]
         self.num_output = int(p.num_output)
@@ -272,9 +280,8 @@ class ConvolutionLayer(Layer):
                              f"group {self.group}")
         self.bias_term = bool(p.bias_term)
 
-        kh, kw = self.kernel
         weight = self.make_param_blob(
-            (self.num_output, self.channels // self.group, kh, kw), 0)
+            (self.num_output, self.channels // self.group) + self.kernel, 0)
         fill(weight, p.weight_filler, where)
         self.blobs = [weight]
         if self.bias_term:
@@ -283,8 +290,21 @@ class ConvolutionLayer(Layer):
             self.blobs.append(bias)
         # Caffe's engine field, once (see minicaffe.engine)
         self.engine = engines.resolve(self, "convolution_param")
+        if self.engine == engines.CUDNN and self.nd:
+            engines.fall_back(self, f"cuDNN convolution is 2-d only here ({len(self.kernel)} "
+                                    "spatial axes; Caffe's CuDNNConvolutionLayer refuses them "
+                                    "and asks for engine: CAFFE)")
         if self.engine == engines.CUDNN:
             self._cudnn = engines.cudnn_options()
+
+    def _set_lowering_kind(self):
+        """``nd``: a number of spatial axes other than two (the N-d lowering, never the CUDA
+        fast path or cuDNN); ``is_1x1``: a 1x1..x1 kernel with stride 1 and no padding (the
+        bottom is its own column matrix)."""
+        d = len(self.kernel)
+        self.nd = d != 2
+        self.is_1x1 = (self.kernel == (1,) * d and self.stride == (1,) * d
+                       and self.pad == (0,) * d)
 
     # ----------------------------------------------------------------- shape
     def check_bottoms(self, bottom, channels: int, kernel: str = "convolution"):
@@ -292,7 +312,7 @@ class ConvolutionLayer(Layer):
         axes, have ``channels`` channels and all one shape."""
         x = bottom[0]
         ax = self.channel_axis
-        if x.ndim != ax + 3:
+        if x.ndim != ax + 1 + len(self.kernel):
             raise ValueError(f"{self._where}bottom num_axes may not change: {x.name!r} now has "
                              f"shape {x.shape}")
         if x.shape[ax] != channels:
@@ -310,11 +330,10 @@ class ConvolutionLayer(Layer):
         ax = self.channel_axis
         self.num = int(np.prod(x.shape[:ax], dtype=np.int64))
         self.in_hw, self.out_hw = conv_output_hw(self, x)
-        oh, ow = self.out_hw
         for t in top:
-            t.reshape(x.shape[:ax] + (self.num_output, oh, ow))
-        self.kdim = self.channels * self.kernel[0] * self.kernel[1]  # rows of col
-        self.out_spatial = oh * ow
+            t.reshape(x.shape[:ax] + (self.num_output,) + self.out_hw)
+        self.kdim = self.channels * int(np.prod(self.kernel))  # rows of col: C*kh*kw
+        self.out_spatial = int(np.prod(self.out_hw))            # OH*OW
         if self.engine == engines.CUDNN and self._reshape_cudnn():
             return
         if self._bias_by_gemm() or "bias_sums" in self.internals:
@@ -421,6 +440,9 @@ class ConvolutionLayer(Layer):
         shape = ((b, self.kdim, self.out_spatial) if batch_major
                  else (self.kdim, b, self.out_spatial))
         col = self._scratch("col", shape)
+        if self.nd:
+            return im2col_mod.im2col_nd(x, self.kernel, self.pad, self.stride, self.dilation,
+                                        out=col, batch_major=batch_major)
         if cuda_vision.enabled_for(self.xp):
             return cuda_vision.im2col(x, col, self.kernel, self.pad, self.stride, self.dilation,
                                       self.out_hw, batch_major=batch_major)
@@ -429,7 +451,10 @@ class ConvolutionLayer(Layer):
 
     def _fold(self, col, out):
         """Sum columns (C*kh*kw, b, OH*OW) back into the images ``out`` (overwritten)."""
-        if cuda_vision.enabled_for(self.xp):
+        if self.nd:
+            im2col_mod.col2im_nd(col, out.shape, self.kernel, self.pad, self.stride,
+                                 self.dilation, out=out, batch_major=False)
+        elif cuda_vision.enabled_for(self.xp):
             cuda_vision.col2im(col, out, self.kernel, self.pad, self.stride, self.dilation,
                                self.out_hw, batch_major=False)
         else:

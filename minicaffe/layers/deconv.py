@@ -54,7 +54,8 @@ def deconv_out_size(size: int, kernel: int, pad: int, stride: int, dilation: int
 
 @register_layer
 class DeconvolutionLayer(ConvolutionLayer):
-    """2-d transposed convolution with groups, dilation, per-axis kernel/stride/pad."""
+    """Transposed convolution (2-d, or N-d as Caffe's) with groups, dilation, per-axis
+    kernel/stride/pad."""
 
     type = "Deconvolution"
 
@@ -66,7 +67,7 @@ class DeconvolutionLayer(ConvolutionLayer):
         self.channel_axis = x.canonical_axis(p.axis)
         self.kernel, self.stride, self.pad, self.dilation = conv_geometry(
             p, x, self.channel_axis, where, "deconvolution")
-        self.is_1x1 = self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
+        self._set_lowering_kind()
 
         c, m, g = x.shape[self.channel_axis], int(p.num_output), int(p.group)
         if m <= 0:
@@ -83,9 +84,8 @@ class DeconvolutionLayer(ConvolutionLayer):
         self.channels, self.num_output = m, c
         self.bias_term = bool(p.bias_term)
 
-        kh, kw = self.kernel
         # (C, M/G, kh, kw): the fillers' fan-in is M/G*kh*kw, as in Caffe
-        weight = self.make_param_blob((c, m // g, kh, kw), 0)
+        weight = self.make_param_blob((c, m // g) + self.kernel, 0)
         fill(weight, p.weight_filler, where)
         self.blobs = [weight]
         if self.bias_term:
@@ -102,15 +102,15 @@ class DeconvolutionLayer(ConvolutionLayer):
         self.check_bottoms(bottom, self.bottom_channels, "deconvolution")
         x = bottom[0]
         ax = self.channel_axis
-        h, w = x.shape[ax + 1], x.shape[ax + 2]
-        oh, ow = (deconv_out_size(s, k, p, st, d) for s, k, p, st, d in
-                  zip((h, w), self.kernel, self.pad, self.stride, self.dilation))
-        if oh <= 0 or ow <= 0:
+        size = tuple(x.shape[ax + 1:])
+        out = tuple(deconv_out_size(n, k, p, st, d) for n, k, p, st, d in
+                    zip(size, self.kernel, self.pad, self.stride, self.dilation))
+        if min(out) <= 0:
             raise ValueError(
-                f"{self._where}the {h}x{w} input of {x.name!r} with kernel {self.kernel}, stride "
-                f"{self.stride}, dilation {self.dilation} and pad {self.pad} gives an empty "
-                f"{oh}x{ow} output")
-        top_shape = x.shape[:ax] + (self.top_channels, oh, ow)
+                f"{self._where}the {'x'.join(map(str, size))} input of {x.name!r} with kernel "
+                f"{self.kernel}, stride {self.stride}, dilation {self.dilation} and pad "
+                f"{self.pad} gives an empty {'x'.join(map(str, out))} output")
+        top_shape = x.shape[:ax] + (self.top_channels,) + out
         for t in top:
             t.reshape(top_shape)
         # Shape the convolution this layer transposes (input shaped like our top, output like

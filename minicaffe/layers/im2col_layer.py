@@ -18,8 +18,10 @@ Forward and backward run the batched lowering of :mod:`minicaffe.kernels.im2col`
 kernels of :mod:`minicaffe.kernels.cuda_vision` on a GPU) straight between the bottom and
 the top: no internal buffer, and backward reads only the top's diff.
 
-Caffe lowers N-d inputs too (``im2col_nd``, also under ``force_nd_im2col``); minicaffe's
-lowering is 2-d, so other numbers of spatial axes are refused with an error naming the layer.
+N-d inputs (one, three or more spatial axes) are lowered as Caffe's ``im2col_nd`` does: top
+(N, C*K1*...*KD, O1, ..., OD), the rows in the same channel-then-kernel order
+(:func:`minicaffe.kernels.im2col.im2col_nd`, NumPy and CuPy alike, no CUDA fast path).  Two
+spatial axes under ``force_nd_im2col`` give the same numbers through the 2-d lowering.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from .conv import conv_geometry, conv_output_hw
 
 @register_layer
 class Im2colLayer(Layer):
-    """A convolution's column buffer as the top: (N, C, H, W) -> (N, C*kh*kw, OH, OW)."""
+    """A convolution's column buffer as the top: (N, C, H, W) -> (N, C*kh*kw, OH, OW) (N-d
+    alike)."""
 
     type = "Im2col"
     exact_num_bottom = 1
@@ -51,15 +54,15 @@ class Im2colLayer(Layer):
     def reshape(self, bottom, top):
         x = bottom[0]
         ax = self.channel_axis
-        if x.ndim != ax + 3:
+        if x.ndim != ax + 1 + len(self.kernel):
             raise ValueError(f"{self._where}bottom num_axes may not change: {x.name!r} now has "
                              f"shape {x.shape}")
         self.in_hw, self.out_hw = conv_output_hw(self, x)
-        oh, ow = self.out_hw
         self.channels = x.shape[ax]
         self.num = int(np.prod(x.shape[:ax], dtype=np.int64))
-        kdim = self.channels * self.kernel[0] * self.kernel[1]
-        top[0].reshape(x.shape[:ax] + (kdim, oh, ow))
+        self.kdim = self.channels * int(np.prod(self.kernel))
+        self.nd = len(self.kernel) != 2
+        top[0].reshape(x.shape[:ax] + (self.kdim,) + self.out_hw)
 
     def _images(self, arr):
         """A bottom array as (num, C, H, W)."""
@@ -67,12 +70,13 @@ class Im2colLayer(Layer):
 
     def _columns(self, arr):
         """A top array as (num, C*kh*kw, OH*OW): the lowering's batch-major layout."""
-        kdim = self.channels * self.kernel[0] * self.kernel[1]
-        return arr.reshape(self.num, kdim, self.out_hw[0] * self.out_hw[1])
+        return arr.reshape(self.num, self.kdim, int(np.prod(self.out_hw)))
 
     def forward_impl(self, bottom, top):
         x, col = self._images(bottom[0].data), self._columns(top[0].data)
-        if cuda_vision.enabled_for(self.xp):
+        if self.nd:
+            im2col_mod.im2col_nd(x, self.kernel, self.pad, self.stride, self.dilation, out=col)
+        elif cuda_vision.enabled_for(self.xp):
             cuda_vision.im2col(x, col, self.kernel, self.pad, self.stride, self.dilation,
                                self.out_hw, batch_major=True)
         else:
@@ -82,7 +86,10 @@ class Im2colLayer(Layer):
         if not propagate_down[0]:
             return
         col, dx = self._columns(top[0].diff), self._images(bottom[0].diff)
-        if cuda_vision.enabled_for(self.xp):
+        if self.nd:
+            im2col_mod.col2im_nd(col, dx.shape, self.kernel, self.pad, self.stride,
+                                 self.dilation, out=dx)
+        elif cuda_vision.enabled_for(self.xp):
             cuda_vision.col2im(col, dx, self.kernel, self.pad, self.stride, self.dilation,
                                self.out_hw, batch_major=True)
         else:

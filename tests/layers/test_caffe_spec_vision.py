@@ -125,19 +125,144 @@ def test_dilated_conv_against_direct_reference():
     np.testing.assert_allclose(top.data, ref, atol=1e-10)
 
 
-@pytest.mark.parametrize("kind, body, shape", [
-    ("Convolution", "num_output: 3", (2, 3)),                                    # 0-D
-    ("Convolution", "kernel_size: 3 stride: 2 num_output: 4", (2, 3, 5, 6, 4)),   # 3-D
-    ("Convolution", "kernel_size: 3 dilation: 2 num_output: 4 force_nd_im2col: true",
-     (2, 3, 6, 5, 4)),
-    ("Deconvolution", "kernel_size: 2 stride: 2 pad: 1 num_output: 2 force_nd_im2col: true",
-     (2, 3, 2, 3, 2)),
-    ("Im2col", "kernel_size: 3 force_nd_im2col: true", (2, 3, 5, 6, 4)),
+def caffe_conv_nd(x, w, b, stride, pad, dilation, group):
+    """Direct N-d convolution, as test_convolution_layer.cpp's caffe_conv does for 3-d:
+    (N, C, S1..SD) -> (N, O, O1..OD)."""
+    import itertools
+    d = x.ndim - 2
+    cg = w.shape[1]
+    k = w.shape[2:]
+    outs = [(x.shape[2 + i] + 2 * pad[i] - (dilation[i] * (k[i] - 1) + 1)) // stride[i] + 1
+            for i in range(d)]
+    xp = np.pad(x, ((0, 0), (0, 0)) + tuple((p, p) for p in pad))
+    out = np.zeros((x.shape[0], w.shape[0]) + tuple(outs))
+    og = w.shape[0] // group
+    for oc in range(w.shape[0]):
+        g = oc // og
+        for c in range(cg):
+            for off in itertools.product(*(range(kk) for kk in k)):
+                win = tuple(slice(o * dl, o * dl + st * n, st)
+                            for o, dl, st, n in zip(off, dilation, stride, outs))
+                out[:, oc] += w[(oc, c) + off] * xp[(slice(None), g * cg + c) + win]
+    return out + (0 if b is None else b.reshape((1, -1) + (1,) * d))
+
+
+GAUSS = 'weight_filler { type: "gaussian" } bias_filler { type: "gaussian" }'
+
+
+@pytest.mark.parametrize("body, shape, geometry", [
+    # as Caffe's TestSimple3DConvolution and TestDilated3DConvolution
+    ("kernel_size: 3 stride: 2 num_output: 4", (2, 3, 5, 6, 4), ((2,) * 3, (0,) * 3, (1,) * 3, 1)),
+    ("kernel_size: 3 dilation: 2 num_output: 4", (2, 3, 6, 7, 8),
+     ((1,) * 3, (0,) * 3, (2,) * 3, 1)),
+    # per-axis values, groups, padding; one spatial axis; four
+    ("kernel_size: 2 kernel_size: 3 kernel_size: 1 stride: 1 stride: 2 stride: 1 pad: 1 "
+     "pad: 0 pad: 1 group: 2 num_output: 4", (2, 4, 3, 5, 4), ((1, 2, 1), (1, 0, 1), (1,) * 3, 2)),
+    ("kernel_size: 3 pad: 1 stride: 2 num_output: 3", (2, 2, 7), ((2,), (1,), (1,), 1)),
+    ("kernel_size: 2 num_output: 2", (1, 2, 3, 3, 3, 3), ((1,) * 4, (0,) * 4, (1,) * 4, 1)),
 ])
-def test_nd_convolution_is_refused_naming_the_layer(kind, body, shape):
-    with pytest.raises(ValueError, match=r"only 2-d .* is not supported\)") as err:
-        setup(conv(body, name="c3d", kind=kind), np.zeros(shape))
-    assert f"'c3d' ({kind})" in str(err.value)
+def test_nd_conv_against_direct_reference(body, shape, geometry):
+    """N-d convolution (Caffe's im2col_nd path) against a direct computation, with the weight
+    blob (O, C/G, K1..KD), the top (N, O, O1..OD) and Caffe's truncating output size."""
+    x = np.random.default_rng(2).standard_normal(shape)
+    layer, _, (top,) = forward(conv(f"{body} {GAUSS}"), x)
+    stride, pad, dilation, group = geometry
+    assert layer.blobs[0].shape[:2] == (layer.num_output, shape[1] // group)
+    ref = caffe_conv_nd(x, layer.blobs[0].data, layer.blobs[1].data, stride, pad, dilation,
+                        group)
+    assert top.shape == ref.shape
+    np.testing.assert_allclose(top.data, ref, atol=1e-10)
+
+
+@pytest.mark.parametrize("body, shape", [
+    ("kernel_size: 3 stride: 2 num_output: 3", (2, 3, 5, 6, 4)),          # TestGradient3D
+    ("kernel_size: 2 kernel_size: 3 kernel_size: 2 pad: 1 dilation: 2 group: 3 num_output: 3",
+     (2, 3, 4, 5, 3)),
+    ("kernel_size: 3 pad: 1 num_output: 2", (2, 2, 6)),
+    ("kernel_size: 1 num_output: 2", (2, 3, 2, 3, 2)),                     # 1x1x1
+])
+@pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
+def test_nd_gradients(kind, body, shape):
+    from minicaffe.testing.gradient_check import check_gradient
+    layer = make_layer(conv(f"{body} {GAUSS}", kind=kind))
+    check_gradient(layer, [make_blob(np.random.default_rng(3).standard_normal(shape))])
+
+
+@pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
+def test_nd_against_2d(kind):
+    """Caffe's TestNDAgainst2D: force_nd_im2col on a 2-d input gives the 2-d path's top, bottom
+    diff and weight diff; and a 2-d input with a trailing axis of 1 and a kernel of 1 along
+    it, through the N-d lowering, gives the same numbers again."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 5, 6))
+    dy = None
+    got = []
+    for body, xs in (("", x), ("force_nd_im2col: true", x),
+                     ("kernel_size: 1 pad: 0 stride: 1", x[..., None])):
+        base = "kernel_size: 3 stride: 2 pad: 1 num_output: 4"
+        if body.startswith("kernel_size"):      # per-axis: (3, 3, 1), (2, 2, 1), (1, 1, 0)
+            base = ("kernel_size: 3 kernel_size: 3 kernel_size: 1 stride: 2 stride: 2 stride: 1 "
+                    "pad: 1 pad: 1 pad: 0 num_output: 4")
+            body = ""
+        set_random_seed(5)
+        layer, bottom, top = forward(conv(f"{base} {body} {GAUSS}", kind=kind), xs)
+        if dy is None:
+            dy = rng.standard_normal(top[0].shape)
+        top[0].diff[...] = dy.reshape(top[0].shape)
+        layer.backward(top, [True], bottom)
+        got.append((top[0].data.reshape(dy.shape), bottom[0].diff.reshape(x.shape),
+                    layer.blobs[0].diff.reshape(layer.blobs[0].shape[:4])))
+    for other in got[1:]:
+        for a, b in zip(got[0], other):
+            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+
+
+def test_nd_deconv_matches_torch_conv_transpose3d():
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(6).standard_normal((2, 4, 3, 2, 3))
+    layer, _, (top,) = forward(conv(f"kernel_size: 2 kernel_size: 3 kernel_size: 2 stride: 2 "
+                                    f"stride: 1 stride: 2 pad: 1 pad: 1 pad: 0 group: 2 "
+                                    f"num_output: 6 {GAUSS}", kind="Deconvolution"), x)
+    ref = torch.nn.functional.conv_transpose3d(
+        torch.tensor(x), torch.tensor(layer.blobs[0].data), torch.tensor(layer.blobs[1].data),
+        stride=(2, 1, 2), padding=(1, 1, 0), groups=2).numpy()
+    assert top.shape == ref.shape and layer.blobs[0].shape == (4, 3, 2, 3, 2)
+    np.testing.assert_allclose(top.data, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_nd_im2col_layer_is_caffes_im2col_nd():
+    """Im2col on a 3-d input: top (N, C*K1*K2*K3, O1, O2, O3), row (c, k1, k2, k3) in Caffe's
+    order, and col2im as its gradient."""
+    from minicaffe.testing.gradient_check import check_gradient
+    x = np.random.default_rng(7).standard_normal((2, 2, 4, 3, 5))
+    body = "kernel_size: 2 kernel_size: 2 kernel_size: 3 stride: 2 stride: 1 stride: 1 pad: 1"
+    layer, _, (top,) = forward(conv(body, kind="Im2col"), x)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1), (1, 1)))
+    assert top.shape == (2, 2 * 2 * 2 * 3, 3, 4, 5)
+    for c, i, j, k in [(0, 0, 0, 0), (1, 1, 0, 2), (1, 0, 1, 1)]:
+        row = ((c * 2 + i) * 2 + j) * 3 + k
+        want = xp[:, c, i:i + 2 * 3:2, j:j + 4, k:k + 5]
+        np.testing.assert_allclose(top.data[:, row], want)
+    check_gradient(make_layer(conv(body, kind="Im2col")), [make_blob(x)])
+
+
+def test_nd_convolution_needs_a_spatial_axis_and_keeps_2d_fields_2d():
+    with pytest.raises(ValueError, match="convolution needs at least one spatial axis") as err:
+        setup(conv("num_output: 3 kernel_size: 1", name="c0"), np.zeros((2, 3)))
+    assert "'c0' (Convolution)" in str(err.value)
+    with pytest.raises(ValueError, match="kernel_h & kernel_w can only be used for 2D"):
+        setup(conv("num_output: 3 kernel_h: 1 kernel_w: 1"), np.zeros((2, 3, 4, 4, 4)))
+
+
+def test_nd_convolution_asked_for_cudnn_runs_the_caffe_engine(monkeypatch):
+    """Caffe's CuDNNConvolutionLayer takes 2 spatial axes only; here the layer says why and
+    runs the CAFFE engine (even where cuDNN would run its 2-d convolutions)."""
+    from minicaffe import engine as engines
+    monkeypatch.setattr(engines, "resolve", lambda layer, field: engines.CUDNN)
+    layer, _, (top,) = forward(conv(f"kernel_size: 2 num_output: 2 engine: CUDNN {GAUSS}"),
+                               np.ones((1, 2, 3, 3, 3)))
+    assert layer.engine == engines.CAFFE and "2-d only" in layer.engine_fallback
+    assert top.shape == (1, 2, 2, 2, 2)
 
 
 # ---------------------------------------------------------------- Deconvolution
@@ -331,3 +456,68 @@ def test_every_registered_type_but_python_is_created_from_a_bare_param():
             continue
         layer = create_layer(caffe_pb2.LayerParameter(name="l", type=t))
         assert layer.type == t
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind, body", [
+    ("Convolution", "kernel_size: 3 stride: 2 pad: 1 num_output: 4"),
+    ("Convolution", "kernel_size: 2 kernel_size: 3 kernel_size: 1 dilation: 2 group: 2 "
+                    "num_output: 4"),
+    ("Deconvolution", "kernel_size: 2 stride: 2 num_output: 3"),
+    ("Im2col", "kernel_size: 2 pad: 1"),
+])
+def test_gpu_nd_matches_cpu(cp, kind, body):
+    """The N-d lowering on CuPy (no CUDA fast path: the generic strided views) against NumPy:
+    top, bottom diff and weight diff of a 3-d layer, float32."""
+    from minicaffe.backend import to_numpy
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 4, 5, 6, 4)).astype(np.float32)
+    got = []
+    for xp in (np, cp):
+        set_random_seed(9)
+        layer = make_layer(conv(f"{body} {GAUSS if kind != 'Im2col' else ''}", kind=kind),
+                           xp=xp, dtype=np.float32)
+        bottom = [make_blob(x, xp=xp, dtype=np.float32, name="in")]
+        top = [Blob(xp=xp, dtype=np.float32, name="out")]
+        layer.setup(bottom, top)
+        layer.forward(bottom, top)
+        top[0].diff[...] = xp.asarray(np.linspace(-1, 1, top[0].count, dtype=np.float32)
+                                      .reshape(top[0].shape))
+        for p in layer.blobs:
+            p.diff[...] = 0
+        layer.backward(top, [True], bottom)
+        got.append([to_numpy(top[0].data), to_numpy(bottom[0].diff)]
+                   + [to_numpy(p.diff) for p in layer.blobs])
+    for a, b in zip(*got):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+
+
+def test_a_3d_net_trains_and_its_swap_plan_is_bit_identical():
+    """A net of 3-d convolutions (DummyData (N, C, D, H, W), Convolution, ReLU, Convolution,
+    InnerProduct, SoftmaxWithLoss) trains, and under the naive swap plan, every region
+    poisoned with NaN, gives the plain run's parameters and losses bit for bit."""
+    from minicaffe.proto import parse_text
+    from minicaffe.testing import sgd_solver, train_steps
+    text = """
+name: "c3d_like"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 4 dim: 2 dim: 5 dim: 6 dim: 6 } shape { dim: 4 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 2.99 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "conv2" type: "Convolution" bottom: "conv1" top: "conv2"
+  convolution_param { num_output: 4 kernel_size: 2 stride: 2 weight_filler { type: "xavier" } } }
+layer { name: "fc" type: "InnerProduct" bottom: "conv2" top: "fc"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
+"""
+    runs = []
+    for strategy in (None, "naive"):
+        set_random_seed(11)
+        solver = sgd_solver(parse_text(text, caffe_pb2.NetParameter))
+        runs.append(train_steps(solver, 8, strategy, None, "chunked"))
+        assert solver.net.blobs["conv2"].shape == (4, 4, 2, 3, 3)
+    (p0, h0, l0, _), (p1, h1, l1, ex) = runs
+    assert all(np.array_equal(a, b) for a, b in zip(p0, p1)) and l0 == l1
+    assert ex.plan.offloaded and np.isfinite(l0).all()

@@ -20,7 +20,8 @@ of the column buffer; ``col2im`` folds ``dcol`` back into the bottom diff.  A 1x
 kernel with stride 1 and no padding skips the lowering (the bottom already is its
 column matrix), as Caffe does.
 
-N-d (one, three or more spatial axes after ``axis``, as Caffe's ``im2col_nd``): the same
+N-d (none, one, three or more spatial axes after ``axis``, as Caffe's ``im2col_nd``; with
+none the layer is a product over the channel axis, as a 1x1 convolution): the same
 with weight (M, C/G, K1, ..., KD), col (B, C*K1*...*KD, O1*...*OD) and top (N, M, O1, ...,
 OD), lowered by :func:`minicaffe.kernels.im2col.im2col_nd` on NumPy and CuPy alike (no CUDA
 fast path, no cuDNN: Caffe's CuDNNConvolutionLayer takes two spatial axes only, so an N-d
@@ -86,25 +87,26 @@ from ..layer import BackwardReads, Layer, register_layer
 
 
 def conv_geometry(p, x, channel_axis: int, where: str, what: str = "convolution",
-                  kernel_word: str = "kernel") -> tuple:
+                  kernel_word: str = "kernel", min_spatial: int = 0) -> tuple:
     """(kernel, stride, pad, dilation), each per spatial axis, of ``convolution_param`` ``p``
     for bottom ``x`` with its channels on ``channel_axis``: Caffe's BaseConvolutionLayer set-up
     for every axis after the channel axis.  Two spatial axes run the 2-d lowering (also with
     force_nd_im2col, whose N-d lowering computes the same numbers); one, three or more run the
     N-d lowering (:func:`minicaffe.kernels.im2col.im2col_nd`), as Caffe's do.  ``what`` and
     ``kernel_word`` name the operation and the kernel in the errors, as the layer's Caffe
-    source does."""
+    source does.  No spatial axis at all (a channel axis last: Caffe's Test0DConvolution) is
+    a 1x1 convolution with no kernel dimensions; ``min_spatial`` refuses fewer (Im2col: 1)."""
     n_spatial = x.ndim - channel_axis - 1
-    if n_spatial < 1:
+    if n_spatial < min_spatial:
         raise ValueError(
-            f"{where}{what} needs at least one spatial axis after the channel axis "
+            f"{where}{what} needs at least {min_spatial} spatial axis after the channel axis "
             f"{channel_axis}: bottom {x.name!r} has shape {x.shape}")
     kernel = tuple(_spatial_values(p, "kernel", n_spatial, None, where))
     stride = tuple(_spatial_values(p, "stride", n_spatial, 1, where))
     pad = tuple(_spatial_values(p, "pad", n_spatial, 0, where))
     dilation = tuple(_spatial_values(p, "dilation", n_spatial, 1, where))
     for name, vals in ((kernel_word, kernel), ("stride", stride), ("dilation", dilation)):
-        if min(vals) < 1:
+        if min(vals, default=1) < 1:
             raise ValueError(f"{where}{name} dimensions must be nonzero, got {vals}")
     return kernel, stride, pad, dilation
 
@@ -118,7 +120,7 @@ def conv_output_hw(layer, x) -> tuple:
     size = tuple(x.shape[ax + 1:])
     out = tuple(im2col_mod.conv_out_size(n, k, p, st, d) for n, k, p, st, d in
                 zip(size, layer.kernel, layer.pad, layer.stride, layer.dilation))
-    if min(out) <= 0:
+    if min(out, default=1) <= 0:
         raise ValueError(
             f"{layer._where}kernel {layer.kernel} (dilation {layer.dilation}) does not fit the "
             f"{'x'.join(map(str, size))} input of {x.name!r} padded by {layer.pad} (output "
@@ -135,6 +137,8 @@ def _spatial_values(param, name, n_spatial, default, where):
     has_w = param.HasField(f"{name}_w") if name != "dilation" else False
     repeated = list(getattr(param, name if name != "kernel" else "kernel_size"))
     field = "kernel_size" if name == "kernel" else name
+    if n_spatial == 0 and not (has_h or has_w) and len(repeated) <= 1:
+        return []                   # Caffe's loop over no spatial axis reads nothing
     if has_h or has_w:
         if n_spatial != 2:
             raise ValueError(f"{where}{name}_h & {name}_w can only be used for 2D convolution")

@@ -105,7 +105,7 @@ class DeconvolutionLayer(ConvolutionLayer):
         size = tuple(x.shape[ax + 1:])
         out = tuple(deconv_out_size(n, k, p, st, d) for n, k, p, st, d in
                     zip(size, self.kernel, self.pad, self.stride, self.dilation))
-        if min(out) <= 0:
+        if min(out, default=1) <= 0:
             raise ValueError(
                 f"{self._where}the {'x'.join(map(str, size))} input of {x.name!r} with kernel "
                 f"{self.kernel}, stride {self.stride}, dilation {self.dilation} and pad "

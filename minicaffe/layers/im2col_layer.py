@@ -49,7 +49,7 @@ class Im2colLayer(Layer):
         x = bottom[0]
         self.channel_axis = self.canonical_axis(x, p.axis)
         self.kernel, self.stride, self.pad, self.dilation = conv_geometry(
-            p, x, self.channel_axis, where, "lowering", kernel_word="filter")
+            p, x, self.channel_axis, where, "lowering", kernel_word="filter", min_spatial=1)
 
     def reshape(self, bottom, top):
         x = bottom[0]

@@ -246,12 +246,30 @@ def test_nd_im2col_layer_is_caffes_im2col_nd():
     check_gradient(make_layer(conv(body, kind="Im2col")), [make_blob(x)])
 
 
-def test_nd_convolution_needs_a_spatial_axis_and_keeps_2d_fields_2d():
-    with pytest.raises(ValueError, match="convolution needs at least one spatial axis") as err:
-        setup(conv("num_output: 3 kernel_size: 1", name="c0"), np.zeros((2, 3)))
-    assert "'c0' (Convolution)" in str(err.value)
+@pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
+def test_0d_convolution_is_a_product_over_the_last_axis(kind):
+    """Caffe's Test0DConvolution: bottom (2, 3, 6, 4) with axis 3, no kernel_size: no spatial
+    axis, so each of the 36 positions is a product with the (3, 4) weights plus the bias;
+    top (2, 3, 6, 3).  Its gradient too."""
+    from minicaffe.testing.gradient_check import check_gradient
+    x = np.random.default_rng(10).standard_normal((2, 3, 6, 4))
+    layer, _, (top,) = forward(conv(f"num_output: 3 axis: 3 {GAUSS}", kind=kind), x)
+    w, b = layer.blobs[0].data, layer.blobs[1].data
+    assert top.shape == (2, 3, 6, 3) and w.shape == ((3, 4) if kind == "Convolution" else (4, 3))
+    ref = np.einsum("nijc,dc->nijd" if kind == "Convolution" else "nijc,cd->nijd", x, w) + b
+    np.testing.assert_allclose(top.data, ref, atol=1e-12)
+    check_gradient(make_layer(conv(f"num_output: 3 axis: 3 {GAUSS}", kind=kind)),
+                   [make_blob(x)])
+
+
+def test_im2col_needs_a_spatial_axis_and_2d_fields_stay_2d():
+    with pytest.raises(ValueError, match="lowering needs at least 1 spatial axis") as err:
+        setup(conv("kernel_size: 1", name="c0", kind="Im2col"), np.zeros((2, 3)))
+    assert "'c0' (Im2col)" in str(err.value)
     with pytest.raises(ValueError, match="kernel_h & kernel_w can only be used for 2D"):
         setup(conv("num_output: 3 kernel_h: 1 kernel_w: 1"), np.zeros((2, 3, 4, 4, 4)))
+    with pytest.raises(ValueError, match="kernel_h & kernel_w can only be used for 2D"):
+        setup(conv("num_output: 3 kernel_h: 1 kernel_w: 1 axis: 3"), np.zeros((2, 3, 4, 4)))
 
 
 def test_nd_convolution_asked_for_cudnn_runs_the_caffe_engine(monkeypatch):

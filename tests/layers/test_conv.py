@@ -289,7 +289,6 @@ def test_reshape_follows_bottom(rng):
     ("num_output: 0 kernel_size: 3", (1, 2, 4, 4), "num_output"),
     ("num_output: 2 kernel_size: 3 group: 2", (1, 3, 4, 4), "multiple of group"),
     ("num_output: 3 kernel_size: 3 group: 2", (1, 2, 4, 4), "multiple of group"),
-    ("num_output: 2 kernel_size: 3", (1, 2), "convolution needs at least one spatial axis"),
     ("num_output: 2 kernel_h: 3 kernel_w: 3", (1, 2, 4, 4, 4),
      "kernel_h & kernel_w can only be used for 2D convolution"),
     ("num_output: 2 kernel_size: 3 kernel_size: 3", (1, 2, 4, 4, 4),

@@ -124,7 +124,7 @@ def test_declarations(rng):
     ("kernel_size: 2 kernel_h: 2 kernel_w: 2", (1, 1, 4, 4), "not both"),
     ("kernel_size: 2 kernel_size: 2 kernel_size: 2", (1, 1, 4, 4),
      "kernel_size must be specified once, or once per spatial dimension"),
-    ("kernel_size: 2 axis: 3", (1, 1, 4, 4), "lowering needs at least one spatial axis"),
+    ("kernel_size: 2 axis: 3", (1, 1, 4, 4), "lowering needs at least 1 spatial axis"),
     ("kernel_h: 2 kernel_w: 2", (1, 1, 4, 4, 4),
      "kernel_h & kernel_w can only be used for 2D convolution"),
     ("kernel_size: 2 axis: 4", (1, 1, 4, 4), "axis 4 out of range for bottom 'in'"),

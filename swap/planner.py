@@ -139,11 +139,12 @@ class Sketch:
 def with_recomputations(times, pairs) -> np.ndarray:
     """``times`` (t_j of every step) with, for each (j, f) of ``pairs``, forward step f's time
     added to step j's: a RECOMPUTE op runs f again on the compute stream just before j."""
-    t = np.array(times, dtype=np.float64)
-    if len(pairs):
-        base = t.copy()
-        for j, f in pairs:
-            t[j] += base[f]
+    if not len(pairs):
+        return np.asarray(times, dtype=np.float64)      # no copy: the common case
+    base = np.asarray(times, dtype=np.float64)
+    t = base.copy()
+    for j, f in pairs:
+        t[j] += base[f]
     return t
 
 

@@ -63,6 +63,11 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   read_lag_s: from the start of a worker's last push of a round to the moment the last shard
   read its last gradient (``time.monotonic()``, one clock for every process of a host; median
   over ranks and timed rounds): how long the shards' queue held the end of backward;
+  gpu_*_per_rank (GPU runs, CSV only; scripts/_telemetry.py): rank r's GPU sampled by
+  ``nvidia-smi`` every 100 ms over the whole configuration, its busy samples only: median
+  SM clock, power and temperature, the fraction with a slowdown reason (power cap, thermal,
+  power brake) and the reasons seen; host_steal_pct: the host's CPU time stolen by the
+  hypervisor meanwhile (``/proc/stat``), to tell a slow rank's GPU or host apart;
 * push_s, pull_wait_s, copy_up_s (CSV only): the parts of a parameter-server worker's
   Delta (``ps.worker.SyncRecord.parts``), medians over every (rank, timed iteration);
   early_mb: MB of answers back before the update; with ``--copy-up forward``,
@@ -108,6 +113,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from scripts._telemetry import GpuSampler, cpu_times, steal_pct  # noqa: E402
 from scripts.launch_ps import free_port, wait_endpoint  # noqa: E402
 
 MODES = ("caffe_ps", "accudnn_ps")
@@ -137,6 +143,9 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "read_lag_s",
                "host_ahead_s_per_rank", "host_cpu_s_per_rank", "lagging_ranks",
+               "gpu_sm_mhz_per_rank", "gpu_power_w_per_rank", "gpu_temp_c_per_rank",
+               "gpu_slowdown_per_rank", "gpu_reasons_per_rank", "gpu_busy_samples",
+               "host_steal_pct",
                "timed_iterations",
                "wall_s", "note", "error", "device", "date", "command"]
 FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "speedup",
@@ -615,6 +624,9 @@ def run_config(cfg: Config, args, work) -> dict:
     procs = []
     sock_dir = None
     worker_cpus, shard_cpus = pin_plan(args.pin, cfg.world)
+    # rank r runs on GPU r (worker_cmd's --gpu r)
+    sampler = None if args.cpu else GpuSampler(os.path.join(run_dir, "gpu_samples.csv")).start()
+    cpu_before = cpu_times()
     t0 = time.monotonic()
     deadline = t0 + args.timeout
     failure = None
@@ -658,9 +670,14 @@ def run_config(cfg: Config, args, work) -> dict:
     finally:
         for p in procs:
             p.kill()
+        gpu_stats = sampler.stop(range(cfg.world)) if sampler is not None else {}
         if sock_dir is not None:
             shutil.rmtree(sock_dir, ignore_errors=True)
     row["wall_s"] = time.monotonic() - t0
+    row["host_steal_pct"] = steal_pct(cpu_before, cpu_times())
+    row.update(gpu_stats)
+    if sampler is not None and sampler.note:
+        row["note"] = "; ".join(x for x in (row["note"], sampler.note) if x)
     if failure is None:
         try:
             records = [read_stats(os.path.join(run_dir, f"rank{r}.jsonl"))

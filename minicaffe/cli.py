@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --swap dynamic: comma-separated forward layers (each with its "
                         "in-place chain) run again in backward where pins alone would stall, "
                         "instead of keeping or offloading what they write, e.g. conv1_1 for "
-                        "VGG-16 (docs/SWAP.md section 10)")
+                        "VGG-16, or 'auto': the tuner tries the best 1, 2 and 3 groups by "
+                        "bytes freed per second of forward run again (docs/SWAP.md section 10)")
     t.add_argument("--host-budget", default=None,
                    help="with --swap dynamic: pinned host memory the plans may offload to, "
                         "which bounds k_max too (default $MINICAFFE_HOST_BUDGET or half the "
@@ -282,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--recompute", default=None, metavar="LAYERS",
                     help="comma-separated forward layers (each with its in-place chain) run "
                          "again in backward where pins alone would stall, instead of keeping or "
-                         "offloading what they write")
+                         "offloading what they write; 'auto': the best 1, 2 or 3 groups")
     pl.add_argument("--granularity", choices=["type", "step", "segment"], default="segment",
                     help="with --profile: per step in segments between the profiled k (the "
                          "tuner's default), one curve per step, or per layer type (the paper's)")
@@ -444,9 +445,16 @@ def _install_dynamic(args, solver, budget):
     return ex
 
 
-def _layers(text) -> tuple:
-    """``--recompute conv1_1,conv1_2`` -> ("conv1_1", "conv1_2"); None -> ()."""
-    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
+def _layers(text):
+    """``--recompute conv1_1,conv1_2`` -> ("conv1_1", "conv1_2"); None -> (); ``auto`` ->
+    "auto" (swap.tuner.AUTO: the tuner chooses)."""
+    names = tuple(x.strip() for x in (text or "").split(",") if x.strip())
+    if any(x.lower() == "auto" for x in names):
+        if len(names) > 1:
+            raise UsageError(f"--recompute {text!r}: 'auto' lets the tuner choose the layers; "
+                             "give it alone or name the layers yourself")
+        return "auto"
+    return names
 
 
 def _parse_rate(text, what: str) -> float:

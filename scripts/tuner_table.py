@@ -427,7 +427,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     out = {"net": name, "k_base": k_base, "budget": budget, "host_budget": host_budget,
            "device": _device(gpu), "mode": mode, "engine": engine, "search": search,
            "granularity": granularity, "date": time.strftime("%Y-%m-%d"),
-           "recompute": list(recompute)}
+           "recompute": [recompute] if isinstance(recompute, str) else list(recompute)}
     # Caffe's accounting: its one-image im2col and its cuDNN workspaces (swap.runtime)
     set_lowering(net, "caffe")
     net.reshape()
@@ -917,14 +917,19 @@ def redraw(paths, out_dir) -> int:
 
 
 def recompute_of(specs) -> dict:
-    """``["vgg16=conv1_1", "alexnet=conv1"]`` -> {"vgg16": ("conv1_1",), "alexnet": ("conv1",)}."""
+    """``["vgg16=conv1_1", "alexnet=conv1"]`` -> {"vgg16": ("conv1_1",), "alexnet": ("conv1",)};
+    ``NET=auto`` -> "auto" (the tuner chooses, swap.tuner.recompute_sets)."""
     out = {}
     for spec in specs:
         net, sep, layers = spec.partition("=")
         if not sep or not net.strip() or not layers.strip():
-            raise SystemExit(f"--recompute {spec!r}: give NET=LAYER[,LAYER...], e.g. "
-                             "vgg16=conv1_1")
-        out[net.strip()] = tuple(x.strip() for x in layers.split(",") if x.strip())
+            raise SystemExit(f"--recompute {spec!r}: give NET=LAYER[,LAYER...] or NET=auto, "
+                             "e.g. vgg16=conv1_1")
+        names = tuple(x.strip() for x in layers.split(",") if x.strip())
+        if any(x.lower() == "auto" for x in names) and len(names) > 1:
+            raise SystemExit(f"--recompute {spec!r}: 'auto' lets the tuner choose the layers; "
+                             "give it alone")
+        out[net.strip()] = "auto" if names[0].lower() == "auto" else names
     return out
 
 

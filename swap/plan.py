@@ -751,22 +751,60 @@ def dynamic_recompute(gmap: GMAP, layers, pinned=frozenset()) -> RecomputePolicy
             raise ValueError(f"recompute: net {gmap.net_name!r} has no layer {name!r} in its "
                              f"forward pass (its first layers: {known}, ...)")
         gi = group_of[steps[0]]
-        for j in G.groups[gi]:
-            st = fwd[j]
-            if st.type == "BatchNorm" or not (st.recomputable or st.type in DETERMINISTIC_TYPES):
-                raise ValueError(
-                    f"recompute {name!r}: layer {st.name!r} ({st.type}) of its group "
+        why = _group_refusal(gmap, G, gi, set(pinned), fm)
+        if why:
+            raise ValueError(f"recompute {name!r}: {why}")
+        chosen.add(gi)
+    return _policy(gmap, G, chosen, frozenset())
+
+
+def _group_refusal(gmap: GMAP, G: _Groups, gi: int, pinned, fm) -> str:
+    """Why the dynamic plan may not recompute forward group ``gi`` ('' when it may)."""
+    fwd = gmap.steps[:gmap.n_forward]
+    for j in G.groups[gi]:
+        st = fwd[j]
+        if st.type == "BatchNorm" or not (st.recomputable or st.type in DETERMINISTIC_TYPES):
+            return (f"layer {st.name!r} ({st.type}) of its group "
                     f"({', '.join(fwd[x].name for x in G.groups[gi])}) cannot be recomputed "
                     "by the dynamic plan: its forward is not a pure function of its bottoms "
                     "and parameters here (BatchNorm: use --swap recompute)")
-        why = _rebuildable(gmap, G, gi, set(pinned))
-        if why:
-            raise ValueError(f"recompute {name!r}: its group cannot be recomputed: {why}")
-        if not G.written[gi] & fm:
-            raise ValueError(f"recompute {name!r}: its group writes no feature map that "
-                             "backward reads, so there is nothing to rebuild")
-        chosen.add(gi)
-    return _policy(gmap, G, chosen, frozenset())
+    why = _rebuildable(gmap, G, gi, pinned)
+    if why:
+        return f"its group cannot be recomputed: {why}"
+    if not G.written[gi] & fm:
+        return "its group writes no feature map that backward reads, so there is nothing to rebuild"
+    return ""
+
+
+def recompute_candidates(gmap: GMAP, times=None, pinned=frozenset()) -> list:
+    """The forward groups :func:`dynamic_recompute` accepts that can free memory, best first,
+    for ``--recompute auto``: ``(layer name, bytes, seconds)`` per group, named by its first
+    layer.  bytes: what recomputing it frees between forward and backward at ``gmap.k``, the
+    feature maps it writes that backward reads less what it reads (its inputs must be back,
+    kept or prefetched, when it runs again, even those backward itself does not read);
+    seconds: its forward time (``times``: t_j
+    of every step at ``gmap.k``; None: the FLOPs stand in for time).
+
+    Groups that free nothing are left out: a convolution whose input is as large as its
+    output (VGG-16's conv1_2 from conv1_1), a pooling layer (its input is larger), an
+    Eltwise sum (two inputs that its backward would not need).  The rest are ranked by bytes per second of recomputation:
+    VGG-16's conv1_1 first (its 64-channel full-resolution map, rebuilt from the image).
+    A group whose forward takes no time ranks by its bytes alone, before the others."""
+    fwd = gmap.steps[:gmap.n_forward]
+    G = _forward_groups(gmap)
+    fm = set(gmap.feature_maps())
+    pinned = set(pinned)
+    out = []
+    for gi, g in enumerate(G.groups):
+        if _group_refusal(gmap, G, gi, pinned, fm):
+            continue
+        freed = (sum(align(gmap.nbytes(b)) for b in G.written[gi] & fm)
+                 - sum(align(gmap.nbytes(b)) for b in G.inputs[gi]))
+        if freed <= 0:
+            continue
+        cost = float(sum((times[j] if times is not None else fwd[j].flops) for j in g))
+        out.append((fwd[g[0]].name, int(freed), cost))
+    return sorted(out, key=lambda c: (c[2] > 0, -(c[1] / c[2]) if c[2] > 0 else -c[1]))
 
 
 def plan_recompute(gmap: GMAP, budget: int | None = None, pinned=frozenset()) -> Plan:

@@ -60,7 +60,7 @@ stages of section 6 on a Solver: profile, decide, train the rest.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -69,6 +69,7 @@ from .gmap import GMAP, build_gmap, net_batch_size
 from .memory import fmt_bytes
 from .model import D2H, H2D, TUNER_GRANULARITY, ComputeModel, PCIeModel
 from .plan import (RECOMPUTE, BudgetError, _base_intervals, _place_returns, dynamic_recompute,
+                   recompute_candidates,
                    make_plan)
 from .planner import (RULES, DynamicPlan, PinResult, _pairs, _split_uses, _uses, algorithm1,
                       choose_pins, make_dynamic_plan, with_recomputations)
@@ -78,6 +79,8 @@ METHODS = ("linear", "bisect")
 # largest stall-free k ("largest"; the paper's assumption that it is also the fastest)
 OBJECTIVES = ("throughput", "largest")
 THROUGHPUT_TIE = 0.01        # a larger k within 1 % of the best predicted images/s is preferred
+AUTO = "auto"                # recompute=AUTO: the tuner picks the groups (recompute_sets)
+AUTO_MAX = 3                 # ... among the best 1, 2 and 3 of recompute_candidates
 FASTEST_GRID = 1024          # at most this many k are predicted when choosing by images/s
 
 
@@ -356,6 +359,7 @@ class Decision:
     tail: float = 0.0           # the device's own part of O (the solver update)
     host: float = 0.0           # H(k*): the host's seconds to issue the steps (0: no host model)
     recompute: tuple = ()       # the layers whose groups the plan rebuilds in backward
+    recompute_tried: tuple = () # --recompute auto: (layers, k*, images/s, stall-free) per set
 
     @property
     def plan(self):
@@ -444,6 +448,10 @@ class Decision:
                 f"({fmt_bytes(sum(align(g.nbytes(b)) for b in p.recomputed))} neither kept nor "
                 f"offloaded; {len(rc)} forward steps run again, {1e3 * t_rc:.3f} ms of the "
                 "compute)")
+        if self.recompute_tried:
+            lines.append("--recompute auto tried: " + "; ".join(
+                f"{', '.join(names) or 'nothing'}: k {k} at {ips:.1f} images/s"
+                + ("" if ok else " (stalls)") for names, k, ips, ok in self.recompute_tried))
         names = self.pinned_names() if p.strategy != "none" else ()
         if names:
             shown = ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)"
@@ -481,9 +489,17 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     recompute: names of forward layers whose groups (a layer and its in-place chain) every plan
     rebuilds in backward instead of keeping or offloading what they write
     (:func:`swap.plan.dynamic_recompute`; their forward time counts before the step they are
-    rebuilt for).  Default: none.
+    rebuilt for).  Default: none.  ``"auto"``: the search runs with none and with the best 1,
+    2 and 3 groups of :func:`recompute_sets`, and the decision is :func:`_auto_pick`'s.
     Raises :class:`swap.plan.BudgetError` when not even k = 1 fits the budget.
     """
+    if _is_auto(recompute):
+        kw = dict(method=method, rule=rule, k_max=k_max, k_min=k_min, prune=prune, delta=delta,
+                  verify_tol=verify_tol, verify_steps=verify_steps, margin=margin,
+                  refits=refits, scratch=scratch, times_fn=times_fn, fill=fill,
+                  objective=objective, tie=tie)
+        return _auto_pick([(names, tune(gmap, budget, model, pcie, recompute=names, **kw))
+                           for names in recompute_sets(gmap, model, times_fn)], objective, tie)
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
     if budget is None:
@@ -639,7 +655,14 @@ def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeMode
             recompute=()) -> Decision:
     """The dynamic plan at a fixed k (``--batch k``): only the swaps are planned (under
     ``budget - scratch(k)``, as :func:`tune`); ``fill``: spare memory filled with pins
-    (:func:`swap.planner.make_dynamic_plan`); ``recompute``: as :func:`tune`."""
+    (:func:`swap.planner.make_dynamic_plan`); ``recompute``: as :func:`tune` (``"auto"``:
+    the fewest of :func:`recompute_sets` whose plan at k has no stall, else the fastest)."""
+    if _is_auto(recompute):
+        return _auto_pick([(names, plan_at(gmap, k, budget, model, pcie, rule=rule,
+                                           delta=delta, scratch=scratch, fill=fill,
+                                           recompute=names))
+                           for names in recompute_sets(gmap, model)], "throughput", 0.0,
+                          fewest_stall_free=True)
     from .profiler import max_batch_scratch
     search = Search(gmap, int(budget), model, pcie, rule=rule, prune=False, scratch=scratch,
                     fill=fill, recompute=recompute)
@@ -654,6 +677,46 @@ def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeMode
                     overhead=float(_overhead_of(model)(int(k))), tail=_tail_of(model),
                     host=float(_host_of(model)(int(k))),
                     recompute=search.recompute_layers if dyn.plan.recomputed else ())
+
+
+def _is_auto(recompute) -> bool:
+    return isinstance(recompute, str) and recompute.strip().lower() == AUTO
+
+
+def recompute_sets(gmap: GMAP, model: ComputeModel | None, times_fn=None,
+                   most: int = AUTO_MAX) -> list:
+    """What ``--recompute auto`` tries: nothing, then the best 1, 2, ... ``most`` groups of
+    :func:`swap.plan.recompute_candidates` (bytes freed per second of forward run again, with
+    the model's step times at ``gmap.k``), each as a tuple of layer names."""
+    times = None
+    if times_fn is not None:
+        times = times_fn(gmap.k)
+    elif model is not None:
+        times = model.times_fn(gmap)(gmap.k)
+    names = [c[0] for c in recompute_candidates(gmap, times)][:most]
+    return [tuple(names[:n]) for n in range(len(names) + 1)]
+
+
+def _auto_pick(tried: list, objective: str, tie: float,
+               fewest_stall_free: bool = False) -> Decision:
+    """The decision ``--recompute auto`` keeps among ``tried``, ``(layers, decision)`` per set
+    of :func:`recompute_sets`, fewest layers first: among the stall-free decisions (all of
+    them where none is), the largest k* (objective "largest") or the most predicted images/s
+    (within ``tie``), the fewest layers on a tie; with ``fewest_stall_free`` (a fixed k) the
+    first stall-free one.  It records what each set gave (``Decision.recompute_tried``; a set
+    whose plan at its k* needs no recomputation gives the plan of pins alone there)."""
+    decisions = [d for _, d in tried]
+    record = tuple((tuple(names), d.k_star, d.images_per_s, d.stall_free) for names, d in tried)
+    ok = [d for d in decisions if d.stall_free] or decisions
+    if fewest_stall_free and any(d.stall_free for d in decisions):
+        best = ok[0]
+    elif objective == "largest":
+        top = max(d.k_star for d in ok)
+        best = next(d for d in ok if d.k_star == top)
+    else:
+        top = max(d.images_per_s for d in ok)
+        best = next(d for d in ok if d.images_per_s >= (1.0 - tie) * top)
+    return replace(best, recompute_tried=record)
 
 
 def _best_throughput(search: Search, k_max: int, k_min: int, delta: float,

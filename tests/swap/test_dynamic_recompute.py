@@ -331,3 +331,81 @@ def test_tune_recomputes_only_above_where_pins_alone_hold():
     assert fastest.recompute == () and fastest.k_largest == largest.k_star
     assert sum(1 for e in fastest.evaluations if not e.pruned) < 40
 
+
+
+# ------------------------------------------------------------------ --recompute auto
+def test_candidates_are_the_groups_that_free_memory_ranked_by_bytes_per_second():
+    """VGG-16: the first convolution of each block frees its map less its input (conv1_1: the
+    64-channel map less the 3-channel image); a convolution fed by a map of its own size, a
+    pooling layer and a group with Dropout free nothing or may not be rebuilt.  Nets whose
+    convolutions all carry BatchNorm in place (ResNet-50) have no candidate."""
+    from swap.plan import align, recompute_candidates
+    g = build_gmap(Net(VGG16, TRAIN, mode="CPU"))
+    cands = recompute_candidates(g)
+    assert [c[0] for c in cands] == ["conv1_1", "conv2_1", "conv3_1", "conv4_1"]
+    bid = {b.name: b.id for b in g.buffers}
+    assert cands[0][1] == align(g.nbytes(bid["data:conv1_1"])) - align(g.nbytes(bid["data:data"]))
+    times = np.zeros(g.n_steps)
+    times[step_of(g, "conv4_1", "forward")] = 1e-4     # now the cheapest per byte freed
+    for n in ("conv1_1", "conv2_1", "conv3_1"):
+        times[step_of(g, n, "forward")] = 1.0
+    assert recompute_candidates(g, times)[0][0] == "conv4_1"
+    pinned = {bid["data:conv1_1"]}
+    assert "conv1_1" not in [c[0] for c in recompute_candidates(g, pinned=pinned)]
+    r50 = os.path.join(REPO, "prototxt", "resnet50", "dummy.prototxt")
+    assert recompute_candidates(build_gmap(Net(r50, TRAIN, mode="CPU"))) == []
+
+
+def test_auto_tries_nothing_then_the_best_one_two_three_and_keeps_the_objectives_choice():
+    """On session 18's VGG-16 profile: the paper's rule (largest stall-free k) takes the
+    recomputation past 2.4 x 92; the default (most images/s) keeps the plan of pins alone;
+    both record what each set gave, and at a fixed k the fewest layers that remove the stall
+    are kept."""
+    from swap.tuner import plan_at, recompute_sets, tune
+    s, model = _vgg16_search(())
+    g, pcie = s.gmap, s.pcie
+    assert recompute_sets(g, model) == [(), ("conv1_1",), ("conv1_1", "conv2_1"),
+                                        ("conv1_1", "conv2_1", "conv3_1")]
+    plain = tune(g, 12 << 30, model, pcie, method="bisect", objective="largest")
+    largest = tune(g, 12 << 30, model, pcie, method="bisect", objective="largest",
+                   recompute="auto")
+    tried = largest.recompute_tried
+    assert [t[0] for t in tried] == recompute_sets(g, model)
+    assert tried[0][1] == plain.k_star and largest.k_star == max(t[1] for t in tried)
+    assert largest.k_star >= 221 and largest.plan.recomputed and "conv1_1" in largest.recompute
+    assert largest.stall_free and "--recompute auto tried: nothing: k" in largest.describe()
+    fastest = tune(g, 12 << 30, model, pcie, method="bisect", recompute="AUTO")
+    assert fastest.recompute == () and not fastest.plan.recomputed
+    assert fastest.images_per_s >= 0.99 * max(t[2] for t in fastest.recompute_tried if t[3])
+    at = plan_at(g, 221, 12 << 30, model, pcie, recompute="auto")
+    assert at.recompute == ("conv1_1",) and at.stall_free and at.k_star == 221
+    assert [t[3] for t in at.recompute_tried][:2] == [False, True]
+    low = plan_at(g, 150, 12 << 30, model, pcie, recompute="auto")
+    assert low.recompute == () and low.stall_free
+
+
+def test_cli_recompute_auto(tmp_path, capsys, monkeypatch):
+    from minicaffe.cli import main
+    from swap import tuner
+    prof = tmp_path / "vgg16_profile.json"
+    with gzip.open(VGG16_PROFILE, "rb") as src:
+        prof.write_bytes(src.read())
+    assert main(["plan", "--model", VGG16, "--budget", "12G", "--profile", str(prof),
+                 "--recompute", "auto", "--batch", "221"]) == 0
+    out = capsys.readouterr().out
+    assert "recomputed in backward: conv1_1 (" in out and "--recompute auto tried:" in out
+    f = tmp_path / "vgg_like.prototxt"
+    f.write_text(text(8))
+    assert main(["plan", "--model", str(f), "--budget", "8M", "--recompute", "auto,conv1_1"]) == 2
+    assert "'auto' lets the tuner choose" in capsys.readouterr().err
+    seen = {}
+    real = tuner.train_dynamic
+
+    def spy(solver, budget, **kw):
+        seen.update(kw)
+        return real(solver, budget, **kw)
+
+    monkeypatch.setattr(tuner, "train_dynamic", spy)
+    assert main(["train", str(f), "--cpu", "--max-iter", "2", "--display", "0", "--swap",
+                 "dynamic", "--budget", "32M", "--batch", "8", "--recompute", "auto"]) == 0
+    assert seen["recompute"] == "auto"

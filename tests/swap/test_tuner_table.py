@@ -173,6 +173,9 @@ def test_recompute_specs_per_network():
     assert recompute_of(["vgg16=conv1_1", "alexnet = conv1, conv2"]) == {
         "vgg16": ("conv1_1",), "alexnet": ("conv1", "conv2")}
     assert recompute_of([]) == {}
+    assert recompute_of(["vgg16=Auto"]) == {"vgg16": "auto"}
+    with pytest.raises(SystemExit, match="'auto' lets the tuner choose"):
+        recompute_of(["vgg16=auto,conv1_1"])
     for bad in ("vgg16", "=conv1", "vgg16="):
         with pytest.raises(SystemExit, match="NET=LAYER"):
             recompute_of([bad])

@@ -552,6 +552,7 @@ class SyncStats:
     """Per-iteration compute time and synchronisation time (Delta)."""
 
     def __init__(self, path: str | None = None, keep: int = 100_000):
+        self.path = path
         self.records: deque = deque(maxlen=keep)
         self._file = open(path, "a") if path else None
         self._since_display: deque = deque(maxlen=keep)   # bounded even without display
@@ -694,6 +695,7 @@ class DataParallel:
         parts = self._sync_parts()
         if ahead is not None:
             parts["host_ahead_s"] = ahead
+            parts.update(self._backlog_parts())
         parts.update(_usage_parts(self._usage_end, usage))
         self.stats.add(SyncRecord(s.iter, compute, t1 - t0, pushed, pulled, parts))
         if display:
@@ -703,6 +705,21 @@ class DataParallel:
         # counts in the next iteration's compute, so that compute + Delta is the period.
         self._sync_ended()
         self._after_sync(display)
+
+    def _backlog_parts(self) -> dict:
+        """With ``--ps-stats`` on the GPU under a swap plan: ``gpu_backlog_s`` and
+        ``gpu_backlog_max_s`` of the iteration that just synchronized
+        (:class:`swap.runtime.Backlog`, from the second iteration on), to tell a rank whose
+        host fell behind (backlog near zero) from one whose device did (backlog up to the
+        launch queue's depth)."""
+        ex = getattr(self.solver.net, "executor", None)
+        if self.stats.path is None or ex is None or not getattr(ex.streams, "gpu", False):
+            return {}
+        from swap.runtime import Backlog, backlog_summary
+        if ex.backlog is None:
+            ex.backlog = Backlog(ex.streams, ex.gmap.n_steps)
+            return {}
+        return backlog_summary(ex.backlog.read())
 
     def _sync_ended(self):
         """The next iteration's compute starts now (its wall clock and the main thread's

@@ -60,6 +60,12 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   and its voluntary and involuntary context switches (medians; Linux's per-thread rusage);
   host_ahead_s_per_rank, host_cpu_s_per_rank: the first two per rank ("r0;r1;..."), beside
   compute_s_per_rank, to tell a rank slowed by its host from one slowed by its device;
+  gpu_backlog_s, gpu_backlog_max_s (GPU workers under a swap plan, CSV only;
+  ``swap.runtime.Backlog``): how far the device ran behind the host's launches through an
+  iteration, median and largest over the probes of an iteration (medians over ranks and
+  iterations; per rank in gpu_backlog_s_per_rank): near zero where the host is the bottleneck
+  (a CPU time that grows with it is work), up to the launch queue's depth where the device
+  is (a CPU time that grows with it is the wait for room in the queue);
   read_lag_s: from the start of a worker's last push of a round to the moment the last shard
   read its last gradient (``time.monotonic()``, one clock for every process of a host; median
   over ranks and timed rounds): how long the shards' queue held the end of backward;
@@ -142,8 +148,9 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "rank_spread_s", "push_s",
                "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "read_lag_s",
-               "host_ahead_s_per_rank", "host_cpu_s_per_rank", "lagging_ranks",
-               "gpu_sm_mhz_per_rank", "gpu_power_w_per_rank", "gpu_temp_c_per_rank",
+               "gpu_backlog_s", "gpu_backlog_max_s",
+               "host_ahead_s_per_rank", "host_cpu_s_per_rank", "gpu_backlog_s_per_rank",
+               "lagging_ranks", "gpu_sm_mhz_per_rank", "gpu_power_w_per_rank", "gpu_temp_c_per_rank",
                "gpu_slowdown_per_rank", "gpu_reasons_per_rank", "gpu_busy_samples",
                "host_steal_pct",
                "timed_iterations",
@@ -155,9 +162,10 @@ FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "spee
                  "server_tail_s", "rank_spread_s",
                  "push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                  "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "read_lag_s",
-                 "wall_s")
+                 "gpu_backlog_s", "gpu_backlog_max_s", "wall_s")
 PART_COLUMNS = ("push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
-                "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw")
+                "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "gpu_backlog_s",
+                "gpu_backlog_max_s")
 INT_COLUMNS = ("world_size", "batch_per_worker", "shards", "timed_iterations")
 
 
@@ -763,7 +771,7 @@ def summarise(records_by_rank, warmup: int, iters: int, batch: int,
             parts[key] = statistics.median(got)
     # per rank, where a rank computes slower than the others: was its host behind (ahead ~0,
     # CPU time ~ compute) or its device (the host waited)?
-    for key in ("host_ahead_s", "host_cpu_s"):
+    for key in ("host_ahead_s", "host_cpu_s", "gpu_backlog_s"):
         if all(key in t[i].get("parts", {}) for t in timed for i in common):
             parts[key + "_per_rank"] = ";".join(
                 f"{statistics.median(t[i]['parts'][key] for i in common):.6g}" for t in timed)

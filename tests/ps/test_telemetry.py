@@ -5,6 +5,8 @@ import stat
 import sys
 import time
 
+import pytest
+
 from ps_helpers import ROOT
 
 sys.path.insert(0, str(ROOT))
@@ -77,3 +79,55 @@ def test_sampler_runs_nvidia_smi_in_the_background_and_stops(tmp_path):
 def test_sampler_without_nvidia_smi_says_so():
     s = tm.GpuSampler(os.devnull, smi="no-such-nvidia-smi-here").start()
     assert s.stop([0]) == {} and "no nvidia-smi" in s.note
+
+
+def test_backlog_is_device_time_less_host_time_since_the_first_probe():
+    from swap.runtime import backlog_summary
+    # host-bound: the device keeps up with the host's launches (backlog ~0)
+    assert backlog_summary([(0.0, 0.0), (0.010, 0.0101), (0.030, 0.0299), (0.050, 0.0502)]) \
+        == pytest.approx({"gpu_backlog_s": 1e-4, "gpu_backlog_max_s": 2e-4})
+    # device-bound: the host runs ahead until the queue is full (backlog grows, then holds)
+    got = backlog_summary([(0.0, 0.0), (0.005, 0.020), (0.010, 0.045), (0.060, 0.105)])
+    assert got == pytest.approx({"gpu_backlog_s": 0.035, "gpu_backlog_max_s": 0.045})
+    assert backlog_summary([(0.0, 0.0)]) == {} and backlog_summary([]) == {}
+
+
+class _Cuda:
+    @staticmethod
+    def get_elapsed_time(a, b):
+        return 1e3 * (b["t"] - a["t"])       # milliseconds, as CuPy's
+
+
+class _FakeStreams:
+    """Events that remember when they were recorded, on a clock the test moves."""
+    gpu = True
+    cp = type("cupy", (), {"cuda": _Cuda})
+
+    def __init__(self):
+        self.now = 0.0
+        self.recorded = []
+
+    def event(self, timing=False):
+        assert timing
+        return {"t": None}
+
+    def record(self, event, stream):
+        event["t"] = self.now
+        self.recorded.append(stream)
+
+
+def test_backlog_probes_every_nth_step_and_the_last():
+    from swap.runtime import COMPUTE, Backlog
+    st = _FakeStreams()
+    b = Backlog(st, n_steps=70, every=32)
+    assert sorted(b.steps) == [0, 32, 64, 69]
+    for j in range(70):
+        st.now = 2.0 * j                       # the device's clock when step j's event ran
+        if j in b.steps:
+            b.mark(j)
+    pts = b.read()
+    assert [round(d, 6) for _, d in pts] == [0.0, 64.0, 128.0, 138.0]
+    assert all(h >= 0 for h, _ in pts) and st.recorded == [COMPUTE] * 4
+    assert b.read() == []                      # one iteration's probes are read once
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        Backlog(st, 10, every=0)

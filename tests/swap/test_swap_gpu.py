@@ -402,3 +402,25 @@ def test_executor_after_executor_gives_the_memory_back(make_solver, cp):
         cp.get_default_memory_pool().free_all_blocks()
         free = cp.cuda.runtime.memGetInfo()[0]
         assert free >= free0 - budget // 2, (k, (free0 - free) / 2**20)
+
+
+def test_gpu_backlog_probes_the_compiled_iteration(make_solver):
+    """swap.runtime.Backlog on the compute stream of the compiled iteration: one point per
+    probe, the device's times since the first probe non-decreasing, the last probe after
+    every step, and the parameters those of the run without probes."""
+    from swap.runtime import Backlog, backlog_summary
+    ref, _, _ = gpu_train(make_solver, "resnet", "naive")
+    s = make_solver("resnet", mode="GPU")
+    ex = install(s, "naive")
+    s.step(2)                                    # the first iteration is not compiled
+    ex.backlog = Backlog(ex.streams, ex.gmap.n_steps, every=4)
+    for _ in range(8):
+        s.step(1)
+        ex.streams.synchronize()
+        pts = ex.backlog.read()
+        assert len(pts) == len(ex.backlog.steps) >= 3
+        dev = [d for _, d in pts]
+        assert dev[0] == 0.0 and all(b >= a for a, b in zip(dev, dev[1:]))
+        assert set(backlog_summary(pts)) == {"gpu_backlog_s", "gpu_backlog_max_s"}
+    assert same(params_of(s), ref), max_diff(params_of(s), ref)
+    ex.close()

@@ -458,6 +458,8 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                            profile=reused, granularity=granularity, recompute=recompute)
     t_tuner = time.perf_counter() - t0  # without profiling when a profile was reused
     dec = td.decision
+    if isinstance(recompute, str):          # "auto": the layers the tuner chose, after it
+        out["recompute"] = [recompute, *dec.recompute]
     g = ex.gmap
     model, pcie = profile_models(td.profile, g, granularity)
     t0 = time.perf_counter()

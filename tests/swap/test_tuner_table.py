@@ -98,6 +98,16 @@ def test_tuner_table_reuses_a_saved_profile(tmp_path):
     assert r["profile"].endswith("first/tuner/cifar10_quick_profile.json")
     assert not (second / "tuner" / "cifar10_quick_profile.json").exists()
     assert any("reusing the saved profile" in ln for ln in r["tuner"]["log"])
+    # --recompute NET=auto reaches the tuner as "auto"; the row names what it chose
+    auto = tmp_path / "auto"
+    proc = subprocess.run([sys.executable, script, "--quick", "--no-torch", "--out", str(auto),
+                           "--profiles", str(first / "tuner"), "--recompute",
+                           "cifar10_quick=auto"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.load(open(auto / "tuner" / "cifar10_quick.json"))
+    assert r["recompute"][0] == "auto"
+    assert any("--recompute auto tried: nothing: k" in ln for ln in r["tuner"]["log"])
     assert not any("Profiled minibatch" in ln for ln in r["tuner"]["log"])
     assert r["tuner"]["k_star"] == k_star      # the same profile, the same decision
 

@@ -614,6 +614,17 @@ def _thread_usage():
     return u.ru_utime + u.ru_stime, u.ru_nvcsw, u.ru_nivcsw
 
 
+def _thread_cpu(thread) -> float | None:
+    """CPU seconds ``thread`` (a running ``threading.Thread``) has used, from its own clock;
+    None where it is not alive or the system has no per-thread clocks."""
+    if thread is None or not thread.is_alive() or thread.ident is None:
+        return None
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def _usage_parts(before, after) -> dict:
     """The main thread's use during compute: host_cpu_s, the CPU time it ran (against the
     compute's wall time: the rest it waited, for the GPU, the GIL or another thread);
@@ -697,6 +708,7 @@ class DataParallel:
             parts["host_ahead_s"] = ahead
             parts.update(self._backlog_parts())
         parts.update(_usage_parts(self._usage_end, usage))
+        parts.update(self._helper_usage())
         self.stats.add(SyncRecord(s.iter, compute, t1 - t0, pushed, pulled, parts))
         if display:
             self._log(f"Iteration {s.iter}, rank {self.rank}/{self.world_size}: "
@@ -705,6 +717,29 @@ class DataParallel:
         # counts in the next iteration's compute, so that compute + Delta is the period.
         self._sync_ended()
         self._after_sync(display)
+
+    def _helper_usage(self) -> dict:
+        """With ``--ps-stats``: the CPU seconds the worker's round thread (``round_cpu_s``) and
+        forward copy thread (``copy_cpu_s``) ran since the previous synchronisation (Linux's
+        per-thread CPU clocks; nothing where a thread is missing or new).  Beside the main
+        thread's ``host_cpu_s`` they tell who holds the GIL while the main thread waits for
+        it (``host_vcsw``)."""
+        if self.stats.path is None:
+            return {}
+        threads = {"round_cpu_s": getattr(getattr(self, "_round", None), "_thread", None),
+                   "copy_cpu_s": getattr(getattr(self, "_copy", None), "_thread", None)}
+        last = self.__dict__.setdefault("_helper_cpu", {})
+        out = {}
+        for key, t in threads.items():
+            now = _thread_cpu(t)
+            if now is None:
+                last.pop(key, None)
+                continue
+            before = last.get(key)
+            if before is not None and before[0] == t.ident:
+                out[key] = now - before[1]
+            last[key] = (t.ident, now)
+        return out
 
     def _backlog_parts(self) -> dict:
         """With ``--ps-stats`` on the GPU under a swap plan: ``gpu_backlog_s`` and

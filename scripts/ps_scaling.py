@@ -66,6 +66,8 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   iterations; per rank in gpu_backlog_s_per_rank): near zero where the host is the bottleneck
   (a CPU time that grows with it is work), up to the launch queue's depth where the device
   is (a CPU time that grows with it is the wait for room in the queue);
+  round_cpu_s, copy_cpu_s (CSV only): the CPU time of a worker's round thread and forward
+  copy thread per iteration (medians), who holds the GIL while the main thread waits;
   read_lag_s: from the start of a worker's last push of a round to the moment the last shard
   read its last gradient (``time.monotonic()``, one clock for every process of a host; median
   over ranks and timed rounds): how long the shards' queue held the end of backward;
@@ -148,7 +150,7 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "rank_spread_s", "push_s",
                "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "read_lag_s",
-               "gpu_backlog_s", "gpu_backlog_max_s",
+               "gpu_backlog_s", "gpu_backlog_max_s", "round_cpu_s", "copy_cpu_s",
                "host_ahead_s_per_rank", "host_cpu_s_per_rank", "gpu_backlog_s_per_rank",
                "lagging_ranks", "gpu_sm_mhz_per_rank", "gpu_power_w_per_rank", "gpu_temp_c_per_rank",
                "gpu_slowdown_per_rank", "gpu_reasons_per_rank", "gpu_busy_samples",
@@ -162,10 +164,10 @@ FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "spee
                  "server_tail_s", "rank_spread_s",
                  "push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                  "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "read_lag_s",
-                 "gpu_backlog_s", "gpu_backlog_max_s", "wall_s")
+                 "gpu_backlog_s", "gpu_backlog_max_s", "round_cpu_s", "copy_cpu_s", "wall_s")
 PART_COLUMNS = ("push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                 "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "gpu_backlog_s",
-                "gpu_backlog_max_s")
+                "gpu_backlog_max_s", "round_cpu_s", "copy_cpu_s")
 INT_COLUMNS = ("world_size", "batch_per_worker", "shards", "timed_iterations")
 
 

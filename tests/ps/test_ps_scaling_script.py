@@ -67,6 +67,10 @@ def test_quick_run_measures_every_configuration(tmp_path):
             assert float(x["host_ivcsw"]) >= 0
             per_rank = [float(v) for v in x["host_cpu_s_per_rank"].split(";")]
             assert len(per_rank) == w and min(per_rank) > 0
+            # the round thread's own clock: it works every round, less than the main thread
+            assert 0 < float(x["round_cpu_s"]) < float(x["host_cpu_s"])
+            assert x["copy_cpu_s"] == ""                # the forward copy thread is GPU-only
+        assert x["gpu_backlog_s"] == ""                 # CPU workers: no device to fall behind
         assert x["swap"] == ("none" if x["mode"] == "caffe_ps" else "naive")
         if x["mode"] == "accudnn_ps":
             assert "naive" in x["note"]     # no profile: the fallback is said on the row

@@ -274,13 +274,26 @@ def test_vgg16_conv1_1_recomputed_is_stall_free_where_pins_are_not():
     assert per_image[1] <= 1.02 * per_image[0]
 
 
+def _spy_train_dynamic(monkeypatch) -> dict:
+    """The keywords `minicaffe train` hands swap.tuner.train_dynamic (which still runs)."""
+    from swap import tuner
+    seen = {}
+    real = tuner.train_dynamic
+
+    def spy(solver, budget, **kw):
+        seen.update(kw)
+        return real(solver, budget, **kw)
+
+    monkeypatch.setattr(tuner, "train_dynamic", spy)
+    return seen
+
+
 def test_train_and_plan_take_recompute(tmp_path, capsys, monkeypatch):
     """`plan --recompute` prints the recomputation where pins alone leave a stall (VGG-16 at
     221 on a measured profile), and nothing where they suffice; `train --swap dynamic --recompute`
     hands the layers to the tuner; a layer that cannot be rebuilt is named, and --recompute
     needs --swap dynamic."""
     from minicaffe.cli import main
-    from swap import tuner
     prof = tmp_path / "vgg16_profile.json"
     with gzip.open(VGG16_PROFILE, "rb") as src:
         prof.write_bytes(src.read())
@@ -299,14 +312,7 @@ def test_train_and_plan_take_recompute(tmp_path, capsys, monkeypatch):
     assert "'drop6' (Dropout) of its group" in capsys.readouterr().err
     assert main(["train", str(f), "--cpu", "--max-iter", "2", "--recompute", "conv1_1"]) == 2
     assert "--recompute need --swap dynamic" in capsys.readouterr().err
-    seen = {}
-    real = tuner.train_dynamic
-
-    def spy(solver, budget, **kw):
-        seen.update(kw)
-        return real(solver, budget, **kw)
-
-    monkeypatch.setattr(tuner, "train_dynamic", spy)
+    seen = _spy_train_dynamic(monkeypatch)
     assert main(["train", str(f), "--cpu", "--max-iter", "2", "--display", "0", "--swap",
                  "dynamic", "--budget", "32M", "--batch", "8", "--recompute",
                  " conv1_1, conv2 "]) == 0
@@ -386,7 +392,6 @@ def test_auto_tries_nothing_then_the_best_one_two_three_and_keeps_the_objectives
 
 def test_cli_recompute_auto(tmp_path, capsys, monkeypatch):
     from minicaffe.cli import main
-    from swap import tuner
     prof = tmp_path / "vgg16_profile.json"
     with gzip.open(VGG16_PROFILE, "rb") as src:
         prof.write_bytes(src.read())
@@ -398,14 +403,7 @@ def test_cli_recompute_auto(tmp_path, capsys, monkeypatch):
     f.write_text(text(8))
     assert main(["plan", "--model", str(f), "--budget", "8M", "--recompute", "auto,conv1_1"]) == 2
     assert "'auto' lets the tuner choose" in capsys.readouterr().err
-    seen = {}
-    real = tuner.train_dynamic
-
-    def spy(solver, budget, **kw):
-        seen.update(kw)
-        return real(solver, budget, **kw)
-
-    monkeypatch.setattr(tuner, "train_dynamic", spy)
+    seen = _spy_train_dynamic(monkeypatch)
     assert main(["train", str(f), "--cpu", "--max-iter", "2", "--display", "0", "--swap",
                  "dynamic", "--budget", "32M", "--batch", "8", "--recompute", "auto"]) == 0
     assert seen["recompute"] == "auto"

@@ -772,7 +772,8 @@ def _group_refusal(gmap: GMAP, G: _Groups, gi: int, pinned, fm) -> str:
     if why:
         return f"its group cannot be recomputed: {why}"
     if not G.written[gi] & fm:
-        return "its group writes no feature map that backward reads, so there is nothing to rebuild"
+        return ("its group writes no feature map that backward reads, so there is nothing to "
+                "rebuild")
     return ""
 
 
@@ -781,15 +782,16 @@ def recompute_candidates(gmap: GMAP, times=None, pinned=frozenset()) -> list:
     for ``--recompute auto``: ``(layer name, bytes, seconds)`` per group, named by its first
     layer.  bytes: what recomputing it frees between forward and backward at ``gmap.k``, the
     feature maps it writes that backward reads less what it reads (its inputs must be back,
-    kept or prefetched, when it runs again, even those backward itself does not read);
-    seconds: its forward time (``times``: t_j
-    of every step at ``gmap.k``; None: the FLOPs stand in for time).
+    kept or prefetched, when it runs again, even those backward itself does not read).
+    seconds: its forward time (``times``: t_j of every step at ``gmap.k``; None: the FLOPs
+    stand in for time).
 
     Groups that free nothing are left out: a convolution whose input is as large as its
     output (VGG-16's conv1_2 from conv1_1), a pooling layer (its input is larger), an
-    Eltwise sum (two inputs that its backward would not need).  The rest are ranked by bytes per second of recomputation:
-    VGG-16's conv1_1 first (its 64-channel full-resolution map, rebuilt from the image).
-    A group whose forward takes no time ranks by its bytes alone, before the others."""
+    Eltwise sum (two inputs that its backward would not need).  The rest are ranked by bytes
+    per second of recomputation: VGG-16's conv1_1 first (its 64-channel full-resolution map,
+    rebuilt from the image).  A group whose forward takes no time ranks by its bytes alone,
+    before the others."""
     fwd = gmap.steps[:gmap.n_forward]
     G = _forward_groups(gmap)
     fm = set(gmap.feature_maps())

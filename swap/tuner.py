@@ -69,8 +69,7 @@ from .gmap import GMAP, build_gmap, net_batch_size
 from .memory import fmt_bytes
 from .model import D2H, H2D, TUNER_GRANULARITY, ComputeModel, PCIeModel
 from .plan import (RECOMPUTE, BudgetError, _base_intervals, _place_returns, dynamic_recompute,
-                   recompute_candidates,
-                   make_plan)
+                   make_plan, recompute_candidates)
 from .planner import (RULES, DynamicPlan, PinResult, _pairs, _split_uses, _uses, algorithm1,
                       choose_pins, make_dynamic_plan, with_recomputations)
 

@@ -674,6 +674,7 @@ class DataParallel:
         self.stats = SyncStats(stats_path)
         self._t_sync_end = None
         self._usage_end = _thread_usage()    # the main thread's CPU use at the last sync end
+        self._helper_cpu: dict = {}          # column -> (thread ident, its CPU s) at that end
         self._on_gpu = any(is_gpu_array(q.data) for q in solver.net.learnable_params)
         self.overlap = None      # a GradientOverlap on the train net's backward, if on
         solver.apply_update = self._apply_update   # the take-over
@@ -728,7 +729,7 @@ class DataParallel:
             return {}
         threads = {"round_cpu_s": getattr(getattr(self, "_round", None), "_thread", None),
                    "copy_cpu_s": getattr(getattr(self, "_copy", None), "_thread", None)}
-        last = self.__dict__.setdefault("_helper_cpu", {})
+        last = self._helper_cpu
         out = {}
         for key, t in threads.items():
             now = _thread_cpu(t)

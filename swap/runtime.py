@@ -95,6 +95,7 @@ from __future__ import annotations
 
 import csv
 import os
+import statistics
 import sys
 import time
 import tracemalloc
@@ -340,10 +341,7 @@ def backlog_summary(points) -> dict:
     b = [dev - host for host, dev in points[1:]]
     if not b:
         return {}
-    b.sort()
-    mid = len(b) // 2
-    med = b[mid] if len(b) % 2 else 0.5 * (b[mid - 1] + b[mid])
-    return {"gpu_backlog_s": med, "gpu_backlog_max_s": b[-1]}
+    return {"gpu_backlog_s": statistics.median(b), "gpu_backlog_max_s": max(b)}
 
 
 # ----------------------------------------------------------------- trace

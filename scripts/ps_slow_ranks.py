@@ -59,11 +59,13 @@ def read_records(paths) -> dict:
 def split(runs, warmup: int, slow_ms: float, normal_ms: float, world=None) -> dict:
     """The timed records of every rank of every run (``world``: only runs of that W), in
     two groups by the main thread's CPU time: ``slow`` (> slow_ms) and ``normal``
-    (<= normal_ms), as (cpu_s, compute_s, backlog_s or None) triples; ``all`` counts them."""
-    out = {"slow": [], "normal": [], "all": 0}
+    (<= normal_ms), as (cpu_s, compute_s, backlog_s or None) triples; ``all`` counts the
+    records, ``runs`` the runs."""
+    out = {"slow": [], "normal": [], "all": 0, "runs": 0}
     for (_, _, w), ranks in sorted(runs.items()):
         if world is not None and w != world:
             continue
+        out["runs"] += 1
         for recs in ranks.values():
             for x in sorted(recs, key=lambda r: r["iteration"])[warmup:]:
                 cpu = x.get("parts", {}).get("host_cpu_s")
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
         print("no rank*.jsonl records under " + ", ".join(args.paths), file=sys.stderr)
         return 1
     got = split(runs, args.warmup, args.slow_ms, args.normal_ms, args.world_size)
-    print(f"{len(runs)} run(s), {got['all']} timed (rank, iteration) records with host_cpu_s")
+    print(f"{got['runs']} run(s), {got['all']} timed (rank, iteration) records with host_cpu_s")
     print(f"main thread CPU > {args.slow_ms:g} ms: {describe(got['slow'])}")
     print(f"main thread CPU <= {args.normal_ms:g} ms: {describe(got['normal'])}")
     return 0

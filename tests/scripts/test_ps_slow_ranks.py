@@ -40,7 +40,8 @@ def test_split_by_cpu_time_with_the_backlog(tmp_path, capsys):
     got = sr.split(runs, warmup=1, slow_ms=175, normal_ms=150)
     assert got["all"] == 6 and len(got["slow"]) == 2 and len(got["normal"]) == 4
     assert sorted(round(b * 1e3) for _, _, b in got["slow"]) == [2, 4]
-    assert sr.split(runs, 1, 175, 150, world=4)["all"] == 0
+    assert sr.split(runs, 1, 175, 150, world=4) == {"slow": [], "normal": [], "all": 0,
+                                                   "runs": 0}
     assert sr.main([str(tmp_path / "w"), "--warmup", "1"]) == 0
     out = capsys.readouterr().out
     assert "> 175 ms: 2 records, CPU 208 ms, compute 250 ms, device backlog 3.0 ms" in out

@@ -85,6 +85,20 @@ def summarise_gpu(samples: list, gpus) -> dict:
     return {k: ";".join(v) for k, v in cols.items()}
 
 
+def physical_gpus(n: int, env=None) -> list:
+    """``nvidia-smi``'s indices of CUDA devices 0 .. n-1 of a process started with ``env``:
+    ``$CUDA_VISIBLE_DEVICES``'s first n entries where it lists indices, else 0 .. n-1 (UUIDs
+    and unset both give 0 .. n-1: nvidia-smi then names them in the same order only where
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, which this does not check)."""
+    import os
+    vis = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if vis:
+        ids = [x.strip() for x in vis.split(",") if x.strip()]
+        if len(ids) >= n and all(x.isdigit() for x in ids[:n]):
+            return [int(x) for x in ids[:n]]
+    return list(range(n))
+
+
 class GpuSampler:
     """``nvidia-smi`` sampling every ``period_ms`` into ``path`` until :meth:`stop`."""
 

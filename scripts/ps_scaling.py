@@ -121,7 +121,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from scripts._telemetry import GpuSampler, cpu_times, steal_pct  # noqa: E402
+from scripts._telemetry import GpuSampler, cpu_times, physical_gpus, steal_pct  # noqa: E402
 from scripts.launch_ps import free_port, wait_endpoint  # noqa: E402
 
 MODES = ("caffe_ps", "accudnn_ps")
@@ -635,7 +635,7 @@ def run_config(cfg: Config, args, work) -> dict:
     procs = []
     sock_dir = None
     worker_cpus, shard_cpus = pin_plan(args.pin, cfg.world)
-    # rank r runs on GPU r (worker_cmd's --gpu r)
+    # rank r runs on CUDA device r (worker_cmd's --gpu r): physical_gpus maps it for nvidia-smi
     sampler = None if args.cpu else GpuSampler(os.path.join(run_dir, "gpu_samples.csv")).start()
     cpu_before = cpu_times()
     t0 = time.monotonic()
@@ -681,7 +681,8 @@ def run_config(cfg: Config, args, work) -> dict:
     finally:
         for p in procs:
             p.kill()
-        gpu_stats = sampler.stop(range(cfg.world)) if sampler is not None else {}
+        gpu_stats = (sampler.stop(physical_gpus(cfg.world, env)) if sampler is not None
+                     else {})
         if sock_dir is not None:
             shutil.rmtree(sock_dir, ignore_errors=True)
     row["wall_s"] = time.monotonic() - t0

@@ -131,3 +131,10 @@ def test_backlog_probes_every_nth_step_and_the_last():
     assert b.read() == []                      # one iteration's probes are read once
     with pytest.raises(ValueError, match="every must be >= 1"):
         Backlog(st, 10, every=0)
+
+
+def test_physical_gpus_follow_cuda_visible_devices():
+    assert tm.physical_gpus(2, {}) == [0, 1]
+    assert tm.physical_gpus(2, {"CUDA_VISIBLE_DEVICES": "3, 1,0"}) == [3, 1]
+    assert tm.physical_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}) == [0, 1]
+    assert tm.physical_gpus(3, {"CUDA_VISIBLE_DEVICES": "2"}) == [0, 1, 2]

@@ -16,7 +16,9 @@ each iteration's clear-diffs, forward, backward and SGD update are replayed as
 one CUDA graph (:class:`minicaffe.graph.IterationGraph`); test, display and
 snapshots stay here.  Where the iteration cannot be captured (CPU mode, a
 solver other than plain SGD, an Accuracy layer...) the reasons are logged once and the
-iteration runs eagerly.
+iteration runs eagerly.  A net under a swap plan replays its forward and backward, the
+plan's copies included, as a graph of its executor's (:mod:`swap.graph`); the update runs
+eagerly after it.
 """
 from __future__ import annotations
 
@@ -229,6 +231,13 @@ class Solver:
         (``cuda_graph`` off, or the iteration cannot be captured: the reasons are
         logged once, and again only when they change)."""
         if not getattr(self, "cuda_graph", False):  # subclasses may skip __init__ (ps/)
+            return None
+        ex = getattr(self.net, "executor", None)
+        if ex is not None:
+            # under a swap plan the executor replays forward and backward as a graph of its
+            # own (swap.graph); the update and the callbacks run eagerly around it
+            if not ex._graph_wanted and ex.graph_refused is None:
+                ex.use_graph()
             return None
         reasons = []
         if self.callbacks:

@@ -751,6 +751,8 @@ class DataParallel:
         ex = getattr(self.solver.net, "executor", None)
         if self.stats.path is None or ex is None or not getattr(ex.streams, "gpu", False):
             return {}
+        if ex._graph is not None and ex._graph.graph is not None:
+            return {}           # a graph launch: the probes are not in it (swap.graph)
         from swap.runtime import Backlog, backlog_summary
         if ex.backlog is None:
             ex.backlog = Backlog(ex.streams, ex.gmap.n_steps)
@@ -886,7 +888,15 @@ class PSWorker(DataParallel):
         self._copy_up_s = 0.0     # this iteration's time in _set_param
         self._parts: dict = {}    # this iteration's parts of Delta (_sync_parts)
         # with overlap, when answers go into the net (ps.copyup)
-        self.copy_mode = copy_up_mode(self._on_gpu, config.copy_up) if config.overlap else None
+        # a CUDA graph of the iteration (swap.graph) cannot wait per layer in forward: the
+        # answers go up at the update unless --copy-up says otherwise (the graph then refuses)
+        self._graphed = self._on_gpu and bool(getattr(solver, "cuda_graph", False)) and (
+            getattr(solver.net, "executor", None) is not None)
+        self.copy_mode = (copy_up_mode(self._on_gpu, config.copy_up
+                                       or ("update" if self._graphed else None))
+                          if config.overlap else None)
+        self._capturing = False   # a capture of the iteration is running (_GraphHook)
+        self._captured = []       # buckets whose copies the captured iteration issues
         self._copy = None         # forward: the copy thread
         self._held = []           # update: (blob id, array) taken during backward
         self._early = 0           # bytes of answers taken during backward, this iteration
@@ -902,6 +912,9 @@ class PSWorker(DataParallel):
                 # the round thread sleeps on these (blocking sync), it does not spin
                 self._copy_done = [cupy.cuda.Event(block=True, disable_timing=True)
                                    for _ in self.buckets]
+                self._copy_joined = cupy.cuda.Event(disable_timing=True)
+                if self._graphed:
+                    solver.net.executor.graph_hooks.append(_GraphHook(self))
             self._overlap_on([b for _, b in self.buckets], self._bucket_ready)
             if self.copy_mode == "forward":
                 self._forward_copy_on(solver)
@@ -1106,6 +1119,11 @@ class PSWorker(DataParallel):
                                                                    side.ptr):
                     diff.get(stream=side, out=self._staging[i], blocking=False)
             done = self._copy_done[g]
+            if self._capturing:   # every launch records it; the round thread waits on it
+                from swap.graph import record_external
+                record_external(done, side)
+                self._captured.append(g)
+                return
             done.record(side)
         self._round.bucket(self.solver.iter, g, done)
 
@@ -1144,3 +1162,40 @@ class PSWorker(DataParallel):
             self._staging = None
             self._segments.close()
             self._segments = None
+
+
+class _GraphHook:  # pragma: no cover - GPU machine only (tests/ps/test_gpu.py)
+    """A PS worker's part in its executor's CUDA graph (:mod:`swap.graph`).  During the
+    capture the backward listener runs once: each bucket's device-to-host copies are captured
+    on the copy stream after the compute event of its last layer, with an external record of
+    its done event, and the bucket is kept back from the round thread.  After every launch the
+    kept buckets go to the round thread in backward order, as an eager backward hands them,
+    and the round thread waits on their done events as usual."""
+
+    handles_backward_listener = True
+
+    def __init__(self, worker):
+        self.w = worker
+
+    def capturing(self):
+        self.w._capturing = True
+        self.w._captured = []
+
+    def captured(self, stream):
+        w = self.w
+        w._copy_joined.record(w._copy_stream)   # the copy stream joins the graph's end
+        stream.wait_event(w._copy_joined)
+
+    def capture_ended(self, ok: bool):
+        w = self.w
+        w._capturing = False
+        if not ok:                # the iteration reruns eagerly: its listener issues them
+            w._captured = []
+            if w.overlap is not None:
+                w.overlap.reset()
+
+    def launched(self):
+        w = self.w
+        for g in w._captured:
+            w.overlap.issued[g] = True
+            w._round.bucket(w.solver.iter, g, w._copy_done[g])

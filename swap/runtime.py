@@ -184,8 +184,8 @@ def _overridden(streams, name: str, args):
 class Streams:
     """What the executor asks of its streams: ``event``, ``record``, ``wait``, ``copy``,
     ``fill``, ``synchronize``, and for the compiled iteration (``Executor._compile``) each of
-    ``wait`` / ``record`` / ``copy`` as a ``(function, args)`` primitive (None: nothing to do),
-    by default the method itself; subclasses resolve them further."""
+    ``wait`` / ``record`` / ``copy`` / ``fill`` as a ``(function, args)`` primitive (None:
+    nothing to do), by default the method itself; subclasses resolve them further."""
 
     def wait_action(self, stream: str, event):
         return self.wait, (stream, [event])
@@ -195,6 +195,9 @@ class Streams:
 
     def copy_action(self, dst, src, stream: str):
         return self.copy, (dst, src, stream)
+
+    def fill_action(self, device: DeviceArena, offset: int, nbytes: int, stream: str):
+        return self.fill, (device, offset, nbytes, stream)
 
 
 class HostStreams(Streams):
@@ -288,6 +291,10 @@ class CudaStreams(Streams):  # pragma: no cover - exercised on the GPU machine o
     def fill(self, device: DeviceArena, offset: int, nbytes: int, stream: str):
         """Poison ``[offset, offset + nbytes)`` with 0xFF bytes, in order on ``stream``."""
         device.fill_async(offset, nbytes, self.streams[stream])
+
+    def fill_action(self, device: DeviceArena, offset: int, nbytes: int, stream: str):
+        """:meth:`fill` with the stream resolved now (a capture compiles its own tables)."""
+        return device.fill_async, (offset, nbytes, self.streams[stream])
 
     def synchronize(self):
         for s in self.streams.values():
@@ -936,6 +943,10 @@ class Executor:
         self.iterations = 0
         self.trace = MemoryTrace(trace) if trace else None
         self._nv = _nvtx.ranges(nvtx)
+        self._graph_wanted = False        # use_graph: full passes as one CUDA graph
+        self._graph = None                # its swap.graph.CapturedIteration, once built
+        self.graph_refused = None         # why the graph was refused (logged once)
+        self.graph_hooks = []             # objects that take part in the capture (swap.graph)
 
         self._build_tables()
         for i in self._setup:
@@ -1071,6 +1082,8 @@ class Executor:
         ops = self._ops
         self._compiled = None             # the compiled iteration follows the tables
         self.backlog = None               # a Backlog the compiled iteration marks (or None)
+        if getattr(self, "_graph", None) is not None:
+            self._graph.reset()           # captured again from the new tables
         if self._nv is not None:
             fn = lambda i: self._do                         # noqa: E731
         else:
@@ -1333,7 +1346,7 @@ class Executor:
             if op.kind == ALLOCATE:
                 calls.extend(st.wait_action(COMPUTE, e) for e in self._waits[i])
                 if self.poison:
-                    calls.append((st.fill, (self.device, op.offset, op.nbytes, COMPUTE)))
+                    calls.append(st.fill_action(self.device, op.offset, op.nbytes, COMPUTE))
                 bind(i, bid, binds)
             elif op.kind == PREFETCH:
                 calls.extend(st.wait_action(SWAP_IN, e) for e in self._waits[i])
@@ -1349,7 +1362,7 @@ class Executor:
                 if storage[bid] is not None:
                     binds.append((storage[bid], None))
                 if self.poison:     # on the region's stream; the region's free event follows
-                    calls.append((st.fill, (self.device, op.offset, op.nbytes, op.stream)))
+                    calls.append(st.fill_action(self.device, op.offset, op.nbytes, op.stream))
                     calls.append(st.record_action(self._op_event[i], op.stream))
             else:
                 raise ValueError(f"op {i}: a {op.kind!r} cannot be compiled")
@@ -1380,17 +1393,21 @@ class Executor:
         return v.get("wait"), v.get("record"), v.get("copy")
 
     def _run_compiled(self, sc):
-        net = self.net
-        forward, backward = net.forward_layer, net.backward_layer
         c = self._compiled
         if c is None or c[2] != self._wrappers():   # a stream method wrapped since
             c = self._compile()
         before, after, _ = c
+        return self._run_steps(before, after, 0, len(before), sc, self.backlog)
+
+    def _run_steps(self, before, after, start: int, stop: int, sc, probe=None):
+        """Steps ``start`` to ``stop - 1`` from compiled tables (:meth:`_compile`, or a
+        capture's, :mod:`swap.graph`); returns the sum of their losses."""
+        net = self.net
+        forward, backward = net.forward_layer, net.backward_layer
         fwd, layer = self._fwd, self._layer
-        probe = self.backlog
         loss = 0.0
         try:
-            for j in range(len(before)):
+            for j in range(start, stop):
                 if sc is not None:
                     sc.where = j
                 calls, binds = before[j]
@@ -1416,6 +1433,49 @@ class Executor:
             raise
         return loss
 
+    # ------------------------------------------------------------ CUDA graph
+    def use_graph(self, on: bool = True):
+        """Run steady full iterations as one CUDA graph (:mod:`swap.graph`) from the next
+        compiled iteration on; refused with the reasons logged once."""
+        self._graph_wanted = bool(on)
+        if not on and self._graph is not None:
+            self._graph.reset()
+            self._graph = None
+
+    def graph(self):
+        """The :class:`swap.graph.CapturedIteration` (built on first use), or None when off
+        or refused (the reasons in ``graph_refused``)."""
+        if self._graph is None and self._graph_wanted and not self.graph_refused:
+            from minicaffe.graph import NotCapturable
+            from .graph import CapturedIteration
+            try:
+                self._graph = CapturedIteration(self)
+            except NotCapturable as e:
+                self._refuse_graph(str(e))
+        return self._graph
+
+    def _refuse_graph(self, why: str):
+        from minicaffe.log import log
+        self.graph_refused = why
+        if self._graph is not None:
+            self._graph.reset()
+            self._graph = None
+        log(f"cuda_graph: net {self.net.name!r} runs its iterations eagerly under the swap "
+            f"plan: {why}", level="W", where="swap")
+
+    def _run_graph(self, sc):
+        """A full pass as a graph launch; None when the graph is off or refused."""
+        g = self.graph()
+        if g is None or any(self._wrappers()):   # a profiler's wrappers: eager while they last
+            return None
+        from .graph import _Fallback
+        try:
+            return g.run(sc)
+        except _Fallback as f:
+            cause = f.__cause__
+            self._refuse_graph(f"the capture failed: {type(cause).__name__}: {cause}")
+            return f.loss
+
     def _labels(self):
         """(scratch reserve, meter, nvtx ranges) to update per step, or None each."""
         sc = self.scratch if self._allocator is not None else None
@@ -1428,6 +1488,13 @@ class Executor:
         st = self.streams
         if self._bound_test is not None:          # training resumes: the test nets let go
             self._bound_test.unbind()
+        if self._graph_wanted and last_step == self.gmap.n_steps - 1 and self._compilable():
+            sc = self._labels()[0]
+            loss = self._run_graph(sc)
+            if loss is not None:
+                if sc is not None:
+                    sc.where = OUTSIDE
+                return loss
         st.wait(COMPUTE, self._end_wait)          # previous iteration's swap-stream tails
         st.record(self._start_event, COMPUTE)
         st.wait(SWAP_IN, [self._start_event])     # the previous iteration is done with
@@ -1667,6 +1734,10 @@ class Executor:
         self._closed = True
         _OPEN.discard(self)
         self.streams.synchronize()
+        if self._graph is not None:             # its pool's chunks go back to the reserve
+            self._graph.stream.synchronize()
+            self._graph.reset()
+            self._graph = None
         self.end_dry_run(check=False)
         if self._allocator is not None:         # pragma: no cover - GPU machine only
             self._allocator.uninstall()         # before any copy below allocates

@@ -147,6 +147,21 @@ def test_ps_gpu_overlap_gives_the_parameters_of_the_path_without_it(procs, tmp_p
     assert_equal(on, off)
 
 
+def test_ps_gpu_cuda_graph_under_a_swap_plan_gives_the_parameters_of_eager(procs, tmp_path):
+    """--cuda-graph under a swap plan (swap.graph): each worker's forward and backward, the
+    plan's copies and the buckets' device-to-host copies are one graph launch; the round
+    thread waits on the buckets' external events.  The same parameters as the eager
+    iteration, bit for bit (one blob per bucket, answers copied up at the update)."""
+    source = write_hdf5(tmp_path, rows=32)
+    common = ["--bucket-mb", "0.00005", "--copy-up", "update", "--swap", "naive",
+              "--budget", "256M"]
+    on, w_on = ps_run(procs, tmp_path, "gon", source, common + ["--cuda-graph"])
+    off, _ = ps_run(procs, tmp_path, "goff", source, common)
+    log = w_on[0].log()
+    assert "captured under the swap plan" in log and "eagerly" not in log, log[-3000:]
+    assert_equal(on, off)
+
+
 @pytest.mark.parametrize("extra", [["--bucket-mb", "0.00005"],
                                    ["--bucket-mb", "0.00005", "--copy-up", "update"],
                                    ["--bucket-mb", "0.00005", "--copy-up", "backward"],

@@ -1,0 +1,72 @@
+"""A swap executor's iteration as one CUDA graph (swap.graph) on the GPU: the same parameters
+and losses as the eager compiled iteration, bit for bit, with the plan's offloads and
+prefetches inside the graph, in the budget.  Skipped where no CUDA device answers; run with
+``python3 scripts/gpu_checks.py tests/swap``."""
+import numpy as np
+import pytest
+
+from swap import runtime
+from swap.runtime import install, measure_scratch
+
+from test_swap_gpu import _net_inputs, _net_solver, max_diff, params_of, same
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _close_executors():
+    yield
+    runtime.close_all()
+
+
+def _run(name, strategy, iters, graph, budget, scratch):
+    s = _net_solver(name, 8)
+    ex = install(s, strategy, budget=budget, scratch=scratch, poison=True)
+    if graph:
+        ex.use_graph()
+    _net_inputs(s)
+    losses = []
+    for _ in range(iters):
+        s.step(1)
+        losses.append(float(s.last_loss))
+    out = params_of(s), losses, ex
+    stats = (ex._graph.captures, ex._graph.launches, ex._graph.dropped) if graph and ex._graph \
+        else None
+    ex.close()
+    return out + (stats,)
+
+
+@pytest.mark.parametrize("name, strategy", [("resnet50", "naive"), ("resnet50", "vdnn"),
+                                            ("googlenet", "naive")])
+def test_graph_gives_the_parameters_and_losses_of_the_eager_iteration(name, strategy,
+                                                                      monkeypatch):
+    """Eight iterations: the first op by op, the second captured and launched, six launches
+    more; every parameter and loss equals the eager run's, with poisoned releases, and the
+    arena stays in the budget with nothing outside the reserve."""
+    monkeypatch.setenv("MINICAFFE_DETERMINISTIC", "1")
+    s = _net_solver(name, 8)
+    _net_inputs(s)
+    tp = measure_scratch(s, strategy)
+    budget, scratch = tp.budget(margin=0.5), tp.reserve(margin=0.5)
+    ref, ref_losses, _, _ = _run(name, strategy, 8, False, budget, scratch)
+    got, losses, ex, stats = _run(name, strategy, 8, True, budget, scratch)
+    assert ex.graph_refused is None
+    assert stats[0] == 1 and stats[1] == 7, stats
+    assert ex.plan.offloaded
+    assert np.all(np.isfinite(ref_losses))
+    assert losses == ref_losses
+    assert same(got, ref), max_diff(got, ref)
+    assert ex.high_water <= ex.budget == budget
+    assert ex._allocator.fallbacks == 0
+
+
+def test_a_net_the_graph_refuses_runs_eagerly_with_the_reason(make_solver):
+    """A forward listener (Python per layer) refuses the graph with its reason, and
+    training goes on eagerly."""
+    s = make_solver("resnet", mode="GPU")
+    ex = install(s, "naive")
+    s.net.forward_listener = lambda li: None
+    ex.use_graph()
+    s.step(3)
+    assert ex._graph is None and "forward listener" in ex.graph_refused
+    assert np.isfinite(float(s.last_loss))

@@ -19,6 +19,7 @@ for v in $VARIANTS; do
     --profile $net=dv/p/${net}_profile.json --accudnn-batch $net=$k --warmup 3 --iters ${ITERS:-10} --timeout 150 \
     --csv $OUT/r/${TAG}_${name}.csv --md $OUT/r/${TAG}_${name}.md --append --work-dir /tmp/w $extra >> $OUT/r/${TAG}.log 2>&1
   echo "  rc $? at $(date -u +%T)" >> $OUT/r/${TAG}_steps.txt
+  grep -h "cuda_graph\|Error\|error" /tmp/w/*/*.log 2>/dev/null | cut -c1-300 | sort | uniq -c | sort -rn | head -6 >> $OUT/r/${TAG}_steps.txt
   (cd /tmp/w && tar czf $OUT/r/${TAG}_${name}_raw.tgz --exclude="*.prototxt" */*.jsonl */gpu_samples.csv */rank*.log 2>/dev/null; rm -rf /tmp/w/*/)
 done
 if [ -n "${TESTS:-}" ]; then

@@ -677,6 +677,7 @@ class DataParallel:
         self._helper_cpu: dict = {}          # column -> (thread ident, its CPU s) at that end
         self._on_gpu = any(is_gpu_array(q.data) for q in solver.net.learnable_params)
         self.overlap = None      # a GradientOverlap on the train net's backward, if on
+        self._launches = 0       # the executor's graph launches at the last sync (_graph_parts)
         solver.apply_update = self._apply_update   # the take-over
 
     def _log(self, msg, level="I"):
@@ -708,6 +709,7 @@ class DataParallel:
         if ahead is not None:
             parts["host_ahead_s"] = ahead
             parts.update(self._backlog_parts())
+        parts.update(self._graph_parts())
         parts.update(_usage_parts(self._usage_end, usage))
         parts.update(self._helper_usage())
         self.stats.add(SyncRecord(s.iter, compute, t1 - t0, pushed, pulled, parts))
@@ -741,6 +743,16 @@ class DataParallel:
                 out[key] = now - before[1]
             last[key] = (t.ident, now)
         return out
+
+    def _graph_parts(self) -> dict:
+        """``graph``: 1.0 when this iteration's passes were CUDA graph launches
+        (swap.graph), 0.0 when they ran eagerly; nothing without a swap plan on the GPU."""
+        ex = getattr(self.solver.net, "executor", None)
+        if ex is None or not getattr(ex.streams, "gpu", False):
+            return {}
+        n = ex._graph.launches if ex._graph is not None else 0
+        before, self._launches = self._launches, n
+        return {"graph": 1.0 if n > before else 0.0}
 
     def _backlog_parts(self) -> dict:
         """With ``--ps-stats`` on the GPU under a swap plan: ``gpu_backlog_s`` and

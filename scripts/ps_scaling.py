@@ -66,6 +66,9 @@ all-reduce, host-to-device copies, waiting for the slowest peer included):
   iterations; per rank in gpu_backlog_s_per_rank): near zero where the host is the bottleneck
   (a CPU time that grows with it is work), up to the launch queue's depth where the device
   is (a CPU time that grows with it is the wait for room in the queue);
+  cuda_graph (CSV only): the fraction of the timed (rank, iteration) records whose forward and
+  backward ran as one CUDA graph launch (``--cuda-graph``: swap/graph.py); empty when the
+  workers did not report it;
   round_cpu_s, copy_cpu_s (CSV only): the CPU time of a worker's round thread and forward
   copy thread per iteration (medians), who holds the GIL while the main thread waits;
   read_lag_s: from the start of a worker's last push of a round to the moment the last shard
@@ -151,7 +154,7 @@ CSV_COLUMNS = ["net", "mode", "swap", "comm", "link", "link_gbps", "link_latency
                "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "read_lag_s",
                "gpu_backlog_s", "gpu_backlog_max_s", "round_cpu_s", "copy_cpu_s",
-               "host_ahead_s_per_rank", "host_cpu_s_per_rank", "gpu_backlog_s_per_rank",
+               "cuda_graph", "host_ahead_s_per_rank", "host_cpu_s_per_rank", "gpu_backlog_s_per_rank",
                "lagging_ranks", "gpu_sm_mhz_per_rank", "gpu_power_w_per_rank",
                "gpu_temp_c_per_rank",
                "gpu_slowdown_per_rank", "gpu_reasons_per_rank", "gpu_busy_samples",
@@ -165,7 +168,8 @@ FLOAT_COLUMNS = ("link_gbps", "link_latency_ms", "images_per_s", "iter_s", "spee
                  "server_tail_s", "rank_spread_s",
                  "push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                  "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "read_lag_s",
-                 "gpu_backlog_s", "gpu_backlog_max_s", "round_cpu_s", "copy_cpu_s", "wall_s")
+                 "gpu_backlog_s", "gpu_backlog_max_s", "round_cpu_s", "copy_cpu_s", "cuda_graph",
+                 "wall_s")
 PART_COLUMNS = ("push_s", "pull_wait_s", "copy_up_s", "early_mb", "fwd_wait_s", "copy_thread_s",
                 "host_ahead_s", "host_cpu_s", "host_vcsw", "host_ivcsw", "gpu_backlog_s",
                 "gpu_backlog_max_s", "round_cpu_s", "copy_cpu_s")
@@ -200,6 +204,9 @@ def parse_args(argv=None):
     ap.add_argument("--copy-up", default=None, choices=("backward", "update", "forward"),
                     help="--comm ps with overlap: when the workers copy the answers into the net "
                          "(default theirs: forward on a GPU; ps/copyup.py)")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="the workers run each iteration's forward and backward under the swap "
+                         "plan as one CUDA graph (minicaffe train --cuda-graph; swap/graph.py)")
     ap.add_argument("--tail-mb", type=float, default=None,
                     help="--comm ps with overlap: the workers' last MB of parameters in 1 MiB "
                          "buckets (default theirs: 8)")
@@ -602,6 +609,8 @@ def worker_cmd(cfg: Config, args, rank, solver, ps_arg, run_dir) -> list:
         cmd.append("--ps-shm")
     if args.engine:
         cmd += ["--engine", args.engine]
+    if getattr(args, "cuda_graph", False):
+        cmd.append("--cuda-graph")
     return cmd
 
 
@@ -773,6 +782,10 @@ def summarise(records_by_rank, warmup: int, iters: int, batch: int,
                if key in t[i].get("parts", {})]
         if got:
             parts[key] = statistics.median(got)
+    flags = [t[i]["parts"]["graph"] for t in timed for i in common
+             if "graph" in t[i].get("parts", {})]
+    if flags:
+        parts["cuda_graph"] = sum(flags) / len(flags)
     # per rank, where a rank computes slower than the others: was its host behind (ahead ~0,
     # CPU time ~ compute) or its device (the host waited)?
     for key in ("host_ahead_s", "host_cpu_s", "gpu_backlog_s"):

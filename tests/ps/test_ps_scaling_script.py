@@ -266,6 +266,20 @@ def test_summarise_uses_the_slowest_rank_and_medians():
     s = ps_scaling.summarise([r0, r1], warmup=1, iters=5, batch=8)
     assert (s["push_s"], s["copy_up_s"]) == pytest.approx((0.001, 0.004))
     assert s["pull_wait_s"] == pytest.approx(0.002)
+    assert "cuda_graph" not in s                     # no worker reported it
+    for i, r in enumerate(r0[1:] + r1[1:]):          # iterations run as graph launches
+        r["parts"]["graph"] = 0.0 if i == 0 else 1.0
+    s = ps_scaling.summarise([r0, r1], warmup=1, iters=5, batch=8)
+    assert s["cuda_graph"] == pytest.approx(0.9)
+
+
+def test_cuda_graph_reaches_every_worker():
+    args = ps_scaling.parse_args(["--cuda-graph"])
+    assert args.cuda_graph
+    cfg = ps_scaling.Config("resnet152", "accudnn_ps", "ps", "none", 2, 8, ["--swap", "dynamic"])
+    assert "--cuda-graph" in ps_scaling.worker_cmd(cfg, args, 1, "s.prototxt", "tcp://x", "/tmp")
+    assert "--cuda-graph" not in ps_scaling.worker_cmd(cfg, ps_scaling.parse_args([]), 1,
+                                                       "s.prototxt", "tcp://x", "/tmp")
 
 
 def test_add_scaling_needs_the_one_worker_baseline():

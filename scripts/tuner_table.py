@@ -935,6 +935,13 @@ def recompute_of(specs) -> dict:
     return out
 
 
+def graph_env(on: bool, env=None) -> None:
+    """``--cuda-graph``: the solvers of this process and of the per-network processes it
+    starts (they inherit the environment) take ``MINICAFFE_CUDA_GRAPH=1``."""
+    if on:
+        (os.environ if env is None else env)["MINICAFFE_CUDA_GRAPH"] = "1"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nets", default=None, help=f"name:k_base,... (default {DEFAULT_NETS})")
@@ -964,6 +971,10 @@ def main(argv=None) -> int:
                     help="the dynamic plans of NET rebuild these forward layers (comma-"
                          "separated, each with its in-place chain) in backward instead of keeping "
                          "or offloading them, e.g. vgg16=conv1_1 (repeatable)")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="minicaffe's timed iterations run as CUDA graph launches (under a plan: "
+                         "swap/graph.py; without one: minicaffe/graph.py), as with "
+                         "MINICAFFE_CUDA_GRAPH=1; the profiling iterations stay eager")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--torch-one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)
@@ -973,6 +984,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.redraw:
         return redraw(args.redraw, args.out)
+    graph_env(args.cuda_graph)
     from swap.memory import parse_bytes
     mode = args.mode or ("CPU" if args.quick else "GPU")
     if args.quick and args.budget == "12G":

@@ -216,3 +216,14 @@ def test_no_stall_falls_back_to_every_map_kept_where_none_does_not_fit(tmp_path,
     assert all(d["slowdown"] > 0 for d in pts) and {k for k, _ in kept} == {d["k"] for d in pts}
     _, md = tuner_table.write_tables([r], {}, None, str(tmp_path / "t.md"), "header")
     assert md.count("(every map kept)") == len(pts)
+
+
+def test_cuda_graph_reaches_the_solvers_through_the_environment():
+    sys.path.insert(0, REPO)
+    from minicaffe.solver import cuda_graph_from_env
+    from scripts import tuner_table
+    env = {}
+    tuner_table.graph_env(False, env)
+    assert env == {} and not cuda_graph_from_env(env)
+    tuner_table.graph_env(True, env)
+    assert cuda_graph_from_env(env)

@@ -1176,7 +1176,7 @@ class PSWorker(DataParallel):
             self._segments = None
 
 
-class _GraphHook:  # pragma: no cover - GPU machine only (tests/ps/test_gpu.py)
+class _GraphHook:
     """A PS worker's part in its executor's CUDA graph (:mod:`swap.graph`).  During the
     capture the backward listener runs once: each bucket's device-to-host copies are captured
     on the copy stream after the compute event of its last layer, with an external record of

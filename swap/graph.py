@@ -143,7 +143,7 @@ def record_external(event, stream):  # pragma: no cover - GPU machine only
         raise RuntimeError(f"cuEventRecordWithFlags(EXTERNAL) failed: CUDA driver error {rc}")
 
 
-class CapturedIteration:  # pragma: no cover - GPU machine only (tests/swap/test_swap_graph_gpu.py)
+class CapturedIteration:
     """Executor ``ex``'s full training pass as one CUDA graph (module doc).  Built by
     :meth:`swap.runtime.Executor.graph` once :meth:`~swap.runtime.Executor.use_graph` asked
     for it; :meth:`run` replaces ``_run_compiled``.
@@ -234,7 +234,6 @@ class CapturedIteration:  # pragma: no cover - GPU machine only (tests/swap/test
                                 f"next to the eager ones ({size} bytes more asked)")
         fns = _RegionFunctions(self.cp, a.reserve, self.ex.device.ptr + a.reserve.base,
                                self.ex.device._memory, refuse)
-        self._fns = fns
         inner = self.cp.cuda.memory.PythonFunctionAllocator(fns.malloc, fns.free)
         return self.cp.cuda.MemoryPool(inner.malloc)
 
@@ -255,8 +254,7 @@ class CapturedIteration:  # pragma: no cover - GPU machine only (tests/swap/test
         for h in self.hooks:
             h.capturing()
         mode = getattr(rt, "streamCaptureModeRelaxed", 2)
-        ok = False
-        graph = None
+        err = None
         cs.begin_capture(mode)
         try:
             with cp.cuda.using_allocator(self.pool.malloc), cs:
@@ -270,17 +268,17 @@ class CapturedIteration:  # pragma: no cover - GPU machine only (tests/swap/test
                 cs.wait_event(self._tail[1])
                 for h in self.hooks:
                     h.captured(cs)
-            ok = True
-        finally:
-            try:
-                graph = cs.end_capture()
-            except Exception:
-                if ok:
-                    raise
-            for h in self.hooks:
-                h.capture_ended(ok)
-            if not ok:
-                self.reset()
+        except BaseException as e:
+            err = e
+        try:                                   # the capture always ends, even after an error
+            graph = cs.end_capture()
+        except Exception as e:
+            err = err or e
+        for h in self.hooks:
+            h.capture_ended(err is None)
+        if err is not None:
+            self.reset()
+            raise err
         graph.upload(cs)
         self.graph = graph
         self._loss = loss

@@ -1465,8 +1465,10 @@ class Executor:
 
     def _run_graph(self, sc):
         """A full pass as a graph launch; None when the graph is off or refused."""
+        if any(self._wrappers()):      # a profiler's or timer's wrappers: eager while they last
+            return None
         g = self.graph()
-        if g is None or any(self._wrappers()):   # a profiler's wrappers: eager while they last
+        if g is None:
             return None
         from .graph import _Fallback
         try:

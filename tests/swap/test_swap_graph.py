@@ -243,3 +243,14 @@ def test_a_failed_capture_ends_it_tells_the_hooks_and_runs_eagerly(monkeypatch):
         assert hook.calls == (["capturing", ("ended", False)] if "fail_in" in kw
                               else ["capturing", "captured", ("ended", False)])
         assert steps[-2:] == [(1, 3), (1, 3)]        # the capture, then the same steps eagerly
+
+
+def test_wrapped_streams_keep_the_graph_waiting_not_refused(monkeypatch):
+    """A profiler that wraps the streams' methods for a while makes those iterations eager;
+    it does not refuse the graph for good."""
+    from types import SimpleNamespace
+    from swap.runtime import Executor
+    built = []
+    ex = SimpleNamespace(_wrappers=lambda: (print, None, None),
+                         graph=lambda: built.append(1))
+    assert Executor._run_graph(ex, None) is None and built == []

@@ -236,7 +236,7 @@ class Solver:
         if ex is not None:
             # under a swap plan the executor replays forward and backward as a graph of its
             # own (swap.graph); the update and the callbacks run eagerly around it
-            if not ex._graph_wanted and ex.graph_refused is None:
+            if not ex.graph_wanted and ex.graph_refused is None:
                 ex.use_graph()
             return None
         reasons = []

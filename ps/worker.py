@@ -750,7 +750,7 @@ class DataParallel:
         ex = getattr(self.solver.net, "executor", None)
         if ex is None or not getattr(ex.streams, "gpu", False):
             return {}
-        n = ex._graph.launches if ex._graph is not None else 0
+        n = ex.graph_launches
         before, self._launches = self._launches, n
         return {"graph": 1.0 if n > before else 0.0}
 
@@ -763,7 +763,7 @@ class DataParallel:
         ex = getattr(self.solver.net, "executor", None)
         if self.stats.path is None or ex is None or not getattr(ex.streams, "gpu", False):
             return {}
-        if ex._graph is not None and ex._graph.graph is not None:
+        if ex.graph_captured:
             return {}           # a graph launch: the probes are not in it (swap.graph)
         from swap.runtime import Backlog, backlog_summary
         if ex.backlog is None:

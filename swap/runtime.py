@@ -1442,6 +1442,21 @@ class Executor:
             self._graph.reset()
             self._graph = None
 
+    @property
+    def graph_wanted(self) -> bool:
+        """:meth:`use_graph` asked for the graph (it may still be refused)."""
+        return self._graph_wanted
+
+    @property
+    def graph_launches(self) -> int:
+        """Full passes run as graph launches so far (0 while none is captured)."""
+        return 0 if self._graph is None else self._graph.launches
+
+    @property
+    def graph_captured(self) -> bool:
+        """The passes run as launches of a captured graph now."""
+        return self._graph is not None and self._graph.graph is not None
+
     def graph(self):
         """The :class:`swap.graph.CapturedIteration` (built on first use), or None when off
         or refused (the reasons in ``graph_refused``)."""

@@ -76,7 +76,7 @@ def test_a_cpu_executor_refuses_the_graph_and_trains_on(make_solver):
         return out
     ref, _ = train(False)
     got, ex = train(True)
-    assert ex._graph_wanted and ex._graph is None and ex.graph_refused == "CPU mode"
+    assert ex.graph_wanted and ex._graph is None and ex.graph_refused == "CPU mode"
     for p, q in zip(got, ref):
         np.testing.assert_array_equal(p, q)
 

@@ -244,6 +244,12 @@ class CudnnOptions:
     chunks: with a bound per image, a convolution on more images than the limit gives at
         its per-image bytes runs in chunks (:func:`minicaffe.cudnn.ops.workspace_chunks`;
         ``$MINICAFFE_CUDNN_CHUNKS=0`` turns it off).
+    fit_fastest: with a bound per image, timed search and chunks, each convolution's bytes
+        per image are at least what its own fastest algorithms need (timed on
+        :data:`~minicaffe.cudnn.ops.FIT_PROBE_IMAGES` images within the cap,
+        :func:`minicaffe.cudnn.ops.fastest_bytes_per_image`), so it runs in chunks small
+        enough for them instead of a slower algorithm on more images
+        (``$MINICAFFE_CUDNN_FIT_FASTEST=0`` turns it off).
     """
     deterministic: bool = False
     tf32: bool = False
@@ -252,13 +258,15 @@ class CudnnOptions:
     workspace_per_image: int = 0
     workspace_floor: int = 0
     chunks: bool = True
+    fit_fastest: bool = True
 
 
 def cudnn_options() -> CudnnOptions:
     from .cudnn import ops
     return CudnnOptions(deterministic=_flag(ENV_DETERMINISTIC), tf32=_flag(ENV_TF32),
                         find=_flag(ENV_FIND, default=True), workspace_limit=ops.workspace_limit(),
-                        chunks=_flag(ops.ENV_CHUNKS, default=True))
+                        chunks=_flag(ops.ENV_CHUNKS, default=True),
+                        fit_fastest=_flag(ops.ENV_FIT, default=True))
 
 
 def bound_workspaces(net, budget: int | None, *, limit: int | None = None) -> tuple[int, int]:

@@ -382,7 +382,9 @@ def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
     layer, bottom, top = setup_layer("Convolution", "pad: 1")
     assert layer.workspace_model() is None                    # CPU: the CAFFE engine
     layer.engine = engine.CUDNN
-    layer._cudnn = dataclasses.replace(engine.cudnn_options(), workspace_limit=1 << 20)
+    # each layer's own bytes per image is test_a_layer_s_bytes_per_image_fit_its_fastest_...
+    layer._cudnn = dataclasses.replace(engine.cudnn_options(), workspace_limit=1 << 20,
+                                       fit_fastest=False)
     calls = []
 
     def choose(x_shape, w_shape, pad, stride, dilation, groups, dtype, **kw):
@@ -415,3 +417,73 @@ def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
     layer.set_workspace_limit(256 << 20, 1 << 20, 128 << 20)  # a floor of 128 MiB
     assert layer._workspace_limit_at(100) == 128 << 20
     assert layer._workspace_limit_at(200) == 200 << 20
+
+
+def _choice(direction, workspace, time_ms):
+    from minicaffe.cudnn import ops
+    return ops.AlgoChoice(direction, 0, "A", 0, workspace, time_ms, False, "find")
+
+
+def test_fastest_bytes_per_image_takes_the_least_workspace_among_the_fast():
+    """Per direction, the least workspace among the algorithms within 5 % of the fastest;
+    the most over the directions, per image, rounded up; untimed choices do not count."""
+    from minicaffe.cudnn import ops
+    cands = {"fwd": (_choice("fwd", 1600, 1.0), _choice("fwd", 160, 1.04),
+                     _choice("fwd", 0, 2.0)),
+             "bwd_data": (_choice("bwd_data", 3200, 1.0), _choice("bwd_data", 0, 1.06)),
+             "bwd_filter": (_choice("bwd_filter", 5, -1.0),)}
+    assert ops.fastest_bytes_per_image(cands, 16) == 200          # bwd_data's 3200 / 16
+    assert ops.fastest_bytes_per_image(cands, 16, tolerance=1.1) == 10   # fwd's 160 / 16
+    assert ops.fastest_bytes_per_image(cands, 3) == 1067          # rounded up
+    assert ops.fastest_bytes_per_image({"fwd": ()}, 16) == 0
+    with pytest.raises(ValueError, match="images must be positive"):
+        ops.fastest_bytes_per_image(cands, 0)
+
+
+def test_a_layer_s_bytes_per_image_fit_its_fastest_algorithms(monkeypatch):
+    """Under a bound per image (1 MiB, cap 256 MiB), a CUDNN convolution whose fastest
+    algorithms need more per image (timed once on 16 images within the cap) takes their
+    bytes per image: its calls' limits grow by them and a large minibatch runs in chunks of
+    cap / need images; one whose fastest need less keeps the bound.  Not under a fixed bound,
+    nor with fit_fastest, find or chunks off; the bound where cuDNN cannot run the probe."""
+    import dataclasses
+    from minicaffe.cudnn import lib as cudnn_lib
+    from minicaffe.cudnn import ops
+    layer, bottom, top = setup_layer("Convolution", "pad: 1")
+    layer.engine = engine.CUDNN
+    layer._cudnn = engine.cudnn_options()
+    assert layer._cudnn.fit_fastest and layer._cudnn.chunks and layer._cudnn.find
+    need = {"fwd": 64 << 20, "bwd_data": 0, "bwd_filter": 0}   # 4 MiB per image at 16
+    probes = []
+
+    def candidates(x_shape, w_shape, pad, stride, dilation, groups, dtype, **kw):
+        probes.append((x_shape, kw["workspace_limit"]))
+        if need is None:
+            raise cudnn_lib.CudnnUnsupported("no algorithm")
+        return {d: (_choice(d, b, 1.0),) for d, b in need.items()}
+    monkeypatch.setattr(ops, "conv_candidates", candidates)
+    layer.set_workspace_limit(256 << 20, 1 << 20)
+    assert layer._bytes_per_image() == 4 << 20
+    assert probes == [((16, 4, 4, 4), 256 << 20)]              # the probe: 16 images, the cap
+    assert layer._workspace_limit_at(20) == 80 << 20            # 4 MiB per image
+    assert layer._chunks_at(64) == ((0, 64),)
+    assert layer._chunks_at(65) == ((0, 33), (33, 65))          # 64 images per chunk at most
+    assert len(probes) == 1                                     # once per shape and options
+    layer.set_workspace_limit(512 << 20, 1 << 20)               # another cap: probed again
+    assert layer._chunks_at(200) == ((0, 100), (100, 200)) and len(probes) == 2
+    need = {"fwd": 1 << 20, "bwd_data": 0, "bwd_filter": 0}     # 64 KiB per image: the bound
+    layer.set_workspace_limit(256 << 20, 1 << 20)
+    layer._fit = None
+    assert layer._bytes_per_image() == 1 << 20 and layer._chunks_at(256) == ((0, 256),)
+    need = None                                                 # the probe cannot run
+    layer._fit = None
+    assert layer._bytes_per_image() == 1 << 20
+    probes.clear()
+    for off in ({"fit_fastest": False}, {"find": False}, {"chunks": False}):
+        assert layer._bytes_per_image(dataclasses.replace(layer._cudnn, **off)) == 1 << 20
+    layer.set_workspace_limit(8 << 20)                          # a fixed bound
+    assert layer._bytes_per_image() == 0 and layer._workspace_limit_at(1000) == 8 << 20
+    assert probes == []
+    # $MINICAFFE_CUDNN_FIT_FASTEST=0 turns it off in the options
+    monkeypatch.setenv(ops.ENV_FIT, "0")
+    assert engine.cudnn_options().fit_fastest is False

@@ -108,6 +108,13 @@ ENV_WORKSPACE_LIMIT = "MINICAFFE_CUDNN_WORKSPACE_LIMIT"
 ENV_WORKSPACE_PER_IMAGE = "MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE"
 # 0: a convolution under a bound per image runs on the whole minibatch even past the cap
 ENV_CHUNKS = "MINICAFFE_CUDNN_CHUNKS"
+# 0: every convolution under a bound per image gets the budget's bytes per image, not those
+# its own fastest algorithms need (:func:`fastest_bytes_per_image`)
+ENV_FIT = "MINICAFFE_CUDNN_FIT_FASTEST"
+# a layer's fastest algorithms are timed on this many images, within the cap
+FIT_PROBE_IMAGES = 16
+# an algorithm within 5 % of the fastest counts as fast (the least workspace among them wins)
+FASTEST_TOLERANCE = 1.05
 FWD, BWD_DATA, BWD_FILTER = "fwd", "bwd_data", "bwd_filter"
 DIRECTIONS = (FWD, BWD_DATA, BWD_FILTER)
 MAX, AVE = 0, 1  # Caffe's PoolingParameter.PoolMethod values
@@ -572,7 +579,10 @@ def _find_operands(plan, direction, operands):
     return ptrs, keep
 
 
-def _search(plan, direction, lib, h, limit, deterministic, find, operands) -> AlgoChoice:
+def _results(plan, direction, lib, h, limit, find, operands) -> tuple:
+    """(cuDNN's performance records for ``direction``, "find" or "heuristic"): timed on
+    ``operands`` within ``limit`` bytes of workspace, fastest first (``find``), or cuDNN's
+    heuristic order, which needs no memory."""
     cp = _cupy()
     spec = _SPECS[direction]
     plan.set_math(lib, direction, plan.math)
@@ -582,48 +592,54 @@ def _search(plan, direction, lib, h, limit, deterministic, find, operands) -> Al
     perf = (spec.perf * n_req)()
     returned = c_int()
     d0, d1, conv, d3 = plan.descs(direction)
-    if find:
-        # the search workspace: the most that any algorithm within the limit needs
-        sizes = [_ws_size(lib, h, plan, direction, a) for a in range(spec.count)]
-        ws_bytes = max((s for s in sizes if s is not None and s <= limit), default=0)
-        ws = cp.empty(ws_bytes, dtype=cp.uint8) if ws_bytes else None
-        (p0, p1, p3), keep = _find_operands(plan, direction, operands)
-        # times every algorithm on the current stream; blocks until done
-        with _refusal(f"conv2d {direction} algorithm search"):
-            getattr(lib, spec.find)(h, d0, p0, d1, p1, conv, d3, p3, n_req, byref(returned),
-                                    perf, _ptr(ws) if ws is not None else None, ws_bytes)
-        results = sorted(perf[:returned.value],
-                         key=lambda r: (r.status != 0, r.time if r.time >= 0 else math.inf))
-        del ws, keep
-        source = "find"
-    else:
+    if not find:
         with _refusal(f"conv2d {direction} algorithm heuristics"):
             getattr(lib, spec.get)(h, d0, d1, conv, d3, n_req, byref(returned), perf)
-        results = list(perf[:returned.value])  # in cuDNN's order of expected speed
-        source = "heuristic"
+        return list(perf[:returned.value]), "heuristic"
+    # the search workspace: the most that any algorithm within the limit needs
+    sizes = [_ws_size(lib, h, plan, direction, a) for a in range(spec.count)]
+    ws_bytes = max((s for s in sizes if s is not None and s <= limit), default=0)
+    ws = cp.empty(ws_bytes, dtype=cp.uint8) if ws_bytes else None
+    (p0, p1, p3), keep = _find_operands(plan, direction, operands)
+    # times every algorithm on the current stream; blocks until done
+    with _refusal(f"conv2d {direction} algorithm search"):
+        getattr(lib, spec.find)(h, d0, p0, d1, p1, conv, d3, p3, n_req, byref(returned),
+                                perf, _ptr(ws) if ws is not None else None, ws_bytes)
+    del ws, keep
+    return sorted(perf[:returned.value],
+                  key=lambda r: (r.status != 0, r.time if r.time >= 0 else math.inf)), "find"
+
+
+def _judge(plan, direction, lib, h, limit, deterministic, r, source):
+    """The :class:`AlgoChoice` of performance record ``r`` where it may run here (its status,
+    math type, determinism and workspace within ``limit``), else why not (a string).  Leaves
+    the descriptor's math type at ``r``'s."""
+    name = _SPECS[direction].names.get(r.algo, str(r.algo))
+    if r.status != 0:
+        return L.STATUS_NAMES.get(r.status, f"status {r.status}")
+    if not _math_ok(plan.dtype, plan.tf32, r.mathType):
+        return f"math {L.MATH_NAMES.get(r.mathType, r.mathType)} (TF32 not allowed)"
+    if deterministic and r.determinism != L.CUDNN_DETERMINISTIC:
+        return "not deterministic"
+    plan.set_math(lib, direction, r.mathType)
+    need = _ws_size(lib, h, plan, direction, r.algo)
+    if need is None:
+        return "no workspace size"
+    need = max(need, int(r.memory))
+    if need > limit:
+        return f"needs {need} B of workspace"
+    return AlgoChoice(direction, int(r.algo), name, int(r.mathType), need, float(r.time),
+                      r.determinism == L.CUDNN_DETERMINISTIC, source)
+
+
+def _search(plan, direction, lib, h, limit, deterministic, find, operands) -> AlgoChoice:
+    results, source = _results(plan, direction, lib, h, limit, find, operands)
     rejected = []
     for r in results:
-        name = spec.names.get(r.algo, str(r.algo))
-        why = None
-        if r.status != 0:
-            why = L.STATUS_NAMES.get(r.status, f"status {r.status}")
-        elif not _math_ok(plan.dtype, plan.tf32, r.mathType):
-            why = f"math {L.MATH_NAMES.get(r.mathType, r.mathType)} (TF32 not allowed)"
-        elif deterministic and r.determinism != L.CUDNN_DETERMINISTIC:
-            why = "not deterministic"
-        if why is None:
-            plan.set_math(lib, direction, r.mathType)
-            need = _ws_size(lib, h, plan, direction, r.algo)
-            if need is None:
-                why = "no workspace size"
-            else:
-                need = max(need, int(r.memory))
-                if need > limit:
-                    why = f"needs {need} B of workspace"
-        if why is None:
-            return AlgoChoice(direction, int(r.algo), name, int(r.mathType), need,
-                              float(r.time), r.determinism == L.CUDNN_DETERMINISTIC, source)
-        rejected.append(f"{name}: {why}")
+        c = _judge(plan, direction, lib, h, limit, deterministic, r, source)
+        if isinstance(c, AlgoChoice):
+            return c
+        rejected.append(f"{_SPECS[direction].names.get(r.algo, str(r.algo))}: {c}")
     plan.set_math(lib, direction, plan.math)
     g = plan.geom
     raise CudnnUnsupported(
@@ -633,6 +649,60 @@ def _search(plan, direction, lib, h, limit, deterministic, find, operands) -> Al
         f"{source}); candidates: {'; '.join(rejected) or 'none returned'}.  Raise the limit "
         f"(workspace_limit= or ${ENV_WORKSPACE_LIMIT}), drop deterministic, or use the CAFFE "
         "engine")
+
+
+_candidates: dict = {}
+
+
+def conv_candidates(x_shape, w_shape, pad=0, stride=1, dilation=1, groups=1,
+                    dtype=np.float32, *, tf32=False, deterministic=False,
+                    workspace_limit=None) -> dict:
+    """Every algorithm that may run each direction of this convolution within the workspace
+    limit, timed by cuDNN's search on temporary operands of these shapes:
+    ``{direction: (AlgoChoice, ...)}``, fastest first (cached per shape and options; a
+    direction with none is an empty tuple).  For choosing a layer's bytes per image
+    (:func:`fastest_bytes_per_image`), not for the calls, which search their own shapes."""
+    geom = conv_geometry(x_shape, w_shape, pad, stride, dilation, groups)
+    dt = np.dtype(dtype)
+    if dt not in _DTYPES:
+        raise TypeError(f"conv_candidates: dtype {dt}; cuDNN ops take float32 or float64")
+    limit = workspace_limit_value(workspace_limit)
+    lib, h = _handle()
+    key = (_cupy().cuda.runtime.getDevice(), geom, dt.str, bool(tf32), bool(deterministic),
+           int(limit))
+    got = _candidates.get(key)
+    if got is not None:
+        return got
+    with _lock:
+        plan = _plan(geom, dt, tf32, lib, h)
+        got = {}
+        for d in DIRECTIONS:
+            results, source = _results(plan, d, lib, h, limit, True, {})
+            got[d] = tuple(c for c in (_judge(plan, d, lib, h, limit, deterministic, r, source)
+                                       for r in results) if isinstance(c, AlgoChoice))
+            plan.set_math(lib, d, plan.math)
+        _candidates[key] = got
+    return got
+
+
+def fastest_bytes_per_image(candidates: dict, images: int,
+                            tolerance: float = FASTEST_TOLERANCE) -> int:
+    """Bytes of workspace per image that a convolution's fastest algorithms need, from
+    :func:`conv_candidates` timed on ``images`` images: for each direction, the least
+    workspace among the algorithms within ``tolerance`` times its fastest time (so a
+    workspace many times larger for a gain of a few per cent is not asked for); the most over
+    the directions, over ``images``, rounded up.  0 where no direction has a timed
+    candidate."""
+    if images <= 0:
+        raise ValueError(f"fastest_bytes_per_image: images must be positive, not {images}")
+    need = 0
+    for choices in candidates.values():
+        timed = [c for c in choices if c.time_ms >= 0]
+        if not timed:
+            continue
+        best = min(c.time_ms for c in timed)
+        need = max(need, min(c.workspace for c in timed if c.time_ms <= best * tolerance))
+    return -(-int(need) // int(images))
 
 
 _workspaces: dict = {}
@@ -1103,6 +1173,7 @@ def clear_cache():
     """Forget every plan, chosen algorithm, descriptor and cached workspace."""
     with _lock:
         _plans.clear()
+        _candidates.clear()
         _generation[0] += 1
         _stats["searches"] = _stats["hits"] = 0
         _tensor_descs.clear()

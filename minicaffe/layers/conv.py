@@ -683,19 +683,66 @@ class ConvolutionLayer(Layer):
     def _chunks_at(self, num: int, options=None) -> tuple:
         """((start, stop), ...): the images of each cuDNN call on a minibatch of ``num``
         (:func:`minicaffe.cudnn.ops.workspace_chunks`): more than one chunk only under a bound
-        per image, past its cap."""
+        per image, past its cap (at this layer's own bytes per image,
+        :meth:`_bytes_per_image`)."""
         o = self._cudnn if options is None else options
         if not getattr(o, "chunks", False):
             return ((0, int(num)),)
-        return cudnn_ops.workspace_chunks(num, o.workspace_limit, o.workspace_per_image)
+        return cudnn_ops.workspace_chunks(num, o.workspace_limit, self._bytes_per_image(o))
 
     def _workspace_limit_at(self, num: int, options=None) -> int:
         """The workspace limit of a call on ``num`` images under ``options`` (default the
-        layer's own): fixed, or per image up to the limit
+        layer's own): fixed, or per image (:meth:`_bytes_per_image`) up to the limit
         (:func:`minicaffe.cudnn.ops.workspace_limit_at`)."""
         o = self._cudnn if options is None else options
-        return cudnn_ops.workspace_limit_at(o.workspace_limit, o.workspace_per_image, num,
+        return cudnn_ops.workspace_limit_at(o.workspace_limit, self._bytes_per_image(o), num,
                                             o.workspace_floor)
+
+    def _bytes_per_image(self, options=None) -> int:
+        """Bytes of workspace per image of this layer's cuDNN calls under ``options``
+        (default its own; 0: a fixed bound): the bound per image, and with ``fit_fastest``
+        (a timed search, chunks) at least what this convolution's own fastest algorithms
+        need, timed once on :data:`~minicaffe.cudnn.ops.FIT_PROBE_IMAGES` images within the
+        cap (:func:`minicaffe.cudnn.ops.fastest_bytes_per_image`).
+
+        Why: the fastest algorithm of a convolution on large maps needs far more than the
+        bound per image (VGG-16's conv1_2 under WINOGRAD_NONFUSED: 58 MB per image, 3.6 ms
+        forward at 64 images against 6.0 for the fastest within 8 MiB per image; the
+        conv1-conv2 block ran 0.6 ms per image slower, H200, ``docs/results/conv_algos``).
+        With its own bytes per image such a layer runs in chunks that each fit its fastest
+        algorithm in the cap (at least the probe's images per chunk, since the probe's need
+        is within the cap), the others keep the bound; the memory model charges each layer's
+        workspace at each k as before (:meth:`workspace_model`).  The probe's choice is
+        cuDNN's timing, like every search; where it cannot run (no algorithm, no memory) the
+        bound per image holds."""
+        o = self._cudnn if options is None else options
+        per = int(o.workspace_per_image)
+        if not (per and o.find and getattr(o, "chunks", False)
+                and getattr(o, "fit_fastest", False)):
+            return per
+        w_shape = tuple(self.blobs[0].shape)
+        x_shape = (cudnn_ops.FIT_PROBE_IMAGES, self.channels) + tuple(self.in_hw)
+        conv = (self.pad, self.stride, self.dilation, self.group)
+        key = (int(o.workspace_limit), bool(o.tf32), bool(o.deterministic), x_shape, w_shape,
+               conv, np.dtype(self.dtype).str)
+        fit = getattr(self, "_fit", None)
+        if fit is None or fit[0] != key:
+            need = 0
+            try:
+                need = cudnn_ops.fastest_bytes_per_image(cudnn_ops.conv_candidates(
+                    x_shape, w_shape, *conv, self.dtype, tf32=o.tf32,
+                    deterministic=o.deterministic, workspace_limit=o.workspace_limit),
+                    cudnn_ops.FIT_PROBE_IMAGES)
+            except cudnn_lib.CudnnUnsupported:
+                pass
+            except Exception as e:          # pragma: no cover - GPU machine only
+                if type(e).__name__ != "OutOfMemoryError":
+                    raise
+            if self.xp is not np:           # pragma: no cover - GPU machine only
+                # the probe's temporary operands go back to the device, not to CuPy's pool
+                self.xp.get_default_memory_pool().free_all_blocks()
+            fit = self._fit = (key, int(need))
+        return max(per, fit[1])
 
     def set_workspace_limit(self, limit: int, per_image: int = 0, floor: int = 0):
         """Bound this layer's cuDNN workspace to ``limit`` bytes, or, with ``per_image``,

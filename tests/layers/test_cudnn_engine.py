@@ -216,6 +216,34 @@ def test_conv_past_the_cap_of_a_bound_per_image_runs_in_chunks(cp, cu, rng, monk
     assert g.workspace_model()(10) == need
 
 
+def test_conv_fits_its_fastest_algorithms_in_chunks(cp, cu, rng):
+    """Under a bound per image far below what the layer's fastest algorithms need (1 byte,
+    at most 64 MiB), the layer takes the bytes per image of its fastest algorithms as timed
+    on 16 images within the cap, runs past cap / that in chunks (if it needs any workspace
+    at all), each call searched within its own chunk's bytes, and computes what CAFFE
+    computes; the memory model's workspace at 40 images is the layer's own."""
+    text = conv_text("num_output: 16 kernel_size: 3 pad: 1")
+    x = rng.standard_normal((40, 16, 32, 32))
+    pair = build_pair(cp, text, [x])
+    (c, cb, ct), (g, gb, gt) = pair
+    assert g._cudnn.fit_fastest
+    g.set_workspace_limit(64 << 20, 1)
+    g.reshape(gb, gt)
+    cands = cu.conv_candidates((16, 16, 32, 32), g.blobs[0].shape, g.pad, g.stride,
+                               g.dilation, g.group, np.float32, workspace_limit=64 << 20)
+    assert all(cands[d] for d in cands)                  # every direction has a candidate
+    per = max(1, cu.fastest_bytes_per_image(cands, 16))
+    assert g._bytes_per_image() == per
+    chunks = cu.workspace_chunks(40, 64 << 20, per)
+    calls = g._bound[2]
+    assert [(a, b) for a, b, _ in calls] == list(chunks)
+    assert all(b - a >= 16 for a, b in chunks)           # the probe's need fits the cap
+    assert [conv.limit for _, _, conv in calls] == [
+        cu.workspace_limit_at(64 << 20, per, b - a) for a, b in chunks]
+    check_pair(cp, pair, [True], rng, calls=2)
+    assert g.workspace_model()(40) == g.internals["workspace"].blob.count
+
+
 def test_conv_without_bottom_gradient(cp, cu, rng):
     """The first convolution of a net: weight and bias diffs only."""
     pair = build_pair(cp, conv_text("num_output: 4 kernel_size: 3"),

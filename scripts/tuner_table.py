@@ -462,6 +462,8 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         out["recompute"] = [recompute, *dec.recompute]
     g = ex.gmap
     model, pcie = profile_models(td.profile, g, granularity)
+    if td.model is not None:           # under --cuda-graph: scaled by the calibration
+        model = td.model
     t0 = time.perf_counter()
     again = tune(g, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
                  scratch=td.scratch, recompute=recompute)
@@ -484,6 +486,11 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     if gpu and engine == "CUDNN":      # cuDNN's algorithm choices so far (per-k workspaces)
         from minicaffe.cudnn import ops as cudnn_ops
         out["tuner"]["cudnn_cache"] = cudnn_ops.algo_cache_info()
+    if td.graph is not None:
+        out["tuner"]["graph_calibration"] = {
+            "k": td.graph.k, "measured_ms": 1e3 * td.graph.measured,
+            "steps_ms": 1e3 * td.graph.steps, "tail_ms": 1e3 * td.graph.tail,
+            "factor": td.graph.factor, "launches": td.graph.launches}
     hm = model.host
     out["tuner"]["host_model"] = None if hm is None else {
         "method": hm.method, "ks": list(hm.ks), "intercept_ms": 1e3 * hm.intercept,
@@ -770,6 +777,14 @@ def write_tables(results, peers, csv_path, md_path, header):
                 f"{_fmt(d.get('none_ms'), '.1f')}"
                 + (" (every map kept)" if d.get("no_stall_reference") == "kept" else "")
                 + f" | {_fmt(d.get('slowdown'), '.3f')} |")
+    for r in results:
+        c = r["tuner"].get("graph_calibration")
+        if c:
+            md += ["", f"**{r['net']} as CUDA graph launches**: calibrated at k = {c['k']} "
+                   f"(every map kept): {c['measured_ms']:.1f} ms per iteration against "
+                   f"{c['steps_ms']:.1f} ms of eager profiled steps + {c['tail_ms']:.1f} ms "
+                   f"update: the model's step times x {c['factor']:.3f}, no host bound "
+                   "(swap.tuner.calibrate_graph)."]
     for r in results:
         a = r.get("at_batch")
         if not a:

@@ -235,12 +235,12 @@ def test_conv_fits_its_fastest_algorithms_in_chunks(cp, cu, rng):
     per = max(1, cu.fastest_bytes_per_image(cands, 16))
     assert g._bytes_per_image() == per
     chunks = cu.workspace_chunks(40, 64 << 20, per)
+    check_pair(cp, pair, [True], rng, calls=2)
     calls = g._bound[2]
     assert [(a, b) for a, b, _ in calls] == list(chunks)
     assert all(b - a >= 16 for a, b in chunks)           # the probe's need fits the cap
     assert [conv.limit for _, _, conv in calls] == [
         cu.workspace_limit_at(64 << 20, per, b - a) for a, b in chunks]
-    check_pair(cp, pair, [True], rng, calls=2)
     assert g.workspace_model()(40) == g.internals["workspace"].blob.count
 
 

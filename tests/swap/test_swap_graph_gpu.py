@@ -70,3 +70,25 @@ def test_a_net_the_graph_refuses_runs_eagerly_with_the_reason(make_solver):
     s.step(3)
     assert ex._graph is None and "forward listener" in ex.graph_refused
     assert np.isfinite(float(s.last_loss))
+
+
+def test_calibrate_graph_times_graph_launches_and_scales_the_model():
+    """On the GPU the calibration's iterations run as launches of a captured graph under the
+    plan that keeps every map, and the factor it gives is what graph_model applies."""
+    from swap.gmap import build_gmap
+    from swap.plan import min_budget
+    from swap.tuner import calibrate_graph, device_models, graph_model
+    s = _net_solver("resnet50", 8)
+    _net_inputs(s)
+    g = build_gmap(s.net, solver_type=s.type)
+    model, pcie = device_models()
+    reserve = measure_scratch(s, "naive").reserve(margin=0.5)
+    budget = min_budget(g.at(8), "none") + reserve + (256 << 20)
+    cal, ran = calibrate_graph(s, g, model, pcie, budget, budget, k_max=8, warmup=2,
+                               iterations=3, scratch=lambda k: reserve)
+    assert ran == 5 and cal is not None and cal.k == 8
+    assert cal.launches >= 3 and cal.measured > 0 and cal.factor > 0
+    assert cal.factor == pytest.approx((cal.measured - cal.tail) / cal.steps)
+    scaled = graph_model(model, cal.factor, cal.tail)
+    assert float(np.sum(scaled.times_fn(g)(8))) == pytest.approx(cal.factor * cal.steps)
+    assert np.isfinite(float(s.last_loss))

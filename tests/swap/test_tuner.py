@@ -589,3 +589,53 @@ def test_the_schedule_keeps_its_epochs_and_its_decay_per_epoch():
         want = {"inv": 0.999 * 4, "sigmoid": 0.999 * 4, "exp": 0.999 ** 4,
                 "multistep": 0.999}[policy]
         assert p.gamma == pytest.approx(want, rel=1e-6)
+
+
+# ------------------------------------------------------ iterations as CUDA graph launches
+def test_graph_model_scales_the_steps_and_drops_the_host_bound(make_solver):
+    """Under graph launches every step time is the eager model's times the calibration's
+    factor, the host's issue time bounds nothing, and the solver update is the only time
+    outside the steps; a factor that is not positive is refused."""
+    import dataclasses
+    from swap.model import HostModel, IterationOverhead
+    from swap.tuner import graph_model
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    base, _ = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9)
+    eager = dataclasses.replace(base, overhead=IterationOverhead(a=0.01, b=1e-4, tail=0.002),
+                                host=HostModel(a=(5.0,), b=(0.0,)))
+    m = graph_model(eager, 0.9)
+    np.testing.assert_allclose(m.times_fn(g)(8), 0.9 * eager.times_fn(g)(8))
+    np.testing.assert_allclose(m.step_times(g), 0.9 * eager.step_times(g))
+    assert eager.iteration(1.0, 8) == pytest.approx(5.0 + 0.01 + 8e-4)   # host-bound
+    assert m.host is None and m.iteration(1.0, 8) == pytest.approx(1.002)
+    assert graph_model(eager, 0.9, tail=0.0).iteration(1.0, 8) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="factor must be positive"):
+        graph_model(eager, 0.0)
+
+
+def test_calibrate_graph_trains_where_every_map_is_kept(make_solver):
+    """The calibration installs the plan that keeps every feature map at the largest k that
+    allows it (at most k_max), trains its iterations (they count), and where the iteration is
+    not captured (the CPU) says so and leaves the eager model; where it is, the factor is
+    (median iteration - update) / the eager steps at that k."""
+    from swap.profiler import max_batch_scratch
+    from swap.tuner import calibrate_graph
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9)
+    budget = 2 * min_budget(g.at(16), "naive")
+    k_keep = max_batch_scratch(g, budget, None, strategy="none")
+    lines = []
+    cal, ran = calibrate_graph(s, g, model, pcie, budget, budget, k_max=10 ** 6,
+                               warmup=1, iterations=2, log=lines.append)
+    assert cal is None and ran == 3 and s.iter == 3
+    ex = s.net.executor
+    assert ex.plan.k == k_keep and ex.plan.host_bytes == 0 and ex.graph_wanted
+    assert any(f"calibration at k = {k_keep}: the iteration is not captured" in x
+               for x in lines)
+    ex.close()
+    cal, ran = calibrate_graph(s, g, model, pcie, budget, budget, k_max=3, warmup=0,
+                               iterations=1)
+    assert ran == 1 and s.net.executor.plan.k == 3          # at most k_max
+    s.net.executor.close()

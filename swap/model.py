@@ -638,6 +638,8 @@ def iteration_time(device: float, host: float | None, overhead: float,
 
 
 # ------------------------------------------------------------ compute model
+# a step sheds at most this share of its eager time as a graph launch (ComputeModel.gap)
+GAP_SHARE = 0.9
 GRANULARITIES = ("type", "step", "segment")
 # the tuner's curves (``swap.tuner.profile_models``, ``train_dynamic``, ``minicaffe plan``):
 # per step since the H200 plans of 2026-11-21 measured it (module doc), in segments between
@@ -663,13 +665,16 @@ class ComputeModel:
     :class:`IterationOverhead` (None: 0, the paper's model); not part of eq. (2)'s ``t_iter``.
     host: the host's time to issue the steps, :class:`HostModel` (None: the host is assumed
     to keep ahead of the device, the model before host times were profiled);
-    :meth:`iteration` combines the three.
+    :meth:`iteration` combines the three.  gap: seconds taken off every step's time (at most
+    :data:`GAP_SHARE` of it), the host's gaps in and between the kernels of an eagerly
+    profiled step that a CUDA graph launch does not have (:func:`swap.tuner.graph_model`).
     """
     curves: tuple
     granularity: str = "type"
     slowdown: float = 1.0
     overhead: IterationOverhead | None = None
     host: HostModel | None = None
+    gap: float = 0.0        # seconds every step sheds as a CUDA graph launch (graph_model)
     _index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -688,7 +693,8 @@ class ComputeModel:
     def step_time(self, step, flops: float | None = None) -> float:
         """t_j: seconds of one step at ``flops`` (default: the step's own at its GMAP's k)."""
         x = step.flops if flops is None else flops
-        return float(self.curve(step).time(x)) * self.slowdown
+        t = float(self.curve(step).time(x)) * self.slowdown
+        return t - min(self.gap, GAP_SHARE * t) if self.gap > 0 else t
 
     def step_times(self, gmap: GMAP) -> np.ndarray:
         """``t_j(k)`` of every step of ``gmap`` at ``gmap.k`` (eq. 1 is in ``GMAP.at``)."""
@@ -707,13 +713,17 @@ class ComputeModel:
         safe = np.where(finite, peak, 1.0)
         k0 = gmap.k
         slow = self.slowdown
+        gap = self.gap
 
         def times(k: int) -> np.ndarray:
             x = flops * (k / k0)
             out = t0 + np.where(finite, (x + xh) / safe, 0.0)
             for j, c in knotted:
                 out[j] = c.time(x[j])
-            return slow * out
+            out = slow * out
+            if gap > 0:
+                out = out - np.minimum(gap, GAP_SHARE * out)
+            return out
         return times
 
     def t_iter(self, gmap: GMAP, k: int | None = None) -> float:
@@ -783,7 +793,8 @@ class ComputeModel:
         return {"granularity": self.granularity, "slowdown": self.slowdown,
                 "curves": [{"key": list(k), **c.to_dict()} for k, c in self.curves],
                 "overhead": None if self.overhead is None else self.overhead.to_dict(),
-                "host": None if self.host is None else self.host.to_dict()}
+                "host": None if self.host is None else self.host.to_dict(),
+                "gap": self.gap}
 
     @classmethod
     def from_dict(cls, d) -> "ComputeModel":
@@ -795,7 +806,8 @@ class ComputeModel:
                                 for c in d["curves"]),
                    granularity=d.get("granularity", "type"), slowdown=d.get("slowdown", 1.0),
                    overhead=None if oh is None else IterationOverhead.from_dict(oh),
-                   host=None if hm is None else HostModel.from_dict(hm))
+                   host=None if hm is None else HostModel.from_dict(hm),
+                   gap=float(d.get("gap", 0.0)))
 
 
 # ------------------------------------------------- the fit against its profile

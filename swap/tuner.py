@@ -812,29 +812,50 @@ class GraphCalibration:
     """What :func:`calibrate_graph` measured: at minibatch ``k`` under a plan that keeps
     every feature map, the median iteration (``measured`` seconds, the iterations launched
     as CUDA graphs) against the profile's eager step times there (``steps``) and the solver
-    update (``tail``); ``factor`` = (measured - tail) / steps."""
+    update (``tail``); ``gap``: the seconds each step sheds so that the steps and the update
+    make the measured iteration (:func:`graph_gap`)."""
     k: int
     measured: float
     steps: float
     tail: float
-    factor: float
+    gap: float
     launches: int
     iterations: int     # training iterations the calibration ran (they count as training)
 
 
-def graph_model(model: ComputeModel, factor: float, tail: float | None = None) -> ComputeModel:
-    """The compute model of iterations that run as CUDA graph launches: every step time times
-    ``factor`` (:func:`calibrate_graph`'s), no host bound (the host issues one launch per
-    iteration, not the steps), and the solver update (``tail``, default the model's own) the
-    only time outside the steps."""
+def graph_model(model: ComputeModel, gap: float, tail: float | None = None) -> ComputeModel:
+    """The compute model of iterations that run as CUDA graph launches: every step time less
+    ``gap`` seconds (:func:`calibrate_graph`'s; at most :data:`swap.model.GAP_SHARE` of it), no
+    host bound (the host issues one launch per iteration, not the steps), and the solver
+    update (``tail``, default the model's own) the only time outside the steps (the eager
+    gaps between steps are gone too)."""
     import dataclasses
 
     from .model import IterationOverhead
-    if not factor > 0:
-        raise ValueError(f"graph_model: factor must be positive, not {factor}")
     tail = _tail_of(model) if tail is None else float(tail)
-    return dataclasses.replace(model, slowdown=model.slowdown * float(factor), host=None,
+    return dataclasses.replace(model, gap=float(gap), host=None,
                                overhead=IterationOverhead(a=tail, b=0.0, tail=tail))
+
+
+def graph_gap(times, target: float) -> float:
+    """The gap ``g`` (seconds per step) with ``sum_j (t_j - min(g, GAP_SHARE t_j)) = target``
+    for eager step times ``times`` (0 where the target is not below their sum; the largest
+    gap, every step at its floor, where it is below what the floors allow)."""
+    from .model import GAP_SHARE
+    t = np.asarray(times, dtype=np.float64)
+    total = float(t.sum())
+    if not len(t) or target >= total:
+        return 0.0
+
+    def shed(g):
+        return float(np.minimum(g, GAP_SHARE * t).sum())
+    lo, hi = 0.0, float(GAP_SHARE * t.max())
+    if total - shed(hi) >= target:
+        return hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if total - shed(mid) > target else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, plan_budget: int,
@@ -844,18 +865,21 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
 
     The profile times each step eagerly, with the host issuing its kernels; launched as one
     graph (``--cuda-graph``, :mod:`swap.graph`) the same steps run without the host's gaps
-    between and within them, and the host's issue time no longer bounds the iteration.
-    Measured on the H200 (2026-11-28, ResNet-152, 12 GiB): with every map kept, 131.7 ms at
-    k = 46 and 232.9 ms at 92 as graphs against 143.6 and 256.3 ms of eager profiled steps
-    (0.917 and 0.909); the plan at 92, which the eager model had free of stalls, stalled
-    9.6 % as a graph: its offloads, timed for the eager forward, outlasted the faster one.
+    within and between them, and the host's issue time no longer bounds the iteration.
+    Measured on the H200 (2026-11-28, ResNet-152 in 12 GiB, every map kept): 45.4, 61.8,
+    119.0 and 223.5 ms of steps as graphs at k = 9, 16, 41 and 83 against 61.9, 77.3, 132.5
+    and 235.3 ms of eager profiled steps: 12 to 16.5 ms less at every k, about the same
+    per step, while a factor fitted at one k is 0.73 there and 0.95 at another.
+    The plan at 92 that the eager model had free of stalls stalled 9.6 % as a graph: its
+    offloads, timed for the eager forward, outlasted the faster one.
 
     So before deciding, this trains ``warmup + iterations`` real iterations as graph
-    launches at the largest k whose plan keeps every feature map (no copy to wait for; at most
-    ``k_max``), and scales every step time by ``factor`` = (median iteration - solver update)
-    / the profile's steps at that k (:func:`graph_model`).  Returns ``(calibration or None,
-    iterations run)``: None where no k keeps every map or the iteration cannot be captured
-    (the reason is logged; the eager model stands)."""
+    launches at the largest k whose Caffe-style plan (every feature map kept,
+    ``strategy="none"``) fits, at most ``k_max``, and takes the gap per step that makes the
+    profile's steps at that k, plus the solver update, the median measured iteration
+    (:func:`graph_gap`, :func:`graph_model`).  Returns ``(calibration or None, iterations
+    run)``: None where no k keeps every map or the iteration cannot be captured (the reason
+    is logged; the eager model stands)."""
     import statistics
     import time
 
@@ -894,14 +918,15 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
             f"({ex.graph_refused or 'no launch yet'}); the eager model stands")
         return None, ran
     measured = statistics.median(times)
-    steps = float(np.sum(model.times_fn(gmap)(k)))
+    eager = model.times_fn(gmap)(k)
     tail = _tail_of(model)
-    factor = (measured - tail) / steps
-    cal = GraphCalibration(k=k, measured=measured, steps=steps, tail=tail, factor=factor,
-                           launches=ex.graph_launches, iterations=ran)
+    gap = graph_gap(eager, measured - tail)
+    cal = GraphCalibration(k=k, measured=measured, steps=float(np.sum(eager)), tail=tail,
+                           gap=gap, launches=ex.graph_launches, iterations=ran)
     say(f"cuda_graph calibration at k = {k} (every feature map kept): {1e3 * measured:.1f} ms "
-        f"per iteration as graph launches against {1e3 * steps:.1f} ms of eager profiled steps "
-        f"+ {1e3 * tail:.1f} ms update: every step time x {factor:.3f}, no host bound")
+        f"per iteration as graph launches against {1e3 * cal.steps:.1f} ms of eager profiled "
+        f"steps + {1e3 * tail:.1f} ms update: every step {1e6 * gap:.2f} us shorter, no host "
+        "bound")
     return cal, ran
 
 
@@ -1130,7 +1155,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         images += sum(net_batch_size(net) for _ in range(ran))
         assert solver.iter - it0 == ran
         if calibration is not None:
-            model = graph_model(model, calibration.factor, calibration.tail)
+            model = graph_model(model, calibration.gap, calibration.tail)
     if auto_batch:
         dec = tune(g0, base, model, pcie, method=method, rule=rule, k_max=k_max, delta=delta,
                    scratch=scratch, fill=fill, objective=objective, recompute=recompute)

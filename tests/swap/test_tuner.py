@@ -592,26 +592,34 @@ def test_the_schedule_keeps_its_epochs_and_its_decay_per_epoch():
 
 
 # ------------------------------------------------------ iterations as CUDA graph launches
-def test_graph_model_scales_the_steps_and_drops_the_host_bound(make_solver):
-    """Under graph launches every step time is the eager model's times the calibration's
-    factor, the host's issue time bounds nothing, and the solver update is the only time
-    outside the steps; a factor that is not positive is refused."""
+def test_graph_model_sheds_a_gap_per_step_and_drops_the_host_bound(make_solver):
+    """Under graph launches every step time is the eager model's less the calibration's gap
+    (at most GAP_SHARE of it), the host's issue time bounds nothing, and the solver update is
+    the only time outside the steps; graph_gap finds the gap that makes a target sum."""
     import dataclasses
-    from swap.model import HostModel, IterationOverhead
-    from swap.tuner import graph_model
+    from swap.model import GAP_SHARE, HostModel, IterationOverhead
+    from swap.tuner import graph_gap, graph_model
     s = make_solver("resnet", batch=4)
     g = build_gmap(s.net)
     base, _ = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9)
     eager = dataclasses.replace(base, overhead=IterationOverhead(a=0.01, b=1e-4, tail=0.002),
                                 host=HostModel(a=(5.0,), b=(0.0,)))
-    m = graph_model(eager, 0.9)
-    np.testing.assert_allclose(m.times_fn(g)(8), 0.9 * eager.times_fn(g)(8))
-    np.testing.assert_allclose(m.step_times(g), 0.9 * eager.step_times(g))
+    t = eager.times_fn(g)(8)
+    gap = 0.5 * float(np.median(t))
+    m = graph_model(eager, gap)
+    want = t - np.minimum(gap, GAP_SHARE * t)
+    np.testing.assert_allclose(m.times_fn(g)(8), want)
+    np.testing.assert_allclose(m.step_times(g.at(8)), want)
     assert eager.iteration(1.0, 8) == pytest.approx(5.0 + 0.01 + 8e-4)   # host-bound
     assert m.host is None and m.iteration(1.0, 8) == pytest.approx(1.002)
-    assert graph_model(eager, 0.9, tail=0.0).iteration(1.0, 8) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="factor must be positive"):
-        graph_model(eager, 0.0)
+    assert graph_model(eager, gap, tail=0.0).iteration(1.0, 8) == pytest.approx(1.0)
+    assert type(m).from_dict(m.to_dict()).gap == gap
+    # the gap that makes a target
+    target = float(want.sum())
+    assert graph_gap(t, target) == pytest.approx(gap, rel=1e-6)
+    assert graph_gap(t, float(t.sum()) + 1.0) == 0.0               # graphs not faster
+    assert graph_gap(t, 0.0) == pytest.approx(GAP_SHARE * t.max())  # every step at its floor
+    assert graph_gap([], 1.0) == 0.0
 
 
 def test_calibrate_graph_trains_where_every_map_is_kept(make_solver):

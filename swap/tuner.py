@@ -870,8 +870,10 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
     119.0 and 223.5 ms of steps as graphs at k = 9, 16, 41 and 83 against 61.9, 77.3, 132.5
     and 235.3 ms of eager profiled steps: 12 to 16.5 ms less at every k, about the same
     per step, while a factor fitted at one k is 0.73 there and 0.95 at another.
-    The plan at 92 that the eager model had free of stalls stalled 9.6 % as a graph: its
-    offloads, timed for the eager forward, outlasted the faster one.
+    The eager model's plan at 92 ran 9.6 % slower than ``none`` as a graph, with its copies
+    timed for the slower eager forward (with this calibration the plans at 83 and 85 still
+    ran 1.6 and 5.2 % slower: the captured copies cost compute time of their own, which no
+    profile holds yet).
 
     So before deciding, this trains ``warmup + iterations`` real iterations as graph
     launches at the largest k whose Caffe-style plan (every feature map kept,
@@ -1152,7 +1154,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         it0 = solver.iter
         calibration, ran = calibrate_graph(solver, g0, model, pcie, base, budget, k_max=k_max,
                                            scratch=scratch, log=say)
-        images += sum(net_batch_size(net) for _ in range(ran))
+        images += ran * net_batch_size(net)
         assert solver.iter - it0 == ran
         if calibration is not None:
             model = graph_model(model, calibration.gap, calibration.tail)

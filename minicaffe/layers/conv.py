@@ -706,9 +706,10 @@ class ConvolutionLayer(Layer):
         cap (:func:`minicaffe.cudnn.ops.fastest_bytes_per_image`).
 
         Why: the fastest algorithm of a convolution on large maps needs far more than the
-        bound per image (VGG-16's conv1_2 under WINOGRAD_NONFUSED: 58 MB per image, 3.6 ms
-        forward at 64 images against 6.0 for the fastest within 8 MiB per image; the
-        conv1-conv2 block ran 0.6 ms per image slower, H200, ``docs/results/conv_algos``).
+        bound per image (VGG-16's conv1_2 under WINOGRAD_NONFUSED: 58 MB per image, its three
+        directions 16.2 ms at 64 images against 30.3 for the fastest within 64 MiB, H200,
+        ``docs/results/conv_algos``; with it VGG-16 went from 0.84x to 1.2x PyTorch eager
+        under a 12 GiB plan, docs/RESULTS.md "Session 23").
         With its own bytes per image such a layer runs in chunks that each fit its fastest
         algorithm in the cap (at least the probe's images per chunk, since the probe's need
         is within the cap), the others keep the bound; the memory model charges each layer's

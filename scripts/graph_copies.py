@@ -56,6 +56,8 @@ class Bench:
         self.cp, self.kind, self.kernels, self.pieces = cp, kind, kernels, pieces
         rt = cp.cuda.runtime
         self.rt = rt
+        self.d2h = getattr(rt, "memcpyDeviceToHost", 2)      # cudaMemcpyKind values
+        self.h2d = getattr(rt, "memcpyHostToDevice", 1)
         self.compute = cp.cuda.Stream(non_blocking=True)
         self.out = cp.cuda.Stream(non_blocking=True)
         self.into = cp.cuda.Stream(non_blocking=True)
@@ -107,9 +109,9 @@ class Bench:
                 self.into.wait_event(e)
                 off = done * self.piece
                 rt.memcpyAsync(self.host.ptr + off, self.dev_src.data.ptr + off, self.piece,
-                               getattr(rt, "memcpyDeviceToHost", 2), self.out.ptr)
+                               self.d2h, self.out.ptr)
                 rt.memcpyAsync(self.dev_dst.data.ptr + off, self.host_in.ptr + off, self.piece,
-                               getattr(rt, "memcpyHostToDevice", 1), self.into.ptr)
+                               self.h2d, self.into.ptr)
                 done += 1
         if copies:
             self.joins[0].record(self.out)
@@ -159,9 +161,9 @@ class Bench:
             self.out.wait_event(self.fork)
             self.into.wait_event(self.fork)
             rt.memcpyAsync(self.host.ptr, self.dev_src.data.ptr, self.piece * self.pieces,
-                           getattr(rt, "memcpyDeviceToHost", 2), self.out.ptr)
+                           self.d2h, self.out.ptr)
             rt.memcpyAsync(self.dev_dst.data.ptr, self.host_in.ptr, self.piece * self.pieces,
-                           getattr(rt, "memcpyHostToDevice", 1), self.into.ptr)
+                           self.h2d, self.into.ptr)
             self.joins[0].record(self.out)
             self.joins[1].record(self.into)
             self.compute.wait_event(self.joins[0])

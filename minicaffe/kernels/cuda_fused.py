@@ -33,6 +33,17 @@ deterministic (no atomics) and accumulate in double precision.  The batch mean
 is taken around a pivot (the channel's first element) so the variance
 ``E[(x-K)^2] - E[x-K]^2`` does not cancel catastrophically.
 
+Bandwidth: these kernels are bound by device memory.  One 4-byte load per
+thread per step leaves too few bytes in flight to fill an H100/H200's HBM
+(session 23's profile of ResNet-152: the BatchNorm+Scale pairs at 1.6-2.2 TB/s
+of the H200's 4.8).  Where S and the block's chunk L are multiples of 16 bytes
+of elements and every array is 16-byte aligned, a thread moves 16 bytes per
+access (``Lanes``, ``channel_walk``); elsewhere one element.  The values are
+the same either way; the per-block sums add the same elements in another
+order (double precision, so the float results agree to the last bit in all
+but rare ties).  ``MINICAFFE_FUSED_LANES=0`` keeps one element per access
+(for A/B timing).  The channel walk keeps each element's offset by additions.
+
 Bit-level faithfulness: where the generic path does one rounding per CuPy op
 (``y = x * scale``, then ``y += bias``), the kernels use ``__fmul_rn``-style
 intrinsics, which the compiler never contracts into an FMA, so the elementwise
@@ -74,8 +85,10 @@ _MAX_BLOCKS = 1 << 20    # elementwise kernels use grid-stride loops beyond this
 _MAX_GRID_Y = 65535      # CUDA's limit on gridDim.y: the channel count of (P, C) grids
 _TARGET_BLOCKS = 2048    # enough (P, C) blocks to fill an H100/H200 (132 SMs) several times
 _MIN_BLOCK_ELEMS = 1024  # ... but no fewer than 4 elements per thread in a block
+_LANE_MULTIPLE = 4       # a block's chunk of a channel: whole 16-byte units of float or double
 _SGD_CHUNK = 8192        # elements of one parameter handled by one block of the SGD update
 ENV_FUSED = "MINICAFFE_FUSED"
+ENV_LANES = "MINICAFFE_FUSED_LANES"  # "0": channel and Eltwise kernels one element at a time
 
 _SOURCE = r"""
 #define FUSED_THREADS 256
@@ -140,26 +153,61 @@ __device__ __forceinline__ void block_sum4(double& a, double& b, double& c, doub
   d = s4[3][0];
 }
 
-// Walks the elements j = n*S + s of channel c of an (N, C, S) array that one
-// thread of block (p, c) owns: j = j0 + threadIdx.x, then steps of
-// FUSED_THREADS, without a division per element.
+// V consecutive elements of T that one thread moves with one access: V = 16 /
+// sizeof(T) gives a 16-byte vector load or store (the channel and elementwise
+// kernels are bound by memory bandwidth, which one-element accesses leave
+// half unused on an H100/H200: too few bytes in flight per SM); V = 1 is the
+// plain element.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Lanes {
+  T v[V];
+};
+
+template <typename T>
+using Pack16 = Lanes<T, 16 / sizeof(T)>;
+
+template <typename T, int V>
+__device__ __forceinline__ Lanes<T, V> load(const T* a, const long long o) {
+  return reinterpret_cast<const Lanes<T, V>*>(a)[o];
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store(T* a, const long long o, const Lanes<T, V>& r) {
+  reinterpret_cast<Lanes<T, V>*>(a)[o] = r;
+}
+
+// The lane count as a type, so that one generic lambda serves both widths.
+template <int V>
+struct Width {
+  static constexpr int value = V;
+};
+
+// Walks the units u = n*S + s (a unit: V elements) of channel c of an (N, C, S)
+// array (S counted in units) that one thread of block (p, c) owns: u = u0 +
+// threadIdx.x, then steps of FUSED_THREADS.  o is the unit's offset in the
+// array, (n*C + c)*S + s, kept by additions only (no division or product per
+// unit).
 struct ChannelCursor {
-  long long j, n, s, dn, ds;
-  __device__ ChannelCursor(long long j0, long long S) {
-    j = j0 + threadIdx.x;
-    n = j / S;
-    s = j - n * S;
-    dn = FUSED_THREADS / S;
+  long long u, s, o, ds, step, wrap;
+  __device__ ChannelCursor(const long long u0, const long long C, const long long c,
+                           const long long S) {
+    u = u0 + threadIdx.x;
+    const long long n = u / S;
+    s = u - n * S;
+    o = (n * C + c) * S + s;
+    const long long dn = FUSED_THREADS / S;
     ds = FUSED_THREADS - dn * S;
+    step = dn * C * S + ds;
+    wrap = (C - 1) * S;
   }
-  __device__ __forceinline__ void next(long long S) {
-    j += FUSED_THREADS;
-    n += dn;
+  __device__ __forceinline__ void next(const long long S) {
+    u += FUSED_THREADS;
     s += ds;
-    if (s >= S) { s -= S; ++n; }
-  }
-  __device__ __forceinline__ long long offset(long long C, long long c, long long S) const {
-    return (n * C + c) * S + s;
+    o += step;
+    if (s >= S) {
+      s -= S;
+      o += wrap;
+    }
   }
 };
 
@@ -167,23 +215,46 @@ __device__ __forceinline__ long long chunk_end(long long j0, long long L, long l
   return j0 + L < m ? j0 + L : m;
 }
 
+// Calls body(Width<V>(), o) for every unit of block (p, c)'s chunk of channel c,
+// elements [p*L, min((p+1)*L, m)), that this thread owns; o counts units of V
+// elements.  vec: V = 16 / sizeof(T) (the caller has checked that S and L are
+// multiples of V and every array is 16-byte aligned, so no unit straddles two
+// (n, c) rows); otherwise V = 1.  Each element is visited by one thread, which
+// reads its inputs before it writes its outputs: in-place arrays are safe.
+template <typename T, typename Body>
+__device__ __forceinline__ void channel_walk(const int vec, const long long C, const long long c,
+    const long long S, const long long m, const long long L, const long long p, Body body) {
+  const long long j0 = p * L, j1 = chunk_end(j0, L, m);
+  if (vec) {
+    constexpr int V = 16 / sizeof(T);
+    const long long Sv = S / V, u1 = j1 / V;
+    for (ChannelCursor it(j0 / V, C, c, Sv); it.u < u1; it.next(Sv)) body(Width<V>(), it.o);
+  } else {
+    for (ChannelCursor it(j0, C, c, S); it.u < j1; it.next(S)) body(Width<1>(), it.o);
+  }
+}
+
 // ------------------------------------------------------------ BatchNorm
 // Workspace (double): ws[(c*P + p)*2 + {0, 1}] = partial sums of block (p, c);
 // ws[2*C*P + c] = the channel's pivot K (its element (0, c, 0)).
+// Every channel kernel takes (C, S, m, L, vec) as channel_walk does.
 
 // Block (p, c): sums of (x - K) and (x - K)^2 over its chunk of channel c.
 template <typename T>
 __global__ void bn_stats_partial(const T* __restrict__ x, const long long C, const long long S,
-    const long long m, const long long L, double* __restrict__ ws) {
+    const long long m, const long long L, const int vec, double* __restrict__ ws) {
   const long long c = blockIdx.y, p = blockIdx.x, P = gridDim.x;
   const double pivot = (double)x[c * S];
-  const long long j1 = chunk_end(p * L, L, m);
   double a = 0.0, b = 0.0;
-  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
-    const double v = (double)x[it.offset(C, c, S)] - pivot;
-    a += v;
-    b += v * v;
-  }
+  channel_walk<T>(vec, C, c, S, m, L, p, [&](auto w, const long long o) {
+    constexpr int V = decltype(w)::value;
+    const Lanes<T, V> r = load<T, V>(x, o);
+    for (int k = 0; k < V; ++k) {
+      const double v = (double)r.v[k] - pivot;
+      a += v;
+      b += v * v;
+    }
+  });
   block_sum2(a, b);
   if (threadIdx.x == 0) {
     ws[(c * P + p) * 2] = a;
@@ -195,15 +266,16 @@ __global__ void bn_stats_partial(const T* __restrict__ x, const long long C, con
 // y = (x - mean) / std per channel (y may be x: in place); x_norm (may be
 // null) gets a copy of y.  With gamma (a following Scale layer fused in, see
 // BatchNormLayer): x_norm gets (x - mean) / std and y = that * gamma[c]
-// (+ beta[c] when beta is not null), rounded as the Scale kernel rounds.  TRAIN (use_global 0): mean and biased variance from
-// the P partials of bn_stats_partial; block (0, c) writes std[c] and updates
-// Caffe's running sums (mean_sum <- maf*mean_sum + mean, var_sum <- maf*var_sum
-// + correction*var, and block (0, 0) the scale factor s <- maf*s + 1).  Global
+// (+ beta[c] when beta is not null), rounded as the Scale kernel rounds it.
+// TRAIN (use_global 0): mean and biased variance from the P partials of
+// bn_stats_partial; block (0, c) writes std[c] and updates Caffe's running
+// sums (mean_sum <- maf*mean_sum + mean, var_sum <- maf*var_sum +
+// correction*var, and block (0, 0) the scale factor s <- maf*s + 1).  Global
 // statistics (use_global 1): mean = mean_sum / s, var = var_sum / s (0 while s
 // is 0), nothing is updated but std.
 template <typename T>
 __global__ void bn_forward_apply(const T* x, T* y, T* x_norm, const long long C,
-    const long long S, const long long m, const long long L, const int P,
+    const long long S, const long long m, const long long L, const int vec, const int P,
     const double* __restrict__ ws, const int use_global, T* mean_sum, T* var_sum, T* factor,
     const T eps, const T maf, const T correction, T* std_out, const T* __restrict__ gamma,
     const T* __restrict__ beta) {
@@ -244,35 +316,39 @@ __global__ void bn_forward_apply(const T* x, T* y, T* x_norm, const long long C,
   const T mean_t = s_mean, sd = s_std;
   const T g = gamma ? gamma[c] : T(1);
   const T b = beta ? beta[c] : T(0);
-  const long long j1 = chunk_end(p * L, L, m);
-  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
-    const long long o = it.offset(C, c, S);
-    const T v = div_rn(sub_rn(x[o], mean_t), sd);
-    if (x_norm) x_norm[o] = v;
-    if (gamma) {
-      T r = mul_rn(v, g);
-      if (beta) r = add_rn(r, b);
-      y[o] = r;
-    } else {
-      y[o] = v;
+  channel_walk<T>(vec, C, c, S, m, L, p, [&](auto w, const long long o) {
+    constexpr int V = decltype(w)::value;
+    const Lanes<T, V> r = load<T, V>(x, o);
+    Lanes<T, V> v, out;
+    for (int k = 0; k < V; ++k) {
+      v.v[k] = div_rn(sub_rn(r.v[k], mean_t), sd);
+      T t = v.v[k];
+      if (gamma) {
+        t = mul_rn(t, g);
+        if (beta) t = add_rn(t, b);
+      }
+      out.v[k] = t;
     }
-  }
+    if (x_norm) store<T, V>(x_norm, o, v);
+    store<T, V>(y, o, out);
+  });
 }
 
 // Block (p, c): sums of dy and dy * y over its chunk of channel c.
 template <typename T>
 __global__ void bn_backward_partial(const T* __restrict__ dy, const T* __restrict__ y,
-    const long long C, const long long S, const long long m, const long long L,
+    const long long C, const long long S, const long long m, const long long L, const int vec,
     double* __restrict__ ws) {
   const long long c = blockIdx.y, p = blockIdx.x, P = gridDim.x;
-  const long long j1 = chunk_end(p * L, L, m);
   double a = 0.0, b = 0.0;
-  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
-    const long long o = it.offset(C, c, S);
-    const double g = (double)dy[o];
-    a += g;
-    b += g * (double)y[o];
-  }
+  channel_walk<T>(vec, C, c, S, m, L, p, [&](auto w, const long long o) {
+    constexpr int V = decltype(w)::value;
+    const Lanes<T, V> g = load<T, V>(dy, o), r = load<T, V>(y, o);
+    for (int k = 0; k < V; ++k) {
+      a += (double)g.v[k];
+      b += (double)g.v[k] * (double)r.v[k];
+    }
+  });
   block_sum2(a, b);
   if (threadIdx.x == 0) {
     ws[(c * P + p) * 2] = a;
@@ -288,21 +364,21 @@ __global__ void bn_backward_partial(const T* __restrict__ dy, const T* __restric
 template <typename T>
 __global__ void bn_scale_backward_partial(const T* __restrict__ dy, const T* __restrict__ x,
     const T* __restrict__ gamma, const long long C, const long long S, const long long m,
-    const long long L, double* __restrict__ ws) {
+    const long long L, const int vec, double* __restrict__ ws) {
   const long long c = blockIdx.y, p = blockIdx.x, P = gridDim.x;
   const T sc = gamma[c];
-  const long long j1 = chunk_end(p * L, L, m);
   double a = 0.0, b = 0.0, e = 0.0, f = 0.0;
-  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
-    const long long o = it.offset(C, c, S);
-    const T g = dy[o];
-    const T v = x[o];
-    a += (double)mul_rn(g, v);
-    b += (double)g;
-    const double g2 = (double)mul_rn(g, sc);
-    e += g2;
-    f += g2 * (double)v;
-  }
+  channel_walk<T>(vec, C, c, S, m, L, p, [&](auto w, const long long o) {
+    constexpr int V = decltype(w)::value;
+    const Lanes<T, V> g = load<T, V>(dy, o), v = load<T, V>(x, o);
+    for (int k = 0; k < V; ++k) {
+      a += (double)mul_rn(g.v[k], v.v[k]);
+      b += (double)g.v[k];
+      const double g2 = (double)mul_rn(g.v[k], sc);
+      e += g2;
+      f += g2 * (double)v.v[k];
+    }
+  });
   block_sum4(a, b, e, f);
   if (threadIdx.x == 0) {
     ws[(c * P + p) * 4] = a;
@@ -313,16 +389,18 @@ __global__ void bn_scale_backward_partial(const T* __restrict__ dy, const T* __r
 }
 
 // TRAIN: dx = (dy - (mean(dy * y) * y + mean(dy))) / std, the means from the P
-// partials of bn_backward_partial; global statistics: dx = dy / std.  dx may
-// be dy (in place): each element is read and written by one thread.  Fused with
-// a Scale (gamma not null): the partials are bn_scale_backward_partial's (W = 4,
-// BatchNorm's sums at offsets 2 and 3), dy is first multiplied by gamma[c] (the
-// Scale's bottom diff, which dy_out, when not null, receives), W = 2 otherwise.
+// partials of bn_backward_partial; global statistics: dx = dy / std (y is not
+// read and may be null).  dx may be dy (in place).  Fused with a Scale (gamma
+// not null): the partials are bn_scale_backward_partial's (W = 4, BatchNorm's
+// sums at offsets 2 and 3), dy is first multiplied by gamma[c] (the Scale's
+// bottom diff, which dy_out, when not null, receives; it may be dy or dx too),
+// W = 2 otherwise.
 template <typename T>
 __global__ void bn_backward_apply(const T* dy, const T* __restrict__ y,
     const T* __restrict__ std_in, T* dx, const long long C, const long long S,
-    const long long m, const long long L, const int P, const double* __restrict__ ws,
-    const int use_global, const T* __restrict__ gamma, const int W, T* dy_out) {
+    const long long m, const long long L, const int vec, const int P,
+    const double* __restrict__ ws, const int use_global, const T* __restrict__ gamma,
+    const int W, T* dy_out) {
   __shared__ T s_mdy, s_mdyy, s_std;
   const long long c = blockIdx.y, p = blockIdx.x;
   const int k0 = W == 4 ? 2 : 0;
@@ -344,21 +422,23 @@ __global__ void bn_backward_apply(const T* dy, const T* __restrict__ y,
   __syncthreads();
   const T mdy = s_mdy, mdyy = s_mdyy, sd = s_std;
   const T sc = gamma ? gamma[c] : T(1);
-  const long long j1 = chunk_end(p * L, L, m);
-  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
-    const long long o = it.offset(C, c, S);
-    T g = dy[o];
+  channel_walk<T>(vec, C, c, S, m, L, p, [&](auto w, const long long o) {
+    constexpr int V = decltype(w)::value;
+    Lanes<T, V> g = load<T, V>(dy, o);
     if (gamma) {
-      g = mul_rn(g, sc);
-      if (dy_out) dy_out[o] = g;
+      for (int k = 0; k < V; ++k) g.v[k] = mul_rn(g.v[k], sc);
+      if (dy_out) store<T, V>(dy_out, o, g);
     }
+    Lanes<T, V> out;
     if (use_global) {
-      dx[o] = div_rn(g, sd);
+      for (int k = 0; k < V; ++k) out.v[k] = div_rn(g.v[k], sd);
     } else {
-      const T t = add_rn(mul_rn(y[o], mdyy), mdy);
-      dx[o] = div_rn(sub_rn(g, t), sd);
+      const Lanes<T, V> r = load<T, V>(y, o);
+      for (int k = 0; k < V; ++k)
+        out.v[k] = div_rn(sub_rn(g.v[k], add_rn(mul_rn(r.v[k], mdyy), mdy)), sd);
     }
-  }
+    store<T, V>(dx, o, out);
+  });
 }
 
 // ---------------------------------------------------------------- Scale
@@ -369,39 +449,49 @@ __global__ void bn_backward_apply(const T* dy, const T* __restrict__ y,
 template <typename T>
 __global__ void scale_forward(const T* x, const T* __restrict__ scale,
     const T* __restrict__ bias, T* y, T* x_copy, const long long C, const long long S,
-    const long long m, const long long L) {
+    const long long m, const long long L, const int vec) {
   const long long c = blockIdx.y, p = blockIdx.x;
   const T sc = scale[c];
   const T b = bias ? bias[c] : T(0);
-  const long long j1 = chunk_end(p * L, L, m);
-  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
-    const long long o = it.offset(C, c, S);
-    const T v = x[o];
-    if (x_copy) x_copy[o] = v;
-    T r = mul_rn(v, sc);
-    if (bias) r = add_rn(r, b);
-    y[o] = r;
-  }
+  channel_walk<T>(vec, C, c, S, m, L, p, [&](auto w, const long long o) {
+    constexpr int V = decltype(w)::value;
+    const Lanes<T, V> v = load<T, V>(x, o);
+    if (x_copy) store<T, V>(x_copy, o, v);
+    Lanes<T, V> r;
+    for (int k = 0; k < V; ++k) {
+      r.v[k] = mul_rn(v.v[k], sc);
+      if (bias) r.v[k] = add_rn(r.v[k], b);
+    }
+    store<T, V>(y, o, r);
+  });
 }
 
-// Block (p, c): partial sums of dy * x (when need_scale) and dy (when
-// need_bias), and dx = dy * scale[c] when dx is not null (dx may be dy).
+// Block (p, c): partial sums of dy * x (when need_scale; x may be null
+// otherwise) and dy (when need_bias), and dx = dy * scale[c] when dx is not
+// null (dx may be dy).
 template <typename T>
 __global__ void scale_backward_partial(const T* dy, const T* __restrict__ x,
     const T* __restrict__ scale, T* dx, const long long C, const long long S,
-    const long long m, const long long L, const int need_scale, const int need_bias,
-    double* __restrict__ ws) {
+    const long long m, const long long L, const int vec, const int need_scale,
+    const int need_bias, double* __restrict__ ws) {
   const long long c = blockIdx.y, p = blockIdx.x, P = gridDim.x;
   const T sc = dx ? scale[c] : T(0);
-  const long long j1 = chunk_end(p * L, L, m);
   double a = 0.0, b = 0.0;
-  for (ChannelCursor it(p * L, S); it.j < j1; it.next(S)) {
-    const long long o = it.offset(C, c, S);
-    const T g = dy[o];
-    if (need_scale) a += (double)mul_rn(g, x[o]);
-    if (need_bias) b += (double)g;
-    if (dx) dx[o] = mul_rn(g, sc);
-  }
+  channel_walk<T>(vec, C, c, S, m, L, p, [&](auto w, const long long o) {
+    constexpr int V = decltype(w)::value;
+    const Lanes<T, V> g = load<T, V>(dy, o);
+    if (need_scale) {
+      const Lanes<T, V> v = load<T, V>(x, o);
+      for (int k = 0; k < V; ++k) a += (double)mul_rn(g.v[k], v.v[k]);
+    }
+    if (need_bias)
+      for (int k = 0; k < V; ++k) b += (double)g.v[k];
+    if (dx) {
+      Lanes<T, V> r;
+      for (int k = 0; k < V; ++k) r.v[k] = mul_rn(g.v[k], sc);
+      store<T, V>(dx, o, r);
+    }
+  });
   if (need_scale || need_bias) {
     block_sum2(a, b);
     if (threadIdx.x == 0) {
@@ -441,13 +531,6 @@ template <typename T>
 __global__ void relu_forward(const long long n, const T* x, T* y, const T slope) {
   CUDA_KERNEL_LOOP(i, n) y[i] = relu_value(x[i], slope);
 }
-
-// 16 bytes of T that the compiler moves with one vector load or store (the
-// elementwise kernels are bound by memory bandwidth, which narrow loads do not fill).
-template <typename T>
-struct alignas(16) Pack16 {
-  T v[16 / sizeof(T)];
-};
 
 // relu_forward over n16 packs of 16 bytes (n a multiple of the pack, x and y
 // 16-byte aligned); the same value per element.
@@ -505,6 +588,38 @@ __global__ void eltwise_sum_backward2(const long long n, const T* dy, T* dx0, co
     const T g = dy[i];
     if (dx0) dx0[i] = c0 == T(1) ? g : mul_rn(g, c0);
     if (dx1) dx1[i] = c1 == T(1) ? g : mul_rn(g, c1);
+  }
+}
+
+// eltwise_sum2 over n16 packs of 16 bytes (as relu_forward_v); the same value per element.
+template <typename T>
+__global__ void eltwise_sum2_v(const long long n16, const T* a, const T ca, const T* b,
+    const T cb, T* y) {
+  CUDA_KERNEL_LOOP(i, n16) {
+    const Pack16<T> u = reinterpret_cast<const Pack16<T>*>(b)[i];
+    const Pack16<T> v = reinterpret_cast<const Pack16<T>*>(a)[i];
+    Pack16<T> r;
+    for (int k = 0; k < (int)(16 / sizeof(T)); ++k) {
+      const T t = cb == T(1) ? u.v[k] : mul_rn(u.v[k], cb);
+      r.v[k] = add_rn(mul_rn(v.v[k], ca), t);
+    }
+    reinterpret_cast<Pack16<T>*>(y)[i] = r;
+  }
+}
+
+// eltwise_sum_backward2 over n16 packs of 16 bytes.
+template <typename T>
+__global__ void eltwise_sum_backward2_v(const long long n16, const T* dy, T* dx0, const T c0,
+    T* dx1, const T c1) {
+  CUDA_KERNEL_LOOP(i, n16) {
+    const Pack16<T> g = reinterpret_cast<const Pack16<T>*>(dy)[i];
+    Pack16<T> r0, r1;
+    for (int k = 0; k < (int)(16 / sizeof(T)); ++k) {
+      r0.v[k] = c0 == T(1) ? g.v[k] : mul_rn(g.v[k], c0);
+      r1.v[k] = c1 == T(1) ? g.v[k] : mul_rn(g.v[k], c1);
+    }
+    if (dx0) reinterpret_cast<Pack16<T>*>(dx0)[i] = r0;
+    if (dx1) reinterpret_cast<Pack16<T>*>(dx1)[i] = r1;
   }
 }
 
@@ -624,11 +739,15 @@ __global__ void zero_multi(const long long* __restrict__ chunk_param,
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 KERNELS = ("bn_stats_partial", "bn_forward_apply", "bn_backward_partial", "bn_backward_apply",
            "bn_scale_backward_partial", "scale_forward", "scale_backward_partial", "scale_backward_finalize",
-           "relu_forward", "relu_backward", "relu_forward_v", "relu_backward_v", "eltwise_sum2", "eltwise_sum_backward2",
+           "relu_forward", "relu_backward", "relu_forward_v", "relu_backward_v", "eltwise_sum2",
+           "eltwise_sum_backward2", "eltwise_sum2_v", "eltwise_sum_backward2_v",
            "dropout_forward", "dropout_backward", "sgd_update_multi", "zero_multi")
 
-_state = {"enabled": os.environ.get(ENV_FUSED, "1").strip().lower() not in ("0", "false", "off",
-                                                                             "no")}
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+_state = {"enabled": _env_on(ENV_FUSED), "lanes": _env_on(ENV_LANES)}
 _NULL = np.uint64(0)  # a null pointer argument (8 bytes, passed by value)
 _i32 = np.int32
 _i64 = np.int64
@@ -725,13 +844,26 @@ def _elementwise_grid(n: int):
 def channel_chunks(m: int, channels: int) -> tuple[int, int]:
     """(P, L) for a (P, C) grid over (N, C, S) with m = N*S elements per channel:
     P blocks per channel, each of L consecutive elements (the last may be short),
-    enough blocks in all to fill the GPU, at least ``_MIN_BLOCK_ELEMS`` each."""
+    enough blocks in all to fill the GPU, at least ``_MIN_BLOCK_ELEMS`` each.
+    L is a multiple of ``_LANE_MULTIPLE``, so that the 16-byte units of the
+    channel kernels never straddle two blocks."""
     if m <= 0:
         return 1, 1
     want = max(1, -(-_TARGET_BLOCKS // max(channels, 1)))
     p = max(1, min(want, -(-m // _MIN_BLOCK_ELEMS)))
     length = -(-m // p)
+    length = -(-length // _LANE_MULTIPLE) * _LANE_MULTIPLE
     return -(-m // length), length
+
+
+def _vec(s: int, length: int, *arrays):
+    """The channel kernels' ``vec`` argument: 1 when they may move 16-byte units
+    (S and L multiples of the unit, every array 16-byte aligned; None entries are
+    absent arrays), else 0 (one element at a time).  The same values either way."""
+    width = 16 // arrays[0].dtype.itemsize
+    ok = (_state["lanes"] and s % width == 0 and length % width == 0
+          and all(_ptr(a) % 16 == 0 for a in arrays if a is not None))
+    return _i32(ok)
 
 
 def channel_grid_ok(channels: int) -> bool:
@@ -760,7 +892,7 @@ def bn_forward_train(x, y, x_norm, ws, std, mean_sum, var_sum, factor, eps, maf,
         return
     dt = x.dtype
     T = dt.type
-    args = (_i64(c), _i64(s), _i64(m), _i64(length))
+    args = (_i64(c), _i64(s), _i64(m), _i64(length), _vec(s, length, x, y, x_norm))
     _fn("bn_stats_partial", dt)((p, c), (THREADS,), (x,) + args + (ws,))
     _fn("bn_forward_apply", dt)(
         (p, c), (THREADS,),
@@ -779,7 +911,8 @@ def bn_forward_global(x, y, std, mean_sum, var_sum, factor, eps, p: int, length:
     T = dt.type
     _fn("bn_forward_apply", dt)(
         (p, c), (THREADS,),
-        (x, y, _NULL, _i64(c), _i64(s), _i64(m), _i64(length), _i32(p), _NULL, _i32(1),
+        (x, y, _NULL, _i64(c), _i64(s), _i64(m), _i64(length), _vec(s, length, x, y), _i32(p),
+         _NULL, _i32(1),
          mean_sum, var_sum, factor, T(eps), T(0), T(0), std, _NULL, _NULL))
 
 
@@ -790,7 +923,7 @@ def bn_backward_train(dy, y, std, dx, ws, p: int, length: int):
     if m == 0:
         return
     dt = dy.dtype
-    args = (_i64(c), _i64(s), _i64(m), _i64(length))
+    args = (_i64(c), _i64(s), _i64(m), _i64(length), _vec(s, length, dy, y, dx))
     _fn("bn_backward_partial", dt)((p, c), (THREADS,), (dy, y) + args + (ws,))
     _fn("bn_backward_apply", dt)((p, c), (THREADS,),
                                  (dy, y, std, dx) + args + (_i32(p), ws, _i32(0), _NULL,
@@ -807,7 +940,8 @@ def bn_scale_backward_partial(dy, y, gamma, ws, p: int, length: int):
     if m == 0:
         return
     _fn("bn_scale_backward_partial", dy.dtype)(
-        (p, c), (THREADS,), (dy, y, gamma, _i64(c), _i64(s), _i64(m), _i64(length), ws))
+        (p, c), (THREADS,), (dy, y, gamma, _i64(c), _i64(s), _i64(m), _i64(length),
+                             _vec(s, length, dy, y), ws))
 
 
 def bn_scale_backward_apply(dy, y, std, gamma, dx, dy_out, ws, p: int, length: int):
@@ -820,8 +954,9 @@ def bn_scale_backward_apply(dy, y, std, gamma, dx, dy_out, ws, p: int, length: i
         return
     _fn("bn_backward_apply", dy.dtype)(
         (p, c), (THREADS,),
-        (dy, y, std, dx, _i64(c), _i64(s), _i64(m), _i64(length), _i32(p), ws, _i32(0), gamma,
-         _i32(4), dy_out if dy_out is not None else _NULL))
+        (dy, y, std, dx, _i64(c), _i64(s), _i64(m), _i64(length),
+         _vec(s, length, dy, y, dx, dy_out), _i32(p), ws, _i32(0), gamma, _i32(4),
+         dy_out if dy_out is not None else _NULL))
 
 
 def bn_backward_global(dy, std, dx, p: int, length: int):
@@ -832,8 +967,8 @@ def bn_backward_global(dy, std, dx, p: int, length: int):
         return
     _fn("bn_backward_apply", dy.dtype)(
         (p, c), (THREADS,),
-        (dy, _NULL, std, dx, _i64(c), _i64(s), _i64(m), _i64(length), _i32(p), _NULL, _i32(1),
-         _NULL, _i32(2), _NULL))
+        (dy, _NULL, std, dx, _i64(c), _i64(s), _i64(m), _i64(length), _vec(s, length, dy, dx),
+         _i32(p), _NULL, _i32(1), _NULL, _i32(2), _NULL))
 
 
 # ---------------------------------------------------------------- Scale
@@ -847,7 +982,8 @@ def scale_forward(x, scale, bias, y, x_copy, p: int, length: int):
     _fn("scale_forward", x.dtype)(
         (p, c), (THREADS,),
         (x, scale, bias if bias is not None else _NULL, y,
-         x_copy if x_copy is not None else _NULL, _i64(c), _i64(s), _i64(m), _i64(length)))
+         x_copy if x_copy is not None else _NULL, _i64(c), _i64(s), _i64(m), _i64(length),
+         _vec(s, length, x, y, x_copy)))
 
 
 def scale_backward(dy, x, scale, dx, scale_diff, scale_accumulate, bias_diff, ws, p: int,
@@ -865,7 +1001,8 @@ def scale_backward(dy, x, scale, dx, scale_diff, scale_accumulate, bias_diff, ws
     _fn("scale_backward_partial", dt)(
         (p, c), (THREADS,),
         (dy, x if need_scale else _NULL, scale, dx if dx is not None else _NULL, _i64(c),
-         _i64(s), _i64(m), _i64(length), _i32(need_scale), _i32(need_bias), ws))
+         _i64(s), _i64(m), _i64(length), _vec(s, length, dy, x if need_scale else None, dx),
+         _i32(need_scale), _i32(need_bias), ws))
     if need_scale or need_bias:
         _fn("scale_backward_finalize", dt)(
             _elementwise_grid(c), (THREADS,),
@@ -927,6 +1064,11 @@ def eltwise_sum2(a, ca: float, b, cb: float, y):
     n = y.size
     if n:
         T = y.dtype.type
+        n16 = _packs16(n, a, b, y) if _state["lanes"] else 0
+        if n16:
+            _fn("eltwise_sum2_v", y.dtype)(_elementwise_grid(n16), (THREADS,),
+                                           (_i64(n16), a, T(ca), b, T(cb), y))
+            return
         _fn("eltwise_sum2", y.dtype)(_elementwise_grid(n), (THREADS,),
                                      (_i64(n), a, T(ca), b, T(cb), y))
 
@@ -936,10 +1078,15 @@ def eltwise_sum_backward2(dy, dx0, c0: float, dx1, c1: float):
     n = dy.size
     if n and (dx0 is not None or dx1 is not None):
         T = dy.dtype.type
-        _fn("eltwise_sum_backward2", dy.dtype)(
-            _elementwise_grid(n), (THREADS,),
-            (_i64(n), dy, dx0 if dx0 is not None else _NULL, T(c0),
-             dx1 if dx1 is not None else _NULL, T(c1)))
+        outs = (dx0 if dx0 is not None else _NULL, T(c0), dx1 if dx1 is not None else _NULL,
+                T(c1))
+        n16 = _packs16(n, *(a for a in (dy, dx0, dx1) if a is not None)) if _state["lanes"] else 0
+        if n16:
+            _fn("eltwise_sum_backward2_v", dy.dtype)(_elementwise_grid(n16), (THREADS,),
+                                                     (_i64(n16), dy) + outs)
+            return
+        _fn("eltwise_sum_backward2", dy.dtype)(_elementwise_grid(n), (THREADS,),
+                                               (_i64(n), dy) + outs)
 
 
 # -------------------------------------------------------------- Dropout

@@ -400,9 +400,8 @@ def test_relu_fused_is_bitwise_generic(backend, dtype, slope, in_place, shape, m
                      else ["relu_forward", "relu_backward"])
 
 
-def run_eltwise(xp, dtype, n_bottoms, coeffs, in_place, props, fused):
+def run_eltwise(xp, dtype, n_bottoms, coeffs, in_place, props, fused, shape=(3, 4, 5, 7)):
     rng = np.random.default_rng(9)
-    shape = (3, 4, 5, 7)
     c = " ".join(f"coeff: {v}" for v in coeffs)
     layer = make_layer(f'name: "e" type: "Eltwise" eltwise_param {{ {c} }}', xp=xp, dtype=dtype)
     bottom = [Blob(shape, xp=xp, dtype=dtype, name=f"b{i}") for i in range(n_bottoms)]
@@ -427,11 +426,37 @@ def run_eltwise(xp, dtype, n_bottoms, coeffs, in_place, props, fused):
     (3, [1.0, 2.0, -0.5], [True, True, True]), (3, [], [True, False, True]),
 ])
 @pytest.mark.parametrize("in_place", [False, True])
-def test_eltwise_sum_fused_is_bitwise_generic(backend, dtype, n, coeffs, props, in_place):
+@pytest.mark.parametrize("shape", [(3, 4, 5, 7), (3, 5, 7, 11)])  # 16-byte packs, one element
+def test_eltwise_sum_fused_is_bitwise_generic(backend, dtype, n, coeffs, props, in_place, shape):
     fused, generic = fused_and_generic(
-        lambda f: run_eltwise(backend.xp, dtype, n, coeffs, in_place, props, f))
+        lambda f: run_eltwise(backend.xp, dtype, n, coeffs, in_place, props, f, shape))
     for a, b in zip(fused, generic):
         np.testing.assert_array_equal(a, b)
+
+
+def run_split(xp, dtype, shape, n_top, fused):
+    rng = np.random.default_rng(13)
+    layer = make_layer('name: "s" type: "Split"', xp=xp, dtype=dtype)
+    bottom = Blob(shape, xp=xp, dtype=dtype, name="x")
+    top = [Blob(xp=xp, dtype=dtype, name=f"t{i}") for i in range(n_top)]
+    layer.setup([bottom], top)
+    assert layer._fused == fused
+    bottom.data[...] = xp.asarray(rng.standard_normal(shape), dtype=dtype)
+    layer.forward([bottom], top)
+    for t in top:
+        t.diff[...] = xp.asarray(rng.standard_normal(shape), dtype=dtype)
+    bottom.diff[...] = 5.0  # overwritten
+    layer.backward(top, [True], [bottom])
+    return [to_numpy(bottom.diff).copy()]
+
+
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("n_top", [2, 3])
+@pytest.mark.parametrize("shape", [(3, 4, 5, 7), (3, 5, 7, 11)])  # 16-byte packs, one element
+def test_split_backward_fused_is_bitwise_generic(backend, dtype, n_top, shape):
+    fused, generic = fused_and_generic(lambda f: run_split(backend.xp, dtype, shape, n_top, f))
+    np.testing.assert_array_equal(fused[0], generic[0])
 
 
 # ------------------------------------------------------------------ Dropout
@@ -668,6 +693,7 @@ def test_channel_chunks_cover_each_channel(m, c):
     p, length = cuda_fused.channel_chunks(m, c)
     assert p >= 1 and length >= 1
     assert p * length >= m and (p - 1) * length < m  # every element once, no empty block
+    assert length % 4 == 0  # whole 16-byte units of float (and of double) per block
     assert cuda_fused.workspace_size(c, p) == c * (2 * p + 1)
 
 
@@ -832,6 +858,7 @@ PAIR_CASES = {
     "scale frozen (lr_mult 0)": {"scale_lr": 0.0},
     "bn on the input (no bottom diff)": {"bn_on_data": True},
     "odd shape": {"shape": (2, 3, 33, 9)},
+    "16-byte lanes": {"shape": (3, 4, 8, 6)},
 }
 
 
@@ -856,6 +883,41 @@ def test_bn_scale_pair_is_bitwise_the_two_layers(backend, dtype, case):
             else:  # the convolution's cuBLAS/cuDNN calls may differ in the last bit
                 np.testing.assert_allclose(a[key], b[key], rtol=TOL[dtype], atol=TOL[dtype],
                                            err_msg=f"iteration {it}: {key}")
+
+
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("bn_in_place", [True, False])
+def test_lanes_give_the_one_element_results(backend, dtype, bn_in_place, monkeypatch):
+    """The channel kernels moving 16-byte units give what they give one element at a
+    time: elementwise outputs to the bit for the same statistics, the per-block sums
+    (added in another order, in double) to float rounding."""
+    text = pair_net(bn_in_place=bn_in_place, shape=(3, 4, 8, 6))
+    taken = []
+    real_vec = cuda_fused._vec
+
+    def vec(s, length, *arrays):
+        v = real_vec(s, length, *arrays)
+        taken.append(int(v))
+        return v
+
+    monkeypatch.setattr(cuda_fused, "_vec", vec)
+    _, lanes = _run_pair(backend.xp, text, True, dtype)
+    assert taken and all(taken), "the 16-byte path was not taken"
+    monkeypatch.setitem(cuda_fused._state, "lanes", False)
+    taken.clear()
+    _, single = _run_pair(backend.xp, text, True, dtype)
+    assert taken and not any(taken)
+    for it, (a, b) in enumerate(zip(lanes, single)):
+        for key in a:
+            if key == "conv param 1 diff":
+                # the sum of BatchNorm's dx over each channel: zero but for rounding, so
+                # judged against the sum of |dx| it adds
+                bound = TOL[dtype] * np.abs(a["blob conv diff"]).sum(axis=(0, 2, 3))
+                assert np.all(np.abs(a[key] - b[key]) <= bound), f"iteration {it}: {key}"
+                continue
+            e = rel_err(a[key], b[key])
+            assert e <= TOL[dtype], f"iteration {it}: {key}: relative error {e:.3g}"
 
 
 @with_backends

@@ -29,8 +29,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
 
 # ResNet-152 at 224: (channels, height*width) of the tensors its BatchNorm layers see, one
 # row per stage (the widest of each: the bottleneck's expanded output)

@@ -504,13 +504,26 @@ class HostModel:
     the host time is the step itself (NumPy is synchronous): no separate bound, so CPU and
     synthetic profiles get no host model.
 
+    * ``whole`` (with "issue", from profiles of 2026-11-28 on): the per-step samples are
+      taken with timing hooks around every step, and the hooks cost the host time too:
+      ResNet-152 (CUDNN, H200) issued its steps in 75-161 ms per iteration at k = 3 to 9 with
+      them, and a whole iteration without them took the host 70-72 ms at k = 16, where the
+      hooked sum predicted 121.9 ms (+67 %).  The profiler therefore also times whole
+      iterations without the hooks at the same k (median per k; the least over the k is
+      kept, at ``whole_k``).  Where it has it, :meth:`ComputeModel.host_at` takes the host's
+      share of an iteration as ``whole - O(whole_k)``, so that the host bound ``H + O`` is
+      the measured whole iteration; the per-step ``a_j`` stay for inspection.
+
     a, b: per step (indexed like the profile's steps), seconds and seconds per image;
-    method: how they were fitted; ks: the profiled k.
+    method: how they were fitted; ks: the profiled k; whole: seconds of a whole iteration on
+    the host without timing hooks (0: not measured), at minibatch whole_k.
     """
     a: tuple
     b: tuple
     method: str = "line"
     ks: tuple = ()
+    whole: float = 0.0
+    whole_k: int = 0
 
     def step_times(self, k) -> np.ndarray:
         """``h_j(k)`` of every step."""
@@ -591,7 +604,14 @@ class HostModel:
                 samples[c.step].append((c.k, c.host))
             if any(not s for s in samples):
                 return None
-            return cls.fit_issue(samples, ks=sorted({c.k for c in own}))
+            hm = cls.fit_issue(samples, ks=sorted({c.k for c in own}))
+            wholes = [(float(x["whole"]), int(x["k"])) for x in
+                      (getattr(profile, "meta", None) or {}).get("host_sums", ())
+                      if x.get("whole")]
+            if wholes:
+                whole, whole_k = min(wholes)
+                hm = dataclasses.replace(hm, whole=whole, whole_k=whole_k)
+            return hm
         if any(c.host is None for c in profile.compute):
             return None
         samples = [[] for _ in profile.steps]
@@ -603,12 +623,13 @@ class HostModel:
 
     def to_dict(self) -> dict:
         return {"method": self.method, "ks": list(self.ks), "a": list(self.a),
-                "b": list(self.b)}
+                "b": list(self.b), "whole": self.whole, "whole_k": self.whole_k}
 
     @classmethod
     def from_dict(cls, d) -> "HostModel":
         return cls(a=tuple(float(x) for x in d["a"]), b=tuple(float(x) for x in d["b"]),
-                   method=d.get("method", "line"), ks=tuple(int(k) for k in d.get("ks", ())))
+                   method=d.get("method", "line"), ks=tuple(int(k) for k in d.get("ks", ())),
+                   whole=float(d.get("whole", 0.0)), whole_k=int(d.get("whole_k", 0)))
 
 
 def iteration_time(device: float, host: float | None, overhead: float,
@@ -738,8 +759,13 @@ class ComputeModel:
 
     def host_at(self, k: int) -> float:
         """``sum_j h_j(k)``: the host's seconds to issue the steps at ``k`` (0 without a host
-        model)."""
-        return 0.0 if self.host is None else float(self.host(k))
+        model); where the host model has a whole iteration timed without hooks
+        (:class:`HostModel`, ``whole``), that less O at its k, at least 0."""
+        if self.host is None:
+            return 0.0
+        if self.host.whole > 0.0:
+            return max(0.0, self.host.whole - self.overhead_at(self.host.whole_k))
+        return float(self.host(k))
 
     def iteration(self, device: float, k: int) -> float:
         """The predicted iteration at ``k`` from ``device``, the compute stream's time for the

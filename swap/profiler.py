@@ -806,6 +806,19 @@ def _recorded_steps(inst, solver, warmup: int, iterations: int):
         inst.end_step()
 
 
+def _host_iteration_times(ex, solver, n: int) -> list:
+    """Host seconds of ``n`` whole training iterations, ``perf_counter`` around
+    ``Solver.step(1)`` with no timing hooks installed, each begun on an idle device."""
+    out = []
+    for _ in range(n):
+        if ex.streams.gpu:           # pragma: no cover - GPU machine only
+            ex.streams.synchronize()
+        t = time.perf_counter()
+        solver.step(1)
+        out.append(time.perf_counter() - t)
+    return out
+
+
 def _install_plain(solver, budget, scratch=None):
     """The plan "none" with the convolutions lowered as the swap plans lower them (chunks of
     images, not Caffe's one image): the host's per-step work of the dynamic plan."""
@@ -871,9 +884,17 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
     model then rests on the others (or on the compute profile's host times, where none is
     left).
 
+    The timing hooks cost the host time themselves: ResNet-152 under the CUDNN engine on an
+    H200 (2026-11-28) issued its steps in 75-161 ms per iteration at k = 3 to 9 with the
+    hooks, where whole iterations without them took the host 70-72 ms at k = 16.  So each k
+    then runs ``iterations`` more iterations with the hooks removed, timed whole on the host
+    (:func:`_host_iteration_times`): ``"whole"`` in the sums, the bound
+    :class:`swap.model.HostModel` takes where it has it.
+
     Returns ``(samples, runs, meta)``: the :class:`ComputeSample` of every measured step (its
     ``time`` holds the host's launch gaps at these k, so it is not a compute sample), the
-    ``[k, iterations run]`` of each k, and per k the mean sums of the host and event times.
+    ``[k, iterations run]`` of each k, and per k the mean sums of the host and event times
+    and the median host time of a whole iteration without the hooks.
     """
     from .runtime import ScratchOverflow
     samples, runs, sums = [], [], []
@@ -887,6 +908,8 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
         inst = _Instrument(ex, k)
         try:
             _recorded_steps(inst, solver, warmup, iterations)
+            inst.remove()
+            whole = _host_iteration_times(ex, solver, iterations)
         except ScratchOverflow as e:
             if log is not None:
                 log(f"Host issue time at minibatch {k} not profiled: {e}")
@@ -899,10 +922,12 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
         n = max(1, sum(1 for c in inst.compute if c.step == 0))
         host = sum(c.host for c in inst.compute) / n
         dev = sum(c.time for c in inst.compute) / n
-        sums.append({"k": k, "host": host, "events": dev})
+        sums.append({"k": k, "host": host, "events": dev, "whole": float(np.median(whole))})
         if log is not None:
             log(f"Host issue time at minibatch {k} (plan none): {1e3 * host:.3f} ms per "
-                f"iteration for the steps ({1e3 * dev:.3f} ms between their events)")
+                f"iteration for the steps ({1e3 * dev:.3f} ms between their events); "
+                f"{1e3 * sums[-1]['whole']:.3f} ms on the host for a whole iteration without "
+                f"the timing hooks")
     return samples, runs, {"host_ks": [s["k"] for s in sums], "host_sums": sums}
 
 

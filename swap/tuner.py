@@ -1142,9 +1142,14 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                "solver-step marks)"))
     if model.host is not None:
         hm = model.host
-        say(f"AccUDNN stage 2: host issue time of the steps {1e3 * hm.intercept:.3f} ms + "
-            f"{1e6 * hm.slope:.3f} us x k per iteration (a floor under the predicted "
-            f"iteration: {1e3 * hm(k_max):.1f} ms at k_max {k_max})")
+        if hm.whole > 0.0:
+            say(f"AccUDNN stage 2: a whole iteration takes the host {1e3 * hm.whole:.3f} ms at "
+                f"minibatch {hm.whole_k} without timing hooks (a floor under the predicted "
+                f"iteration; the steps with hooks: {1e3 * hm.intercept:.3f} ms)")
+        else:
+            say(f"AccUDNN stage 2: host issue time of the steps {1e3 * hm.intercept:.3f} ms + "
+                f"{1e6 * hm.slope:.3f} us x k per iteration (a floor under the predicted "
+                f"iteration: {1e3 * hm(k_max):.1f} ms at k_max {k_max})")
     if scratch is not None:
         say(f"AccUDNN stage 2: k_max {k_max}{reserve_words(k_max)}")
     calibration = None

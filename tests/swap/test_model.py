@@ -410,6 +410,40 @@ def test_host_model_prefers_the_small_k_issue_times_when_the_profile_has_them(bu
         ComputeModel.from_profile(prof, host="issue")
 
 
+def test_host_model_takes_the_whole_iteration_timed_without_hooks(build_net):
+    """Where the profile timed whole iterations without the per-step hooks (which cost the host
+    time themselves), the least of them is the host bound H + O; the hooked per-step sums stay
+    in ``a``; a profile without them keeps the per-step sum; the bound survives the JSON."""
+    import dataclasses
+    g = build_gmap(build_net("resnet", 4))
+    truth = ComputeModel.uniform(ThroughputCurve(2e9, 1e5))
+    prof = with_host(synthetic_profile(g, (4, 8, 16, 32), truth, PCIeModel(1e9, 1e9)),
+                     lambda k, j: (100 + 10 * k) * US)
+    own = tuple(dataclasses.replace(c, k=kk, host=20 * US)
+                for kk in (1, 2) for c in prof.compute if c.k == 4)
+    n = g.n_steps
+    hooked = ComputeModel.from_profile(dataclasses.replace(prof, host_samples=own))
+    assert hooked.host.whole == 0.0 and hooked.host_at(40) == pytest.approx(n * 20 * US)
+    sums = [{"k": 1, "host": 1.0, "events": 1.0, "whole": 9 * n * US},
+            {"k": 2, "host": 1.0, "events": 1.0, "whole": 7 * n * US}]
+    m = ComputeModel.from_profile(dataclasses.replace(
+        prof, host_samples=own, meta={**prof.meta, "host_sums": sums}))
+    assert (m.host.whole, m.host.whole_k) == (pytest.approx(7 * n * US), 2)
+    assert m.host.a == hooked.host.a                      # the hooked steps, for inspection
+    # O(k) = 2 n us + 0.1 n us per image, of which the solver update is n us
+    m = dataclasses.replace(m, overhead=IterationOverhead(a=2 * n * US, b=0.1 * n * US,
+                                                          tail=n * US))
+    o2 = m.overhead_at(2)
+    assert o2 == pytest.approx(2.2 * n * US)
+    assert m.host_at(40) == pytest.approx(7 * n * US - o2)
+    # host-bound (a device that takes no time): the whole iteration, plus O's growth to 40
+    assert m.iteration(1e-9, 40) == pytest.approx(7 * n * US - o2 + m.overhead_at(40))
+    assert HostModel.from_dict(m.host.to_dict()) == m.host
+    assert HostModel.from_dict({"a": [1.0], "b": [0.0]}).whole == 0.0   # older files
+    tiny = dataclasses.replace(m.host, whole=o2 / 2)      # less than O: no negative share
+    assert dataclasses.replace(m, host=tiny).host_at(40) == 0.0
+
+
 def test_host_bound_at_small_k_device_bound_at_large_k(build_net):
     """A profile whose steps each take the host 100 us to issue (300 us at the two middle ks,
     where the launch queue was full): the host floor is 100 us x steps; at k = 2 the device's steps take

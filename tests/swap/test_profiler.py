@@ -165,10 +165,13 @@ def test_profile_solver_times_the_hosts_issue_at_small_k_without_swaps(make_solv
     budget = 3 * min_budget(build_gmap(s.net).at(8), "naive")
     prof = profile_solver(s, budget, (4, 8), warmup=1, iterations=1, host_ks=(1, 2))
     n = build_gmap(s.net).n_steps
-    assert s.iter == 2 * 2 + 2 * 5            # 2 + 3 iterations at each host k
+    assert s.iter == 2 * 2 + 2 * 8            # 2 + 3 hooked and 3 whole at each host k
     assert net_batch_size(s.net) == 8 and s.net.executor is None
-    assert prof.meta["host_runs"] == [[1, 5], [2, 5]]
+    assert prof.meta["host_runs"] == [[1, 8], [2, 8]]
     assert prof.meta["host_ks"] == [1, 2]
+    # and per k, the median host time of whole iterations run without the timing hooks
+    assert [x["k"] for x in prof.meta["host_sums"]] == [1, 2]
+    assert all(x["whole"] > 0 for x in prof.meta["host_sums"])
     for k in (1, 2):
         hs = [c for c in prof.host_samples if c.k == k]
         assert len(hs) == 3 * n and {c.step for c in hs} == set(range(n))

@@ -504,15 +504,19 @@ class HostModel:
     the host time is the step itself (NumPy is synchronous): no separate bound, so CPU and
     synthetic profiles get no host model.
 
-    * ``whole`` (with "issue", from profiles of 2026-11-28 on): the per-step samples are
-      taken with timing hooks around every step, and the hooks cost the host time too:
-      ResNet-152 (CUDNN, H200) issued its steps in 75-161 ms per iteration at k = 3 to 9 with
-      them, and a whole iteration without them took the host 70-72 ms at k = 16, where the
-      hooked sum predicted 121.9 ms (+67 %).  The profiler therefore also times whole
-      iterations without the hooks at the same k (median per k; the least over the k is
-      kept, at ``whole_k``).  Where it has it, :meth:`ComputeModel.host_at` takes the host's
-      share of an iteration as ``whole - O(whole_k)``, so that the host bound ``H + O`` is
-      the measured whole iteration; the per-step ``a_j`` stay for inspection.
+    * ``whole`` (with "issue", from profiles of 2026-11-28 on): the host's time for a whole
+      iteration at the same small k, timed without the per-step hooks (median per k; the
+      least over the k is kept, at ``whole_k``).  It holds what ``H + O`` estimates from two
+      parts, the hooked steps and O(k), a device-side time standing for the host's work
+      between the steps, and is measured directly.  Where it has it,
+      :meth:`ComputeModel.host_at` takes the host's share of an iteration as
+      ``whole - O(whole_k)``, so that the host bound ``H + O`` is the measured iteration; the
+      per-step ``a_j`` stay for inspection.  Measured on ResNet-152 (CUDNN, H200,
+      2026-11-28): at k = 16, host-bound, 78.4 ms against 75.0 predicted from ``whole``
+      (-4.4 %) and 77.8 from the hooked steps plus O (-0.8 %) in one process; in another
+      process, whose hooked steps at k = 3-9 ran on a slow host (110.9-161.3 ms), the hooked
+      model had said 121.9 ms for a measured 72.8 (+67 %).  Both estimates move with the
+      host's speed; whichever is used, the least disturbed k is taken.
 
     a, b: per step (indexed like the profile's steps), seconds and seconds per image;
     method: how they were fitted; ks: the profiled k; whole: seconds of a whole iteration on

@@ -884,12 +884,13 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
     model then rests on the others (or on the compute profile's host times, where none is
     left).
 
-    The timing hooks cost the host time themselves: ResNet-152 under the CUDNN engine on an
-    H200 (2026-11-28) issued its steps in 75-161 ms per iteration at k = 3 to 9 with the
-    hooks, where whole iterations without them took the host 70-72 ms at k = 16.  So each k
-    then runs ``iterations`` more iterations with the hooks removed, timed whole on the host
-    (:func:`_host_iteration_times`): ``"whole"`` in the sums, the bound
-    :class:`swap.model.HostModel` takes where it has it.
+    Each k then runs ``iterations`` more iterations with the hooks removed, timed whole on
+    the host (:func:`_host_iteration_times`): ``"whole"`` in the sums, the host's time for
+    everything an iteration issues (the steps, the executor's work between them, the solver
+    update), which :class:`swap.model.HostModel` takes as the host bound where it has it.
+    Both estimates move with the host's speed over time: ResNet-152 (CUDNN, H200,
+    2026-11-28) gave hooked sums of 110.9-161.3 ms at k = 3-9 in one process and 67.8-108.7 ms
+    in another, with whole iterations of 70.3-90.8 ms at the same k in the second.
 
     Returns ``(samples, runs, meta)``: the :class:`ComputeSample` of every measured step (its
     ``time`` holds the host's launch gaps at these k, so it is not a compute sample), the

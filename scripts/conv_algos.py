@@ -28,7 +28,6 @@ largest workspace of each rule at each batch.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -36,6 +35,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from scripts._rows import write_rows  # noqa: E402
 
 DIRECTIONS = ("fwd", "bwd_data", "bwd_filter")
 
@@ -186,10 +187,7 @@ def main() -> int:
             print(f"  b{batch:<5d} {rule:<12s} {1e3 * ms / batch:9.2f} us/image "
                   f"{ws / 2**20:9.1f} MiB")
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            wr.writeheader()
-            wr.writerows(rows)
+        write_rows(args.csv, rows)
     return 0
 
 

@@ -28,7 +28,7 @@ Usage (GPU):  python3 scripts/fused_bench.py [--batch 85] [--out CSV]
 from __future__ import annotations
 
 import argparse
-import csv
+import functools
 import os
 import statistics
 import sys
@@ -36,6 +36,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from scripts._rows import write_rows  # noqa: E402
 
 # ResNet-152 at 224: (channels, height*width) of the tensors its BatchNorm layers see, one
 # row per stage (the widest of each: the bottleneck's expanded output)
@@ -123,14 +125,14 @@ def run(args) -> list[dict]:
                         continue
                     fused._state["lanes"] = mode == "lanes"
                     try:
-                        ms = time_ms(cp, lambda: g.run(group), args.repeats)
+                        ms = time_ms(cp, functools.partial(g.run, group), args.repeats)
                     finally:
                         fused._state["lanes"] = True
                     gbs = PASSES[group] * g.bytes / ms / 1e6
                     rows.append({"stage": stage, "group": group, "mode": mode, "round": rnd,
                                  "batch": args.batch, "mb": round(g.bytes / 2 ** 20, 1),
                                  "ms": round(ms, 4), "gb_per_s": round(gbs, 1)})
-        del g
+        g = None  # the stage's arrays go before the next stage's are drawn
         cp.get_default_memory_pool().free_all_blocks()
     return rows
 
@@ -151,10 +153,7 @@ def main(argv=None) -> int:
         gbs = "/".join(f"{r['gb_per_s']:.0f}" for r in sel)
         print(f"{key[0]:<20} {key[1]:<12} {key[2]:<7} {sel[0]['mb']:>7} {ms:>17} {gbs:>14}")
     if args.out:
-        with open(args.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_rows(args.out, rows)
     return 0
 
 

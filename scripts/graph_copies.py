@@ -25,9 +25,15 @@ Usage (GPU):  python3 scripts/graph_copies.py [--copy-mb 2048] [--kernels 64] [-
 from __future__ import annotations
 
 import argparse
-import csv
+import os
 import statistics
 import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from scripts._rows import write_rows  # noqa: E402
 
 SPIN = r'''
 extern "C" __global__ void spin(float* x, long long n, int iters) {
@@ -225,10 +231,7 @@ def main(argv=None) -> int:
             print(f"  note: the copies alone ({r['copy_ms']:.1f} ms) take as long as the "
                   "kernels: the join, not the kernels, sets the time with copies")
     if args.out:
-        with open(args.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_rows(args.out, rows)
     return 0
 
 

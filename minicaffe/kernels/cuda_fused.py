@@ -40,8 +40,8 @@ of the H200's 4.8).  Where S and the block's chunk L are multiples of 16 bytes
 of elements and every array is 16-byte aligned, a thread moves 16 bytes per
 access (``Lanes``, ``channel_walk``); elsewhere one element.  The values are
 the same either way; the per-block sums add the same elements in another
-order (double precision, so the float results agree to the last bit in all
-but rare ties).  ``MINICAFFE_FUSED_LANES=0`` keeps one element per access
+order (in double precision; the tests hold the statistics to float rounding).
+``MINICAFFE_FUSED_LANES=0`` keeps one element per access
 (for A/B timing).  The channel walk keeps each element's offset by additions.
 
 Bit-level faithfulness: where the generic path does one rounding per CuPy op

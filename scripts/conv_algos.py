@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts._rows import write_rows  # noqa: E402
+from scripts._bench import median_ms, write_rows  # noqa: E402
 
 DIRECTIONS = ("fwd", "bwd_data", "bwd_filter")
 
@@ -58,23 +57,6 @@ def conv_shapes(name: str, batch: int) -> list[dict]:
                     "stride": tuple(layer.stride), "dilation": tuple(layer.dilation),
                     "groups": int(layer.group)})
     return out
-
-
-def median_ms(fn, reps: int) -> float:
-    """Median of ``reps`` timings of ``fn`` on the current stream (CUDA events), after
-    one untimed call."""
-    import cupy as cp
-    fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b))
-    return statistics.median(times)
 
 
 def time_cudnn(c: dict, rule: str, reps: int) -> dict:

@@ -30,14 +30,13 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts._rows import write_rows  # noqa: E402
+from scripts._bench import median_ms, write_rows  # noqa: E402
 
 # ResNet-152 at 224: (channels, height*width) of the tensors its BatchNorm layers see, one
 # row per stage (the widest of each: the bottleneck's expanded output)
@@ -91,21 +90,6 @@ class Groups:
                            self.cp.cuda.get_current_stream().ptr)
 
 
-def time_ms(cp, fn, repeats: int, warmup: int = 3) -> float:
-    """Median of ``repeats`` CUDA-event timings of fn(), after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b))
-    return statistics.median(times)
-
-
 def run(args) -> list[dict]:
     try:
         import cupy as cp
@@ -125,7 +109,7 @@ def run(args) -> list[dict]:
                         continue
                     fused._state["lanes"] = mode == "lanes"
                     try:
-                        ms = time_ms(cp, functools.partial(g.run, group), args.repeats)
+                        ms = median_ms(functools.partial(g.run, group), args.repeats, warmup=3)
                     finally:
                         fused._state["lanes"] = True
                     gbs = PASSES[group] * g.bytes / ms / 1e6

@@ -33,7 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts._rows import write_rows  # noqa: E402
+from scripts._bench import write_rows  # noqa: E402
 
 SPIN = r'''
 extern "C" __global__ void spin(float* x, long long n, int iters) {

@@ -7,19 +7,13 @@ import sys
 
 import pytest
 
+from minicaffe.backend import gpu_available
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "fused_bench.py")
 
 
-def _gpu() -> bool:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(_gpu(), reason="a CUDA device answers here")
+@pytest.mark.skipif(gpu_available(), reason="a CUDA device answers here")
 def test_without_a_device_it_says_what_it_needs():
     p = subprocess.run([sys.executable, SCRIPT, "--batch", "2"], capture_output=True,
                        text=True, timeout=120, cwd=REPO)
@@ -29,7 +23,7 @@ def test_without_a_device_it_says_what_it_needs():
 
 @pytest.mark.gpu
 def test_small_run_times_every_group_both_ways(tmp_path):
-    if not _gpu():
+    if not gpu_available():
         pytest.skip("no CUDA device")
     out = tmp_path / "f.csv"
     p = subprocess.run([sys.executable, SCRIPT, "--batch", "2", "--repeats", "2", "--rounds",

@@ -8,19 +8,13 @@ import sys
 
 import pytest
 
+from minicaffe.backend import gpu_available
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "graph_copies.py")
 
 
-def _gpu() -> bool:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(_gpu(), reason="a CUDA device answers here")
+@pytest.mark.skipif(gpu_available(), reason="a CUDA device answers here")
 def test_without_a_device_it_says_what_it_needs():
     p = subprocess.run([sys.executable, SCRIPT, "--quick"], capture_output=True, text=True,
                        timeout=120, cwd=REPO)
@@ -30,7 +24,7 @@ def test_without_a_device_it_says_what_it_needs():
 
 @pytest.mark.gpu
 def test_quick_run_times_the_four_ways(tmp_path):
-    if not _gpu():
+    if not gpu_available():
         pytest.skip("no CUDA device")
     out = tmp_path / "g.csv"
     p = subprocess.run([sys.executable, SCRIPT, "--quick", "--out", str(out)],

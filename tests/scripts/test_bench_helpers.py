@@ -1,7 +1,7 @@
-"""scripts/_rows.write_rows: the benchmarks' CSV, columns from the first row."""
+"""scripts/_bench.write_rows: the benchmarks' CSV, columns from the first row."""
 import csv
 
-from scripts._rows import write_rows
+from scripts._bench import write_rows
 
 
 def test_rows_round_trip_and_empty(tmp_path):

@@ -1018,7 +1018,9 @@ def _filled(gmap, budget, times, pcie, pins, base, recompute=None) -> DynamicPla
 def read_trace(path) -> dict:
     """The last complete iteration of a ``--memory-trace`` CSV (swap.runtime.MemoryTrace):
     per step its start and end (seconds from the iteration's first step), phase, layer, bytes
-    offloaded and prefetched, bytes in use."""
+    offloaded and prefetched, bytes in use, and ``ready``: when the step was past its waits
+    (prefetches, regions still being offloaded); its start where the trace predates that
+    column."""
     import csv
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -1041,6 +1043,8 @@ def read_trace(path) -> dict:
         "phase": [r.get("phase", "") for r in rs],
         "start": np.array([(float(r["t_start_ms"]) - t0) / 1e3 for r in rs]),
         "end": np.array([(float(r["t_end_ms"]) - t0) / 1e3 for r in rs]),
+        "ready": np.array([(float(r.get("t_ready_ms") or r["t_start_ms"]) - t0) / 1e3
+                           for r in rs]),
         "offloaded": np.array([int(r.get("offloaded", 0) or 0) for r in rs]),
         "prefetched": np.array([int(r.get("prefetched", 0) or 0) for r in rs]),
         "in_use": np.array([int(r["in_use"]) for r in rs]),

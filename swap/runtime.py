@@ -357,7 +357,7 @@ class MemoryTrace:
 
     FIELDS = ("iteration", "step", "layer", "phase", "t_start_ms", "t_end_ms",
               "allocated_compute", "allocated_swap_in", "released_compute", "released_swap_out",
-              "offloaded", "prefetched", "in_use", "high_water")
+              "offloaded", "prefetched", "in_use", "high_water", "t_ready_ms")
 
     def __init__(self, path):
         self.path = path
@@ -1541,6 +1541,11 @@ class Executor:
                     fn(i)
                 if check[j]:
                     self._ready(j)
+                if tracing:           # past the step's waits: what follows is its compute
+                    b = time.perf_counter()
+                    if st.gpu:
+                        ev_ready = st.event(timing=True)
+                        st.record(ev_ready, COMPUTE)
                 if nv is not None:
                     nv.push(self._step_names[j])
                 if fwd[j]:
@@ -1557,9 +1562,10 @@ class Executor:
                     if st.gpu:
                         ev1 = st.event(timing=True)
                         st.record(ev1, COMPUTE)
-                        t_events.append((ev0, ev1))
+                        t_events.append((ev0, ev1, ev_ready))
                     rows.append(self._trace_row(j, (a - t0) * 1e3,
-                                                (time.perf_counter() - t0) * 1e3))
+                                                (time.perf_counter() - t0) * 1e3,
+                                                (b - t0) * 1e3))
         if self._end_events:
             st.record(self._end_events[0], SWAP_OUT)
             st.record(self._end_events[1], SWAP_IN)
@@ -1571,13 +1577,15 @@ class Executor:
         if tracing:
             if st.gpu:                                  # one sync per traced iteration
                 t_events[-1][1].synchronize()
-                for row, (e0, e1) in zip(rows, t_events):
-                    row[4] = self.streams.cp.cuda.get_elapsed_time(t_events[0][0], e0)
-                    row[5] = self.streams.cp.cuda.get_elapsed_time(t_events[0][0], e1)
+                elapsed = self.streams.cp.cuda.get_elapsed_time
+                for row, (e0, e1, er) in zip(rows, t_events):
+                    row[4] = elapsed(t_events[0][0], e0)
+                    row[5] = elapsed(t_events[0][0], e1)
+                    row[-1] = elapsed(t_events[0][0], er)
             self.trace.write(rows)
         return loss
 
-    def _trace_row(self, j, t_start, t_end):
+    def _trace_row(self, j, t_start, t_end, t_ready):
         ops = self._ops
         by = {"allocated_compute": 0, "allocated_swap_in": 0, "released_compute": 0,
               "released_swap_out": 0, "offloaded": 0, "prefetched": 0}
@@ -1595,7 +1603,7 @@ class Executor:
         return [self.iterations, j, step.name, step.phase, round(t_start, 4), round(t_end, 4),
                 by["allocated_compute"], by["allocated_swap_in"], by["released_compute"],
                 by["released_swap_out"], by["offloaded"], by["prefetched"], self.device.in_use,
-                self.device.high_water]
+                self.device.high_water, round(t_ready, 4)]
 
     def forward_backward(self):
         """One training pass under the plan; returns the loss (a device scalar)."""

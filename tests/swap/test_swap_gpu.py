@@ -16,6 +16,7 @@ from swap import runtime
 from swap.arena import ALIGN, DeviceArena
 from swap.gmap import build_gmap
 from swap.plan import RELEASE, make_plan, min_budget
+from swap.planner import read_trace
 from swap.runtime import ScratchOverflow, install, measure_scratch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -124,7 +125,10 @@ def test_gpu_naive_with_early_prefetch_and_trace(make_solver, tmp_path):
     assert same(params, ref), max_diff(params, ref)
     rows = list(csv.DictReader(open(path)))
     assert len(rows) == 10 * ex.gmap.n_steps
-    assert all(float(r["t_end_ms"]) >= float(r["t_start_ms"]) >= 0 for r in rows)
+    assert all(float(r["t_end_ms"]) >= float(r["t_ready_ms"]) >= float(r["t_start_ms"]) >= 0
+               for r in rows)
+    trace = read_trace(path)            # the last iteration, its waits apart from its compute
+    assert (trace["ready"] >= trace["start"]).all() and (trace["end"] >= trace["ready"]).all()
 
 
 def test_gpu_poison_fills_released_regions(make_solver, cp):

@@ -191,7 +191,8 @@ def test_memory_trace(make_solver, tmp_path):
         assert alloc == freed > 0                        # every iteration gives it all back
         assert sum(int(r["offloaded"]) for r in mine) == \
             sum(int(r["prefetched"]) for r in mine) == ex.plan.host_bytes
-        assert all(float(r["t_end_ms"]) >= float(r["t_start_ms"]) for r in mine)
+        assert all(float(r["t_end_ms"]) >= float(r["t_ready_ms"]) >= float(r["t_start_ms"])
+                   for r in mine)
     assert max(int(r["in_use"]) for r in rows) <= ex.budget
     assert int(rows[-1]["high_water"]) == ex.high_water
 

@@ -98,20 +98,10 @@ def fit_interference(delta, x_out, x_in) -> dict:
     """Least squares ``delta = a_out x_out + a_in x_in`` (no intercept; seconds per byte, each
     at least 0): the compute a step loses per byte copied beside it, each way.  Also the share
     of ``delta``'s sum on steps with no copy beside them."""
+    from swap.model import nonnegative_fit
     d = np.asarray(delta, dtype=np.float64)
     X = np.stack([np.asarray(x_out, dtype=np.float64), np.asarray(x_in, dtype=np.float64)], 1)
-    use = [c for c in range(2) if X[:, c].any()]
-    coef = np.zeros(2)
-    if use:
-        sol, *_ = np.linalg.lstsq(X[:, use], d, rcond=None)
-        coef[use] = sol
-        for c in use:                    # a negative slope is noise: refit without it
-            if coef[c] < 0:
-                coef[c] = 0.0
-                rest = [u for u in use if u != c and coef[u] > 0]
-                if rest:
-                    sol, *_ = np.linalg.lstsq(X[:, rest], d, rcond=None)
-                    coef[rest] = np.maximum(sol, 0.0)
+    coef = nonnegative_fit(d, X[:, 0], X[:, 1])
     pred = X @ coef
     ss = float(((d - d.mean()) ** 2).sum())
     quiet = ~(X > 0).any(axis=1)

@@ -798,7 +798,9 @@ class ComputeModel:
                              f"{granularity!r}")
         groups: dict = {}
         steps = {s.step: s for s in profile.steps}
-        for c in profile.compute:
+        slow = copy_slowdown(profile)
+        samples = profile.compute if slow is None else without_copies(profile, slow)
+        for c in samples:
             s = steps[c.step]
             for key in (_key(s, granularity), (s.type, s.phase), ("*", s.phase), ("*", "*")):
                 groups.setdefault(key, ([], []))
@@ -916,22 +918,68 @@ def images_per_second(model: ComputeModel, gmap: GMAP, k: int, delta: float = 0.
 # --------------------------------------------------------------- PCIe model
 @dataclass(frozen=True)
 class PCIeModel:
-    """Transfer time between pinned host memory and the device, eq. (5).
+    """Transfer time between pinned host memory and the device, eq. (5), and what the copies
+    cost the compute beside them.
 
     h2d, d2h: bytes/s of one direction alone.  both: total bytes/s when both directions copy at
     once (None: no contention, ``h2d + d2h``); each direction then gets its share in proportion
     to its own rate, never more than alone.  latency: seconds per transfer (0: eq. 5 exactly).
+
+    slow_out, slow_in: how much longer compute takes while an offload (device to host) or a
+    prefetch (host to device) is in flight beside it, as a fraction (0.05: a step of 1 ms
+    entirely beside a prefetch takes 1.05 ms; both at once add).  The copies read or write
+    device memory at the link's rate, and the kernels beside them lose that share of it and
+    some of their issue rate.  ResNet-152 at 89 on an H200 (session 25, scripts/swap_anatomy.py):
+    the dynamic plan's steps computed 5.7 ms longer than the same steps with every map kept,
+    all of it on steps beside a copy, and its 3.67 GiB each way took about 70 ms per
+    direction: about 2 % out, 6 % in.  Default 0 (the paper's model: copies are free to
+    compute).  :meth:`stretch` applies them; the planner's replays use it.
     """
     h2d: float
     d2h: float
     both: float | None = None
     latency: float = 0.0
+    slow_out: float = 0.0
+    slow_in: float = 0.0
 
     def __post_init__(self):
         for name in ("h2d", "d2h"):
             v = getattr(self, name)
             if not v > 0:
                 raise ValueError(f"PCIe bandwidth {name} must be positive, got {v}")
+        for name in ("slow_out", "slow_in"):
+            v = getattr(self, name)
+            if not 0.0 <= v < 1.0:
+                raise ValueError(f"PCIe {name} must be in [0, 1), got {v}")
+
+    @property
+    def slows(self) -> bool:
+        """Whether copies cost the compute beside them anything."""
+        return self.slow_out > 0.0 or self.slow_in > 0.0
+
+    def stretch(self, t: float, out_spans=(), in_spans=()) -> float:
+        """Wall seconds of a step of ``t`` seconds alone, given the spans ``(from, to)``
+        (seconds from the step's start; sorted, not overlapping within a direction) during
+        which offloads and prefetches are in flight.  Beside a copy the step progresses at
+        ``1 / (1 + slow)`` of its rate (both directions: ``1 / (1 + slow_out + slow_in)``)."""
+        if t <= 0.0 or not self.slows or (not out_spans and not in_spans):
+            return t
+        edges = sorted({x for a, b in (*out_spans, *in_spans) for x in (a, b) if x > 0.0})
+        wall, work, at = 0.0, t, 0.0
+        for edge in edges:
+            mid = 0.5 * (at + edge)
+            rate = 1.0
+            if any(a <= mid < b for a, b in out_spans):
+                rate += self.slow_out
+            if any(a <= mid < b for a, b in in_spans):
+                rate += self.slow_in
+            span = edge - at
+            if work * rate <= span:
+                return wall + work * rate
+            wall += span
+            work -= span / rate
+            at = edge
+        return wall + work
 
     def bandwidth(self, direction: str, concurrent: bool = False) -> float:
         bw = self.h2d if direction == H2D else self.d2h
@@ -995,15 +1043,172 @@ class PCIeModel:
         both = (profile.bandwidth or {}).get("both")
         if both is None and conc[H2D] and conc[D2H]:
             both = float(np.median(conc[H2D]) + np.median(conc[D2H]))
+        slow = copy_slowdown(profile) or (0.0, 0.0)
         return cls(h2d=fits[H2D][0], d2h=fits[D2H][0], both=both,
-                   latency=float(np.mean(lat)) if lat else 0.0)
+                   latency=float(np.mean(lat)) if lat else 0.0,
+                   slow_out=slow[0], slow_in=slow[1])
 
     def to_dict(self) -> dict:
-        return {"h2d": self.h2d, "d2h": self.d2h, "both": self.both, "latency": self.latency}
+        return {"h2d": self.h2d, "d2h": self.d2h, "both": self.both, "latency": self.latency,
+                "slow_out": self.slow_out, "slow_in": self.slow_in}
 
     @classmethod
     def from_dict(cls, d) -> "PCIeModel":
-        return cls(h2d=d["h2d"], d2h=d["d2h"], both=d.get("both"), latency=d.get("latency", 0.0))
+        return cls(h2d=d["h2d"], d2h=d["d2h"], both=d.get("both"), latency=d.get("latency", 0.0),
+                   slow_out=d.get("slow_out", 0.0), slow_in=d.get("slow_in", 0.0))
+
+
+# ------------------------------------------------ copies beside compute
+ENV_COPY_SLOWDOWN = "MINICAFFE_COPY_SLOWDOWN"   # "OUT,IN" fractions (or "0"): overrides the fit
+COPY_SLOWDOWN_CAP = 0.5
+
+
+def nonnegative_fit(delta, *columns) -> np.ndarray:
+    """Least squares ``delta = sum_c a_c columns[c]`` with every ``a_c >= 0`` and no intercept
+    (a column that would come out negative is dropped and the rest refitted; all-zero columns
+    get 0)."""
+    d = np.asarray(delta, dtype=np.float64)
+    X = np.stack([np.asarray(c, dtype=np.float64) for c in columns], axis=1)
+    use = [c for c in range(X.shape[1]) if X[:, c].any()]
+    coef = np.zeros(X.shape[1])
+    while use:
+        sol, *_ = np.linalg.lstsq(X[:, use], d, rcond=None)
+        if (sol >= 0).all():
+            coef[use] = sol
+            break
+        use = [c for c, v in zip(use, sol) if v > 0] if (sol > 0).any() else []
+    return coef
+
+
+def _busy(intervals):
+    """Sorted starts of the merged busy spans of ``intervals`` ((start, end) pairs) and the
+    busy time before each span's start and end: what :func:`_busy_between` needs."""
+    iv = sorted((a, b) for a, b in intervals if b > a)
+    merged = []
+    for a, b in iv:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    if not merged:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    m = np.asarray(merged, dtype=np.float64)
+    before = np.concatenate([[0.0], np.cumsum(m[:, 1] - m[:, 0])[:-1]])
+    return m[:, 0], m[:, 1], before
+
+
+def _busy_between(busy, start, end) -> np.ndarray:
+    """Busy time of ``busy`` (from :func:`_busy`) within each ``[start[i], end[i]]``."""
+    starts, ends, before = busy
+    if not len(starts):
+        return np.zeros(len(start))
+
+    def upto(t):            # busy time in [0, t]
+        i = np.searchsorted(starts, t, side="right") - 1
+        ok = i >= 0
+        ii = np.maximum(i, 0)
+        inside = np.clip(t - starts[ii], 0.0, ends[ii] - starts[ii])
+        return np.where(ok, before[ii] + inside, 0.0)
+    return np.maximum(upto(np.asarray(end, dtype=np.float64))
+                      - upto(np.asarray(start, dtype=np.float64)), 0.0)
+
+
+def _by_iteration(samples, key) -> list:
+    """The iteration of each sample at one k: the n-th sample of a key (a step, a transfer's
+    buffer and kind) is from the n-th measured iteration (a profile records them in order)."""
+    seen: dict = {}
+    out = []
+    for x in samples:
+        kk = key(x)
+        out.append(seen.get(kk, 0))
+        seen[kk] = out[-1] + 1
+    return out
+
+
+def copy_overlaps(profile, k: int) -> tuple:
+    """Per compute sample of the profile at ``k`` (in order), the seconds its step overlapped an
+    offload and a prefetch of the same iteration: ``(samples, out_s, in_s)``."""
+    comp = [c for c in profile.compute if c.k == k]
+    trans = [t for t in profile.transfers if t.k == k]
+    ci = _by_iteration(comp, lambda c: c.step)
+    ti = _by_iteration(trans, lambda t: (t.kind, t.buffer))
+    out_s = np.zeros(len(comp))
+    in_s = np.zeros(len(comp))
+    for it in set(ci):
+        idx = [i for i, x in enumerate(ci) if x == it]
+        s = np.array([comp[i].start for i in idx])
+        e = s + np.array([comp[i].time for i in idx])
+        for kind, dest in (("offload", out_s), ("prefetch", in_s)):
+            busy = _busy([(t.start, t.start + t.time) for t, x in zip(trans, ti)
+                          if x == it and t.kind == kind])
+            dest[idx] = _busy_between(busy, s, e)
+    return comp, out_s, in_s
+
+
+def copy_slowdown(profile) -> tuple | None:
+    """(slow_out, slow_in) of :class:`PCIeModel` from a profile's copy calibration, or None.
+
+    ``$MINICAFFE_COPY_SLOWDOWN`` ("OUT,IN" fractions, or one number for both) overrides it.
+    The calibration (``meta["copy_calibration"]``, :func:`swap.profiler.profile_solver`):
+    each step's time at one k with every feature map kept, beside the same step under the
+    naive plan at that k.  A step loses ``g = slow / (1 + slow)`` of the time a copy spends
+    beside it (:meth:`PCIeModel.stretch`), so ``naive - kept = g_out * beside_out + g_in *
+    beside_in`` over the steps, fitted with ``g >= 0`` (:func:`nonnegative_fit`); capped at
+    :data:`COPY_SLOWDOWN_CAP`."""
+    import os
+    env = os.environ.get(ENV_COPY_SLOWDOWN, "").strip()
+    if env:
+        try:
+            vals = [float(x) for x in env.split(",")]
+        except ValueError:
+            raise ValueError(f"${ENV_COPY_SLOWDOWN}={env!r}: expected OUT,IN fractions "
+                             "(e.g. 0.02,0.06) or one number") from None
+        if len(vals) == 1:
+            vals = vals * 2
+        if len(vals) != 2 or not all(0.0 <= v < 1.0 for v in vals):
+            raise ValueError(f"${ENV_COPY_SLOWDOWN}={env!r}: two fractions in [0, 1) expected")
+        return float(vals[0]), float(vals[1])
+    cal = (getattr(profile, "meta", None) or {}).get("copy_calibration")
+    if not cal or profile.mode != "GPU":
+        return None
+    k = int(cal["k"])
+    kept = np.asarray(cal["kept"], dtype=np.float64)
+    comp, out_s, in_s = copy_overlaps(profile, k)
+    n = len(profile.steps)
+    if len(kept) != n or not comp:
+        return None
+    cnt = np.zeros(n)
+    naive = np.zeros(n)
+    bo = np.zeros(n)
+    bi = np.zeros(n)
+    for c, o, i in zip(comp, out_s, in_s):
+        cnt[c.step] += 1
+        naive[c.step] += c.time
+        bo[c.step] += o
+        bi[c.step] += i
+    ok = (cnt > 0) & np.isfinite(kept)
+    cnt = np.maximum(cnt, 1)
+    g = nonnegative_fit((naive / cnt - kept)[ok], (bo / cnt)[ok], (bi / cnt)[ok])
+    g = np.minimum(g, COPY_SLOWDOWN_CAP / (1 + COPY_SLOWDOWN_CAP))
+    return float(g[0] / (1 - g[0])), float(g[1] / (1 - g[1]))
+
+
+def without_copies(profile, slow) -> tuple:
+    """The profile's compute samples with the time the copies beside them added taken out
+    (``slow``: (slow_out, slow_in), :func:`copy_slowdown`): what each step takes with no copy
+    in flight, as the model predicts `none` and the planner adds the copies of its own plan
+    (:meth:`PCIeModel.stretch`)."""
+    so, si = slow
+    if so <= 0 and si <= 0:
+        return tuple(profile.compute)
+    go, gi = so / (1 + so), si / (1 + si)
+    fixed = {}
+    for k in sorted({c.k for c in profile.compute}):
+        comp, out_s, in_s = copy_overlaps(profile, k)
+        for c, o, i in zip(comp, out_s, in_s):
+            fixed[id(c)] = dataclasses.replace(c, time=max(c.time - go * o - gi * i,
+                                                           0.5 * c.time))
+    return tuple(fixed.get(id(c), c) for c in profile.compute)
 
 
 # ---------------------------------------------------------- memory, eq. (4)
@@ -1041,4 +1246,6 @@ def paper_k_max(gmap: GMAP, budget: int) -> int:
 __all__ = ["H2D", "D2H", "ThroughputCurve", "fit_curve", "IterationOverhead", "overhead_samples",
            "HostModel", "HOST_METHODS", "ComputeModel", "GRANULARITIES", "TUNER_GRANULARITY",
            "restrict_profile", "step_sums", "leave_one_out", "t_iter", "t_whole",
-           "images_per_second", "PCIeModel", "peak_memory", "paper_k_max", "FORWARD", "BACKWARD"]
+           "images_per_second", "PCIeModel", "peak_memory", "paper_k_max", "FORWARD", "BACKWARD",
+           "ENV_COPY_SLOWDOWN", "copy_slowdown", "copy_overlaps", "without_copies",
+           "nonnegative_fit"]

@@ -298,7 +298,9 @@ class Readiness:
     are ready.  stall[j]: ``max(0, t_ready[j] - end[j-1])``, how long step j waits (with
     ``propagate``) or how late its data is against the stall-free schedule (without).
     offloads / prefetches: ``(buffer, start, end)`` in stream order.  violations: steps that
-    break (6).
+    break (6).  Where the PCIe model makes copies slow the compute beside them
+    (:attr:`swap.model.PCIeModel.slow_out`), ``end[j] - start[j]`` exceeds ``times[j]`` by
+    that (:attr:`interference`).
     """
     times: np.ndarray = field(repr=False)
     start: np.ndarray = field(repr=False)
@@ -327,6 +329,11 @@ class Readiness:
     @property
     def total_stall(self) -> float:
         return float(self.stall.sum())
+
+    @property
+    def interference(self) -> float:
+        """Seconds the copies added to the steps beside them (0 where they cost nothing)."""
+        return float((self.end - self.start).sum() - self.times.sum())
 
     def prefix(self) -> np.ndarray:
         """``sum_{r<j} t_r``: the right side of (6)."""
@@ -362,6 +369,31 @@ class _InFlight:
             if left <= allowed:
                 return max(t, end)
         return t   # unreachable: allowed >= 0
+
+
+def _spans(copies, at: int, start: float, horizon: float) -> tuple:
+    """(index of the first copy of ``copies`` ((..., start, end), in stream order) not done by
+    ``start``, the spans of those in flight before ``horizon``, relative to ``start``)."""
+    n = len(copies)
+    while at < n and copies[at][-1] <= start:
+        at += 1
+    out = []
+    for i in range(at, n):
+        a, b = copies[i][-2], copies[i][-1]
+        if a >= horizon:
+            break
+        out.append((a - start, b - start))
+    return at, out
+
+
+def _stretched(pcie: PCIeModel, t: float, start: float, outs, ins, at: list) -> float:
+    """Step time ``t`` beside the copies ``outs`` / ``ins`` in flight from ``start``
+    (:meth:`swap.model.PCIeModel.stretch`); ``at``: the two streams' first copies not yet done,
+    advanced in place."""
+    horizon = start + t * (1.0 + pcie.slow_out + pcie.slow_in)
+    at[0], so = _spans(outs, at[0], start, horizon)
+    at[1], si = _spans(ins, at[1], start, horizon)
+    return pcie.stretch(t, so, si)
 
 
 def algorithm1(sk: Sketch, times, pcie: PCIeModel, *, propagate: bool = False,
@@ -407,6 +439,8 @@ def algorithm1(sk: Sketch, times, pcie: PCIeModel, *, propagate: bool = False,
     offloads, prefetches = [], []
     inflight = _InFlight()
     si_free = so_free = 0.0
+    slows = pcie.slows
+    copy_at = [0, 0]
     usage = sk.usage
     prev = 0.0
     violations = []
@@ -435,7 +469,8 @@ def algorithm1(sk: Sketch, times, pcie: PCIeModel, *, propagate: bool = False,
         stall[j] = max(r - prev, 0.0)
         if stall[j] > tol:
             violations.append(j)
-        end[j] = start[j] + t[j]
+        end[j] = start[j] + (_stretched(pcie, t[j], start[j], offloads, prefetches, copy_at)
+                             if slows else t[j])
         prev = end[j]
         # offloads after step j, on the serial swap-out stream
         for b in off_after[j]:
@@ -668,6 +703,11 @@ class Timeline:
         return float(self.stall.sum())
 
     @property
+    def interference(self) -> float:
+        """Seconds the copies added to the steps beside them (:attr:`Readiness.interference`)."""
+        return float((self.step_end - self.step_start).sum() - self.times.sum())
+
+    @property
     def t_iter(self) -> float:
         """Predicted iteration time on the device: until the last op of any stream is done (in
         practice the compute stream's last step: every copy of the iteration is awaited by some
@@ -784,6 +824,8 @@ def simulate(plan: Plan, times, pcie: PCIeModel) -> Timeline:
     step_end = np.zeros(n)
     ready = np.zeros(n)
     si_free = so_free = 0.0
+    slows = pcie.slows
+    outs, ins, copy_at = [], [], [0, 0]     # copies in stream order: (start, end)
 
     def free_time(d: int) -> float:
         """When the region released by op d may be reused (the runtime's ``_free_event``)."""
@@ -811,13 +853,16 @@ def simulate(plan: Plan, times, pcie: PCIeModel) -> Timeline:
                 e = s + pcie.seconds(op.nbytes, H2D, so_free > s)
                 op_start[i], op_end[i] = s, e
                 si_free = e
+                if slows:
+                    ins.append((s, e))
             elif op.kind != RECOMPUTE:
                 raise ValueError(f"op {i}: {op.kind} before a step")
         for i in plan.needs[j]:
             r = max(r, op_end[i])
         ready[j] = r
         step_start[j] = max(prev, r)
-        step_end[j] = step_start[j] + t[j]
+        step_end[j] = step_start[j] + (
+            _stretched(pcie, t[j], step_start[j], outs, ins, copy_at) if slows else t[j])
         prev = step_end[j]
         at = step_start[j]
         for i in before[j]:         # recomputations run first, within the step's time
@@ -831,6 +876,8 @@ def simulate(plan: Plan, times, pcie: PCIeModel) -> Timeline:
                 e = s + pcie.seconds(op.nbytes, D2H, si_free > s)
                 op_start[i], op_end[i] = s, e
                 so_free = e
+                if slows:
+                    outs.append((s, e))
             elif op.kind == RELEASE:
                 at = op_end[op.after[0]] if op.stream == SWAP_OUT else step_end[j]
                 op_start[i] = op_end[i] = at

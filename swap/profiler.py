@@ -932,12 +932,52 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
     return samples, runs, {"host_ks": [s["k"] for s in sums], "host_sums": sums}
 
 
+def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations: int = 1, *,
+                        scratch: ScratchModel | None = None, log=None) -> dict | None:
+    """Each step's time at ``k`` with every feature map kept (the plan "dynamic" with all of
+    them pinned: no copies), timed as the profile times its steps, for
+    :func:`swap.model.copy_slowdown`: ``{"k", "kept": [seconds per step], "iterations"}``.
+    None (and a log line) where that plan does not fit ``budget`` or fails: the model then
+    treats copies as free to compute, as before."""
+    net = solver.net
+    set_batch_size(net, k)
+    reserve = scratch(k) if scratch is not None else None
+    try:
+        ex = _install_naive(solver, budget, "dynamic", reserve, pinned="all")
+    except BudgetError as e:
+        if log is not None:
+            log(f"Copy calibration skipped: every feature map kept at minibatch {k} does not "
+                f"fit the budget ({str(e)[:120]})")
+        return None
+    inst = _Instrument(ex, k)
+    try:
+        _recorded_steps(inst, solver, warmup, iterations)
+    except Exception as e:              # the profile stands without it
+        if log is not None:
+            log(f"Copy calibration at minibatch {k} failed: {type(e).__name__}: {str(e)[:160]}")
+        return None
+    finally:
+        inst.remove()
+        ex.close()
+    n = len(ex.gmap.steps)
+    acc = np.zeros(n)
+    cnt = np.zeros(n)
+    for c in inst.compute:
+        acc[c.step] += c.time
+        cnt[c.step] += 1
+    kept = np.where(cnt > 0, acc / np.maximum(cnt, 1), np.nan)
+    if log is not None:
+        log(f"Copy calibration: minibatch {k} with every feature map kept, "
+            f"{1e3 * float(np.nansum(kept)):.3f} ms of steps per iteration")
+    return {"k": int(k), "kept": [float(x) for x in kept], "iterations": int(iterations)}
+
+
 def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int = 1,
                    strategy: str = "naive", bandwidth: bool | None = None,
                    log=None, scratch: ScratchModel | None = None,
                    plan_budget: int | None = None, fractions=None,
                    host_budget: int | None = None, host_ks="auto",
-                   fit_none: bool = False) -> Profile:
+                   fit_none: bool = False, calibrate_copies: bool | None = None) -> Profile:
     """Profile real training iterations of ``solver`` at every k of ``ks`` (module doc).
 
     Each k runs ``warmup + iterations`` iterations of ``solver.step(1)`` under ``strategy``
@@ -970,6 +1010,11 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     k is always profiled under ``strategy``, so the transfers the PCIe model is fitted on
     are always there.  ``meta["plans"]`` says which plan each k ran under ("pinned" or
     ``strategy``).
+
+    calibrate_copies (None: in GPU mode): the smallest k profiled under ``strategy`` runs
+    again with every feature map kept (no copies), where that fits the budget, with the same
+    per-step timing (:func:`calibrate_copy_cost`): ``meta["copy_calibration"]``, from which
+    :func:`swap.model.copy_slowdown` fits how much the copies slow the compute beside them.
     """
     from .runtime import ScratchOverflow
     net = solver.net
@@ -1127,6 +1172,13 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             new_k_max(f"transients measured at minibatch {k}")
     if steps is None:
         steps = step_infos(build_gmap(net))
+    copy_cal = None
+    if calibrate_copies or (calibrate_copies is None and net.mode == "GPU"):
+        naive_ks = [k for k, p in plans if p == strategy]
+        if naive_ks:
+            copy_cal = calibrate_copy_cost(solver, budget, min(naive_ks), warmup, iterations,
+                                           scratch=scratch, log=log)
+            set_batch_size(net, done[-1])
     if isinstance(host_ks, str):
         if host_ks != "auto":
             raise ValueError(f"host_ks: minibatches, None or 'auto', not {host_ks!r}")
@@ -1142,6 +1194,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
         bw = measure_bandwidth(net.xp)
     meta = {"warmup": warmup, "iterations": iterations, "strategy": strategy, "budget": budget,
             "plans": plans, **host_meta}
+    if copy_cal is not None:
+        meta["copy_calibration"] = copy_cal
     if scratch is not None:
         meta.update(scratch=reserves, transients=measured, runs=runs)
         if k_max is not None:
@@ -1156,4 +1210,4 @@ __all__ = ["SCHEMA", "VERSION", "PROFILE_FRACTIONS", "profile_ks", "StepInfo", "
            "TransferSample", "SolverStepSample", "Profile", "synthetic_profile", "set_batch_size",
            "measure_bandwidth", "device_name", "profile_solver", "step_infos", "ScratchModel",
            "scratch_estimate", "max_batch_scratch", "default_host_budget", "HOST_FRACTIONS",
-           "host_issue_ks", "profile_host_issue"]
+           "host_issue_ks", "profile_host_issue", "calibrate_copy_cost"]

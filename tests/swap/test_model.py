@@ -627,3 +627,87 @@ def test_a_segment_model_times_fn_agrees_with_its_step_times(build_net):
     fn = m.times_fn(g)
     for k in (1, 3, 4, 11, 40):
         assert np.allclose(fn(k), m.step_times(g.at(k)), rtol=1e-12)
+
+
+# ------------------------------------------------ copies beside compute (session 25)
+def test_stretch_slows_a_step_only_while_a_copy_is_beside_it():
+    p = PCIeModel(h2d=1e9, d2h=1e9, slow_out=0.5, slow_in=0.25)
+    assert p.slows
+    assert p.stretch(1.0) == 1.0                                # nothing in flight
+    assert p.stretch(1.0, [(-1.0, 5.0)]) == pytest.approx(1.5)  # an offload beside all of it
+    assert p.stretch(1.0, (), [(0.0, 5.0)]) == pytest.approx(1.25)
+    assert p.stretch(1.0, [(0.0, 5.0)], [(-2.0, 5.0)]) == pytest.approx(1.75)   # both add
+    # an offload for 0.6 s more: 0.4 s of work beside it, 0.6 s after: 1.2 s
+    assert p.stretch(1.0, [(-1.0, 0.6)]) == pytest.approx(1.2)
+    # both for 0.35 s (0.2 s of work), then the prefetch alone for 0.25 s (0.2 s), then 0.6 s
+    assert p.stretch(1.0, [(0.0, 0.35)], [(0.0, 0.6)]) == pytest.approx(1.2)
+    # a prefetch that starts 0.5 s into the step and runs 0.25 s: 0.2 s of work beside it
+    assert p.stretch(1.0, (), [(0.5, 0.75)]) == pytest.approx(1.05)
+    plain = PCIeModel(h2d=1e9, d2h=1e9)
+    assert not plain.slows and plain.stretch(1.0, [(0.0, 5.0)], [(0.0, 5.0)]) == 1.0
+    assert PCIeModel.from_dict(p.to_dict()) == p
+    with pytest.raises(ValueError, match="slow_in"):
+        PCIeModel(h2d=1e9, d2h=1e9, slow_in=1.0)
+
+
+def _copy_profile(g_out=0.02, g_in=0.05, calibrated=True, mode="GPU"):
+    """Four steps at k = 8, one iteration of 1 s steps under the naive plan: steps 0-1
+    forward beside an offload over [0.5, 2.5], steps 2-3 backward beside a prefetch over
+    [2.5, 3.5].  The kept times are those less g times the seconds beside each direction."""
+    steps = tuple(StepInfo(step=j, layer=f"L{j}", type="X", phase=ph)
+                  for j, ph in enumerate(("forward", "forward", "backward", "backward")))
+    out_beside = np.array([0.5, 1.0, 0.5, 0.0])
+    in_beside = np.array([0.0, 0.0, 0.5, 0.5])
+    kept = 1.0 - g_out * out_beside - g_in * in_beside
+    comp = tuple(ComputeSample(k=8, step=j, flops=0.0, time=1.0, start=float(j))
+                 for j in range(4))
+    trans = (TransferSample(k=8, kind="offload", buffer="a", nbytes=100, time=2.0, start=0.5),
+             TransferSample(k=8, kind="prefetch", buffer="a", nbytes=100, time=1.0, start=2.5))
+    meta = ({"copy_calibration": {"k": 8, "kept": kept.tolist(), "iterations": 1}}
+            if calibrated else {})
+    return Profile(net="n", device="d", mode=mode, k_base=8, ks=(8,), steps=steps,
+                   compute=comp, transfers=trans, iterations=((8, 4.0),), meta=meta), kept
+
+
+def test_copy_overlaps_are_the_seconds_each_step_spends_beside_a_copy():
+    from swap.model import copy_overlaps
+    prof, _ = _copy_profile(0.0, 0.0)
+    comp, out_s, in_s = copy_overlaps(prof, 8)
+    assert [c.step for c in comp] == [0, 1, 2, 3]
+    assert np.allclose(out_s, [0.5, 1.0, 0.5, 0.0]) and np.allclose(in_s, [0, 0, 0.5, 0.5])
+
+
+def test_copy_slowdown_is_fitted_from_the_calibration(monkeypatch):
+    from swap.model import ENV_COPY_SLOWDOWN, copy_slowdown, without_copies
+    monkeypatch.delenv(ENV_COPY_SLOWDOWN, raising=False)
+    g_out, g_in = 0.02, 0.05
+    prof, kept = _copy_profile(g_out, g_in)
+    so, si = copy_slowdown(prof)
+    assert so == pytest.approx(g_out / (1 - g_out)) and si == pytest.approx(g_in / (1 - g_in))
+    # the samples without the copies are the kept times, and the curves see those
+    clean = without_copies(prof, (so, si))
+    assert np.allclose([c.time for c in clean], kept)
+    pcie = PCIeModel.from_profile(prof)
+    assert (pcie.slow_out, pcie.slow_in) == pytest.approx((so, si))
+    # nothing to fit from: no calibration, or a CPU profile
+    assert copy_slowdown(_copy_profile(calibrated=False)[0]) is None
+    assert copy_slowdown(_copy_profile(mode="CPU")[0]) is None
+    assert PCIeModel.from_profile(_copy_profile(calibrated=False)[0]).slows is False
+    # the variable overrides the fit; malformed values are refused by name
+    monkeypatch.setenv(ENV_COPY_SLOWDOWN, "0.03,0.07")
+    assert copy_slowdown(_copy_profile(calibrated=False)[0]) == (0.03, 0.07)
+    monkeypatch.setenv(ENV_COPY_SLOWDOWN, "0")
+    assert copy_slowdown(prof) == (0.0, 0.0)
+    for bad in ("fast", "0.1,0.2,0.3", "1.5"):
+        monkeypatch.setenv(ENV_COPY_SLOWDOWN, bad)
+        with pytest.raises(ValueError, match=ENV_COPY_SLOWDOWN):
+            copy_slowdown(prof)
+
+
+def test_nonnegative_fit_drops_a_negative_column():
+    from swap.model import nonnegative_fit
+    x1 = np.array([1.0, 2.0, 3.0, 4.0])
+    x2 = np.array([1.0, 0.0, 1.0, 0.0])
+    assert np.allclose(nonnegative_fit(2 * x1 + 3 * x2, x1, x2), [2, 3])
+    assert np.allclose(nonnegative_fit(2 * x1 - 3 * x2, x1, x2)[1], 0.0)
+    assert np.allclose(nonnegative_fit(-x1, x1, np.zeros(4)), [0, 0])

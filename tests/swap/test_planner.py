@@ -356,3 +356,25 @@ def test_plot_timeline_with_an_observed_trace(make_solver, tmp_path):
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not a --memory-trace CSV"):
         read_trace(bad)
+
+
+def test_copies_beside_a_step_stretch_it_in_both_replays():
+    """The chain with copies that slow compute by half (out) and a quarter (in).  Step 2
+    starts at 2 beside x0's offload (until 2.5), then its prefetch (2.5 to 3): 1/3 s of work
+    in the first half second, 0.4 s in the second, and the rest alone, 1.267 s in all.  The
+    iteration ends later by the interference; with no slowdown both replays are as before."""
+    g = chain()
+    slow = PCIeModel(h2d=BW, d2h=BW, both=None, slow_out=0.5, slow_in=0.25)
+    sk = sketch(g, AMPLE)
+    plain = algorithm1(sk, T1, PCIE)
+    r = algorithm1(sk, T1, slow)
+    assert r.interference > 0 and plain.interference == 0
+    assert (r.end - r.start >= T1 - 1e-12).all()
+    assert r.t_iter == pytest.approx(plain.t_iter + r.interference)
+    assert r.end[2] - r.start[2] == pytest.approx(1.0 + (1 - 0.5 / 1.5 - 0.5 / 1.25))
+    assert r.end[0] - r.start[0] == 1.0 and r.end[1] - r.start[1] == 1.0   # nothing beside
+    p = make_plan(g, "dynamic", AMPLE)
+    tl, tl0 = simulate(p, T1, slow), simulate(p, T1, PCIE)
+    assert tl.interference > 0 and tl0.interference == 0
+    assert tl.t_iter >= tl0.t_iter
+    assert (tl.step_end - tl.step_start >= T1 - 1e-12).all()

@@ -620,3 +620,34 @@ def test_fit_none_profiles_small_k_with_every_map_pinned_and_the_largest_naive(m
     from swap.runtime import install
     with pytest.raises(ValueError, match="buffer ids or 'all'"):
         install(s, "dynamic", budget, pinned="every")
+
+
+def test_copy_calibration_times_the_steps_with_every_map_kept(make_solver):
+    """calibrate_copies: the smallest k profiled under the naive plan runs again with every
+    feature map kept, each step timed as the profile times its steps; where that does not fit
+    the budget the calibration is skipped with a log line.  Off by default on the CPU."""
+    from swap.profiler import calibrate_copy_cost, set_batch_size
+    s = make_solver("resnet", batch=4)
+    maps = frozenset(build_gmap(s.net).feature_maps())
+
+    def need(k, strategy, pinned=frozenset()):
+        set_batch_size(s.net, k)
+        return min_budget(build_gmap(s.net), strategy, pinned)
+    budget = need(4, "dynamic", maps) + (1 << 20)
+    lines = []
+    it0 = s.iter
+    prof = profile_solver(s, budget, (2, 4), warmup=0, iterations=2, calibrate_copies=True,
+                          log=lines.append)
+    cal = prof.meta["copy_calibration"]
+    assert cal["k"] == 2 and cal["iterations"] == 2
+    assert len(cal["kept"]) == len(prof.steps) and all(t >= 0 for t in cal["kept"])
+    assert any(ln.startswith("Copy calibration: minibatch 2") for ln in lines)
+    assert s.iter == it0 + 2 * 2 + 2              # the calibration's iterations train too
+    assert net_batch_size(s.net) == 4             # left at the last profiled k
+    assert "copy_calibration" not in profile_solver(s, budget, (2,), warmup=0,
+                                                    iterations=1).meta
+    # every map kept does not fit: skipped, and said
+    small = need(2, "naive")
+    lines = []
+    assert calibrate_copy_cost(s, small, 2, 0, 1, log=lines.append) is None
+    assert "does not fit the budget" in lines[0]

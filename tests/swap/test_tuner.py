@@ -647,3 +647,29 @@ def test_calibrate_graph_trains_where_every_map_is_kept(make_solver):
                                iterations=1)
     assert ran == 1 and s.net.executor.plan.k == 3          # at most k_max
     s.net.executor.close()
+
+
+@pytest.mark.parametrize("method", ["linear", "bisect"])
+def test_copies_that_slow_compute_bound_k_star(method):
+    """The analytic net at 150 KiB per ms: every k up to 100 is stall-free, with a offloaded
+    above 80.  Where its copies slow the compute beside them by half, they add more than 2 %
+    to the iteration wherever a is offloaded, so k* falls to the largest k at which the
+    plan's fill pins a (80 less the fill's margin: no copies); without the bound, or with
+    copies that cost nothing, it stays 100."""
+    from swap.planner import FILL_MARGIN
+    g, budget, model = analytic()
+    fast = 150.0 * 1024 / 1e-3
+    slow = PCIeModel(h2d=fast, d2h=fast, slow_out=0.5, slow_in=0.5)
+    free = PCIeModel(h2d=fast, d2h=fast)
+    d = tune(g, budget, model, slow, method=method, margin=0.0)
+    assert d.k_star == int(80 * (1 - FILL_MARGIN)) and d.stall_free
+    assert not d.plan.offloaded and d.timeline.interference == 0.0
+    s = Search(g, budget, model, slow, prune=False, margin=0.0)
+    assert not s.feasible(100) and "copies beside the compute add" in s.result(100).reason
+    assert s.copy_share(100, s._pins_alone(100)) > 0.02
+    unbounded = tune(g, budget, model, slow, method=method, margin=0.0, max_slowdown=None)
+    assert unbounded.k_star == 100 and unbounded.timeline.interference > 0
+    # the predicted iteration carries what the copies add
+    assert unbounded.timeline.t_iter > tune(g, budget, model, free, method=method,
+                                            margin=0.0).timeline.t_iter
+    assert tune(g, budget, model, free, method=method, margin=0.0).k_star == 100

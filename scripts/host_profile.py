@@ -64,7 +64,7 @@ def run(name, ks, strategy, engine, mode, budget, warmup, iterations, out_dir, l
     from swap.profiler import profile_solver
     solver = _solver(name, ks[0], engine, mode)
     prof = profile_solver(solver, budget, ks, warmup=warmup, iterations=iterations,
-                          strategy=strategy, bandwidth=False, log=log)
+                          strategy=strategy, bandwidth=False, log=log, calibrate_copies=False)
     prof.save(os.path.join(out_dir, f"host_profile_{name}.json"))
     return [{"net": name, "strategy": strategy, "engine": engine, "device": prof.device, **r}
             for r in summarize(prof)]

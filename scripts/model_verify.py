@@ -131,7 +131,8 @@ def profile(solver, ks, budget: int, *, warmup: int, iterations: int, strategy: 
         try:
             p = profile_solver(solver, budget, (k,), warmup=warmup, iterations=iterations,
                                strategy=strategy, bandwidth=gpu and i == 0,
-                               log=say, scratch=scratch, plan_budget=plan_budget)
+                               log=say, scratch=scratch, plan_budget=plan_budget,
+                               calibrate_copies=False)
         except Exception as e:          # noqa: BLE001 - reported, the other ks still count
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             say(f"minibatch {k}: profiling failed: {type(e).__name__}: {msg[:400]}")

@@ -74,6 +74,7 @@ PROFILE_FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 2 / 3, 1.0)
 # k_max became 1236 and 1/8 of it, 154, was never profiled, so the model interpolated 180
 # between 76 and 309 and missed it by 8 % (H200, 2026-11-22)
 PROFILE_COVERED = 0.25
+ENV_COPY_CALIBRATION = "MINICAFFE_COPY_CALIBRATION"   # "0" / "1": profile_solver's default
 
 
 def profile_ks(k_max: int, fractions=PROFILE_FRACTIONS) -> tuple:
@@ -933,12 +934,13 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
 
 
 def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations: int = 1, *,
-                        scratch: ScratchModel | None = None, log=None) -> dict | None:
+                        scratch: ScratchModel | None = None, log=None) -> tuple:
     """Each step's time at ``k`` with every feature map kept (the plan "dynamic" with all of
     them pinned: no copies), timed as the profile times its steps, for
-    :func:`swap.model.copy_slowdown`: ``{"k", "kept": [seconds per step], "iterations"}``.
-    None (and a log line) where that plan does not fit ``budget`` or fails: the model then
-    treats copies as free to compute, as before."""
+    :func:`swap.model.copy_slowdown`: ``({"k", "kept": [seconds per step], "iterations"},
+    training iterations run)``.  The calibration is None (and a log line says why) where that
+    plan does not fit ``budget`` or fails: the model then treats copies as free to compute, as
+    before.  Its iterations train and are counted either way."""
     net = solver.net
     set_batch_size(net, k)
     reserve = scratch(k) if scratch is not None else None
@@ -948,14 +950,15 @@ def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations
         if log is not None:
             log(f"Copy calibration skipped: every feature map kept at minibatch {k} does not "
                 f"fit the budget ({str(e)[:120]})")
-        return None
+        return None, 0
     inst = _Instrument(ex, k)
+    it0 = solver.iter
     try:
         _recorded_steps(inst, solver, warmup, iterations)
     except Exception as e:              # the profile stands without it
         if log is not None:
             log(f"Copy calibration at minibatch {k} failed: {type(e).__name__}: {str(e)[:160]}")
-        return None
+        return None, solver.iter - it0
     finally:
         inst.remove()
         ex.close()
@@ -969,7 +972,8 @@ def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations
     if log is not None:
         log(f"Copy calibration: minibatch {k} with every feature map kept, "
             f"{1e3 * float(np.nansum(kept)):.3f} ms of steps per iteration")
-    return {"k": int(k), "kept": [float(x) for x in kept], "iterations": int(iterations)}
+    return ({"k": int(k), "kept": [float(x) for x in kept], "iterations": int(iterations)},
+            solver.iter - it0)
 
 
 def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int = 1,
@@ -1011,10 +1015,12 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     are always there.  ``meta["plans"]`` says which plan each k ran under ("pinned" or
     ``strategy``).
 
-    calibrate_copies (None: in GPU mode): the smallest k profiled under ``strategy`` runs
-    again with every feature map kept (no copies), where that fits the budget, with the same
-    per-step timing (:func:`calibrate_copy_cost`): ``meta["copy_calibration"]``, from which
-    :func:`swap.model.copy_slowdown` fits how much the copies slow the compute beside them.
+    calibrate_copies (None: ``$MINICAFFE_COPY_CALIBRATION``, "0" off, "1" on; unset: in GPU
+    mode): the smallest k profiled under ``strategy`` runs again with every feature map kept
+    (no copies), where that fits the budget, with the same per-step timing
+    (:func:`calibrate_copy_cost`): ``meta["copy_calibration"]``, from which
+    :func:`swap.model.copy_slowdown` fits how much the copies slow the compute beside them;
+    its training iterations are in ``meta["copy_runs"]`` ([k, iterations]).
     """
     from .runtime import ScratchOverflow
     net = solver.net
@@ -1172,12 +1178,17 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             new_k_max(f"transients measured at minibatch {k}")
     if steps is None:
         steps = step_infos(build_gmap(net))
-    copy_cal = None
-    if calibrate_copies or (calibrate_copies is None and net.mode == "GPU"):
+    copy_cal, copy_runs = None, []
+    if calibrate_copies is None:
+        env = os.environ.get(ENV_COPY_CALIBRATION, "").strip()
+        calibrate_copies = env != "0" if env else net.mode == "GPU"
+    if calibrate_copies:
         naive_ks = [k for k, p in plans if p == strategy]
         if naive_ks:
-            copy_cal = calibrate_copy_cost(solver, budget, min(naive_ks), warmup, iterations,
-                                           scratch=scratch, log=log)
+            k_c = min(naive_ks)
+            copy_cal, n = calibrate_copy_cost(solver, budget, k_c, warmup, iterations,
+                                              scratch=scratch, log=log)
+            copy_runs = [[k_c, n]]
             set_batch_size(net, done[-1])
     if isinstance(host_ks, str):
         if host_ks != "auto":
@@ -1196,6 +1207,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             "plans": plans, **host_meta}
     if copy_cal is not None:
         meta["copy_calibration"] = copy_cal
+    if copy_runs:
+        meta["copy_runs"] = copy_runs
     if scratch is not None:
         meta.update(scratch=reserves, transients=measured, runs=runs)
         if k_max is not None:

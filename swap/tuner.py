@@ -1135,9 +1135,9 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                                  log=say, scratch=scratch, plan_budget=base,
                                  fractions=PROFILE_FRACTIONS if auto_batch else None,
                                  host_budget=host_budget, fit_none=profile_pinned)
-        host_runs = profile.meta.get("host_runs", [])
-        images += sum(k * n for k, n in host_runs)
-        it0 += sum(n for _, n in host_runs)
+        side_runs = profile.meta.get("host_runs", []) + profile.meta.get("copy_runs", [])
+        images += sum(k * n for k, n in side_runs)
+        it0 += sum(n for _, n in side_runs)
         if scratch is None:
             images += sum(k * (warmup + iterations) for k in ks)
             assert solver.iter - it0 == len(ks) * (warmup + iterations)

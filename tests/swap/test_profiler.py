@@ -639,7 +639,7 @@ def test_copy_calibration_times_the_steps_with_every_map_kept(make_solver):
     prof = profile_solver(s, budget, (2, 4), warmup=0, iterations=2, calibrate_copies=True,
                           log=lines.append)
     cal = prof.meta["copy_calibration"]
-    assert cal["k"] == 2 and cal["iterations"] == 2
+    assert cal["k"] == 2 and cal["iterations"] == 2 and prof.meta["copy_runs"] == [[2, 2]]
     assert len(cal["kept"]) == len(prof.steps) and all(t >= 0 for t in cal["kept"])
     assert any(ln.startswith("Copy calibration: minibatch 2") for ln in lines)
     assert s.iter == it0 + 2 * 2 + 2              # the calibration's iterations train too
@@ -649,5 +649,5 @@ def test_copy_calibration_times_the_steps_with_every_map_kept(make_solver):
     # every map kept does not fit: skipped, and said
     small = need(2, "naive")
     lines = []
-    assert calibrate_copy_cost(s, small, 2, 0, 1, log=lines.append) is None
+    assert calibrate_copy_cost(s, small, 2, 0, 1, log=lines.append) == (None, 0)
     assert "does not fit the budget" in lines[0]

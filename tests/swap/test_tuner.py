@@ -673,3 +673,32 @@ def test_copies_that_slow_compute_bound_k_star(method):
     assert unbounded.timeline.t_iter > tune(g, budget, model, free, method=method,
                                             margin=0.0).timeline.t_iter
     assert tune(g, budget, model, free, method=method, margin=0.0).k_star == 100
+
+
+@pytest.mark.parametrize("with_scratch", [False, True])
+def test_train_dynamic_counts_the_copy_calibrations_iterations(make_solver, monkeypatch,
+                                                               with_scratch):
+    """The copy calibration (on by default on the GPU; here by its variable) trains a few
+    iterations of its own; the profile's iteration count, which keeps the epochs, has them
+    (session 25's first GPU run failed on that count)."""
+    from swap.profiler import ENV_COPY_CALIBRATION, ScratchModel
+    monkeypatch.setenv(ENV_COPY_CALIBRATION, "1")
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    budget = 2 * min_budget(g.at(16), "naive")
+    kw = {}
+    if with_scratch:
+        per_image = min_budget(g.at(2), "naive") - min_budget(g.at(1), "naive")
+        kw["scratch"] = ScratchModel(lambda k: per_image * k, margin=0.0, slack=0)
+    lines = []
+    it0 = s.iter
+    ex, td = train_dynamic(s, budget, log=lines.append, **kw)
+    meta = td.profile.meta
+    assert meta["copy_calibration"]["k"] == min(td.profile.ks)
+    (k_c, n), = meta["copy_runs"]
+    assert n == 2                       # warm-up and one recorded iteration
+    assert s.iter > it0 + n
+    ex.close()
+    monkeypatch.setenv(ENV_COPY_CALIBRATION, "0")
+    _, td = train_dynamic(make_solver("resnet", batch=4), budget, **kw)
+    assert "copy_calibration" not in td.profile.meta and "copy_runs" not in td.profile.meta

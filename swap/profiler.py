@@ -75,6 +75,10 @@ PROFILE_FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 2 / 3, 1.0)
 # between 76 and 309 and missed it by 8 % (H200, 2026-11-22)
 PROFILE_COVERED = 0.25
 ENV_COPY_CALIBRATION = "MINICAFFE_COPY_CALIBRATION"   # "0" / "1": profile_solver's default
+# recorded iterations of the copy calibration at least (each step's median): one step of one
+# iteration took 95 ms instead of 0.4 ms in a ResNet-152 calibration (H200, session 25), and
+# with a single iteration that wrecked the fit
+COPY_CALIBRATION_ITERATIONS = 3
 
 
 def profile_ks(k_max: int, fractions=PROFILE_FRACTIONS) -> tuple:
@@ -936,7 +940,8 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
 def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations: int = 1, *,
                         scratch: ScratchModel | None = None, log=None) -> tuple:
     """Each step's time at ``k`` with every feature map kept (the plan "dynamic" with all of
-    them pinned: no copies), timed as the profile times its steps, for
+    them pinned: no copies), timed as the profile times its steps (the median of at least
+    :data:`COPY_CALIBRATION_ITERATIONS` recorded iterations), for
     :func:`swap.model.copy_slowdown`: ``({"k", "kept": [seconds per step], "iterations"},
     training iterations run)``.  The calibration is None (and a log line says why) where that
     plan does not fit ``budget`` or fails: the model then treats copies as free to compute, as
@@ -953,8 +958,9 @@ def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations
         return None, 0
     inst = _Instrument(ex, k)
     it0 = solver.iter
+    recorded = max(iterations, COPY_CALIBRATION_ITERATIONS)
     try:
-        _recorded_steps(inst, solver, warmup, iterations)
+        _recorded_steps(inst, solver, warmup, recorded)
     except Exception as e:              # the profile stands without it
         if log is not None:
             log(f"Copy calibration at minibatch {k} failed: {type(e).__name__}: {str(e)[:160]}")
@@ -963,16 +969,14 @@ def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations
         inst.remove()
         ex.close()
     n = len(ex.gmap.steps)
-    acc = np.zeros(n)
-    cnt = np.zeros(n)
+    per_step = [[] for _ in range(n)]
     for c in inst.compute:
-        acc[c.step] += c.time
-        cnt[c.step] += 1
-    kept = np.where(cnt > 0, acc / np.maximum(cnt, 1), np.nan)
+        per_step[c.step].append(c.time)
+    kept = np.array([float(np.median(v)) if v else np.nan for v in per_step])
     if log is not None:
         log(f"Copy calibration: minibatch {k} with every feature map kept, "
             f"{1e3 * float(np.nansum(kept)):.3f} ms of steps per iteration")
-    return ({"k": int(k), "kept": [float(x) for x in kept], "iterations": int(iterations)},
+    return ({"k": int(k), "kept": [float(x) for x in kept], "iterations": int(recorded)},
             solver.iter - it0)
 
 

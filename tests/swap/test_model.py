@@ -711,3 +711,15 @@ def test_nonnegative_fit_drops_a_negative_column():
     assert np.allclose(nonnegative_fit(2 * x1 + 3 * x2, x1, x2), [2, 3])
     assert np.allclose(nonnegative_fit(2 * x1 - 3 * x2, x1, x2)[1], 0.0)
     assert np.allclose(nonnegative_fit(-x1, x1, np.zeros(4)), [0, 0])
+
+
+def test_a_disturbed_copy_calibration_is_not_used(monkeypatch):
+    """Steps without copies that sum to more than the same steps beside them: the calibration
+    was disturbed (one ResNet-152 step at 95 ms instead of 0.4), and nothing is fitted."""
+    from swap.model import ENV_COPY_SLOWDOWN, copy_slowdown
+    monkeypatch.delenv(ENV_COPY_SLOWDOWN, raising=False)
+    prof, kept = _copy_profile(0.02, 0.05)
+    bad = dict(prof.meta["copy_calibration"], kept=(kept + np.array([0, 0, 0.5, 0])).tolist())
+    disturbed = dataclasses.replace(prof, meta={"copy_calibration": bad})
+    assert copy_slowdown(disturbed) is None
+    assert PCIeModel.from_profile(disturbed).slows is False

@@ -639,10 +639,10 @@ def test_copy_calibration_times_the_steps_with_every_map_kept(make_solver):
     prof = profile_solver(s, budget, (2, 4), warmup=0, iterations=2, calibrate_copies=True,
                           log=lines.append)
     cal = prof.meta["copy_calibration"]
-    assert cal["k"] == 2 and cal["iterations"] == 2 and prof.meta["copy_runs"] == [[2, 2]]
+    assert cal["k"] == 2 and cal["iterations"] == 3 and prof.meta["copy_runs"] == [[2, 3]]
     assert len(cal["kept"]) == len(prof.steps) and all(t >= 0 for t in cal["kept"])
     assert any(ln.startswith("Copy calibration: minibatch 2") for ln in lines)
-    assert s.iter == it0 + 2 * 2 + 2              # the calibration's iterations train too
+    assert s.iter == it0 + 2 * 2 + 3              # the calibration's iterations train too
     assert net_batch_size(s.net) == 4             # left at the last profiled k
     assert "copy_calibration" not in profile_solver(s, budget, (2,), warmup=0,
                                                     iterations=1).meta

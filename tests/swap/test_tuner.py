@@ -422,6 +422,7 @@ def test_linear_walk_and_bisection_agree_on_the_seven_networks():
 
 
 
+@pytest.mark.slow
 def test_walk_and_bisection_agree_when_copies_slow_the_compute():
     """The same with copies that slow the compute beside them as ResNet-152's calibration
     measured on an H200 (0.5 % beside an offload, 6.4 % beside a prefetch; session 25), on

@@ -393,22 +393,27 @@ def test_train_dynamic_logs_the_host_floor(make_solver):
 NETS = ["alexnet", "googlenet", "vgg16", "resnet34", "resnet50", "resnet101", "resnet152"]
 
 
+def _zoo_gmap(name):
+    """The GMAP of ``prototxt/NAME/dummy.prototxt`` built at batch 1 on the CPU."""
+    from minicaffe.proto import read_net_param
+    p = read_net_param(f"prototxt/{name}/dummy.prototxt")
+    for shape in p.layer[0].dummy_data_param.shape:
+        shape.dim[0] = 1
+    return build_gmap(Net(p, TRAIN, mode="CPU"))
+
+
 @pytest.mark.slow
 def test_linear_walk_and_bisection_agree_on_the_seven_networks():
     """Every net of prototxt/ built at batch 1, a synthetic H200-like device (50 TFLOP/s
     saturating curve, 55 GB/s each way, 101 GB/s both), 12 GiB: the paper's linear walk and
     the bisection find the same k*, stall-free, larger than Caffe's max trainable k (Table 1)."""
-    from minicaffe.proto import read_net_param
     from swap.memory import caffe_max_batch
     model, pcie = device_models()
     budget = 12 << 30
     t0 = time.perf_counter()
     found = {}
     for name in NETS:
-        p = read_net_param(f"prototxt/{name}/dummy.prototxt")
-        for shape in p.layer[0].dummy_data_param.shape:
-            shape.dim[0] = 1
-        g = build_gmap(Net(p, TRAIN, mode="CPU"))
+        g = _zoo_gmap(name)
         lin = tune(g, budget, model, pcie, method="linear")
         bis = tune(g, budget, model, pcie, method="bisect")
         assert lin.k_star == bis.k_star, name
@@ -421,7 +426,6 @@ def test_linear_walk_and_bisection_agree_on_the_seven_networks():
     assert found["resnet34"] > found["resnet50"] > found["resnet101"] > found["resnet152"]
 
 
-
 @pytest.mark.slow
 def test_walk_and_bisection_agree_when_copies_slow_the_compute():
     """The same with copies that slow the compute beside them as ResNet-152's calibration
@@ -430,16 +434,12 @@ def test_walk_and_bisection_agree_when_copies_slow_the_compute():
     that both searches find the same k*, and k*'s copies add at most 2 %."""
     import dataclasses as dc
 
-    from minicaffe.proto import read_net_param
     from swap.tuner import COPY_SLOWDOWN_LIMIT
     model, pcie = device_models()
     slow = dc.replace(pcie, slow_out=0.005, slow_in=0.064)
     budget = 12 << 30
     for name in ("alexnet", "vgg16", "googlenet", "resnet50"):
-        p = read_net_param(f"prototxt/{name}/dummy.prototxt")
-        for shape in p.layer[0].dummy_data_param.shape:
-            shape.dim[0] = 1
-        g = build_gmap(Net(p, TRAIN, mode="CPU"))
+        g = _zoo_gmap(name)
         lin = tune(g, budget, model, slow, method="linear")
         bis = tune(g, budget, model, slow, method="bisect")
         assert lin.k_star == bis.k_star, name

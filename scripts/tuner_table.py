@@ -395,6 +395,35 @@ def no_stall(r: dict, dynamic, none, rounds: int = 2) -> dict:
     return r
 
 
+def host_now(r: dict, solver, budget, model, scratch=None) -> dict:
+    """The host bound timed again right after a point's measurements: a whole iteration of
+    `none` at the profile's host k (:func:`swap.profiler.host_whole_now`), and the point's
+    prediction with it (:meth:`swap.model.ComputeModel.with_host_whole`).  Writes into ``r``
+    ``host_now_ms``, ``host_now_k``, ``pred_ms_host_now`` and ``time_err_host_now`` (against the
+    pooled measurement where there is one); nothing where the model has no such bound (CPU
+    profiles, the CUDA-graph model).  The host's speed drifts within a process (session 25:
+    67-96 ms per small iteration while profiling, 117-123 ms minutes later), which the
+    profile-time bound cannot follow."""
+    from swap.profiler import host_whole_now
+    hm = getattr(model, "host", None)
+    if hm is None or hm.whole <= 0.0 or "pred_device_ms" not in r:
+        return r
+    _close(solver.net)
+    try:
+        whole, _ = host_whole_now(solver, budget, hm.whole_k, scratch=scratch)
+    finally:
+        solver.net.executor = None
+        _free()
+    if whole is None:
+        r["host_now_error"] = f"`none` does not fit at k = {hm.whole_k}"
+        return r
+    pred = 1e3 * model.with_host_whole(whole).iteration(r["pred_device_ms"] / 1e3, r["k"])
+    meas = r.get("ms_pooled", r["ms"])
+    r.update(host_now_ms=1e3 * whole, host_now_k=hm.whole_k, pred_ms_host_now=pred,
+             time_err_host_now=(pred - meas) / meas)
+    return r
+
+
 def _fits_device(g, k, reserve, gpu) -> tuple[bool, str]:
     """Whether `none` at k (every buffer, every convolution's workspace included, resident at
     once) fits the device's free memory with 2 GiB and 8 % to spare; (fits, the figures)."""
@@ -548,6 +577,11 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                                                   iters, warmup, gpu), reference, rounds)
             except Exception as e:
                 r["none_error"] = f"{type(e).__name__}: {e}"[:400]
+        if "error" not in r:
+            try:
+                host_now(r, solver, budget, model, S)
+            except Exception as e:            # recorded: the point stands without it
+                r["host_now_error"] = f"{type(e).__name__}: {e}"[:400]
         out["dynamic"].append(r)
         if gpu:
             log(f"device memory after k = {k}: {_memory_report()}")
@@ -757,12 +791,13 @@ def write_tables(results, peers, csv_path, md_path, header):
            "| net | k | measured ms: median of the rounds' dynamic steps (first round) | "
            "predicted ms | time error (against the first round) | measured peak GiB (plan in use "
            "+ transients) | predicted peak GiB (eq. 4 + S(k)) | memory error | arena high-water "
-           "GiB | budget GiB | feature-map bytes offloaded | none ms | dynamic/none |",
-           "|" + "---|" * 13]
+           "GiB | budget GiB | feature-map bytes offloaded | none ms | dynamic/none | "
+           "time error with the host bound timed again after the point (host ms) |",
+           "|" + "---|" * 14]
     for r in results:
         for d in r["dynamic"]:
             if "error" in d:
-                md.append(f"| {r['net']} | {d['k']} | failed: {d['error'][:120]} |" + " |" * 10)
+                md.append(f"| {r['net']} | {d['k']} | failed: {d['error'][:120]} |" + " |" * 11)
                 continue
             if "ms_pooled" in d:
                 meas = f"{d['ms_pooled']:.1f} ({d['ms']:.1f})"
@@ -777,7 +812,9 @@ def write_tables(results, peers, csv_path, md_path, header):
                 f"{d['budget'] / 2**30:.2f} | {100 * d['offload_fraction']:.0f} % | "
                 f"{_fmt(d.get('none_ms'), '.1f')}"
                 + (" (every map kept)" if d.get("no_stall_reference") == "kept" else "")
-                + f" | {_fmt(d.get('slowdown'), '.3f')} |")
+                + f" | {_fmt(d.get('slowdown'), '.3f')} | "
+                + (f"{100 * d['time_err_host_now']:+.1f} % ({d['host_now_ms']:.1f} at k = "
+                   f"{d['host_now_k']})" if "time_err_host_now" in d else "-") + " |")
     for r in results:
         c = r["tuner"].get("graph_calibration")
         if c:

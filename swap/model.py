@@ -771,6 +771,16 @@ class ComputeModel:
             return max(0.0, self.host.whole - self.overhead_at(self.host.whole_k))
         return float(self.host(k))
 
+    def with_host_whole(self, whole: float) -> "ComputeModel":
+        """This model with its host bound's whole iteration timed anew (``whole`` seconds at
+        the same minibatch, :func:`swap.profiler.host_whole_now`): the prediction with the
+        host as fast as it is now.  The host's speed drifts within a process (ResNet-152 on an
+        H200, session 25: 67-96 ms per small iteration while profiling, 117-123 ms minutes
+        later)."""
+        if self.host is None or self.host.whole <= 0.0:
+            raise ValueError("the model has no whole-iteration host bound to time anew")
+        return dataclasses.replace(self, host=dataclasses.replace(self.host, whole=float(whole)))
+
     def iteration(self, device: float, k: int) -> float:
         """The predicted iteration at ``k`` from ``device``, the compute stream's time for the
         steps (eq. 2, or Algorithm 1's timeline with its stalls): :func:`iteration_time` of

@@ -937,6 +937,28 @@ def profile_host_issue(solver, budget: int, ks, *, warmup: int = 2, iterations: 
     return samples, runs, {"host_ks": [s["k"] for s in sums], "host_sums": sums}
 
 
+def host_whole_now(solver, budget: int, k: int, *, warmup: int = 2, iterations: int = 3,
+                   scratch: ScratchModel | None = None) -> tuple:
+    """The host's seconds for a whole iteration of the plan "none" at ``k``, timed now as
+    :func:`profile_host_issue` times it (``warmup`` iterations, then the median of
+    ``iterations`` timed whole without hooks): the host bound measured again beside a later
+    measurement.  Returns ``(seconds, training iterations run)``; seconds is None where that
+    plan does not fit ``budget`` at ``k``.  The net is left at ``k`` with no executor."""
+    ex, kk = _install_plain_fitting(solver, budget, k, scratch, set(), None)
+    if ex is None or kk != k:
+        if ex is not None:
+            ex.close()
+        return None, 0
+    it0 = solver.iter
+    try:
+        for _ in range(warmup):
+            solver.step(1)
+        whole = _host_iteration_times(ex, solver, iterations)
+    finally:
+        ex.close()
+    return float(np.median(whole)), solver.iter - it0
+
+
 def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations: int = 1, *,
                         scratch: ScratchModel | None = None, log=None) -> tuple:
     """Each step's time at ``k`` with every feature map kept (the plan "dynamic" with all of
@@ -1227,4 +1249,4 @@ __all__ = ["SCHEMA", "VERSION", "PROFILE_FRACTIONS", "profile_ks", "StepInfo", "
            "TransferSample", "SolverStepSample", "Profile", "synthetic_profile", "set_batch_size",
            "measure_bandwidth", "device_name", "profile_solver", "step_infos", "ScratchModel",
            "scratch_estimate", "max_batch_scratch", "default_host_budget", "HOST_FRACTIONS",
-           "host_issue_ks", "profile_host_issue", "calibrate_copy_cost"]
+           "host_issue_ks", "profile_host_issue", "calibrate_copy_cost", "host_whole_now"]

@@ -723,3 +723,20 @@ def test_a_disturbed_copy_calibration_is_not_used(monkeypatch):
     disturbed = dataclasses.replace(prof, meta={"copy_calibration": bad})
     assert copy_slowdown(disturbed) is None
     assert PCIeModel.from_profile(disturbed).slows is False
+
+
+def test_the_host_bound_timed_anew_moves_the_prediction():
+    """A model whose host bound is a whole iteration of 80 ms at k = 6, O(k) = 5 ms: at a
+    host-bound k the prediction is that less O(6) plus O(k); timed anew at 120 ms it follows."""
+    curve = ThroughputCurve(peak=1e9, x_half=1e6)
+    oh = IterationOverhead(a=5e-3, b=0.0)
+    m = dataclasses.replace(ComputeModel.uniform(curve), overhead=oh,
+                            host=HostModel(a=(0.0,), b=(0.0,), method="issue", whole=0.080,
+                                           whole_k=6))
+    assert m.iteration(0.030, 16) == pytest.approx(0.080)          # host-bound: H + O
+    now = m.with_host_whole(0.120)
+    assert now.iteration(0.030, 16) == pytest.approx(0.120)
+    assert now.iteration(0.200, 16) == pytest.approx(0.200)         # device-bound: no change
+    assert m.host.whole == 0.080                                    # the original stays
+    with pytest.raises(ValueError, match="no whole-iteration host bound"):
+        ComputeModel.uniform(curve).with_host_whole(0.1)

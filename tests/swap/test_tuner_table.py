@@ -227,3 +227,35 @@ def test_cuda_graph_reaches_the_solvers_through_the_environment():
     assert env == {} and not cuda_graph_from_env(env)
     tuner_table.graph_env(True, env)
     assert cuda_graph_from_env(env)
+
+
+def test_host_bound_timed_again_after_a_point(make_solver):
+    """host_now times a whole iteration of `none` at the model's host k again (real training
+    iterations, CPU) and predicts the point with it; a model without that bound (CPU
+    profiles, the CUDA-graph model) leaves the point as it is, and so does a budget that
+    `none` does not fit at that k."""
+    import dataclasses
+
+    from scripts.tuner_table import host_now
+    from swap.gmap import build_gmap
+    from swap.model import ComputeModel, HostModel, IterationOverhead, ThroughputCurve
+    from swap.plan import min_budget
+    from swap.profiler import host_whole_now
+    s = make_solver("lenet", batch=4)
+    budget = 4 * min_budget(build_gmap(s.net), "none")
+    model = dataclasses.replace(ComputeModel.uniform(ThroughputCurve(peak=1e9, x_half=1e6)),
+                                overhead=IterationOverhead(a=1e-4, b=0.0),
+                                host=HostModel(a=(0.0,), b=(0.0,), method="issue", whole=1.0,
+                                               whole_k=2))
+    it0 = s.iter
+    r = host_now({"k": 4, "ms": 10.0, "ms_pooled": 8.0, "pred_device_ms": 0.5}, s, budget, model)
+    assert s.iter == it0 + 2 + 3                    # warm-up and three timed iterations
+    assert r["host_now_k"] == 2 and 0 < r["host_now_ms"] < 1e3
+    # device-bound at 0.5 ms?  no: the host's whole iteration (less O, plus O) bounds it
+    assert r["pred_ms_host_now"] == pytest.approx(r["host_now_ms"])
+    assert r["time_err_host_now"] == pytest.approx((r["pred_ms_host_now"] - 8.0) / 8.0)
+    assert "host_now_ms" not in host_now({"k": 4, "ms": 1.0, "pred_device_ms": 0.5}, s, budget,
+                                         ComputeModel.uniform(ThroughputCurve(1e9, 1e6)))
+    small = host_now({"k": 4, "ms": 1.0, "pred_device_ms": 0.5}, s, 1 << 10, model)
+    assert "host_now_ms" not in small and "does not fit" in small["host_now_error"]
+    assert host_whole_now(s, 1 << 10, 2) == (None, 0)

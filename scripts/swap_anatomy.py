@@ -257,6 +257,8 @@ def run(net_name, k_base, k, budget, engine, mode, profile, iters, rounds, out_d
     summary.update(net=net_name, k=k, budget=budget, engine=engine, mode=mode,
                    offloaded_bytes=int(plan.transfer_bytes()[0]),
                    predicted_ms=1e3 * dec.t_iter, rounds=rounds, iterations=iters,
+                   predicted_copy_ms=1e3 * dec.timeline.interference,
+                   slow_out=pcie.slow_out, slow_in=pcie.slow_in,
                    steps={c: {"layer": meds[c]["layer"], "phase": meds[c]["phase"],
                               "wait_ms": (1e3 * meds[c]["wait"]).round(4).tolist(),
                               "compute_ms": (1e3 * meds[c]["compute"]).round(4).tolist()}
@@ -301,7 +303,10 @@ def main(argv=None) -> int:
               f"(`{command}`, {time.strftime('%Y-%m-%d')}); medians of {args.rounds} rounds x "
               f"{args.iterations} iterations; the dynamic plan offloads "
               f"{summary['offloaded_bytes'] / GIB:.2f} GiB, predicted "
-              f"{summary['predicted_ms']:.2f} ms.")
+              f"{summary['predicted_ms']:.2f} ms, of which the copies' cost to the compute "
+              f"beside them {summary['predicted_copy_ms']:.2f} ms (PCIe model: "
+              f"{100 * summary['slow_out']:.1f} % beside an offload, "
+              f"{100 * summary['slow_in']:.1f} % beside a prefetch).")
     md = markdown(summary, header)
     with open(base + ".md", "w") as f:
         f.write(md)

@@ -333,7 +333,7 @@ class Readiness:
     @property
     def interference(self) -> float:
         """Seconds the copies added to the steps beside them (0 where they cost nothing)."""
-        return float((self.end - self.start).sum() - self.times.sum())
+        return max(0.0, float((self.end - self.start).sum() - self.times.sum()))
 
     def prefix(self) -> np.ndarray:
         """``sum_{r<j} t_r``: the right side of (6)."""
@@ -705,7 +705,7 @@ class Timeline:
     @property
     def interference(self) -> float:
         """Seconds the copies added to the steps beside them (:attr:`Readiness.interference`)."""
-        return float((self.step_end - self.step_start).sum() - self.times.sum())
+        return max(0.0, float((self.step_end - self.step_start).sum() - self.times.sum()))
 
     @property
     def t_iter(self) -> float:

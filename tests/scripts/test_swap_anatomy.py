@@ -69,6 +69,9 @@ def test_quick_run_writes_its_summary(tmp_path):
         assert r["ms"] > 0 and r["compute_ms"] > 0 and r["wait_ms"] >= 0
         assert min(steps[c]["wait_ms"]) >= 0
     assert s["interference"]["ms_per_gib_out"] >= 0
+    # a CPU profile has no copy calibration: the model gives the copies no cost
+    assert s["predicted_copy_ms"] == pytest.approx(0.0, abs=1e-9)
+    assert s["slow_out"] == s["slow_in"] == 0.0
     assert "| dynamic |" in (tmp_path / "anatomy_cifar10_quick_8.md").read_text()
     # one trace per configuration and round
     assert len(list(tmp_path.glob("trace_cifar10_quick_8_*.csv"))) == 6

@@ -8,10 +8,10 @@ import sys, gzip, json
 sys.path.insert(0, ".")
 from scripts.swap_budgets import _solver
 from swap.gmap import build_gmap
-from swap.profiler import Profile, ScratchModel
+from swap.profiler import Profile
 from swap.runtime import set_lowering
 from swap.tuner import plan_at, profile_models
-from swap.plan import ALLOCATE, PREFETCH, COMPUTE, OFFLOAD, RELEASE
+from swap.plan import ALLOCATE, COMPUTE, PREFETCH
 with gzip.open("docs/results/tuner_s25/c_resnet152_profile.json.gz", "rt") as f:
     prof = Profile.from_dict(json.load(f))
 solver = _solver("resnet152", 16, "CAFFE", "CPU")

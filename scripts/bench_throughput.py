@@ -17,9 +17,11 @@ graph (``Solver(cuda_graph=True)``, rows "CUDNN+graph", "CAFFE+graph"); where th
 iteration cannot be captured (a solver other than SGD, an Accuracy layer...) the row
 runs eagerly and the reason is printed under the table.
 
-PyTorch runs torchvision's architectures in float32 with TF32 off and
-``cudnn.benchmark`` on; it is skipped cleanly where torch or torchvision is
-missing.  Results: a table on stdout and a CSV (``--csv``).
+PyTorch runs twice, in float32 with TF32 off and ``cudnn.benchmark`` on: torchvision's
+model of the name (``vs tv``) and the very network minicaffe trains, its prototxt built as
+PyTorch modules by ``scripts/torch_peer.py`` (``vs same``: torchvision's AlexNet and GoogLeNet
+are other networks than Caffe's).  It is skipped cleanly where torch (or, for its models,
+torchvision) is missing.  Results: a table on stdout and a CSV (``--csv``).
 """
 from __future__ import annotations
 
@@ -125,26 +127,41 @@ def run_minicaffe(name, batch, engine, iters, warmup, graph=False):
 
 
 # ---------------------------------------------------------------- torch
-def torch_training_step(name, batch, save_on_cpu=False):
-    """One SGD iteration of torchvision's ``name`` on the GPU as a function (returns the loss):
+def torch_training_step(name, batch, save_on_cpu=False, arch="torchvision"):
+    """One SGD iteration of ``name`` in PyTorch on the GPU as a function (returns the loss):
     float32, TF32 off, ``cudnn.benchmark`` on, data drawn once; ``save_on_cpu``: every tensor
     autograd saves for backward goes to pinned host memory
     (``torch.autograd.graph.save_on_cpu(pin_memory=True)``), PyTorch's own offloading, the
-    peer of minicaffe's swap strategies."""
+    peer of minicaffe's swap strategies.
+
+    ``arch="torchvision"``: torchvision's model of that name; ``arch="prototxt"``: the very
+    network minicaffe trains, its dummy-data prototxt built as PyTorch modules
+    (``scripts/torch_peer.py``: Caffe's AlexNet with groups and LRN, Caffe's GoogLeNet with
+    LRN and its two weighted auxiliary losses, the ResNets striding in the first 1x1)."""
     import contextlib
 
     import torch
-    import torchvision
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device("cuda")
-    kw = {"aux_logits": True, "init_weights": True} if name == "googlenet" else {}
-    model = getattr(torchvision.models, TORCH_NAMES[name])(**kw).to(dev).train()
+    if arch == "prototxt":
+        from scripts.gen_prototxt import build
+        from scripts.torch_peer import TorchNet
+        model = TorchNet(build(name, batch=batch, data="dummy")).to(dev).train()
+        shapes = model.input_shapes
+        x = torch.randn(shapes["data"], device=dev)
+        y = torch.randint(0, model.classes, shapes["label"], device=dev).float()
+    elif arch == "torchvision":
+        import torchvision
+        kw = {"aux_logits": True, "init_weights": True} if name == "googlenet" else {}
+        model = getattr(torchvision.models, TORCH_NAMES[name])(**kw).to(dev).train()
+        size = INPUT_SIZE.get(name, 224)
+        x = torch.randn(batch, 3, size, size, device=dev)
+        y = torch.randint(0, 1000, (batch,), device=dev)
+    else:
+        raise ValueError(f"arch must be 'torchvision' or 'prototxt', not {arch!r}")
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=5e-4)
-    size = INPUT_SIZE.get(name, 224)
-    x = torch.randn(batch, 3, size, size, device=dev)
-    y = torch.randint(0, 1000, (batch,), device=dev)
     lossf = torch.nn.CrossEntropyLoss()
 
     def saving():
@@ -154,12 +171,15 @@ def torch_training_step(name, batch, save_on_cpu=False):
     def step():
         opt.zero_grad(set_to_none=True)
         with saving():
-            out = model(x)
-            if name == "googlenet":
-                loss = (lossf(out.logits, y)
-                        + 0.3 * (lossf(out.aux_logits1, y) + lossf(out.aux_logits2, y)))
+            if arch == "prototxt":
+                loss = model(data=x, label=y)[0]
             else:
-                loss = lossf(out, y)
+                out = model(x)
+                if name == "googlenet":
+                    loss = (lossf(out.logits, y)
+                            + 0.3 * (lossf(out.aux_logits1, y) + lossf(out.aux_logits2, y)))
+                else:
+                    loss = lossf(out, y)
         loss.backward()
         opt.step()
         return loss
@@ -167,10 +187,10 @@ def torch_training_step(name, batch, save_on_cpu=False):
     return step
 
 
-def run_torch(name, batch, iters, warmup, save_on_cpu=False):
+def run_torch(name, batch, iters, warmup, save_on_cpu=False, arch="torchvision"):
     """PyTorch eager on the GPU (:func:`torch_training_step`), timed like minicaffe."""
     import torch
-    step = torch_training_step(name, batch, save_on_cpu)
+    step = torch_training_step(name, batch, save_on_cpu, arch)
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -187,10 +207,12 @@ def run_torch(name, batch, iters, warmup, save_on_cpu=False):
             "loss": float(loss), "times": times}
 
 
-def torch_available() -> bool:
+def torch_available(arch="torchvision") -> bool:
+    """PyTorch with CUDA (and torchvision, for its models)."""
     try:
         import torch
-        import torchvision  # noqa: F401
+        if arch == "torchvision":
+            import torchvision  # noqa: F401
         return torch.cuda.is_available()
     except Exception:
         return False
@@ -200,8 +222,9 @@ def torch_available() -> bool:
 def one(spec: str, iters: int, warmup: int) -> dict:
     kind, engine, name, batch = spec.split(":")
     batch = int(batch)
-    if kind == "torch":
-        r = run_torch(name, batch, iters, warmup)
+    if kind == "torch":     # engine "eager": torchvision's model; "prototxt": the same net
+        r = run_torch(name, batch, iters, warmup,
+                      arch="prototxt" if engine == "prototxt" else "torchvision")
     else:  # engine CUDNN, CAFFE, or CUDNN+graph, CAFFE+graph
         base, _, extra = engine.partition("+")
         r = run_minicaffe(name, batch, base, iters, warmup, graph=extra == "graph")
@@ -237,9 +260,13 @@ def main() -> int:
                 specs.append(f"minicaffe:{eng}+graph:{name}:{batch}")
         if not args.no_torch:
             specs.append(f"torch:eager:{name}:{batch}")
-    if not args.no_torch and not torch_available():
-        print("PyTorch/torchvision with CUDA not available: skipping PyTorch")
+            specs.append(f"torch:prototxt:{name}:{batch}")
+    if not args.no_torch and not torch_available("prototxt"):
+        print("PyTorch with CUDA not available: skipping PyTorch")
         specs = [s for s in specs if not s.startswith("torch")]
+    elif not args.no_torch and not torch_available():
+        print("torchvision not available: PyTorch runs the prototxt's networks only")
+        specs = [s for s in specs if not s.startswith("torch:eager")]
 
     rows = []
     for spec in specs:
@@ -259,21 +286,29 @@ def main() -> int:
             best["ms_runs"] = [x["ms"] for x in runs]
             rows.append(best)
 
-    torch_ips = {(r["net"], r["batch"]): r["images_per_s"] for r in rows if r["kind"] == "torch"}
+    def who_of(r):
+        if r["kind"] != "torch":
+            return f"minicaffe {r['engine']}"
+        return "pytorch (same net)" if r["engine"] == "prototxt" else "pytorch (torchvision)"
+
+    torch_ips = {(r["net"], r["batch"], r["engine"]): r["images_per_s"]
+                 for r in rows if r["kind"] == "torch"}
     print()
     print(f"{'net':<10} {'batch':>5} {'who':<22} {'img/s':>8} {'ms/iter':>9} {'runs (ms)':>18} "
-          f"{'peak GiB':>8} {'vs torch':>8}")
+          f"{'peak GiB':>8} {'vs same':>8} {'vs tv':>8}")
     notes = []
     for r in rows:
-        who = "pytorch eager" if r["kind"] == "torch" else f"minicaffe {r['engine']}"
-        ref = torch_ips.get((r["net"], r["batch"]))
-        ratio = f"{r['images_per_s'] / ref:.2f}" if ref else "-"
+        ratios = []
+        for engine in ("prototxt", "eager"):
+            ref = torch_ips.get((r["net"], r["batch"], engine))
+            ratios.append(f"{r['images_per_s'] / ref:.2f}" if ref else "-")
         runs = "/".join(f"{m:.1f}" for m in r["ms_runs"])
-        print(f"{r['net']:<10} {r['batch']:>5} {who:<22} {r['images_per_s']:>8.0f} {r['ms']:>9.1f} "
-              f"{runs:>18} {r['peak_bytes'] / 2**30:>8.2f} {ratio:>8}")
-        r["vs_torch"] = ratio
+        print(f"{r['net']:<10} {r['batch']:>5} {who_of(r):<22} {r['images_per_s']:>8.0f} "
+              f"{r['ms']:>9.1f} {runs:>18} {r['peak_bytes'] / 2**30:>8.2f} {ratios[0]:>8} "
+              f"{ratios[1]:>8}")
+        r["vs_same"], r["vs_torch"] = ratios
         if r.get("graph", "").startswith("ran eagerly"):
-            notes.append(f"{r['net']} {who}: {r['graph']}")
+            notes.append(f"{r['net']} {who_of(r)}: {r['graph']}")
     for line in notes:
         print(line)
     if args.csv:
@@ -281,12 +316,11 @@ def main() -> int:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["net", "batch", "who", "images_per_s", "ms_per_iter", "ms_runs",
-                        "peak_bytes", "vs_torch", "graph"])
+                        "peak_bytes", "vs_torch", "graph", "vs_same_net"])
             for r in rows:
-                who = "pytorch eager" if r["kind"] == "torch" else f"minicaffe {r['engine']}"
-                w.writerow([r["net"], r["batch"], who, f"{r['images_per_s']:.1f}", f"{r['ms']:.2f}",
-                            "/".join(f"{m:.2f}" for m in r["ms_runs"]), r["peak_bytes"], r["vs_torch"],
-                            r.get("graph", "")])
+                w.writerow([r["net"], r["batch"], who_of(r), f"{r['images_per_s']:.1f}",
+                            f"{r['ms']:.2f}", "/".join(f"{m:.2f}" for m in r["ms_runs"]),
+                            r["peak_bytes"], r["vs_torch"], r.get("graph", ""), r["vs_same"]])
     return 0
 
 

@@ -20,8 +20,10 @@ For each network (a child process per network, on its own GPU when ``--gpus`` na
    of the compute-only time, measured against ``none``, and the fraction of feature-map bytes
    offloaded (the paper: 8.3 GB, about 64 %).
 6. **Peers** (a child process of its own): PyTorch eager and PyTorch with
-   ``save_on_cpu(pin_memory=True)`` at k* (torchvision's architectures, as
-   ``scripts/bench_throughput.py``).
+   ``save_on_cpu(pin_memory=True)`` at k*, on the very network minicaffe trains (its prototxt
+   as PyTorch modules, ``scripts/torch_peer.py``) and on torchvision's model of the name
+   (another network for AlexNet and GoogLeNet; the columns of sessions before 26).  The
+   issue's dynamic / save_on_cpu ratio is against the same network.
 
     python3 scripts/tuner_table.py --gpus 0,1,2,3          # the 7 networks on 4 GPUs
     python3 scripts/tuner_table.py --quick                 # CPU, a tiny net (the test suite)
@@ -645,11 +647,16 @@ def _least_memory(solver, g, k, model, pcie, S, iters, warmup, gpu, log) -> dict
 
 
 def run_torch_peers(name, k, iters, warmup) -> dict:
-    from scripts.bench_throughput import run_torch
+    """PyTorch eager and save_on_cpu at ``k``: "same_eager" / "same_save_on_cpu" on the
+    prototxt's own network, "eager" / "save_on_cpu" on torchvision's (where it is installed)."""
+    from scripts.bench_throughput import run_torch, torch_available
     out = {"net": name, "k": k}
-    for key, flag in (("eager", False), ("save_on_cpu", True)):
+    runs = [("same_eager", False, "prototxt"), ("same_save_on_cpu", True, "prototxt")]
+    if torch_available("torchvision"):
+        runs += [("eager", False, "torchvision"), ("save_on_cpu", True, "torchvision")]
+    for key, flag, arch in runs:
         try:
-            r = run_torch(name, k, iters, warmup, save_on_cpu=flag)
+            r = run_torch(name, k, iters, warmup, save_on_cpu=flag, arch=arch)
             out[key] = {"ms": r["ms"], "images_per_s": k * 1e3 / r["ms"],
                         "peak_bytes": r["peak_bytes"]}
         except Exception as e:
@@ -741,6 +748,8 @@ def write_tables(results, peers, csv_path, md_path, header):
         p = peers.get(r["net"], {})
         soc = p.get("save_on_cpu", {}).get("images_per_s")
         eag = p.get("eager", {}).get("images_per_s")
+        same_soc = p.get("same_save_on_cpu", {}).get("images_per_s")
+        same_eag = p.get("same_eager", {}).get("images_per_s")
         nc = r.get("none_chunked", {}).get("images_per_s")
         rows.append({
             "net": r["net"], "k_caffe": r["k_caffe"], "k_none": r["none"]["k"],
@@ -755,6 +764,9 @@ def write_tables(results, peers, csv_path, md_path, header):
             "torch_eager_img_s": eag, "torch_save_on_cpu_img_s": soc,
             "vs_save_on_cpu": (star["images_per_s"] / soc if soc and "images_per_s" in star
                                else None),
+            "torch_same_eager_img_s": same_eag, "torch_same_save_on_cpu_img_s": same_soc,
+            "vs_same_save_on_cpu": (star["images_per_s"] / same_soc
+                                    if same_soc and "images_per_s" in star else None),
             "tuner_s": t["seconds"], "decision_s": t["decision_seconds"],
             "recompute": ",".join(r.get("recompute") or ())})
     if csv_path:
@@ -769,9 +781,11 @@ def write_tables(results, peers, csv_path, md_path, header):
           "speed); `dynamic` = the tuner's k*; img/s ratio = dynamic / none chunked.", "",
           "| net | k Caffe accounting | k none | none img/s (Caffe im2col) | none img/s (chunked) "
           "| k* | dynamic img/s | paper's k*: largest stall-free k (img/s) | k*/k_none | paper "
-          "| img/s ratio | PyTorch eager img/s "
-          "| save_on_cpu img/s | dynamic/save_on_cpu | tuner s (decision s) |",
-          "|" + "---|" * 15]
+          "| img/s ratio | PyTorch eager img/s (torchvision) "
+          "| save_on_cpu img/s (torchvision) | dynamic/save_on_cpu (torchvision) "
+          "| PyTorch eager img/s (same net) | save_on_cpu img/s (same net) "
+          "| dynamic/save_on_cpu (same net) | tuner s (decision s) |",
+          "|" + "---|" * 18]
     for x in rows:
         shown = x["net"] + (f" (recomputing {x['recompute']})" if x["recompute"] else "")
         md.append(f"| {shown} | {x['k_caffe']} | {x['k_none']} | {x['none_img_s']:.0f} | "
@@ -782,7 +796,10 @@ def write_tables(results, peers, csv_path, md_path, header):
                   f"{_fmt(x['paper_ratio'], '.2f')} | {_fmt(x['speed_ratio'], '.2f')} | "
                   f"{_fmt(x['torch_eager_img_s'], '.0f')} | "
                   f"{_fmt(x['torch_save_on_cpu_img_s'], '.0f')} | "
-                  f"{_fmt(x['vs_save_on_cpu'], '.1f')} | {x['tuner_s']:.0f} "
+                  f"{_fmt(x['vs_save_on_cpu'], '.1f')} | "
+                  f"{_fmt(x['torch_same_eager_img_s'], '.0f')} | "
+                  f"{_fmt(x['torch_same_save_on_cpu_img_s'], '.0f')} | "
+                  f"{_fmt(x['vs_same_save_on_cpu'], '.1f')} | {x['tuner_s']:.0f} "
                   f"({x['decision_s']:.1f}) |")
     md += ["", "**Model error and no stall** (dynamic plans from the same profile; `none` at the "
            "same k with the same chunked im2col where it fits the whole device; where it does "
@@ -897,11 +914,13 @@ def plot_table1(rows, path, title=None) -> bool:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_title("images/s at k* over none at k_none")
     ax = axes[2]
-    ax.bar(x, [r["vs_save_on_cpu"] or 0 for r in rows], 0.5,
-           label="dynamic / PyTorch save_on_cpu at k*")
-    ax.bar([i + 0.25 for i in x], [ratio(r["torch_eager_img_s"], r["torch_save_on_cpu_img_s"])
-                                   for r in rows], 0.2, color="tab:gray",
-           label="PyTorch eager / its save_on_cpu")
+    ax.bar([i - w for i in x], [r.get("vs_same_save_on_cpu") or 0 for r in rows], w,
+           label="dynamic / PyTorch save_on_cpu, same net, at k*")
+    ax.bar(x, [r["vs_save_on_cpu"] or 0 for r in rows], w,
+           label="dynamic / save_on_cpu of torchvision's model")
+    ax.bar([i + w for i in x], [ratio(r.get("torch_same_eager_img_s"),
+                                      r.get("torch_same_save_on_cpu_img_s")) for r in rows],
+           w, color="tab:gray", label="PyTorch eager / its save_on_cpu (same net)")
     ax.axhline(SAVE_ON_CPU_TARGET, color="tab:red", ls="--", lw=1, label="target 5x")
     ax.set_title("against PyTorch's offloading")
     for ax in axes:
@@ -913,10 +932,14 @@ def plot_table1(rows, path, title=None) -> bool:
     return True
 
 
-# Table 1's columns in tuner_table.md, as write_tables writes them (15 cells)
-_MD_COLUMNS = ("net", "k_caffe", "k_none", "none_img_s", "none_chunked_img_s", "k_star",
-               "dyn_img_s", "largest", "ratio", "paper_ratio", "speed_ratio",
-               "torch_eager_img_s", "torch_save_on_cpu_img_s", "vs_save_on_cpu", "tuner")
+# Table 1's columns in tuner_table.md, as write_tables writes them (18 cells; 15 before
+# session 26, without the same-network peer)
+_MD_COLUMNS_OLD = ("net", "k_caffe", "k_none", "none_img_s", "none_chunked_img_s", "k_star",
+                   "dyn_img_s", "largest", "ratio", "paper_ratio", "speed_ratio",
+                   "torch_eager_img_s", "torch_save_on_cpu_img_s", "vs_save_on_cpu", "tuner")
+_MD_SAME = ("torch_same_eager_img_s", "torch_same_save_on_cpu_img_s", "vs_same_save_on_cpu")
+_MD_COLUMNS = _MD_COLUMNS_OLD[:-1] + _MD_SAME + _MD_COLUMNS_OLD[-1:]
+_MD_TEXT = ("net", "largest", "tuner")
 
 
 def read_table1_md(paths) -> list[dict]:
@@ -928,12 +951,17 @@ def read_table1_md(paths) -> list[dict]:
             for line in f:
                 cells = [c.strip() for c in line.strip().strip("|").split("|")]
                 name = cells[0].split(" (recomputing ")[0]      # write_tables' label
-                if len(cells) != len(_MD_COLUMNS) or name not in PAPER_RATIO:
+                columns = {len(_MD_COLUMNS): _MD_COLUMNS,
+                           len(_MD_COLUMNS_OLD): _MD_COLUMNS_OLD}.get(len(cells))
+                if columns is None or name not in PAPER_RATIO:
                     continue
-                row = dict(zip(_MD_COLUMNS, cells))
+                row = dict.fromkeys(_MD_SAME)
+                row.update(zip(columns, cells))
                 row["net"] = name
                 row["recompute"] = cells[0][len(name):].strip(" ()").replace("recomputing ", "")
-                for k in _MD_COLUMNS[1:7] + _MD_COLUMNS[8:14]:
+                for k in columns:
+                    if k in _MD_TEXT:
+                        continue
                     try:
                         row[k] = float(row[k])
                     except ValueError:      # "-": not measured
@@ -966,7 +994,8 @@ def redraw(paths, out_dir) -> int:
         sorted({os.path.basename(os.path.dirname(p)) or "." for p in paths})) + ")")
     for r in rows:
         print(f"{r['net']}: k*/k_none {r['ratio']:.2f} (paper {r['paper_ratio']:.2f}), "
-              f"dynamic/save_on_cpu {r['vs_save_on_cpu'] or 0:.1f}  [{r['source']}]")
+              f"dynamic/save_on_cpu {r.get('vs_same_save_on_cpu') or 0:.1f} (same net), "
+              f"{r['vs_save_on_cpu'] or 0:.1f} (torchvision)  [{r['source']}]")
     print(f"wrote {png}")
     return 0
 
@@ -1087,7 +1116,7 @@ def main(argv=None) -> int:
             results[name] = r
         if torch_ok:
             p, err = _child(args, ["--torch-one", f"{name}:{r['tuner']['k_star']}",
-                                   "--iters", "3", "--warmup", "2"], gpu_id, 300,
+                                   "--iters", "3", "--warmup", "2"], gpu_id, 600,
                             f"{name} PyTorch at k* (GPU {gpu_id})")
             with lock:
                 peers[name] = p if p is not None else {"error": err}

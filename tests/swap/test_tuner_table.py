@@ -65,14 +65,26 @@ def test_table1_redrawn_from_saved_tables_later_rows_win(tmp_path):
     b.write_text(head + "| vgg16 (recomputing conv1_1) | 92 | 90 | 300 | 570 | 198 | 590 | "
                  "221 (544 img/s, 2.46 x k_none) | 2.20 | 2.40 | 1.04 | 700 | 150 | 3.9 | "
                  "40 (1.0) |\n")
+    # session 26's form: three more cells, PyTorch on the prototxt's own network
+    c = tmp_path / "c.md"
+    c.write_text(head.replace("dynamic/save_on_cpu | tuner", "dynamic/save_on_cpu | same eager "
+                              "| same save_on_cpu | dynamic/same | tuner").replace(
+                                  "---|" * 15, "---|" * 18) +
+                 "| googlenet | 180 | 180 | 1797 | 2481 | 497 | 2533 | 497 (2533 img/s, 2.76 x "
+                 "k_none) | 2.76 | 1.91 | 1.02 | 2485 | 339 | 7.5 | 2000 | 250 | 10.1 | "
+                 "112 (36.4) |\n")
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "tuner_table.py"),
-                           "--redraw", str(a), str(b), "--out", str(out)],
+                           "--redraw", str(a), str(b), str(c), "--out", str(out)],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["net"]: r for r in csv.DictReader(open(out / "table1.csv"))}
     # the paper's order, networks of the paper only; b's VGG-16 replaces a's
-    assert list(rows) == ["alexnet", "vgg16"]
+    assert list(rows) == ["alexnet", "googlenet", "vgg16"]
+    g = rows["googlenet"]
+    assert (float(g["torch_same_eager_img_s"]), float(g["torch_same_save_on_cpu_img_s"]),
+            float(g["vs_same_save_on_cpu"]), float(g["vs_save_on_cpu"])) == (2000, 250, 10.1, 7.5)
+    assert g["tuner"] == "112 (36.4)" and rows["vgg16"]["vs_same_save_on_cpu"] == ""
     assert float(rows["vgg16"]["k_star"]) == 198 and rows["vgg16"]["source"] == str(b)
     assert rows["vgg16"]["recompute"] == "conv1_1" and rows["alexnet"]["recompute"] == ""
     assert rows["alexnet"]["vs_save_on_cpu"] == "" and rows["alexnet"]["paper_k_star"] == "1032"

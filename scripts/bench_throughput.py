@@ -204,7 +204,7 @@ def run_torch(name, batch, iters, warmup, save_on_cpu=False, arch="torchvision")
         b.synchronize()
         times.append(a.elapsed_time(b))
     return {"ms": statistics.median(times), "peak_bytes": torch.cuda.max_memory_reserved(),
-            "loss": float(loss), "times": times}
+            "loss": float(loss.detach()), "times": times}
 
 
 def torch_available(arch="torchvision") -> bool:

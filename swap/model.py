@@ -147,8 +147,9 @@ class ThroughputCurve:
         if self.knots:
             kx = np.array([p[0] for p in self.knots], dtype=np.float64)
             kt = np.array([p[1] for p in self.knots], dtype=np.float64)
-            b0, b1 = self._base(kx[[0, -1]])
-            lo = out * (kt[0] / b0) if b0 > 0 else np.full_like(x, kt[0])
+            b1 = self._base(kx[-1])
+            lo = (below_first_knot(x, kx, kt) if len(kx) > 1
+                  else out * (kt[0] / self._base(kx[0])))
             hi = out * (kt[-1] / b1) if b1 > 0 else np.full_like(x, kt[-1])
             out = np.where(x < kx[0], lo, np.where(x > kx[-1], hi, np.interp(x, kx, kt)))
         return float(out) if out.ndim == 0 else out
@@ -173,6 +174,26 @@ class ThroughputCurve:
         return cls(peak=math.inf if d["peak"] is None else float(d["peak"]),
                    x_half=float(d["x_half"]), t0=float(d.get("t0", 0.0)),
                    knots=tuple((float(a), float(b)) for a, b in d.get("knots", ())))
+
+
+def below_first_knot(x, kx, kt):
+    """Seconds of a step of ``x`` FLOPs below the smallest profiled point (knots ``kx``,
+    ``kt``, at least two): the first segment extended, which is the paper's curve
+    ``t = x / P + x_half / P`` through the two smallest points, kept between the time per FLOP
+    of the smallest point (throughput only rises with x, so a smaller step is never faster
+    per FLOP) and that point's time (a smaller step never takes longer).
+
+    Why not the whole-range curve scaled to meet the first point (the rule before session
+    26): its x_half is fitted across algorithm changes and overstates the time of small steps.
+    Replayed on the 12 measured points below the smallest profiled k that kept every map
+    and were neither host-bound nor disturbed (ResNet-50/101/152, sessions 11-26, H200;
+    docs/results/tuner_s26/extrapolation.txt), the extended segment missed by 4.2 % on
+    average (at most 11.0 %), the scaled curve by 6.1 % (at most 28.6 %), 7 of 12 within 5 % both
+    ways; ResNet-101 at 23 in session 26: -3.9 % against +6.1 %."""
+    x = np.asarray(x, dtype=np.float64)
+    x0, x1, t0, t1 = kx[0], kx[1], kt[0], kt[1]
+    line = t0 + (t1 - t0) / (x1 - x0) * (x - x0)
+    return np.minimum(t0, np.maximum(line, t0 * x / x0))
 
 
 def _golden(f, a: float, b: float, iters: int = 60) -> float:
@@ -1075,6 +1096,12 @@ COPY_SLOWDOWN_CAP = 0.5
 # the naive plan's copies is disturbed (ResNet-152, session 25: 241.5 against 142.9 ms, one
 # step at 95 ms) and is not used
 COPY_CALIBRATION_SANE = 1.05
+# copy_slowdown leaves out the steps whose naive time is under this many times the host's
+# time to issue them (host_bound_steps)
+COPY_CALIBRATION_HOST_MARGIN = 2.0
+# ... and uses no calibration where the steps left hold less than this share of the naive
+# plan's step time (ResNet-34 at 75, session 26: 20 %, and a fit at the cap)
+COPY_CALIBRATION_MIN_SHARE = 0.25
 
 
 def nonnegative_fit(delta, *columns) -> np.ndarray:
@@ -1159,6 +1186,27 @@ def copy_overlaps(profile, k: int) -> tuple:
     return comp, out_s, in_s
 
 
+def host_bound_steps(profile, device) -> np.ndarray:
+    """Mask of the steps whose ``device`` seconds (one per step of ``profile``) are less than
+    :data:`COPY_CALIBRATION_HOST_MARGIN` times the host's time to issue them (the median of
+    the profile's host samples for the step; a step without one is not host-bound).
+
+    With every map kept the device has no copy to wait for and catches up with the host, so
+    at a small k such a step's kept time is the host's pace, not the device's: GoogLeNet at
+    76 (H200, session 26) kept its steps 19.6 % slower than the naive plan, all of it on steps
+    under 1.5x their host time (the loss layers' forward 0.57 against 0.06 ms); on the steps
+    over 2x the kept ones were 0.9 % faster, as copies beside them predict."""
+    device = np.asarray(device, dtype=np.float64)
+    by_step: dict = {}
+    for h in getattr(profile, "host_samples", ()) or ():
+        by_step.setdefault(h.step, []).append(h.time)
+    host = np.zeros(len(device))
+    for j, ts in by_step.items():
+        if 0 <= j < len(host):
+            host[j] = float(np.median(ts))
+    return device < COPY_CALIBRATION_HOST_MARGIN * host
+
+
 def copy_slowdown(profile) -> tuple | None:
     """(slow_out, slow_in) of :class:`PCIeModel` from a profile's copy calibration, or None.
 
@@ -1168,9 +1216,13 @@ def copy_slowdown(profile) -> tuple | None:
     naive plan at that k.  A step loses ``g = slow / (1 + slow)`` of the time a copy spends
     beside it (:meth:`PCIeModel.stretch`), so ``naive - kept = g_out * beside_out + g_in *
     beside_in`` over the steps, fitted with ``g >= 0`` (:func:`nonnegative_fit`); capped at
-    :data:`COPY_SLOWDOWN_CAP`.  None where the calibration is missing, from the CPU, or
-    disturbed (its steps sum to more than :data:`COPY_CALIBRATION_SANE` times the naive
-    plan's).
+    :data:`COPY_SLOWDOWN_CAP`.  Only steps the device sets the pace of enter the fit, the
+    ones at least :data:`COPY_CALIBRATION_HOST_MARGIN` times the host's time to issue them
+    (:func:`host_bound_steps`; all where the profile has no host samples).  None where the
+    calibration is missing, from the CPU, disturbed (those steps sum to more than
+    :data:`COPY_CALIBRATION_SANE` times the naive plan's), too host-bound to tell (the steps
+    left hold less than :data:`COPY_CALIBRATION_MIN_SHARE` of the naive step time) or
+    undetermined (a slowdown fitted at :data:`COPY_SLOWDOWN_CAP`).
 
     The naive plan at a small k prefetches each map back as soon as its offload is done (the
     budget allows it), so both directions run during the forward pass and the split between
@@ -1210,10 +1262,15 @@ def copy_slowdown(profile) -> tuple | None:
         bi[c.step] += i
     ok = (cnt > 0) & np.isfinite(kept)
     cnt = np.maximum(cnt, 1)
+    ok &= ~host_bound_steps(profile, naive / cnt)
+    if (naive / cnt)[ok].sum() < COPY_CALIBRATION_MIN_SHARE * (naive / cnt).sum():
+        return None           # too little of the iteration is the device's pace to tell
     if kept[ok].sum() > COPY_CALIBRATION_SANE * (naive / cnt)[ok].sum():
         return None           # the run without copies was the slower one: disturbed, not data
     g = nonnegative_fit((naive / cnt - kept)[ok], (bo / cnt)[ok], (bi / cnt)[ok])
-    g = np.minimum(g, COPY_SLOWDOWN_CAP / (1 + COPY_SLOWDOWN_CAP))
+    cap = COPY_SLOWDOWN_CAP / (1 + COPY_SLOWDOWN_CAP)
+    if np.any(g >= cap):
+        return None           # a slowdown at the cap is a fit the data does not determine
     return float(g[0] / (1 - g[0])), float(g[1] / (1 - g[1]))
 
 

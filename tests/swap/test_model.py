@@ -725,6 +725,59 @@ def test_a_disturbed_copy_calibration_is_not_used(monkeypatch):
     assert PCIeModel.from_profile(disturbed).slows is False
 
 
+def _with_host(prof, host_s):
+    """``prof`` with host issue samples of ``host_s`` seconds per step (at k = 2 and 4)."""
+    hs = tuple(ComputeSample(k=k, step=j, flops=0.0, time=float(t), start=0.0)
+               for k in (2, 4) for j, t in enumerate(host_s))
+    return dataclasses.replace(prof, host_samples=hs)
+
+
+def test_host_bound_steps_are_left_out_of_the_copy_calibration(monkeypatch):
+    """With every map kept the device catches up with the host: a step that takes the host
+    most of its device time runs at the host's pace in the calibration (GoogLeNet at 76,
+    session 26).  Such a step (naive time under 2x its host time) does not enter the fit, and
+    the other steps give the true slowdowns; where the host's pace is all there is, or the fit
+    would sit at the cap, no calibration is used."""
+    from swap.model import (ENV_COPY_SLOWDOWN, copy_slowdown, host_bound_steps)
+    monkeypatch.delenv(ENV_COPY_SLOWDOWN, raising=False)
+    g_out, g_in = 0.02, 0.05
+    prof, kept = _copy_profile(g_out, g_in)
+    slow = dict(prof.meta["copy_calibration"], kept=(kept + np.array([0, 0, 0, 0.6])).tolist())
+    paced = dataclasses.replace(prof, meta={"copy_calibration": slow})
+    assert copy_slowdown(paced) is None                  # disturbed, taken whole
+    host = _with_host(paced, [0.1, 0.1, 0.2, 0.8])
+    assert list(host_bound_steps(host, np.ones(4))) == [False, False, False, True]
+    so, si = copy_slowdown(host)
+    assert so == pytest.approx(g_out / (1 - g_out)) and si == pytest.approx(g_in / (1 - g_in))
+    # every step host-bound: nothing to tell the device's pace from
+    assert copy_slowdown(_with_host(prof, [0.9] * 4)) is None
+    # the host's samples do not move a calibration with no host-bound step
+    assert copy_slowdown(_with_host(prof, [0.1] * 4)) == pytest.approx(copy_slowdown(prof))
+    # a fit at the cap (0.4 of the time beside an offload: slow_out 0.67 > 0.5) is not used
+    capped, _ = _copy_profile(0.4, 0.0)
+    assert copy_slowdown(capped) is None
+
+
+def test_below_the_first_profiled_point_the_first_segment_extends():
+    """Below the smallest profiled FLOPs a segment curve follows the line through its two
+    smallest points, no faster per FLOP than the first point and no slower than it."""
+    from swap.model import below_first_knot
+    base = dict(peak=1e9, x_half=5e9)                # a curve that would overstate small steps
+    lin = ThroughputCurve(knots=((10.0, 1.0), (20.0, 1.5)), **base)   # t = 0.5 + 0.05 x
+    assert lin.time(5.0) == pytest.approx(0.75)
+    assert lin.time(15.0) == pytest.approx(1.25) and lin.time(10.0) == pytest.approx(1.0)
+    steep = ThroughputCurve(knots=((10.0, 1.0), (20.0, 3.0)), **base)  # line reaches 0 at 5
+    assert steep.time(5.0) == pytest.approx(0.5)    # floor: the first point's time per FLOP
+    falling = ThroughputCurve(knots=((10.0, 1.0), (20.0, 0.8)), **base)
+    assert falling.time(5.0) == pytest.approx(1.0)  # never slower than the first point
+    assert np.allclose(lin.time(np.array([2.0, 5.0, 15.0])), [0.6, 0.75, 1.25])
+    assert np.allclose(below_first_knot(np.array([0.0, 8.0]), np.array([10.0, 20.0]),
+                                        np.array([1.0, 1.5])), [0.5, 0.9])
+    # above the last point the scaled curve still applies
+    assert lin.time(40.0) == pytest.approx(ThroughputCurve(**base).time(40.0)
+                                           * 1.5 / ThroughputCurve(**base).time(20.0))
+
+
 def test_the_host_bound_timed_anew_moves_the_prediction():
     """A model whose host bound is a whole iteration of 80 ms at k = 6, O(k) = 5 ms: at a
     host-bound k the prediction is that less O(6) plus O(k); timed anew at 120 ms it follows."""

@@ -22,8 +22,11 @@ a PyTorch user would write it:
   (``nn.Dropout``, inverted as Caffe's), InnerProduct (``nn.Linear`` on the blob flattened
   from ``axis``), Concat, Eltwise (SUM with coefficients, PROD, MAX), Flatten, Softmax,
   Split and Silence.
-* SoftmaxWithLoss -> ``F.cross_entropy`` (mean over the labels, ``ignore_label``),
-  weighted by the layer's ``loss_weight``; Accuracy under ``no_grad``.
+* Deconvolution -> ``nn.ConvTranspose2d``; PReLU -> ``nn.PReLU``; ELU, AbsVal, BNLL
+  (softplus), Power, Exp, Log; Crop, Reshape, Slice; LRN WITHIN_CHANNEL as Caffe composes it
+  (a zero-padded average of squares over the window).
+* SoftmaxWithLoss -> ``F.cross_entropy`` (Caffe's normalizations, ``ignore_label``) and
+  EuclideanLoss, weighted by the layer's ``loss_weight``; Accuracy under ``no_grad``.
 
 The data layers' tops are the inputs (their shapes from Input, DummyData or MemoryData).
 Any other layer type raises ``NotImplementedError`` naming the layer: the peer is the same
@@ -35,6 +38,7 @@ parameter gradient against minicaffe's own Net in float64.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -43,7 +47,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 DATA_TYPES = ("Input", "DummyData", "MemoryData", "Data", "ImageData", "HDF5Data")
-LOSS_TYPES = ("SoftmaxWithLoss",)
+LOSS_TYPES = ("SoftmaxWithLoss", "EuclideanLoss")
 
 
 def _pair(values, h, w, default, what, layer):
@@ -166,7 +170,96 @@ def _build(torch, param, train: bool):
             mod = nn.Conv2d(shapes[bottoms[0]][1], cp.num_output, (kh, kw), (sh, sw), (ph, pw),
                             (dh, dw), groups=cp.group, bias=cp.bias_term)
             layer_params[name] = [(mod, "weight")] + ([(mod, "bias")] if cp.bias_term else [])
+        elif t == "Deconvolution":
+            cp = lp.convolution_param
+            kh, kw = _pair(cp.kernel_size, _opt(cp, "kernel_h"), _opt(cp, "kernel_w"), None,
+                           "kernel", name)
+            sh, sw = _pair(cp.stride, _opt(cp, "stride_h"), _opt(cp, "stride_w"), 1, "stride",
+                           name)
+            ph, pw = _pair(cp.pad, _opt(cp, "pad_h"), _opt(cp, "pad_w"), 0, "pad", name)
+            dh, dw = _pair(cp.dilation, None, None, 1, "dilation", name)
+            if cp.axis != 1 or len(shapes[bottoms[0]]) != 4:
+                raise NotImplementedError(f"layer {name!r}: the PyTorch peer builds 2-D "
+                                          "deconvolutions on axis 1 only")
+            # Caffe's output size stride (in - 1) + dilation (k - 1) + 1 - 2 pad is PyTorch's
+            # with output_padding 0; the weight is (C_in, C_out / group, kh, kw) in both
+            mod = nn.ConvTranspose2d(shapes[bottoms[0]][1], cp.num_output, (kh, kw), (sh, sw),
+                                     (ph, pw), groups=cp.group, bias=cp.bias_term,
+                                     dilation=(dh, dw))
+            layer_params[name] = [(mod, "weight")] + ([(mod, "bias")] if cp.bias_term else [])
+        elif t == "PReLU":
+            pp = lp.prelu_param
+            c = 1 if pp.channel_shared else shapes[bottoms[0]][1]
+            mod = nn.PReLU(c)              # 0.25 at first, Caffe's default filler
+            layer_params[name] = [(mod, "weight")]
+        elif t == "ELU":
+            mod = nn.ELU(lp.elu_param.alpha)
+        elif t == "AbsVal":
+            def fn(xs):
+                return [xs[0].abs()]
+        elif t == "BNLL":
+            def fn(xs):                    # log(1 + exp(x)), as Caffe's stable form
+                return [F.softplus(xs[0])]
+        elif t == "Power":
+            pw_ = lp.power_param
+
+            def fn(xs, p=pw_.power, a=pw_.scale, b=pw_.shift):
+                return [(b + a * xs[0]) ** p]
+        elif t in ("Exp", "Log"):
+            ep = lp.exp_param if t == "Exp" else lp.log_param
+            if ep.base != -1 and not ep.base > 0:
+                raise ValueError(f"layer {name!r} of type {t}: base must be strictly positive, "
+                                 f"or -1 for e; got {ep.base}")
+            ln_base = 1.0 if ep.base == -1 else math.log(ep.base)
+
+            def fn(xs, t=t, a=ep.scale, b=ep.shift, ln_base=ln_base):
+                if t == "Exp":             # base^(shift + scale x)
+                    return [torch.exp(ln_base * (b + a * xs[0]))]
+                return [torch.log(b + a * xs[0]) / ln_base]
+        elif t == "Crop":
+            cp = lp.crop_param
+            n = len(shapes[bottoms[0]])
+            start = cp.axis % n
+            offs = list(cp.offset) or [0]
+            if len(offs) == 1:
+                offs = offs * (n - start)
+            if len(offs) != n - start:
+                raise ValueError(f"layer {name!r} of type Crop: {len(offs)} offsets for the "
+                                 f"{n - start} axes from axis {start} on")
+            ref = tuple(shapes[bottoms[1]])
+
+            def fn(xs, start=start, offs=offs, ref=ref):
+                idx = [slice(None)] * start + [slice(o, o + ref[start + i])
+                                               for i, o in enumerate(offs)]
+                return [xs[0][tuple(idx)]]
+        elif t == "Reshape":
+            rp = lp.reshape_param
+            old = list(shapes[bottoms[0]])
+            n = len(old)
+            begin = rp.axis if rp.axis >= 0 else n + rp.axis + 1
+            end = n if rp.num_axes == -1 else begin + rp.num_axes
+            spec = [old[begin + i] if d == 0 else int(d) for i, d in enumerate(rp.shape.dim)]
+            new = old[:begin] + spec + old[end:]
+
+            def fn(xs, new=new):
+                return [xs[0].reshape(new)]
+        elif t == "Slice":
+            sp = lp.slice_param
+            axis = sp.slice_dim if sp.HasField("slice_dim") else sp.axis
+            axis %= len(shapes[bottoms[0]])
+            size = shapes[bottoms[0]][axis]
+            points = list(sp.slice_point)
+            if not points:
+                if size % len(tops):
+                    raise ValueError(f"layer {name!r} of type Slice: {size} does not split "
+                                     f"into {len(tops)} equal parts")
+                points = [size // len(tops) * i for i in range(1, len(tops))]
+            widths = [b - a for a, b in zip([0] + points, points + [size])]
+
+            def fn(xs, axis=axis, widths=widths):
+                return list(torch.split(xs[0], widths, axis))
         elif t == "Pooling":
+
             pp = lp.pooling_param
             if pp.pool not in (P.PoolingParameter.MAX, P.PoolingParameter.AVE):
                 raise NotImplementedError(f"layer {name!r}: pooling method "
@@ -184,9 +277,16 @@ def _build(torch, param, train: bool):
                    else nn.AvgPool2d(k, s, pad, ceil_mode=True, count_include_pad=True))
         elif t == "LRN":
             lrn = lp.lrn_param
-            if lrn.norm_region != P.LRNParameter.ACROSS_CHANNELS:
-                raise NotImplementedError(f"layer {name!r}: LRN WITHIN_CHANNEL")
             mod = nn.LocalResponseNorm(lrn.local_size, lrn.alpha, lrn.beta, lrn.k)
+            if lrn.norm_region == P.LRNParameter.WITHIN_CHANNEL:
+                # Caffe: x (1 + alpha * mean of x^2 over the size x size window)^-beta, the
+                # window zero-padded by (size - 1) / 2 and always divided by size^2
+                mod = None
+
+                def fn(xs, n=lrn.local_size, a=lrn.alpha, b=lrn.beta):
+                    x = xs[0]
+                    mean = F.avg_pool2d(x * x, n, 1, (n - 1) // 2, count_include_pad=True)
+                    return [x * (1.0 + a * mean) ** (-b)]
         elif t == "BatchNorm":
             bp = lp.batch_norm_param
             nxt = layers[i + 1] if i + 1 < len(layers) else None
@@ -291,7 +391,7 @@ def _build(torch, param, train: bool):
         elif t == "Silence":
             steps.append((name, None, bottoms, []))
             continue
-        elif t in LOSS_TYPES:
+        elif t == "SoftmaxWithLoss":
             lossp = lp.loss_param
             if lp.softmax_param.axis != 1:
                 raise NotImplementedError(f"layer {name!r}: softmax axis {lp.softmax_param.axis}")
@@ -318,6 +418,12 @@ def _build(torch, param, train: bool):
             if w:
                 losses.append((tops[0], w))
             classes.append(shapes[bottoms[0]][1])
+        elif t == "EuclideanLoss":
+            def fn(xs):                    # sum of squared differences / (2 N)
+                return [((xs[0] - xs[1]) ** 2).sum() / (2 * xs[0].shape[0])]
+            w = lp.loss_weight[0] if len(lp.loss_weight) else 1.0
+            if w:
+                losses.append((tops[0], w))
         elif t == "Accuracy":
             ap = lp.accuracy_param
 

@@ -142,8 +142,8 @@ def test_project_networks_have_caffes_shapes(name, params):
 def test_a_layer_without_a_peer_is_named():
     n = NetSpec()
     n.data = L.Input(shape=dict(dim=[2, 3, 4, 4]))
-    n.out = L.Power(n.data, power=2.0)
-    with pytest.raises(NotImplementedError, match="layer 'out': type Power"):
+    n.out = L.MVN(n.data)
+    with pytest.raises(NotImplementedError, match="layer 'out': type MVN"):
         TorchNet(n.to_proto())
 
 
@@ -205,3 +205,56 @@ def test_bench_step_trains_the_prototxt_net_on_the_gpu(save_on_cpu):
     step = torch_training_step("cifar10_quick", 8, save_on_cpu=save_on_cpu, arch="prototxt")
     losses = [float(step().detach()) for _ in range(30)]
     assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+def more_layers_net():
+    """Deconvolution, Crop, PReLU (per channel and shared), ELU, Power, AbsVal, BNLL, Exp, Log,
+    Slice, Reshape, LRN WITHIN_CHANNEL and EuclideanLoss beside a SoftmaxWithLoss."""
+    n = NetSpec()
+    n.data = L.Input(shape=dict(dim=[2, 3, 6, 6]))
+    n.label = L.Input(shape=dict(dim=[2]))
+    g = dict(type="gaussian", std=0.3)
+    n.conv = L.Convolution(n.data, num_output=4, kernel_size=3, pad=1, weight_filler=g,
+                           bias_filler=g)
+    n.prelu = L.PReLU(n.conv, filler=dict(type="gaussian", std=0.5, mean=0.2))
+    n.up = L.Deconvolution(n.prelu, convolution_param=dict(
+        num_output=4, kernel_size=4, stride=2, pad=1, group=2, weight_filler=g,
+        bias_filler=g))                                                          # 6 -> 12
+    n.crop = L.Crop(n.up, n.data, axis=2, offset=[3, 2])                       # 12 -> 6
+    n.elu = L.ELU(n.crop, alpha=0.7)
+    n.pow = L.Power(n.elu, power=2.0, scale=0.5, shift=1.5)
+    n.shared = L.PReLU(n.pow, channel_shared=True)
+    n.absval = L.AbsVal(n.crop)
+    n.bnll = L.BNLL(n.absval)
+    n.exp = L.Exp(n.bnll, base=2.0, scale=0.5, shift=-0.25)
+    n.log = L.Log(n.exp, base=10.0, scale=2.0, shift=1.0)
+    n.sum = L.Eltwise(n.shared, n.log)
+    n.a, n.b = L.Slice(n.sum, axis=1, slice_point=[2], ntop=2)
+    n.norm = L.LRN(n.a, local_size=3, alpha=0.3, beta=0.75, norm_region=P.LRN.WITHIN_CHANNEL)
+    n.l2 = L.EuclideanLoss(n.norm, n.b, loss_weight=0.5)
+    n.flat = L.Reshape(n.b, shape=dict(dim=[0, -1]))
+    n.fc = L.InnerProduct(n.flat, num_output=5, weight_filler=g)
+    n.loss = L.SoftmaxWithLoss(n.fc, n.label)
+    return n.to_proto()
+
+
+def test_more_layer_types_as_minicaffe():
+    net, peer, x, y = _pair(more_layers_net(), seed=3)
+    net.blobs["data"].data[...] = x
+    net.blobs["label"].data[...] = y
+    net.clear_param_diffs()
+    net.forward()
+    net.backward()
+    loss, blobs = peer(data=torch.from_numpy(x), label=torch.from_numpy(y))
+    loss.backward()
+    want = float(net.blobs["loss"].data) + 0.5 * float(net.blobs["l2"].data)
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-11)
+    for name in ("up", "crop", "elu", "pow", "shared", "bnll", "exp", "log", "a", "b", "norm",
+                 "flat", "fc"):
+        np.testing.assert_allclose(blobs[name].detach().numpy(), net.blobs[name].data,
+                                   rtol=1e-9, atol=1e-12, err_msg=name)
+    assert peer.blob_shapes["up"] == (2, 4, 12, 12) and peer.blob_shapes["crop"] == (2, 4, 6, 6)
+    for layer, tensors in peer.layer_params.items():
+        for i, (t, b) in enumerate(zip(tensors, net.params[layer])):
+            np.testing.assert_allclose(t.grad.numpy().reshape(b.shape), b.diff, rtol=1e-8,
+                                       atol=1e-12, err_msg=f"{layer} param {i}")

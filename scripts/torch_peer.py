@@ -47,7 +47,6 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 DATA_TYPES = ("Input", "DummyData", "MemoryData", "Data", "ImageData", "HDF5Data")
-LOSS_TYPES = ("SoftmaxWithLoss", "EuclideanLoss")
 
 
 def _pair(values, h, w, default, what, layer):
@@ -70,6 +69,15 @@ def _opt(msg, field):
     return getattr(msg, field) if msg.HasField(field) else None
 
 
+def _geometry(cp, name):
+    """(kernel, stride, pad, dilation) pairs of a ConvolutionParameter."""
+    return (_pair(cp.kernel_size, _opt(cp, "kernel_h"), _opt(cp, "kernel_w"), None, "kernel",
+                  name),
+            _pair(cp.stride, _opt(cp, "stride_h"), _opt(cp, "stride_w"), 1, "stride", name),
+            _pair(cp.pad, _opt(cp, "pad_h"), _opt(cp, "pad_w"), 0, "pad", name),
+            _pair(cp.dilation, None, None, 1, "dilation", name))
+
+
 class TorchNet:
     """``torch.nn.Module`` factory for one phase of a NetParameter (see the module docstring).
 
@@ -84,407 +92,434 @@ class TorchNet:
     def __new__(cls, net_param, phase=None):
         import torch
         from minicaffe.net import filter_net
-        from minicaffe.proto import caffe_pb2
-        from minicaffe.proto import upgrade_net
+        from minicaffe.proto import caffe_pb2, upgrade_net
 
         phase = caffe_pb2.TRAIN if phase is None else phase
         param = filter_net(upgrade_net(net_param), caffe_pb2.NetState(phase=phase))
         # built on the meta device, so that each layer's tops get their shapes from the layer
         # itself without computing anything, then given memory on the CPU and initialised
         with torch.device("meta"):
-            peer, inits = _build(torch, param, phase == caffe_pb2.TRAIN)
+            peer, inits = _Builder(param, phase == caffe_pb2.TRAIN).build()
         peer.to_empty(device="cpu")
         for init in inits:
             init()
         return peer
 
 
-def _build(torch, param, train: bool):
-    import torch.nn as nn
-    import torch.nn.functional as F
-    from minicaffe.proto import caffe_pb2
+# ------------------------------------------------------------- the layer types
+_BUILDERS: dict = {}
 
-    P = caffe_pb2
-    modules = nn.ModuleDict()
-    steps: list = []                 # (name, fn(list of bottoms) -> list of tops, bottoms, tops)
-    shapes: dict = {}                # blob -> torch.Size
-    input_shapes: dict = {}
-    layer_params: dict = {}
-    losses: list = []                # (blob, weight)
-    layers = list(param.layer)
-    fused_scale: set = set()
-    inits: list = []                 # run once the parameters have memory
-    eval_only: list = []             # BatchNorm modules on their running statistics
-    classes: list = []               # each loss layer's number of classes
-    key = {}
 
-    def mod_key(name):
-        k = key.setdefault(name, f"m{len(key)}")   # ModuleDict keys cannot hold '/' or '.'
-        return k
+def _builds(*types):
+    """Register a builder ``f(b, lp) -> (module or None, fn or None[, tops])`` for layer
+    types: ``fn(list of bottom tensors) -> list of top tensors`` (default: the module on the
+    first bottom); ``tops`` where the layer writes other tops than its own."""
+    def register(f):
+        for t in types:
+            _BUILDERS[t] = f
+        return f
+    return register
 
-    def meta(name):
-        return torch.empty(shapes[name], device="meta")
 
-    for i, lp in enumerate(layers):
-        name, t = lp.name, lp.type
-        bottoms, tops = list(lp.bottom), list(lp.top)
-        for b in bottoms:
-            if b not in shapes:
-                raise ValueError(f"layer {name!r} ({t}): bottom {b!r} is no earlier layer's top")
-        if t in DATA_TYPES:
-            if t == "Input":
-                dims = [list(s.dim) for s in lp.input_param.shape]
-            elif t == "DummyData":
-                dp = lp.dummy_data_param
-                dims = ([list(s.dim) for s in dp.shape] if len(dp.shape) else
-                        [[dp.num[j], dp.channels[j], dp.height[j], dp.width[j]]
-                         for j in range(len(dp.num))])
-            elif t == "MemoryData":
-                mp = lp.memory_data_param
-                dims = [[mp.batch_size, mp.channels, mp.height, mp.width], [mp.batch_size]]
-            else:
-                raise NotImplementedError(f"layer {name!r}: the PyTorch peer takes its inputs "
-                                          f"from Input, DummyData or MemoryData, not {t}")
-            if len(dims) == 1 and len(tops) > 1:
-                dims = dims * len(tops)
-            for top, d in zip(tops, dims):
-                shapes[top] = torch.Size(d)
-                input_shapes[top] = tuple(d)
-            continue
+class _Builder:
+    """One pass over the filtered layers: modules, step functions, blob shapes (meta)."""
 
-        fn, mod = None, None
-        if t == "Convolution":
-            cp = lp.convolution_param
-            if cp.axis != 1:
-                raise NotImplementedError(f"layer {name!r}: convolution axis {cp.axis}")
-            kh, kw = _pair(cp.kernel_size, _opt(cp, "kernel_h"), _opt(cp, "kernel_w"), None,
-                           "kernel", name)
-            sh, sw = _pair(cp.stride, _opt(cp, "stride_h"), _opt(cp, "stride_w"), 1, "stride",
-                           name)
-            ph, pw = _pair(cp.pad, _opt(cp, "pad_h"), _opt(cp, "pad_w"), 0, "pad", name)
-            dh, dw = _pair(cp.dilation, None, None, 1, "dilation", name)
-            if len(shapes[bottoms[0]]) != 4:
-                raise NotImplementedError(f"layer {name!r}: the PyTorch peer builds 2-D "
-                                          f"convolutions only (bottom {bottoms[0]!r} is "
-                                          f"{tuple(shapes[bottoms[0]])})")
-            mod = nn.Conv2d(shapes[bottoms[0]][1], cp.num_output, (kh, kw), (sh, sw), (ph, pw),
-                            (dh, dw), groups=cp.group, bias=cp.bias_term)
-            layer_params[name] = [(mod, "weight")] + ([(mod, "bias")] if cp.bias_term else [])
-        elif t == "Deconvolution":
-            cp = lp.convolution_param
-            kh, kw = _pair(cp.kernel_size, _opt(cp, "kernel_h"), _opt(cp, "kernel_w"), None,
-                           "kernel", name)
-            sh, sw = _pair(cp.stride, _opt(cp, "stride_h"), _opt(cp, "stride_w"), 1, "stride",
-                           name)
-            ph, pw = _pair(cp.pad, _opt(cp, "pad_h"), _opt(cp, "pad_w"), 0, "pad", name)
-            dh, dw = _pair(cp.dilation, None, None, 1, "dilation", name)
-            if cp.axis != 1 or len(shapes[bottoms[0]]) != 4:
-                raise NotImplementedError(f"layer {name!r}: the PyTorch peer builds 2-D "
-                                          "deconvolutions on axis 1 only")
-            # Caffe's output size stride (in - 1) + dilation (k - 1) + 1 - 2 pad is PyTorch's
-            # with output_padding 0; the weight is (C_in, C_out / group, kh, kw) in both
-            mod = nn.ConvTranspose2d(shapes[bottoms[0]][1], cp.num_output, (kh, kw), (sh, sw),
-                                     (ph, pw), groups=cp.group, bias=cp.bias_term,
-                                     dilation=(dh, dw))
-            layer_params[name] = [(mod, "weight")] + ([(mod, "bias")] if cp.bias_term else [])
-        elif t == "PReLU":
-            pp = lp.prelu_param
-            c = 1 if pp.channel_shared else shapes[bottoms[0]][1]
-            mod = nn.PReLU(c)              # 0.25 at first, Caffe's default filler
-            layer_params[name] = [(mod, "weight")]
-        elif t == "ELU":
-            mod = nn.ELU(lp.elu_param.alpha)
-        elif t == "AbsVal":
-            def fn(xs):
-                return [xs[0].abs()]
-        elif t == "BNLL":
-            def fn(xs):                    # log(1 + exp(x)), as Caffe's stable form
-                return [F.softplus(xs[0])]
-        elif t == "Power":
-            pw_ = lp.power_param
+    def __init__(self, param, train: bool):
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+        from minicaffe.proto import caffe_pb2
+        self.torch, self.nn, self.F, self.P = torch, nn, F, caffe_pb2
+        self.layers = list(param.layer)
+        self.train = train
+        self.modules = nn.ModuleDict()
+        self.key: dict = {}              # layer name -> ModuleDict key ('/' and '.' refused)
+        self.steps: list = []            # (name, fn, bottoms, tops)
+        self.shapes: dict = {}           # blob -> torch.Size
+        self.input_shapes: dict = {}
+        self.layer_params: dict = {}     # layer name -> [(module, attribute)] in Caffe's order
+        self.losses: list = []           # (blob, weight)
+        self.classes: list = []          # each classifier loss's number of classes
+        self.inits: list = []            # run once the parameters have memory
+        self.eval_only: list = []        # BatchNorm modules on their running statistics
+        self.fused: set = set()          # Scale layers folded into the BatchNorm before them
+        self.index = 0                   # the layer being built
 
-            def fn(xs, p=pw_.power, a=pw_.scale, b=pw_.shift):
-                return [(b + a * xs[0]) ** p]
-        elif t in ("Exp", "Log"):
-            ep = lp.exp_param if t == "Exp" else lp.log_param
-            if ep.base != -1 and not ep.base > 0:
-                raise ValueError(f"layer {name!r} of type {t}: base must be strictly positive, "
-                                 f"or -1 for e; got {ep.base}")
-            ln_base = 1.0 if ep.base == -1 else math.log(ep.base)
+    def shape(self, blob):
+        return self.shapes[blob]
 
-            def fn(xs, t=t, a=ep.scale, b=ep.shift, ln_base=ln_base):
-                if t == "Exp":             # base^(shift + scale x)
-                    return [torch.exp(ln_base * (b + a * xs[0]))]
-                return [torch.log(b + a * xs[0]) / ln_base]
-        elif t == "Crop":
-            cp = lp.crop_param
-            n = len(shapes[bottoms[0]])
-            start = cp.axis % n
-            offs = list(cp.offset) or [0]
-            if len(offs) == 1:
-                offs = offs * (n - start)
-            if len(offs) != n - start:
-                raise ValueError(f"layer {name!r} of type Crop: {len(offs)} offsets for the "
-                                 f"{n - start} axes from axis {start} on")
-            ref = tuple(shapes[bottoms[1]])
+    def params(self, name, mod, *attrs):
+        self.layer_params[name] = [(mod, a) for a in attrs]
 
-            def fn(xs, start=start, offs=offs, ref=ref):
-                idx = [slice(None)] * start + [slice(o, o + ref[start + i])
-                                               for i, o in enumerate(offs)]
-                return [xs[0][tuple(idx)]]
-        elif t == "Reshape":
-            rp = lp.reshape_param
-            old = list(shapes[bottoms[0]])
-            n = len(old)
-            begin = rp.axis if rp.axis >= 0 else n + rp.axis + 1
-            end = n if rp.num_axes == -1 else begin + rp.num_axes
-            spec = [old[begin + i] if d == 0 else int(d) for i, d in enumerate(rp.shape.dim)]
-            new = old[:begin] + spec + old[end:]
+    def loss(self, lp, classes=None):
+        w = lp.loss_weight[0] if len(lp.loss_weight) else 1.0
+        if w:
+            self.losses.append((lp.top[0], w))
+        if classes is not None:
+            self.classes.append(classes)
 
-            def fn(xs, new=new):
-                return [xs[0].reshape(new)]
-        elif t == "Slice":
-            sp = lp.slice_param
-            axis = sp.slice_dim if sp.HasField("slice_dim") else sp.axis
-            axis %= len(shapes[bottoms[0]])
-            size = shapes[bottoms[0]][axis]
-            points = list(sp.slice_point)
-            if not points:
-                if size % len(tops):
-                    raise ValueError(f"layer {name!r} of type Slice: {size} does not split "
-                                     f"into {len(tops)} equal parts")
-                points = [size // len(tops) * i for i in range(1, len(tops))]
-            widths = [b - a for a, b in zip([0] + points, points + [size])]
-
-            def fn(xs, axis=axis, widths=widths):
-                return list(torch.split(xs[0], widths, axis))
-        elif t == "Pooling":
-
-            pp = lp.pooling_param
-            if pp.pool not in (P.PoolingParameter.MAX, P.PoolingParameter.AVE):
-                raise NotImplementedError(f"layer {name!r}: pooling method "
-                                          f"{P.PoolingParameter.PoolMethod.Name(pp.pool)}")
-            if pp.global_pooling:
-                k, s, pad = tuple(shapes[bottoms[0]][2:]), (1, 1), (0, 0)
-            else:
-                k = _pair([pp.kernel_size] if pp.HasField("kernel_size") else [],
-                          _opt(pp, "kernel_h"), _opt(pp, "kernel_w"), None, "kernel", name)
-                s = _pair([pp.stride] if pp.HasField("stride") else [], _opt(pp, "stride_h"),
-                          _opt(pp, "stride_w"), 1, "stride", name)
-                pad = _pair([pp.pad] if pp.HasField("pad") else [], _opt(pp, "pad_h"),
-                            _opt(pp, "pad_w"), 0, "pad", name)
-            mod = (nn.MaxPool2d(k, s, pad, ceil_mode=True) if pp.pool == P.PoolingParameter.MAX
-                   else nn.AvgPool2d(k, s, pad, ceil_mode=True, count_include_pad=True))
-        elif t == "LRN":
-            lrn = lp.lrn_param
-            mod = nn.LocalResponseNorm(lrn.local_size, lrn.alpha, lrn.beta, lrn.k)
-            if lrn.norm_region == P.LRNParameter.WITHIN_CHANNEL:
-                # Caffe: x (1 + alpha * mean of x^2 over the size x size window)^-beta, the
-                # window zero-padded by (size - 1) / 2 and always divided by size^2
-                mod = None
-
-                def fn(xs, n=lrn.local_size, a=lrn.alpha, b=lrn.beta):
-                    x = xs[0]
-                    mean = F.avg_pool2d(x * x, n, 1, (n - 1) // 2, count_include_pad=True)
-                    return [x * (1.0 + a * mean) ** (-b)]
-        elif t == "BatchNorm":
-            bp = lp.batch_norm_param
-            nxt = layers[i + 1] if i + 1 < len(layers) else None
-            scale = (nxt is not None and nxt.type == "Scale" and list(nxt.bottom) == tops
-                     and len(nxt.bottom) == 1)
-            global_stats = (bp.use_global_stats if bp.HasField("use_global_stats")
-                            else not train)
-            mod = nn.BatchNorm2d(shapes[bottoms[0]][1], eps=bp.eps,
-                                 momentum=1.0 - bp.moving_average_fraction, affine=scale)
-            if scale:
-                fused_scale.add(nxt.name)
-                if not nxt.scale_param.bias_term:
-                    inits.append(lambda m=mod: m.bias.data.zero_())
-                    mod.bias.requires_grad_(False)
-                layer_params[nxt.name] = ([(mod, "weight"), (mod, "bias")]
-                                          if nxt.scale_param.bias_term else [(mod, "weight")])
-                tops = list(nxt.top)
-            if global_stats:
-                eval_only.append(mod)
-        elif t == "Scale":
-            if name in fused_scale:
+    def build(self):
+        torch = self.torch
+        for self.index, lp in enumerate(self.layers):
+            name, t = lp.name, lp.type
+            bottoms, tops = list(lp.bottom), list(lp.top)
+            for b in bottoms:
+                if b not in self.shapes:
+                    raise ValueError(f"layer {name!r} ({t}): bottom {b!r} is no earlier layer's "
+                                     "top")
+            if t in DATA_TYPES:
+                _inputs(self, lp)
                 continue
-            sp = lp.scale_param
-            if len(bottoms) != 1 or sp.axis != 1 or sp.num_axes != 1:
-                raise NotImplementedError(f"layer {name!r}: the PyTorch peer's Scale is one "
-                                          "bottom, per channel (axis 1, num_axes 1)")
-            c = shapes[bottoms[0]][1]
-            mod = nn.Module()
-            mod.weight = nn.Parameter(torch.ones(c))
-            mod.bias = nn.Parameter(torch.zeros(c)) if sp.bias_term else None
-            layer_params[name] = [(mod, "weight")] + ([(mod, "bias")] if sp.bias_term else [])
-            inits.append(lambda m=mod: (m.weight.data.fill_(1.0),
-                                        m.bias is not None and m.bias.data.zero_()))
-
-            def fn(xs, m=mod):
-                view = (1, -1) + (1,) * (xs[0].dim() - 2)
-                y = xs[0] * m.weight.view(view)
-                return [y + m.bias.view(view) if m.bias is not None else y]
-        elif t == "ReLU":
-            slope = lp.relu_param.negative_slope
-            inplace = tops == bottoms
-            mod = (nn.LeakyReLU(slope, inplace=inplace) if slope else nn.ReLU(inplace=inplace))
-        elif t == "Sigmoid":
-            mod = nn.Sigmoid()
-        elif t == "TanH":
-            mod = nn.Tanh()
-        elif t == "Dropout":
-            mod = nn.Dropout(lp.dropout_param.dropout_ratio)
-        elif t == "InnerProduct":
-            ip = lp.inner_product_param
-            axis = ip.axis % len(shapes[bottoms[0]])
-            fan_in = 1
-            for d in shapes[bottoms[0]][axis:]:
-                fan_in *= d
-            if ip.transpose:
-                raise NotImplementedError(f"layer {name!r}: InnerProduct with transpose: true")
-            mod = nn.Linear(fan_in, ip.num_output, bias=ip.bias_term)
-            layer_params[name] = [(mod, "weight")] + ([(mod, "bias")] if ip.bias_term else [])
-
-            def fn(xs, m=mod, axis=axis):
-                return [m(xs[0].flatten(axis))]
-        elif t == "Concat":
-            cp = lp.concat_param
-            axis = cp.concat_dim if cp.HasField("concat_dim") else cp.axis
-
-            def fn(xs, axis=axis):
-                return [torch.cat(xs, axis)]
-        elif t == "Eltwise":
-            ep = lp.eltwise_param
-            op = ep.operation
-            coeffs = list(ep.coeff) or None
-
-            def fn(xs, op=op, coeffs=coeffs):
-                if op == P.EltwiseParameter.PROD:
-                    y = xs[0]
-                    for x in xs[1:]:
-                        y = y * x
-                elif op == P.EltwiseParameter.MAX:
-                    y = xs[0]
-                    for x in xs[1:]:
-                        y = torch.maximum(y, x)
-                elif coeffs is None:
-                    y = xs[0]
-                    for x in xs[1:]:
-                        y = y + x
-                else:
-                    y = coeffs[0] * xs[0]
-                    for c, x in zip(coeffs[1:], xs[1:]):
-                        y = y + c * x
-                return [y]
-        elif t == "Flatten":
-            fp = lp.flatten_param
-
-            def fn(xs, a=fp.axis, e=fp.end_axis):
-                return [xs[0].flatten(a, e)]
-        elif t == "Softmax":
-            def fn(xs, axis=lp.softmax_param.axis):
-                return [torch.softmax(xs[0], axis)]
-        elif t == "Split":
-            def fn(xs, n=len(tops)):
-                return [xs[0]] * n
-        elif t == "Silence":
-            steps.append((name, None, bottoms, []))
-            continue
-        elif t == "SoftmaxWithLoss":
-            lossp = lp.loss_param
-            if lp.softmax_param.axis != 1:
-                raise NotImplementedError(f"layer {name!r}: softmax axis {lp.softmax_param.axis}")
-            norm = lossp.normalization if lossp.HasField("normalization") else (
-                P.LossParameter.VALID if lossp.normalize else P.LossParameter.BATCH_SIZE)
-            ignore = lossp.ignore_label if lossp.HasField("ignore_label") else None
-
-            def fn(xs, ignore=ignore, norm=norm):
-                logits, label = xs[0], xs[1]
-                label = label.reshape(logits.shape[:1] + logits.shape[2:]).long()
-                total = F.cross_entropy(logits, label, reduction="sum",
-                                        ignore_index=-100 if ignore is None else ignore)
-                if norm == P.LossParameter.VALID:     # Caffe: the labels not ignored
-                    count = label.numel() if ignore is None else (label != ignore).sum()
-                elif norm == P.LossParameter.FULL:
-                    count = label.numel()
-                elif norm == P.LossParameter.BATCH_SIZE:
-                    count = label.shape[0]
-                else:
-                    count = 1
-                return [total / max(count, 1) if isinstance(count, int)
-                        else total / count.clamp(min=1)]
-            w = lp.loss_weight[0] if len(lp.loss_weight) else 1.0
-            if w:
-                losses.append((tops[0], w))
-            classes.append(shapes[bottoms[0]][1])
-        elif t == "EuclideanLoss":
-            def fn(xs):                    # sum of squared differences / (2 N)
-                return [((xs[0] - xs[1]) ** 2).sum() / (2 * xs[0].shape[0])]
-            w = lp.loss_weight[0] if len(lp.loss_weight) else 1.0
-            if w:
-                losses.append((tops[0], w))
-        elif t == "Accuracy":
-            ap = lp.accuracy_param
-
-            def fn(xs, k=ap.top_k):
-                with torch.no_grad():
-                    hit = xs[0].topk(k, 1).indices.eq(xs[1].reshape(-1, 1).long()).any(1)
-                    return [hit.to(xs[0].dtype).mean()]
-        else:
-            raise NotImplementedError(f"layer {name!r}: type {t} has no PyTorch peer here "
-                                      "(scripts/torch_peer.py)")
-        if mod is not None:
-            modules[mod_key(name)] = mod
-            if hasattr(mod, "reset_parameters"):
-                inits.append(lambda m=mod: m.reset_parameters())
-            if fn is None:
-                def fn(xs, m=mod):
-                    return [m(xs[0])]
-        # the tops' shapes, from the layer itself on meta tensors
-        with torch.no_grad():
-            outs = fn([meta(b) for b in bottoms]) if t not in LOSS_TYPES + ("Accuracy",) \
-                else [torch.empty((), device="meta")]
-        for top, o in zip(tops, outs):
-            shapes[top] = o.shape
-        steps.append((name, fn, bottoms, tops))
-
-    class Peer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = modules
-
-        def forward(self, **inputs):
-            blobs = dict(inputs)
-            for name, fn, bots, tps in steps:
+            if name in self.fused:
+                continue
+            if t not in _BUILDERS:
+                raise NotImplementedError(f"layer {name!r}: type {t} has no PyTorch peer here "
+                                          "(scripts/torch_peer.py)")
+            mod, fn, *rest = _BUILDERS[t](self, lp)
+            tops = rest[0] if rest else tops
+            if mod is not None:
+                self.modules[self.key.setdefault(name, f"m{len(self.key)}")] = mod
+                if hasattr(mod, "reset_parameters"):
+                    self.inits.append(mod.reset_parameters)
                 if fn is None:
-                    continue
-                for top, y in zip(tps, fn([blobs[b] for b in bots])):
-                    blobs[top] = y
-            loss = None
-            for blob, w in losses:
-                term = blobs[blob] * w if w != 1.0 else blobs[blob]
-                loss = term if loss is None else loss + term
-            return loss, blobs
+                    def fn(xs, m=mod):
+                        return [m(xs[0])]
+            if fn is None:                               # Silence
+                continue
+            with torch.no_grad():                        # the tops' shapes, on meta tensors
+                outs = fn([torch.empty(self.shapes[b], device="meta") for b in bottoms])
+            for top, o in zip(tops, outs):
+                self.shapes[top] = o.shape
+            self.steps.append((name, fn, bottoms, tops))
+        return self.module(), self.inits
 
-        @property
-        def layer_params(self) -> dict:
-            """Each layer with parameters -> its tensors in Caffe's blob order (looked up
-            now: ``to_empty`` and device moves replace the Parameter objects)."""
-            return {n: [getattr(m, a) for m, a in refs] for n, refs in layer_params.items()}
+    def module(self):
+        nn = self.nn
+        steps, losses, refs, eval_only = self.steps, self.losses, self.layer_params, self.eval_only
 
-        def train(self, mode: bool = True):
-            super().train(mode)
-            for m in eval_only:     # BatchNorm with use_global_stats: true
-                m.eval()
-            return self
+        class Peer(nn.Module):
+            def forward(self, **inputs):
+                blobs = dict(inputs)
+                for _, fn, bots, tps in steps:
+                    for top, y in zip(tps, fn([blobs[b] for b in bots])):
+                        blobs[top] = y
+                loss = None
+                for blob, w in losses:
+                    term = blobs[blob] * w if w != 1.0 else blobs[blob]
+                    loss = term if loss is None else loss + term
+                return loss, blobs
 
-    peer = Peer()
-    peer.input_shapes = input_shapes
-    peer.classes = min(classes) if classes else None    # labels below this fit every loss
-    peer.blob_shapes = {k: tuple(v) for k, v in shapes.items()}
-    peer.layer_modules = {n: modules[k] for n, k in key.items()}
-    return peer, inits
+            @property
+            def layer_params(self) -> dict:
+                """Each layer with parameters -> its tensors in Caffe's blob order (looked up
+                now: ``to_empty`` and device moves replace the Parameter objects)."""
+                return {n: [getattr(m, a) for m, a in r] for n, r in refs.items()}
+
+            def train(self, mode: bool = True):
+                super().train(mode)
+                for m in eval_only:     # BatchNorm with use_global_stats: true
+                    m.eval()
+                return self
+
+        peer = Peer()
+        peer.layers = self.modules
+        peer.input_shapes = self.input_shapes
+        peer.classes = min(self.classes) if self.classes else None   # labels below fit all
+        peer.blob_shapes = {k: tuple(v) for k, v in self.shapes.items()}
+        peer.layer_modules = {n: self.modules[k] for n, k in self.key.items()}
+        return peer
+
+
+def _inputs(b, lp):
+    """A data layer's tops are the peer's inputs, shaped as its parameters say."""
+    t = lp.type
+    if t == "Input":
+        dims = [list(s.dim) for s in lp.input_param.shape]
+    elif t == "DummyData":
+        dp = lp.dummy_data_param
+        dims = ([list(s.dim) for s in dp.shape] if len(dp.shape) else
+                [[dp.num[j], dp.channels[j], dp.height[j], dp.width[j]]
+                 for j in range(len(dp.num))])
+    elif t == "MemoryData":
+        mp = lp.memory_data_param
+        dims = [[mp.batch_size, mp.channels, mp.height, mp.width], [mp.batch_size]]
+    else:
+        raise NotImplementedError(f"layer {lp.name!r}: the PyTorch peer takes its inputs from "
+                                  f"Input, DummyData or MemoryData, not {t}")
+    if len(dims) == 1 and len(lp.top) > 1:
+        dims = dims * len(lp.top)
+    for top, d in zip(lp.top, dims):
+        b.shapes[top] = b.torch.Size(d)
+        b.input_shapes[top] = tuple(d)
+
+
+@_builds("Convolution", "Deconvolution")
+def _convolution(b, lp):
+    cp, name = lp.convolution_param, lp.name
+    x = b.shape(lp.bottom[0])
+    if cp.axis != 1 or len(x) != 4:
+        raise NotImplementedError(f"layer {name!r}: the PyTorch peer builds 2-D convolutions on "
+                                  f"axis 1 only (bottom {lp.bottom[0]!r} is {tuple(x)})")
+    k, s, p, d = _geometry(cp, name)
+    if lp.type == "Convolution":
+        mod = b.nn.Conv2d(x[1], cp.num_output, k, s, p, d, groups=cp.group, bias=cp.bias_term)
+    else:
+        # Caffe's output size stride (in - 1) + dilation (k - 1) + 1 - 2 pad is PyTorch's
+        # with output_padding 0; the weight is (C_in, C_out / group, kh, kw) in both
+        mod = b.nn.ConvTranspose2d(x[1], cp.num_output, k, s, p, groups=cp.group,
+                                   bias=cp.bias_term, dilation=d)
+    b.params(name, mod, "weight", *(("bias",) if cp.bias_term else ()))
+    return mod, None
+
+
+@_builds("Pooling")
+def _pooling(b, lp):
+    pp, name, P = lp.pooling_param, lp.name, b.P.PoolingParameter
+    if pp.pool not in (P.MAX, P.AVE):
+        raise NotImplementedError(f"layer {name!r}: pooling method {P.PoolMethod.Name(pp.pool)}")
+    if pp.global_pooling:
+        k, s, pad = tuple(b.shape(lp.bottom[0])[2:]), (1, 1), (0, 0)
+    else:
+        def one(field):
+            return [getattr(pp, field)] if pp.HasField(field) else []
+        k = _pair(one("kernel_size"), _opt(pp, "kernel_h"), _opt(pp, "kernel_w"), None,
+                  "kernel", name)
+        s = _pair(one("stride"), _opt(pp, "stride_h"), _opt(pp, "stride_w"), 1, "stride", name)
+        pad = _pair(one("pad"), _opt(pp, "pad_h"), _opt(pp, "pad_w"), 0, "pad", name)
+    if pp.pool == P.MAX:
+        return b.nn.MaxPool2d(k, s, pad, ceil_mode=True), None
+    return b.nn.AvgPool2d(k, s, pad, ceil_mode=True, count_include_pad=True), None
+
+
+@_builds("LRN")
+def _lrn(b, lp):
+    lrn = lp.lrn_param
+    if lrn.norm_region == b.P.LRNParameter.ACROSS_CHANNELS:
+        return b.nn.LocalResponseNorm(lrn.local_size, lrn.alpha, lrn.beta, lrn.k), None
+    F = b.F
+
+    # Caffe: x (1 + alpha * mean of x^2 over the size x size window)^-beta, the window
+    # zero-padded by (size - 1) / 2 and always divided by size^2
+    def fn(xs, n=lrn.local_size, a=lrn.alpha, beta=lrn.beta):
+        x = xs[0]
+        mean = F.avg_pool2d(x * x, n, 1, (n - 1) // 2, count_include_pad=True)
+        return [x * (1.0 + a * mean) ** (-beta)]
+    return None, fn
+
+
+@_builds("BatchNorm")
+def _batch_norm(b, lp):
+    bp = lp.batch_norm_param
+    nxt = b.layers[b.index + 1] if b.index + 1 < len(b.layers) else None
+    scale = (nxt is not None and nxt.type == "Scale" and list(nxt.bottom) == list(lp.top)
+             and len(nxt.bottom) == 1)
+    global_stats = bp.use_global_stats if bp.HasField("use_global_stats") else not b.train
+    mod = b.nn.BatchNorm2d(b.shape(lp.bottom[0])[1], eps=bp.eps,
+                           momentum=1.0 - bp.moving_average_fraction, affine=scale)
+    if global_stats:
+        b.eval_only.append(mod)
+    if not scale:
+        return mod, None
+    b.fused.add(nxt.name)
+    if nxt.scale_param.bias_term:
+        b.params(nxt.name, mod, "weight", "bias")
+    else:
+        b.params(nxt.name, mod, "weight")
+        mod.bias.requires_grad_(False)    # reset_parameters leaves it at zero
+    return mod, None, list(nxt.top)
+
+
+@_builds("Scale")
+def _scale(b, lp):
+    sp, torch, nn = lp.scale_param, b.torch, b.nn
+    if len(lp.bottom) != 1 or sp.axis != 1 or sp.num_axes != 1:
+        raise NotImplementedError(f"layer {lp.name!r}: the PyTorch peer's Scale is one bottom, "
+                                  "per channel (axis 1, num_axes 1)")
+    c = b.shape(lp.bottom[0])[1]
+    mod = nn.Module()
+    mod.weight = nn.Parameter(torch.ones(c))
+    mod.bias = nn.Parameter(torch.zeros(c)) if sp.bias_term else None
+    b.params(lp.name, mod, "weight", *(("bias",) if sp.bias_term else ()))
+    b.inits.append(lambda m=mod: (m.weight.data.fill_(1.0),
+                                  m.bias is not None and m.bias.data.zero_()))
+
+    def fn(xs, m=mod):
+        view = (1, -1) + (1,) * (xs[0].dim() - 2)
+        y = xs[0] * m.weight.view(view)
+        return [y + m.bias.view(view) if m.bias is not None else y]
+    return mod, fn
+
+
+@_builds("ReLU")
+def _relu(b, lp):
+    slope, inplace = lp.relu_param.negative_slope, list(lp.top) == list(lp.bottom)
+    return (b.nn.LeakyReLU(slope, inplace=inplace) if slope
+            else b.nn.ReLU(inplace=inplace)), None
+
+
+@_builds("PReLU")
+def _prelu(b, lp):
+    c = 1 if lp.prelu_param.channel_shared else b.shape(lp.bottom[0])[1]
+    mod = b.nn.PReLU(c)                   # 0.25 at first, Caffe's default filler
+    b.params(lp.name, mod, "weight")
+    return mod, None
+
+
+@_builds("Sigmoid", "TanH", "ELU", "Dropout", "AbsVal", "BNLL", "Softmax", "Split", "Silence",
+         "Flatten")
+def _elementwise(b, lp):
+    t, nn, F = lp.type, b.nn, b.F
+    if t == "Sigmoid":
+        return nn.Sigmoid(), None
+    if t == "TanH":
+        return nn.Tanh(), None
+    if t == "ELU":
+        return nn.ELU(lp.elu_param.alpha), None
+    if t == "Dropout":
+        return nn.Dropout(lp.dropout_param.dropout_ratio), None   # inverted, as Caffe's
+    if t == "Silence":
+        return None, None
+    fns = {"AbsVal": lambda xs: [xs[0].abs()],
+           "BNLL": lambda xs: [F.softplus(xs[0])],                # log(1 + exp(x))
+           "Softmax": lambda xs, a=lp.softmax_param.axis: [b.torch.softmax(xs[0], a)],
+           "Split": lambda xs, n=len(lp.top): [xs[0]] * n,
+           "Flatten": lambda xs, a=lp.flatten_param.axis, e=lp.flatten_param.end_axis:
+               [xs[0].flatten(a, e)]}
+    return None, fns[t]
+
+
+@_builds("Power", "Exp", "Log")
+def _power(b, lp):
+    torch, t = b.torch, lp.type
+    if t == "Power":
+        pp = lp.power_param
+        return None, lambda xs, p=pp.power, a=pp.scale, s=pp.shift: [(s + a * xs[0]) ** p]
+    ep = lp.exp_param if t == "Exp" else lp.log_param
+    if ep.base != -1 and not ep.base > 0:
+        raise ValueError(f"layer {lp.name!r} of type {t}: base must be strictly positive, or -1 "
+                         f"for e; got {ep.base}")
+    ln_base = 1.0 if ep.base == -1 else math.log(ep.base)
+    if t == "Exp":                        # base^(shift + scale x)
+        return None, lambda xs, a=ep.scale, s=ep.shift: [torch.exp(ln_base * (s + a * xs[0]))]
+    return None, lambda xs, a=ep.scale, s=ep.shift: [torch.log(s + a * xs[0]) / ln_base]
+
+
+@_builds("InnerProduct")
+def _inner_product(b, lp):
+    ip, x = lp.inner_product_param, b.shape(lp.bottom[0])
+    if ip.transpose:
+        raise NotImplementedError(f"layer {lp.name!r}: InnerProduct with transpose: true")
+    axis = ip.axis % len(x)
+    fan_in = 1
+    for d in x[axis:]:
+        fan_in *= d
+    mod = b.nn.Linear(fan_in, ip.num_output, bias=ip.bias_term)
+    b.params(lp.name, mod, "weight", *(("bias",) if ip.bias_term else ()))
+    return mod, lambda xs, m=mod: [m(xs[0].flatten(axis))]
+
+
+@_builds("Concat", "Slice", "Crop", "Reshape")
+def _shape(b, lp):
+    torch, t, x = b.torch, lp.type, b.shape(lp.bottom[0])
+    if t == "Concat":
+        cp = lp.concat_param
+        axis = cp.concat_dim if cp.HasField("concat_dim") else cp.axis
+        return None, lambda xs: [torch.cat(xs, axis)]
+    if t == "Slice":
+        sp = lp.slice_param
+        axis = (sp.slice_dim if sp.HasField("slice_dim") else sp.axis) % len(x)
+        points = list(sp.slice_point)
+        if not points:
+            if x[axis] % len(lp.top):
+                raise ValueError(f"layer {lp.name!r} of type Slice: {x[axis]} does not split "
+                                 f"into {len(lp.top)} equal parts")
+            points = [x[axis] // len(lp.top) * i for i in range(1, len(lp.top))]
+        widths = [e - s for s, e in zip([0] + points, points + [x[axis]])]
+        return None, lambda xs: list(torch.split(xs[0], widths, axis))
+    if t == "Crop":
+        cp = lp.crop_param
+        start = cp.axis % len(x)
+        offs = list(cp.offset) or [0]
+        if len(offs) == 1:
+            offs = offs * (len(x) - start)
+        if len(offs) != len(x) - start:
+            raise ValueError(f"layer {lp.name!r} of type Crop: {len(offs)} offsets for the "
+                             f"{len(x) - start} axes from axis {start} on")
+        ref = tuple(b.shape(lp.bottom[1]))
+        idx = tuple([slice(None)] * start + [slice(o, o + ref[start + i])
+                                             for i, o in enumerate(offs)])
+        return None, lambda xs: [xs[0][idx]]
+    rp = lp.reshape_param                 # Reshape: axes [axis, axis + num_axes) replaced
+    old = list(x)
+    begin = rp.axis if rp.axis >= 0 else len(old) + rp.axis + 1
+    end = len(old) if rp.num_axes == -1 else begin + rp.num_axes
+    new = (old[:begin] + [old[begin + i] if d == 0 else int(d) for i, d in enumerate(rp.shape.dim)]
+           + old[end:])
+    return None, lambda xs: [xs[0].reshape(new)]
+
+
+@_builds("Eltwise")
+def _eltwise(b, lp):
+    ep, torch, E = lp.eltwise_param, b.torch, b.P.EltwiseParameter
+    op, coeffs = ep.operation, list(ep.coeff) or None
+
+    def fn(xs):
+        if op == E.PROD or op == E.MAX:
+            y = xs[0]
+            for x in xs[1:]:
+                y = y * x if op == E.PROD else torch.maximum(y, x)
+            return [y]
+        c = coeffs or [1.0] * len(xs)
+        y = xs[0] if c[0] == 1.0 else c[0] * xs[0]
+        for ci, x in zip(c[1:], xs[1:]):
+            y = y + (x if ci == 1.0 else ci * x)
+        return [y]
+    return None, fn
+
+
+@_builds("SoftmaxWithLoss")
+def _softmax_loss(b, lp):
+    P, F = b.P.LossParameter, b.F
+    lossp = lp.loss_param
+    if lp.softmax_param.axis != 1:
+        raise NotImplementedError(f"layer {lp.name!r}: softmax axis {lp.softmax_param.axis}")
+    norm = lossp.normalization if lossp.HasField("normalization") else (
+        P.VALID if lossp.normalize else P.BATCH_SIZE)
+    ignore = lossp.ignore_label if lossp.HasField("ignore_label") else None
+
+    def fn(xs):
+        logits, label = xs[0], xs[1]
+        label = label.reshape(logits.shape[:1] + logits.shape[2:]).long()
+        total = F.cross_entropy(logits, label, reduction="sum",
+                                ignore_index=-100 if ignore is None else ignore)
+        if norm == P.VALID:               # Caffe: the labels not ignored
+            if ignore is not None:
+                return [total / (label != ignore).sum().clamp(min=1)]
+            count = label.numel()
+        elif norm == P.FULL:
+            count = label.numel()
+        elif norm == P.BATCH_SIZE:
+            count = label.shape[0]
+        else:
+            count = 1
+        return [total / max(count, 1)]
+    b.loss(lp, classes=b.shape(lp.bottom[0])[1])
+    return None, fn
+
+
+@_builds("EuclideanLoss")
+def _euclidean_loss(b, lp):
+    b.loss(lp)
+    return None, lambda xs: [((xs[0] - xs[1]) ** 2).sum() / (2 * xs[0].shape[0])]
+
+
+@_builds("Accuracy")
+def _accuracy(b, lp):
+    def fn(xs, k=lp.accuracy_param.top_k):
+        with b.torch.no_grad():
+            hit = xs[0].topk(k, 1).indices.eq(xs[1].reshape(-1, 1).long()).any(1)
+            return [hit.to(xs[0].dtype).mean()]
+    return None, fn
 
 
 def copy_from_net(peer, net) -> None:

@@ -73,8 +73,10 @@ def _pair(param, phase=TRAIN, seed=0):
     return net, peer, x, y
 
 
-def test_same_losses_tops_and_gradients_as_minicaffe():
-    net, peer, x, y = _pair(small_net())
+def _both_passes(param, seed=0):
+    """Forward and backward of ``param`` in minicaffe and in its peer, on the same inputs and
+    weights: (net, peer, the peer's loss, the peer's blobs)."""
+    net, peer, x, y = _pair(param, seed=seed)
     net.blobs["data"].data[...] = x
     net.blobs["label"].data[...] = y
     net.clear_param_diffs()
@@ -82,6 +84,18 @@ def test_same_losses_tops_and_gradients_as_minicaffe():
     net.backward()
     loss, blobs = peer(data=torch.from_numpy(x), label=torch.from_numpy(y))
     loss.backward()
+    return net, peer, loss, blobs
+
+
+def _assert_same_param_grads(net, peer):
+    for layer, tensors in peer.layer_params.items():
+        for i, (t, b) in enumerate(zip(tensors, net.params[layer])):
+            np.testing.assert_allclose(t.grad.numpy().reshape(b.shape), b.diff, rtol=1e-8,
+                                       atol=1e-12, err_msg=f"{layer} param {i}")
+
+
+def test_same_losses_tops_and_gradients_as_minicaffe():
+    net, peer, loss, blobs = _both_passes(small_net())
     # loss_weight is a proto float: 0.3 is 0.30000001192... in both nets
     aux = float(np.float32(0.3)) * float(net.blobs["aux_loss"].data)
     want = float(net.blobs["loss"].data) + aux
@@ -94,10 +108,7 @@ def test_same_losses_tops_and_gradients_as_minicaffe():
                                        err_msg=f"blob {name}")
             compared += 1
     assert compared >= 20
-    for layer, tensors in peer.layer_params.items():
-        for i, (t, b) in enumerate(zip(tensors, net.params[layer])):
-            np.testing.assert_allclose(t.grad.numpy().reshape(b.shape), b.diff, rtol=1e-8,
-                                       atol=1e-12, err_msg=f"{layer} param {i}")
+    _assert_same_param_grads(net, peer)
 
 
 def test_the_max_pool_keeps_caffes_ceil_row_and_the_lone_scale_has_params():
@@ -239,14 +250,7 @@ def more_layers_net():
 
 
 def test_more_layer_types_as_minicaffe():
-    net, peer, x, y = _pair(more_layers_net(), seed=3)
-    net.blobs["data"].data[...] = x
-    net.blobs["label"].data[...] = y
-    net.clear_param_diffs()
-    net.forward()
-    net.backward()
-    loss, blobs = peer(data=torch.from_numpy(x), label=torch.from_numpy(y))
-    loss.backward()
+    net, peer, loss, blobs = _both_passes(more_layers_net(), seed=3)
     want = float(net.blobs["loss"].data) + 0.5 * float(net.blobs["l2"].data)
     assert float(loss.detach()) == pytest.approx(want, rel=1e-11)
     for name in ("up", "crop", "elu", "pow", "shared", "bnll", "exp", "log", "a", "b", "norm",
@@ -254,7 +258,4 @@ def test_more_layer_types_as_minicaffe():
         np.testing.assert_allclose(blobs[name].detach().numpy(), net.blobs[name].data,
                                    rtol=1e-9, atol=1e-12, err_msg=name)
     assert peer.blob_shapes["up"] == (2, 4, 12, 12) and peer.blob_shapes["crop"] == (2, 4, 6, 6)
-    for layer, tensors in peer.layer_params.items():
-        for i, (t, b) in enumerate(zip(tensors, net.params[layer])):
-            np.testing.assert_allclose(t.grad.numpy().reshape(b.shape), b.diff, rtol=1e-8,
-                                       atol=1e-12, err_msg=f"{layer} param {i}")
+    _assert_same_param_grads(net, peer)

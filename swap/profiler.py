@@ -959,6 +959,34 @@ def host_whole_now(solver, budget: int, k: int, *, warmup: int = 2, iterations: 
     return float(np.median(whole)), solver.iter - it0
 
 
+# copy_calibration_ks: the calibration's k is one whose naive steps take at least this many
+# times the host's time to issue an iteration (swap.model.COPY_CALIBRATION_HOST_MARGIN, per step)
+COPY_CALIBRATION_DEVICE_MARGIN = 2.0
+
+
+def copy_calibration_ks(compute, naive_ks, host_sums=()) -> list:
+    """The minibatches to try the copy calibration at, in order.
+
+    With every map kept the device has no copy to wait for, so at a k whose steps take the
+    device not much longer than the host takes to issue them, the kept steps run at the
+    host's pace and say nothing about the copies (GoogLeNet at 76 on an H200, session 26: the
+    kept steps 19.6 % slower than the naive ones).  So: the smallest naive k whose naive steps
+    (``compute``'s samples at that k, per iteration) take at least
+    :data:`COPY_CALIBRATION_DEVICE_MARGIN` times the least host issue time of ``host_sums``
+    (:func:`profile_host_issue`'s), then the smallest naive k (every map kept may not fit at
+    the larger one); the smallest alone where no host time was profiled or none qualifies."""
+    smallest = min(naive_ks)
+    host = min((float(s["host"]) for s in host_sums), default=0.0)
+    if host <= 0.0:
+        return [smallest]
+    for k in sorted(set(naive_ks)):
+        at_k = [c for c in compute if c.k == k]
+        n = max(1, sum(1 for c in at_k if c.step == 0))
+        if sum(c.time for c in at_k) / n >= COPY_CALIBRATION_DEVICE_MARGIN * host:
+            return [k] if k == smallest else [k, smallest]
+    return [smallest]
+
+
 def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations: int = 1, *,
                         scratch: ScratchModel | None = None, log=None) -> tuple:
     """Each step's time at ``k`` with every feature map kept (the plan "dynamic" with all of
@@ -1042,11 +1070,13 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     ``strategy``).
 
     calibrate_copies (None: ``$MINICAFFE_COPY_CALIBRATION``, "0" off, "1" on; unset: in GPU
-    mode): the smallest k profiled under ``strategy`` runs again with every feature map kept
-    (no copies), where that fits the budget, with the same per-step timing
-    (:func:`calibrate_copy_cost`): ``meta["copy_calibration"]``, from which
-    :func:`swap.model.copy_slowdown` fits how much the copies slow the compute beside them;
-    its training iterations are in ``meta["copy_runs"]`` ([k, iterations]).
+    mode): after the host's issue times, a k profiled under ``strategy`` runs again with every
+    feature map kept (no copies), where that fits the budget, with the same per-step timing
+    (:func:`calibrate_copy_cost`; the k of :func:`copy_calibration_ks`: the smallest at which
+    the device, not the host, sets the pace, else the smallest): ``meta["copy_calibration"]``,
+    from which :func:`swap.model.copy_slowdown` fits how much the copies slow the compute
+    beside them; its training iterations are in ``meta["copy_runs"]`` ([k, iterations] per k
+    tried).
     """
     from .runtime import ScratchOverflow
     net = solver.net
@@ -1204,18 +1234,6 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             new_k_max(f"transients measured at minibatch {k}")
     if steps is None:
         steps = step_infos(build_gmap(net))
-    copy_cal, copy_runs = None, []
-    if calibrate_copies is None:
-        env = os.environ.get(ENV_COPY_CALIBRATION, "").strip()
-        calibrate_copies = env != "0" if env else net.mode == "GPU"
-    if calibrate_copies:
-        naive_ks = [k for k, p in plans if p == strategy]
-        if naive_ks:
-            k_c = min(naive_ks)
-            copy_cal, n = calibrate_copy_cost(solver, budget, k_c, warmup, iterations,
-                                              scratch=scratch, log=log)
-            copy_runs = [[k_c, n]]
-            set_batch_size(net, done[-1])
     if isinstance(host_ks, str):
         if host_ks != "auto":
             raise ValueError(f"host_ks: minibatches, None or 'auto', not {host_ks!r}")
@@ -1226,6 +1244,20 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             solver, budget, host_ks, scratch=scratch, log=log)
         host_meta["host_runs"] = host_runs
         set_batch_size(net, done[-1])
+    copy_cal, copy_runs = None, []
+    if calibrate_copies is None:
+        env = os.environ.get(ENV_COPY_CALIBRATION, "").strip()
+        calibrate_copies = env != "0" if env else net.mode == "GPU"
+    if calibrate_copies:
+        naive_ks = [k for k, p in plans if p == strategy]
+        if naive_ks:
+            for k_c in copy_calibration_ks(compute, naive_ks, host_meta.get("host_sums", ())):
+                copy_cal, n = calibrate_copy_cost(solver, budget, k_c, warmup, iterations,
+                                                  scratch=scratch, log=log)
+                copy_runs.append([k_c, n])
+                if copy_cal is not None:
+                    break
+            set_batch_size(net, done[-1])
     bw = None
     if bandwidth or (bandwidth is None and net.mode == "GPU"):
         bw = measure_bandwidth(net.xp)
@@ -1249,4 +1281,5 @@ __all__ = ["SCHEMA", "VERSION", "PROFILE_FRACTIONS", "profile_ks", "StepInfo", "
            "TransferSample", "SolverStepSample", "Profile", "synthetic_profile", "set_batch_size",
            "measure_bandwidth", "device_name", "profile_solver", "step_infos", "ScratchModel",
            "scratch_estimate", "max_batch_scratch", "default_host_budget", "HOST_FRACTIONS",
-           "host_issue_ks", "profile_host_issue", "calibrate_copy_cost", "host_whole_now"]
+           "host_issue_ks", "profile_host_issue", "calibrate_copy_cost", "copy_calibration_ks",
+           "host_whole_now"]

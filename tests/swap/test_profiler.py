@@ -651,3 +651,42 @@ def test_copy_calibration_times_the_steps_with_every_map_kept(make_solver):
     lines = []
     assert calibrate_copy_cost(s, small, 2, 0, 1, log=lines.append) == (None, 0)
     assert "does not fit the budget" in lines[0]
+
+
+def test_copy_calibration_k_is_one_the_device_sets_the_pace_of():
+    """The calibration's k: the smallest naive k whose steps take at least twice the host's
+    least issue time, then the smallest as a fallback; the smallest alone without host
+    times or where no k qualifies."""
+    from swap.profiler import ComputeSample, copy_calibration_ks
+
+    def samples(per_k):     # two steps per iteration, two iterations, ``per_k`` s per iteration
+        return [ComputeSample(k=k, step=j, flops=0.0, time=t / 2, start=0.0)
+                for k, t in per_k.items() for _ in range(2) for j in range(2)]
+    comp = samples({8: 0.030, 16: 0.060, 32: 0.120})
+    sums = [{"k": 1, "host": 0.040}, {"k": 2, "host": 0.028}]
+    assert copy_calibration_ks(comp, [8, 16, 32], sums) == [16, 8]     # 0.060 >= 2 x 0.028
+    assert copy_calibration_ks(comp, [8, 16, 32], [{"k": 1, "host": 0.010}]) == [8]
+    assert copy_calibration_ks(comp, [8, 16, 32], [{"k": 1, "host": 0.070}]) == [8]
+    assert copy_calibration_ks(comp, [16, 8], ()) == [8]
+
+
+def test_profile_calibrates_at_the_chosen_k_and_falls_back(make_solver, monkeypatch):
+    """profile_solver tries copy_calibration_ks's minibatches in turn: the first whose kept
+    plan fits is the calibration; each try's iterations are counted in meta["copy_runs"]."""
+    import swap.profiler as P
+    s = make_solver("resnet", batch=4)
+    maps = frozenset(build_gmap(s.net).feature_maps())
+
+    def need(k, strategy, pinned=frozenset()):
+        P.set_batch_size(s.net, k)
+        return min_budget(build_gmap(s.net), strategy, pinned)
+    monkeypatch.setattr(P, "copy_calibration_ks", lambda comp, ks, sums: [4, 2])
+    roomy = need(4, "dynamic", maps) + (1 << 20)
+    prof = profile_solver(s, roomy, (2, 4), warmup=0, iterations=1, calibrate_copies=True)
+    assert prof.meta["copy_calibration"]["k"] == 4 and prof.meta["copy_runs"] == [[4, 3]]
+    # kept at 4 does not fit where the naive plan at 4 and kept at 2 do: 2 after 4
+    tight = max(need(4, "naive"), need(2, "dynamic", maps))
+    assert tight < need(4, "dynamic", maps)
+    prof = profile_solver(s, tight, (2, 4), warmup=0, iterations=1, calibrate_copies=True)
+    assert prof.meta["copy_calibration"]["k"] == 2
+    assert prof.meta["copy_runs"] == [[4, 0], [2, 3]]

@@ -85,4 +85,10 @@ class ConcatLayer(Layer):
             offset += size
 
     def flops(self, bottom, top):
-        return 0.0, 0.0  # copies only
+        """Copies only: the elements moved each way, the performance model's measure of the
+        work (swap/model.py fits time against it; GoogLeNet's Concat steps take time in
+        proportion to the minibatch).  None with one bottom: the top shares it."""
+        if len(bottom) == 1:
+            return 0.0, 0.0
+        n = float(top[0].count)
+        return n, n

@@ -91,4 +91,7 @@ class CropLayer(Layer):
             dx[self.window] = top[0].diff
 
     def flops(self, bottom, top):
-        return 0.0, 0.0  # copies only
+        """Copies only: the elements moved (the performance model's measure of a copy's
+        work): forward the window; backward zeroes the bottom's diff and copies the window."""
+        n = float(top[0].count)
+        return n, float(bottom[0].count) + n

@@ -65,6 +65,18 @@ def test_single_bottom_shares_storage(rng):
     np.testing.assert_array_equal(to_numpy(top[0].data), to_numpy(bottom[0].data))
     assert top[0].data_storage is bottom[0].data_storage
     assert top[0].diff_storage is bottom[0].diff_storage
+    assert layer.flops(bottom, top) == (0.0, 0.0)         # shared: nothing is copied
+
+
+def test_flops_count_the_elements_copied(rng):
+    """The performance model's work for a copy: the top's elements each way, in proportion
+    to the minibatch (swap/model.py fits time against it)."""
+    layer, bottom, top = setup(concat_text(), [(2, 3, 2, 2), (2, 1, 2, 2)], rng)
+    assert layer.flops(bottom, top) == (2 * 4 * 2 * 2.0, 2 * 4 * 2 * 2.0)
+    for b, s in zip(bottom, [(6, 3, 2, 2), (6, 1, 2, 2)]):
+        b.reshape(s)
+    layer.reshape(bottom, top)
+    assert layer.flops(bottom, top) == (6 * 4 * 2 * 2.0, 6 * 4 * 2 * 2.0)
 
 
 @pytest.mark.parametrize("params,shapes,match", [

@@ -108,7 +108,8 @@ def test_declarations(rng):
     reads = layer.backward_reads()
     assert reads.bottom == () and reads.top == () and reads.internals == ()
     assert layer.internals == {} and layer.blobs == []
-    assert layer.flops(bottom, top) == (0.0, 0.0)
+    # copies: the window forward; backward zeroes the bottom's diff and copies the window
+    assert layer.flops(bottom, top) == (2 * 3 * 5 * 5.0, 2 * 3 * 8 * 8.0 + 2 * 3 * 5 * 5.0)
 
 
 # --------------------------------------------------------------- errors

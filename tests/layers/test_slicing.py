@@ -74,6 +74,13 @@ def test_slice_single_top_shares_storage(rng):
     layer.forward(bottom, top)
     assert top[0].data_storage is bottom[0].data_storage
     assert top[0].diff_storage is bottom[0].diff_storage
+    assert layer.flops(bottom, top) == (0.0, 0.0)         # shared: nothing is copied
+
+
+def test_slice_flops_count_the_elements_copied(rng):
+    """The performance model's work for a copy: the bottom's elements each way."""
+    layer, bottom, top = setup(slice_text("slice_point: 1"), (4, 3, 2), 2, rng)
+    assert layer.flops(bottom, top) == (24.0, 24.0)
 
 
 def test_slice_point_at_the_end_gives_an_empty_top(rng):

@@ -403,6 +403,39 @@ def test_late_copies_expose_a_missing_wait(make_solver, monkeypatch, missing):
     assert not same(params_of(s), params_of(ref))
 
 
+def test_compiled_steps_wait_once_on_the_latest_prefetch(make_solver, monkeypatch):
+    """The swap-in stream runs its copies in issue order, so a compiled step waits only on
+    the latest prefetch it reads, and not at all where compute already waited on a later
+    one; late copies still give the plain run's results (each read still waits for its
+    copy, through the later wait)."""
+    ref = make_solver("resnet")
+    ref.step(3)
+    monkeypatch.setattr(runtime, "HostStreams", LazyStreams)
+    s = make_solver("resnet")
+    ex = install(s, "naive", poison=True)
+    s.step(3)
+    ex.streams.synchronize()
+    assert same(params_of(s), params_of(ref))
+    ops = ex.plan.ops
+    pre = {id(ex._op_event[i]) for i, op in enumerate(ops) if op.kind == "prefetch"}
+    before = ex._compile()[0]
+    waits = [j for j, (calls, _) in enumerate(before) for fn, args in calls
+             if fn == ex.streams.wait and args[0] == COMPUTE and id(args[1][0]) in pre]
+    assert len(waits) == len(set(waits))                 # at most one per step
+    order, rank, pairs, expect, waited = [], {}, 0, 0, -1
+    for j in range(ex.gmap.n_steps):                     # the issue order the tables follow
+        order += [i for i in ex._before[j] if ops[i].kind == "prefetch"]
+        rank.update((ops[i].buffer, r) for r, i in enumerate(order))
+        need = [rank.pop(b) for b in ex._check[j] if b in rank]
+        pairs += len(need)
+        if need and max(need) > waited:
+            expect += 1
+            waited = max(need)
+        order += [i for i in ex._after[j] if ops[i].kind == "prefetch"]
+        rank.update((ops[i].buffer, r) for r, i in enumerate(order))
+    assert len(waits) == expect < pairs
+
+
 def test_step_events_are_recorded_only_when_waited_on(make_solver):
     s = make_solver("resnet")
     ex = install(s, "none")

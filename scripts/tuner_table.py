@@ -355,7 +355,16 @@ def dynamic_point(solver, dec, g, k, td, model, pcie, budget, iters, warmup, gpu
         return r
 
 
-def no_stall(r: dict, dynamic, none, rounds: int = 2) -> dict:
+ROUND_SPREAD = 0.03     # rounds whose medians of one strategy spread more: a moving host
+MAX_ROUNDS = 6          # at most this many rounds at one k (no_stall)
+
+
+def _spread(ms) -> float:
+    """(largest - least) / least of the round medians."""
+    return (max(ms) - min(ms)) / min(ms) if len(ms) > 1 and min(ms) > 0 else 0.0
+
+
+def no_stall(r: dict, dynamic, none, rounds: int = 2, max_rounds: int = MAX_ROUNDS) -> dict:
     """``dynamic`` against ``none`` at one k, each a callable that installs and measures once
     (``r`` is dynamic's first measurement), in ``rounds`` rounds ordered ABBA... (dynamic,
     none; none, dynamic; ...) so that a drift of the host's speed weighs on both alike: at
@@ -367,10 +376,24 @@ def no_stall(r: dict, dynamic, none, rounds: int = 2) -> dict:
     Where ``r`` has a prediction (``pred_ms``), also ``ms_pooled`` (the median of every
     dynamic step of the rounds) and ``time_err_pooled``, the model's error against it: the
     first measurement alone carries the host's drift at host-bound k (ResNet-152 at 16,
-    session 13: steps of 91, 87, 137, 152, 155 ms in one process, 79 in the next round)."""
+    session 13: steps of 91, 87, 137, 152, 155 ms in one process, 79 in the next round).
+
+    Where the round medians of either strategy spread by more than :data:`ROUND_SPREAD` after
+    ``rounds`` rounds, two more rounds are run (the ABBA order goes on), until they do not or
+    ``max_rounds`` are done: the pooled medians then rest on more than one disturbed round
+    (ResNet-152 at 41, session 27: one round at 164 / 168 ms with the host busy throughout,
+    the other at 115 / 115, pooled 139).  The decision reads the measurements only, never the
+    prediction."""
     steps = {"dynamic": [], "none": []}
     out = []
-    for i in range(rounds):
+    i = 0
+    while True:
+        if i >= rounds:
+            if i >= max_rounds or "no_stall_error" in r or not any(
+                    _spread([x[f"{w}_ms"] for x in out if f"{w}_ms" in x]) > ROUND_SPREAD
+                    for w in ("dynamic", "none")):
+                break
+            rounds = i + 2
         row = {}
         for which in (("dynamic", "none") if i % 2 == 0 else ("none", "dynamic")):
             m = r if (i == 0 and which == "dynamic") else (dynamic() if which == "dynamic"
@@ -385,6 +408,7 @@ def no_stall(r: dict, dynamic, none, rounds: int = 2) -> dict:
                 r.update(none_ms=m["ms"], none_host_ms=m.get("host_ms"),
                          none_gc_ms=m.get("gc_ms"), slowdown_first=r["ms"] / m["ms"])
         out.append(row)
+        i += 1
         if "no_stall_error" in r:
             break
     r["no_stall_rounds"] = out
@@ -442,7 +466,7 @@ def _fits_device(g, k, reserve, gpu) -> tuple[bool, str]:
 
 def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, search,
             out_dir, r152_batch, profile_dir=None, granularity="segment",
-            rounds: int = 2, recompute=()) -> dict:
+            rounds: int = 2, recompute=(), max_rounds: int = MAX_ROUNDS) -> dict:
     from scripts.swap_budgets import _device, _solver
     from swap.gmap import build_gmap
     from swap.memory import caffe_max_batch
@@ -576,7 +600,8 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         if reference is not None:
             try:
                 no_stall(r, lambda: dynamic_point(solver, decided, g, k, td, model, pcie, budget,
-                                                  iters, warmup, gpu), reference, rounds)
+                                                  iters, warmup, gpu), reference, rounds,
+                         max(rounds, max_rounds))
             except Exception as e:
                 r["none_error"] = f"{type(e).__name__}: {e}"[:400]
         if "error" not in r:
@@ -1049,6 +1074,10 @@ def main(argv=None) -> int:
                          "(the paper's)")
     ap.add_argument("--no-stall-rounds", type=int, default=2,
                     help="rounds of dynamic against none at each k, ordered ABBA (1: one each)")
+    ap.add_argument("--no-stall-max-rounds", type=int, default=MAX_ROUNDS,
+                    help="two more rounds while a strategy's round medians spread by more than "
+                         f"{100 * ROUND_SPREAD:.0f} %%, up to this many (the --no-stall-rounds "
+                         "value: never more)")
     ap.add_argument("--recompute", action="append", default=[], metavar="NET=LAYERS",
                     help="the dynamic plans of NET rebuild these forward layers (comma-"
                          "separated, each with its in-place chain) in backward instead of keeping "
@@ -1079,7 +1108,8 @@ def main(argv=None) -> int:
         hb = parse_bytes(args.host_budget) if args.host_budget else None
         r = run_net(name, int(k), budget, hb, args.iters, args.warmup, args.engine, mode,
                     args.search, out_dir, args.r152_batch, args.profiles, args.granularity,
-                    args.no_stall_rounds, recompute_of(args.recompute).get(name, ()))
+                    args.no_stall_rounds, recompute_of(args.recompute).get(name, ()),
+                    args.no_stall_max_rounds)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     if args.torch_one:
@@ -1100,7 +1130,8 @@ def main(argv=None) -> int:
                  "--warmup", str(args.warmup), "--engine", args.engine, "--search",
                  args.search, "--r152-batch", str(args.r152_batch), "--mode", mode,
                  "--out", args.out, "--granularity", args.granularity,
-                 "--no-stall-rounds", str(args.no_stall_rounds)]
+                 "--no-stall-rounds", str(args.no_stall_rounds),
+                 "--no-stall-max-rounds", str(args.no_stall_max_rounds)]
         if args.profiles:
             extra += ["--profiles", args.profiles]
         for spec in args.recompute:

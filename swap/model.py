@@ -196,6 +196,56 @@ def below_first_knot(x, kx, kt):
     return np.minimum(t0, np.maximum(line, t0 * x / x0))
 
 
+class _KnotTable:
+    """:meth:`ThroughputCurve.time` of every step with two or more knots at once (the
+    searches over k ask for thousands of k, each of a few hundred steps): the knots padded into
+    one matrix, the segment of each x found by a count, the rules below and above the knots as
+    in :meth:`ThroughputCurve.time`.  Steps with fewer knots are left alone."""
+
+    def __init__(self, curves, t0, xh, peak, finite):
+        rows = [j for j, c in enumerate(curves) if len(c.knots) >= 2]
+        self.rows = np.array(rows, dtype=np.intp)
+        if not rows:
+            return
+        m = max(len(curves[j].knots) for j in rows)
+        kx = np.full((len(rows), m), np.inf)
+        kt = np.zeros((len(rows), m))
+        n = np.array([len(curves[j].knots) for j in rows], dtype=np.intp)
+        for r, j in enumerate(rows):
+            kn = np.asarray(curves[j].knots, dtype=np.float64)
+            kx[r, :len(kn)], kt[r, :len(kn)] = kn[:, 0], kn[:, 1]
+            kt[r, len(kn):] = kn[-1, 1]
+        self.kx, self.kt, self.n = kx, kt, n
+        ar = np.arange(len(rows))
+        self.x_first, self.t_first = kx[:, 0], kt[:, 0]
+        self.slope_first = (kt[:, 1] - kt[:, 0]) / (kx[:, 1] - kx[:, 0])
+        self.x_last, self.t_last = kx[ar, n - 1], kt[ar, n - 1]
+        self.t0, self.xh = t0[self.rows], xh[self.rows]
+        self.peak, self.finite = peak[self.rows], finite[self.rows]
+        b_last = self._base(self.x_last)
+        self.b_last_pos = b_last > 0
+        self.hi_scale = np.where(self.b_last_pos, self.t_last / np.where(self.b_last_pos,
+                                                                         b_last, 1.0), 0.0)
+
+    def _base(self, x):
+        return np.where(self.finite, self.t0 + (x + self.xh) / self.peak, self.t0)
+
+    def apply(self, x_all, out):
+        """Write the knotted steps' times at ``x_all`` (FLOPs of every step) into ``out``."""
+        if not len(self.rows):
+            return
+        x = x_all[self.rows]
+        base = self._base(x)
+        line = self.t_first + self.slope_first * (x - self.x_first)
+        lo = np.minimum(self.t_first, np.maximum(line, self.t_first * x / self.x_first))
+        hi = np.where(self.b_last_pos, base * self.hi_scale, self.t_last)
+        i = np.clip((self.kx <= x[:, None]).sum(axis=1) - 1, 0, self.n - 2)
+        ar = np.arange(len(x))
+        xa, xb, ta, tb = self.kx[ar, i], self.kx[ar, i + 1], self.kt[ar, i], self.kt[ar, i + 1]
+        mid = ta + (tb - ta) * (x - xa) / (xb - xa)
+        out[self.rows] = np.where(x < self.x_first, lo, np.where(x > self.x_last, hi, mid))
+
+
 def _golden(f, a: float, b: float, iters: int = 60) -> float:
     """Minimum of a unimodal f on [a, b] by golden-section search."""
     g = (math.sqrt(5) - 1) / 2
@@ -751,12 +801,13 @@ class ComputeModel:
         searches over k): FLOPs scale as ``k / gmap.k``."""
         curves = [self.curve(s) for s in gmap.steps]
         flops = np.array([s.flops for s in gmap.steps], dtype=np.float64)
-        knotted = [(j, c) for j, c in enumerate(curves) if c.knots]
         peak = np.array([c.peak for c in curves], dtype=np.float64)
         xh = np.array([c.x_half for c in curves], dtype=np.float64)
         t0 = np.array([c.t0 for c in curves], dtype=np.float64)
         finite = np.isfinite(peak)
         safe = np.where(finite, peak, 1.0)
+        table = _KnotTable(curves, t0, xh, safe, finite)
+        odd = [(j, c) for j, c in enumerate(curves) if 0 < len(c.knots) < 2]
         k0 = gmap.k
         slow = self.slowdown
         gap = self.gap
@@ -764,7 +815,8 @@ class ComputeModel:
         def times(k: int) -> np.ndarray:
             x = flops * (k / k0)
             out = t0 + np.where(finite, (x + xh) / safe, 0.0)
-            for j, c in knotted:
+            table.apply(x, out)
+            for j, c in odd:
                 out[j] = c.time(x[j])
             out = slow * out
             if gap > 0:

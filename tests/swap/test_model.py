@@ -629,6 +629,31 @@ def test_a_segment_model_times_fn_agrees_with_its_step_times(build_net):
         assert np.allclose(fn(k), m.step_times(g.at(k)), rtol=1e-12)
 
 
+def test_times_fn_gives_each_curves_own_time_with_any_number_of_knots(build_net):
+    """times_fn evaluates every knotted step at once (swap.model._KnotTable); it gives what
+    ThroughputCurve.time gives, below, on, between and above the knots, for curves with 0, 1,
+    2, 3 and 5 knots, steep and falling first segments, and an infinite peak."""
+    from swap.model import _key
+    g = build_gmap(build_net("resnet", 4))
+    kinds = [ThroughputCurve(2e9, 1e5),
+             ThroughputCurve(2e9, 1e5, knots=((1e5, 2e-4),)),
+             ThroughputCurve(1e9, 3e4, t0=1e-6, knots=((2e5, 3e-4), (8e5, 5e-4))),
+             ThroughputCurve(5e8, 0.0, knots=((1e5, 1e-4), (2e5, 1.5e-4), (4e5, 4e-4),
+                                               (8e5, 5e-4), (3.2e6, 2e-3))),
+             ThroughputCurve.constant(7e-5),
+             ThroughputCurve(math.inf, 0.0, t0=0.0, knots=((1e5, 1e-4), (3e5, 2e-4))),
+             # a steep first segment (floored by the first point's time per FLOP below it)
+             # and a falling one (capped at the first point's time)
+             ThroughputCurve(1e9, 1e4, knots=((1e5, 1e-4), (2e5, 4e-4), (4e5, 5e-4))),
+             ThroughputCurve(1e9, 1e4, knots=((1e5, 2e-4), (2e5, 1e-4)))]
+    curves = tuple((_key(s, "segment"), kinds[j % len(kinds)]) for j, s in enumerate(g.steps))
+    m = ComputeModel(curves=curves + ((("*", "*"), kinds[0]),), granularity="segment")
+    fn = m.times_fn(g)
+    for k in (0.01, 0.1, 0.5, 1, 2, 3, 4, 7, 16, 64, 500):
+        want = np.array([m.curve(s).time(s.flops * k / g.k) for s in g.steps])
+        np.testing.assert_allclose(fn(k), want, rtol=1e-12, atol=0)
+
+
 # ------------------------------------------------ copies beside compute (session 25)
 def test_stretch_slows_a_step_only_while_a_copy_is_beside_it():
     p = PCIeModel(h2d=1e9, d2h=1e9, slow_out=0.5, slow_in=0.25)

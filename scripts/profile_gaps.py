@@ -16,8 +16,6 @@ launches) that the fitted curves then carry into every prediction.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
 import sys
 
@@ -28,13 +26,6 @@ if REPO not in sys.path:
 # gap groups, seconds: [lo, hi)
 BOUNDS = (0.0, 5e-6, 50e-6, 500e-6, float("inf"))
 MIN_STEP_S = 20e-6   # steps shorter than this at the smaller k are left out (launch noise)
-
-
-def load(path: str):
-    from swap.profiler import Profile
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return Profile.from_dict(json.load(f), where=path)
 
 
 def gaps_before(profile, k: int) -> dict:
@@ -77,11 +68,12 @@ def groups(profile, k_small: int | None = None, k_next: int | None = None) -> li
 
 
 def main(argv=None) -> int:
+    from swap.profiler import Profile
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("profiles", nargs="+", help="saved profiles (.json or .json.gz)")
     args = ap.parse_args(argv)
     for path in args.profiles:
-        p = load(path)
+        p = Profile.load(path)
         rows = groups(p)
         print(f"{path} ({p.net}, {p.device}, {p.date}): steps at k = {rows[0]['k'] if rows else '-'}"
               f" against k = {rows[0]['k_next'] if rows else '-'}")

@@ -105,8 +105,9 @@ def run_net(name, k_base, budget, iters, warmup, engine, mode, fixed, host_budge
     set_batch_size(solver.net, k_base)
     profile = None
     if profile_dir:  # a profile saved by an earlier run (tuner_table.py) at this budget
-        path = os.path.join(profile_dir, f"{name}_profile.json")
-        if os.path.exists(path):
+        from swap.profiler import saved_profile
+        path = saved_profile(profile_dir, name)
+        if path is not None:
             profile = path
             out["profile_reused"] = os.path.relpath(path, REPO)
             log(f"AccUDNN: reusing the saved profile {path} (stage 1 skipped)")
@@ -241,7 +242,8 @@ def main(argv=None) -> int:
     ap.add_argument("--host-budget", default=None)
     ap.add_argument("--profiles", default=None,
                     help="a folder of saved profiles (NAME_profile.json, as tuner_table.py "
-                         "writes them): the tuner reuses them instead of profiling again")
+                         "writes them, or NAME_profile.json.gz): the tuner reuses them instead "
+                         "of profiling again")
     ap.add_argument("--timeout", type=int, default=560, help="seconds per network")
     ap.add_argument("--quick", action="store_true", help="CPU, a tiny net (the test suite)")
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "results"))

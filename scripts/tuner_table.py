@@ -503,8 +503,9 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     set_batch_size(net, k_base)
     reused = None
     if profile_dir:  # a profile saved by an earlier run: stage 1 (profiling) is skipped
-        path = os.path.join(profile_dir, f"{name}_profile.json")
-        if os.path.exists(path):
+        from swap.profiler import saved_profile
+        path = saved_profile(profile_dir, name)
+        if path is not None:
             reused = path
             log(f"AccUDNN: reusing the saved profile {path} (stage 1 skipped)")
     t0 = time.perf_counter()
@@ -1068,7 +1069,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "results"))
     ap.add_argument("--profiles", default=None,
                     help="a folder of saved profiles (NAME_profile.json, as this script writes "
-                         "them): the tuner reuses them instead of profiling again")
+                         "them, or NAME_profile.json.gz): the tuner reuses them instead of "
+                         "profiling again")
     ap.add_argument("--granularity", default="segment", choices=("type", "step", "segment"),
                     help="throughput curves per step (the tuner's default) or per layer type "
                          "(the paper's)")

@@ -54,6 +54,7 @@ load with none) the solver steps (k, seconds, head, tail).
 from __future__ import annotations
 
 import datetime
+import gzip
 import json
 import math
 import os
@@ -235,10 +236,13 @@ class Profile:
 
     @classmethod
     def load(cls, path) -> "Profile":
-        with open(path) as f:
+        """A saved profile; gzipped where the name ends in ``.gz`` (as the saved profiles in
+        docs/results are)."""
+        opener = gzip.open if str(path).endswith(".gz") else open
+        with opener(path, "rt") as f:
             try:
                 d = json.load(f)
-            except json.JSONDecodeError as e:
+            except (json.JSONDecodeError, EOFError, OSError) as e:
                 raise ValueError(f"{path}: not JSON ({e})") from None
         return cls.from_dict(d, where=str(path))
 
@@ -258,6 +262,16 @@ class Profile:
             raise ValueError(f"the profile of net {self.net!r} ({len(mine)} steps) does not match "
                              f"net {gmap.net_name!r} ({len(theirs)} steps): first difference at "
                              f"step {diff}{at}")
+
+
+def saved_profile(folder, name: str) -> str | None:
+    """The path of ``NAME_profile.json`` in ``folder`` (as tuner_table.py saves them), or of
+    ``NAME_profile.json.gz`` (as docs/results keeps them); None where neither is there."""
+    for ext in ("", ".gz"):
+        path = os.path.join(folder, f"{name}_profile.json{ext}")
+        if os.path.exists(path):
+            return path
+    return None
 
 
 def _now() -> str:

@@ -155,6 +155,20 @@ def test_profile_solver_measures_real_training_iterations(make_solver, tmp_path)
     assert again == prof
     d = json.loads(path.read_text())
     assert d["schema"] == SCHEMA and d["version"] == VERSION and d["device"].startswith("CPU")
+    # gzipped, as docs/results keeps them; found by name with or without the .gz
+    import gzip
+    from swap.profiler import saved_profile
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    assert saved_profile(folder, "net") is None
+    gz = folder / "net_profile.json.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert saved_profile(folder, "net") == str(gz) and Profile.load(gz) == prof
+    (folder / "net_profile.json").write_bytes(path.read_bytes())
+    assert saved_profile(folder, "net") == str(folder / "net_profile.json")
+    (folder / "bad_profile.json.gz").write_bytes(b"{")
+    with pytest.raises(ValueError, match="bad_profile.json.gz: not JSON"):
+        Profile.load(folder / "bad_profile.json.gz")
 
 
 def test_profile_solver_times_the_hosts_issue_at_small_k_without_swaps(make_solver, tmp_path):

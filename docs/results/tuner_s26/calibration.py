@@ -11,11 +11,9 @@ so the columns differ by the calibration alone.  Nothing runs on a device.
 
     python3 docs/results/tuner_s26/calibration.py > docs/results/tuner_s26/calibration.txt
 """
-import gzip
 import json
 import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -74,12 +72,7 @@ def fmt(slow):
 
 def main():
     for tag in RUNS:
-        with tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False) as f:
-            f.write(gzip.open(os.path.join(HERE, f"{tag}_profile.json.gz")).read())
-        try:
-            p = Profile.load(f.name)
-        finally:
-            os.unlink(f.name)
+        p = Profile.load(os.path.join(HERE, f"{tag}_profile.json.gz"))
         run = json.load(open(os.path.join(HERE, f"{tag}.json")))
         old, new = before(p), M.copy_slowdown(p)
         print(f"{tag}: calibration at k = {p.meta['copy_calibration']['k']}: slow out / in "

@@ -12,11 +12,9 @@ on a device.
     python3 docs/results/tuner_s26/extrapolation.py > docs/results/tuner_s26/extrapolation.txt
 """
 import glob
-import gzip
 import json
 import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -49,17 +47,6 @@ def predict(model, profile, k, rule):
     return model.iteration(dev, k)
 
 
-def load(path):
-    if not path.endswith(".gz"):
-        return Profile.load(path)
-    with tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False) as f:
-        f.write(gzip.open(path).read())
-    try:
-        return Profile.load(f.name)
-    finally:
-        os.unlink(f.name)
-
-
 def main():
     print("run | k | smallest profiled k | measured ms | scaled curve ms (err) | "
           "extended segment ms (err)")
@@ -71,7 +58,7 @@ def main():
         if "dynamic" not in run:
             continue
         try:
-            p = load(prof)
+            p = Profile.load(prof)
             m = M.ComputeModel.from_profile(p, granularity=run.get("granularity", "segment"))
         except Exception as e:           # a profile of an older format
             print(f"{os.path.relpath(base, REPO)}: skipped ({type(e).__name__})")

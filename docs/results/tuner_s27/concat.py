@@ -12,11 +12,9 @@ the host bound).  Nothing runs on a device.
 """
 import dataclasses
 import glob
-import gzip
 import json
 import os
 import sys
-import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
@@ -28,17 +26,6 @@ from swap.gmap import build_gmap  # noqa: E402
 from swap.profiler import Profile  # noqa: E402
 
 COPY_TYPES = ("Concat", "Slice", "Crop")
-
-
-def load(path):
-    if not path.endswith(".gz"):
-        return Profile.load(path)
-    with tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False) as f:
-        f.write(gzip.open(path).read())
-    try:
-        return Profile.load(f.name)
-    finally:
-        os.unlink(f.name)
 
 
 def per_image_work():
@@ -82,7 +69,7 @@ def main():
         if "dynamic" not in run:
             continue
         try:
-            p = load(prof)
+            p = Profile.load(prof)
             gran = run.get("granularity", "segment")
             old = M.ComputeModel.from_profile(p, granularity=gran)
             q = with_copy_work(p, work)

@@ -236,7 +236,8 @@ def run(net_name, k_base, k, budget, engine, mode, profile, iters, rounds, out_d
             try:
                 if c == "dynamic":
                     plan = ex.plan
-                ms, ts = _timed(solver, iters, 1, gpu)
+                # each step waited for, and no more steps: the trace's last iterations
+                ms, ts = _timed(solver, iters, 1, gpu, back_to_back=False)
                 times[c] += ts
                 traces[c].append(path)
                 log(f"round {r} {c}: {ms:.2f} ms")

@@ -101,6 +101,22 @@ def _timed_steps(solver, iters, gpu, host: list | None = None):
     return times
 
 
+def _timed_back_to_back(solver, iters):
+    """GPU: ms of each of ``iters`` solver steps issued back to back, as training issues them:
+    an event on the compute stream between the steps and one wait at the end, so that the host
+    runs ahead of the device from step to step (:func:`_timed_steps` waits after each step, so
+    each of its steps starts on an idle device, and at small k the device then waits while the
+    host issues the first layers)."""
+    import cupy as cp
+    events = [cp.cuda.Event() for _ in range(iters + 1)]
+    events[0].record()
+    for e in events[1:]:
+        solver.step(1)
+        e.record()
+    events[-1].synchronize()
+    return [cp.cuda.get_elapsed_time(a, b) for a, b in zip(events, events[1:])]
+
+
 def run_one(spec: str, iters: int, warmup: int, engine: str, margin: float, mode: str,
             retries: int = 3, lowering: str | None = None) -> dict:
     """Everything for one net:batch:strategy in this process (module doc, steps 1-5)."""

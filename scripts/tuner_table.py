@@ -73,6 +73,7 @@ def _sync(gpu):
 
 GC = {"collections": 0, "ms": 0.0}     # Python's garbage collections in the last _timed
 HOST: list = []                         # host ms of each step of the last _timed
+B2B: list = []                          # ms of each back-to-back step of the last _timed (GPU)
 
 
 # Warm-up on the GPU lasts at least this long (and ``warmup`` steps): the first
@@ -82,13 +83,18 @@ WARMUP_MIN_S = 1.5
 WARMUP_MAX_STEPS = 50
 
 
-def _timed(solver, iters, warmup, gpu):
+def _timed(solver, iters, warmup, gpu, back_to_back: bool = True):
     """Median ms of ``iters`` solver steps after ``warmup`` steps and, on the GPU, at least
-    :data:`WARMUP_MIN_S` of them (the executor's dry run is the first warm-up step).  Python's garbage collections during the timed steps (count and
-    host time) are left in :data:`GC`: a process that holds many plans and profiles pays
-    more per full collection, on the host's critical path at small k."""
+    :data:`WARMUP_MIN_S` of them (the executor's dry run is the first warm-up step).  Python's
+    garbage collections during the timed steps (count and host time) are left in :data:`GC`:
+    a process that holds many plans and profiles pays more per full collection, on the host's
+    critical path at small k.  On the GPU (and ``back_to_back``) ``iters`` more steps are
+    then timed back to back
+    (:func:`scripts.swap_budgets._timed_back_to_back`, into :data:`B2B`): each timed step
+    above starts on an idle device, as one waits for it; training does not wait, and where the
+    host's issue time nears the device's the two differ (:func:`_b2b`)."""
     import gc
-    from scripts.swap_budgets import _timed_steps
+    from scripts.swap_budgets import _timed_back_to_back, _timed_steps
     t0 = time.perf_counter()
     for i in range(WARMUP_MAX_STEPS):
         if i >= warmup and (not gpu or time.perf_counter() - t0 >= WARMUP_MIN_S):
@@ -106,11 +112,19 @@ def _timed(solver, iters, warmup, gpu):
             GC["ms"] += 1e3 * (time.perf_counter() - start.pop())
     gc.callbacks.append(watch)
     HOST.clear()
+    B2B.clear()
     try:
         times = _timed_steps(solver, iters, gpu, HOST)
     finally:
         gc.callbacks.remove(watch)
+    if gpu and back_to_back:
+        B2B.extend(_timed_back_to_back(solver, iters))
     return statistics.median(times), times
+
+
+def _b2b() -> dict:
+    """The last :func:`_timed`'s back-to-back steps for a measurement's dict (GPU only)."""
+    return {"times_b2b": list(B2B), "ms_b2b": statistics.median(B2B)} if B2B else {}
 
 
 def _free(ex=None):
@@ -214,7 +228,7 @@ def _time_none(solver, k, budget, lowering, tp, iters, warmup, gpu, margin=0.10,
     try:
         ms, times = _timed(solver, iters, warmup, gpu)
         return {"k": k, "ms": ms, "times": times, "images_per_s": k * 1e3 / ms,
-                "host_ms": statistics.median(HOST),
+                "host_ms": statistics.median(HOST), **_b2b(),
                 "gc_collections": GC["collections"], "gc_ms": GC["ms"],
                 "arena": int(ex.budget), "lowering": lowering, **_mem(ex)}
     finally:
@@ -238,7 +252,7 @@ def _time_kept(solver, k, iters, warmup, gpu, workspace_budget):
         assert not ex.plan.offloaded
         ms, times = _timed(solver, iters, warmup, gpu)
         return {"k": k, "ms": ms, "times": times, "images_per_s": k * 1e3 / ms,
-                "host_ms": statistics.median(HOST),
+                "host_ms": statistics.median(HOST), **_b2b(),
                 "gc_collections": GC["collections"], "gc_ms": GC["ms"],
                 "arena": int(ex.budget), "lowering": "chunked", **_mem(ex)}
     finally:
@@ -304,7 +318,7 @@ def _measure_dynamic(solver, dec, budget, plan_budget, reserve, iters, warmup, g
         pred_total = int(dec.peak) + pred_t
         meas_total = m["peak_in_use"] + m["transients"]
         return {"k": dec.k_star, "ms": ms, "times": times, "images_per_s": dec.k_star * 1e3 / ms,
-                "host_ms": statistics.median(HOST),
+                "host_ms": statistics.median(HOST), **_b2b(),
                 "gc_collections": GC["collections"], "gc_ms": GC["ms"],
                 "pred_ms": 1e3 * dec.t_iter, "pred_compute_ms": 1e3 * dec.timeline.t_model,
                 "pred_device_ms": 1e3 * dec.timeline.t_iter, "pred_host_ms": 1e3 * dec.host,
@@ -383,8 +397,12 @@ def no_stall(r: dict, dynamic, none, rounds: int = 2, max_rounds: int = MAX_ROUN
     ``max_rounds`` are done: the pooled medians then rest on more than one disturbed round
     (ResNet-152 at 41, session 27: one round at 164 / 168 ms with the host busy throughout,
     the other at 115 / 115, pooled 139).  The decision reads the measurements only, never the
-    prediction."""
+    prediction.
+
+    Measurements with back-to-back steps (GPU, :func:`_b2b`) are pooled the same way apart:
+    ``slowdown_b2b``, ``ms_pooled_b2b`` and ``time_err_b2b``, and ``{which}_b2b_ms`` per round."""
     steps = {"dynamic": [], "none": []}
+    b2b = {"dynamic": [], "none": []}       # the back-to-back steps (GPU; _timed)
     out = []
     i = 0
     while True:
@@ -404,6 +422,9 @@ def no_stall(r: dict, dynamic, none, rounds: int = 2, max_rounds: int = MAX_ROUN
             steps[which].extend(m["times"])
             row[f"{which}_ms"] = m["ms"]
             row[f"{which}_host_ms"] = m.get("host_ms")
+            if m.get("times_b2b"):
+                b2b[which].extend(m["times_b2b"])
+                row[f"{which}_b2b_ms"] = m["ms_b2b"]
             if i == 0 and which == "none":
                 r.update(none_ms=m["ms"], none_host_ms=m.get("host_ms"),
                          none_gc_ms=m.get("gc_ms"), slowdown_first=r["ms"] / m["ms"])
@@ -418,6 +439,12 @@ def no_stall(r: dict, dynamic, none, rounds: int = 2, max_rounds: int = MAX_ROUN
         pooled = statistics.median(steps["dynamic"])
         r["ms_pooled"] = pooled
         r["time_err_pooled"] = (r["pred_ms"] - pooled) / pooled
+    if b2b["dynamic"] and b2b["none"]:
+        r["slowdown_b2b"] = statistics.median(b2b["dynamic"]) / statistics.median(b2b["none"])
+    if "pred_ms" in r and b2b["dynamic"]:
+        pooled = statistics.median(b2b["dynamic"])
+        r["ms_pooled_b2b"] = pooled
+        r["time_err_b2b"] = (r["pred_ms"] - pooled) / pooled
     return r
 
 
@@ -858,6 +885,18 @@ def write_tables(results, peers, csv_path, md_path, header):
                 + f" | {_fmt(d.get('slowdown'), '.3f')} | "
                 + (f"{100 * d['time_err_host_now']:+.1f} % ({d['host_now_ms']:.1f} at k = "
                    f"{d['host_now_k']})" if "time_err_host_now" in d else "-") + " |")
+    b2b = [(r["net"], d) for r in results for d in r["dynamic"] if "ms_pooled_b2b" in d]
+    if b2b:
+        md += ["", "**Back to back** (the same points, their steps issued back to back as in "
+               "training, one wait at the end of each measurement's steps, pooled over the "
+               "rounds; the table above waits after every step):", "",
+               "| net | k | measured ms, each step waited for | measured ms, back to back | "
+               "predicted ms | time error, back to back | dynamic/none, back to back |",
+               "|" + "---|" * 7]
+        for net, d in b2b:
+            md.append(f"| {net} | {d['k']} | {d['ms_pooled']:.1f} | {d['ms_pooled_b2b']:.1f} | "
+                      f"{d['pred_ms']:.1f} | {100 * d['time_err_b2b']:+.1f} % | "
+                      f"{_fmt(d.get('slowdown_b2b'), '.3f')} |")
     for r in results:
         c = r["tuner"].get("graph_calibration")
         if c:

@@ -316,3 +316,65 @@ def test_host_bound_timed_again_after_a_point(make_solver):
     small = host_now({"k": 4, "ms": 1.0, "pred_device_ms": 0.5}, s, 1 << 10, model)
     assert "host_now_ms" not in small and "does not fit" in small["host_now_error"]
     assert host_whole_now(s, 1 << 10, 2) == (None, 0)
+
+
+def test_no_stall_pools_the_back_to_back_steps_apart():
+    """On the GPU each measurement also times its steps back to back (_timed, _b2b): the
+    rounds pool them apart from the steps waited for one by one."""
+    sys.path.insert(0, REPO)
+    from scripts.tuner_table import no_stall
+
+    def meas(ms, b2b):
+        return lambda: {"ms": ms, "times": [ms] * 3, "ms_b2b": b2b, "times_b2b": [b2b] * 3}
+    r = {"ms": 80.0, "times": [80.0] * 3, "ms_b2b": 70.0, "times_b2b": [70.0] * 3,
+         "pred_ms": 66.0}
+    no_stall(r, meas(80.0, 70.0), meas(74.0, 68.0), rounds=2, max_rounds=2)
+    assert r["ms_pooled"] == 80.0 and r["ms_pooled_b2b"] == 70.0
+    assert r["time_err_b2b"] == (66.0 - 70.0) / 70.0
+    assert r["slowdown"] == 80.0 / 74.0 and r["slowdown_b2b"] == 70.0 / 68.0
+    assert r["no_stall_rounds"][1] == {"none_ms": 74.0, "none_host_ms": None, "none_b2b_ms": 68.0,
+                                       "dynamic_ms": 80.0, "dynamic_host_ms": None,
+                                       "dynamic_b2b_ms": 70.0}
+    # CPU measurements have none: no back-to-back keys at all
+    r = {"ms": 80.0, "times": [80.0], "pred_ms": 66.0}
+    no_stall(r, lambda: {"ms": 80.0, "times": [80.0]}, lambda: {"ms": 74.0, "times": [74.0]},
+             rounds=2, max_rounds=2)
+    assert not any("b2b" in key for key in r) and not any(
+        "b2b" in key for row in r["no_stall_rounds"] for key in row)
+
+
+def test_the_back_to_back_table_is_written_and_table1_still_reads(tmp_path):
+    """write_tables adds a 7-column table of the back-to-back points; --redraw still finds
+    exactly the one Table 1 row (its parser tells rows by their column count)."""
+    sys.path.insert(0, REPO)
+    from scripts.tuner_table import read_table1_md, write_tables
+    r = json.load(open(os.path.join(REPO, "docs", "results", "tuner_s27", "d_resnet152.json")))
+    for d in r["dynamic"]:
+        d.update(ms_pooled_b2b=d["ms_pooled"] * 0.9, slowdown_b2b=1.01,
+                 time_err_b2b=(d["pred_ms"] - 0.9 * d["ms_pooled"]) / (0.9 * d["ms_pooled"]))
+    md = tmp_path / "t.md"
+    write_tables([r], {}, str(tmp_path / "t.csv"), str(md), "header")
+    text = md.read_text()
+    assert "**Back to back**" in text
+    k16 = [ln for ln in text.splitlines() if ln.startswith("| resnet152 | 16 | 82.0 |")]
+    assert len(k16) == 1 and len(k16[0].strip("|").split("|")) == 7
+    assert "| 73.8 | 66.2 | -10.3 % | 1.010 |" in k16[0]
+    rows = read_table1_md([str(md)])
+    assert [x["net"] for x in rows] == ["resnet152"] and rows[0]["k_star"] == 83
+
+
+@pytest.mark.gpu
+def test_back_to_back_steps_are_timed_on_the_gpu(cp):
+    """_timed's back-to-back steps on the GPU: one time per step, all positive, kept in B2B
+    beside the synced steps; none with back_to_back=False (swap_anatomy's traces)."""
+    sys.path.insert(0, REPO)
+    import scripts.tuner_table as tt
+    from scripts.swap_budgets import _solver, _timed_back_to_back
+    solver = _solver("cifar10_quick", 16, "CAFFE", "GPU")
+    solver.step(2)
+    times = _timed_back_to_back(solver, 4)
+    assert len(times) == 4 and all(t > 0 for t in times)
+    ms, synced = tt._timed(solver, 3, 1, True)
+    assert len(synced) == 3 and len(tt.B2B) == 3 and tt._b2b()["ms_b2b"] == sorted(tt.B2B)[1]
+    tt._timed(solver, 3, 1, True, back_to_back=False)
+    assert tt.B2B == [] and tt._b2b() == {}

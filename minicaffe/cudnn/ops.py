@@ -512,12 +512,21 @@ class _ConvPlan:
 
 
 _plans: dict = {}
+_same_conv: dict = {}       # _conv_key -> the plans of that convolution at any minibatch
 _stats = {"searches": 0, "hits": 0}
+
+
+def _conv_key(dev, geom, dtype_str, tf32) -> tuple:
+    """A convolution apart from its minibatch: the plans :func:`conv_workspace_estimate` may
+    take another minibatch's choices from."""
+    return (dev, dtype_str, bool(tf32), geom.x_shape[1:], geom.w_shape, geom.pad, geom.stride,
+            geom.dilation, geom.groups)
 
 
 def _plan(geom, dtype, tf32, lib, h) -> _ConvPlan:
     cp = _cupy()
-    key = (cp.cuda.runtime.getDevice(), geom, np.dtype(dtype).str, bool(tf32))
+    dev = cp.cuda.runtime.getDevice()
+    key = (dev, geom, np.dtype(dtype).str, bool(tf32))
     p = _plans.get(key)
     if p is None:
         with _lock:
@@ -525,7 +534,26 @@ def _plan(geom, dtype, tf32, lib, h) -> _ConvPlan:
             if p is None:
                 p = _ConvPlan(geom, dtype, tf32, lib, h)
                 _plans[key] = p
+                _same_conv.setdefault(_conv_key(dev, geom, key[2], tf32), []).append(p)
     return p
+
+
+def _nearest_searched(dev, geom, dtype_str, tf32, keys_at):
+    """``(plan, its choice keys)`` of the same convolution at the minibatch nearest (by ratio)
+    to ``geom``'s whose every direction was searched (``keys_at(num)``: the choice keys at a
+    minibatch), or None.  Only that convolution's plans are looked at (:data:`_same_conv`):
+    a tuner's search asks some hundred minibatches of every convolution, and a scan of every
+    plan made each ask cost as many steps as there were plans (4590 for GoogLeNet)."""
+    n = geom.x_shape[0]
+    nearest = None
+    for p in list(_same_conv.get(_conv_key(dev, geom, dtype_str, tf32), ())):
+        there = keys_at(p.geom.x_shape[0])
+        if not all(there[d] in p.choices for d in DIRECTIONS):
+            continue
+        ratio = abs(math.log(p.geom.x_shape[0] / n))
+        if nearest is None or ratio < nearest[0]:
+            nearest = (ratio, p, there)
+    return None if nearest is None else nearest[1:]
 
 
 def _ws_size(lib, h, plan, direction, algo) -> int | None:
@@ -1133,19 +1161,7 @@ def conv_workspace_estimate(x_shape, w_shape, pad=0, stride=1, dilation=1, group
     exact = _plans.get((dev, geom, dt.str, bool(tf32)))
     if exact is not None and all(keys[d] in exact.choices for d in DIRECTIONS):
         return {d: exact.choices[keys[d]].workspace for d in DIRECTIONS}
-    nearest = None
-    for (pdev, g, pdt, ptf), p in list(_plans.items()):
-        if (pdev, pdt, ptf) != (dev, dt.str, bool(tf32)) or g.x_shape[1:] != geom.x_shape[1:]:
-            continue
-        if (g.w_shape, g.pad, g.stride, g.dilation, g.groups) != (
-                geom.w_shape, geom.pad, geom.stride, geom.dilation, geom.groups):
-            continue
-        there = keys_at(g.x_shape[0])
-        if not all(there[d] in p.choices for d in DIRECTIONS):
-            continue
-        ratio = abs(math.log(g.x_shape[0] / n))
-        if nearest is None or ratio < nearest[0]:
-            nearest = (ratio, p, there)
+    nearest = _nearest_searched(dev, geom, dt.str, tf32, keys_at)
     if nearest is None:
         return conv_workspace_bytes(x_shape, w_shape, pad, stride, dilation, groups, dtype,
                                     tf32=tf32, deterministic=deterministic, find=find,
@@ -1154,7 +1170,7 @@ def conv_workspace_estimate(x_shape, w_shape, pad=0, stride=1, dilation=1, group
     plan = _plan(geom, dt, tf32, lib, h)          # descriptors only: nothing is searched
     out = {}
     for d in DIRECTIONS:
-        c = nearest[1].choices[nearest[2][d]]
+        c = nearest[0].choices[nearest[1][d]]
         before = plan.conv_math[d]
         plan.set_math(lib, d, c.math_type)
         need = _ws_size(lib, h, plan, d, c.algo)
@@ -1173,6 +1189,7 @@ def clear_cache():
     """Forget every plan, chosen algorithm, descriptor and cached workspace."""
     with _lock:
         _plans.clear()
+        _same_conv.clear()
         _candidates.clear()
         _generation[0] += 1
         _stats["searches"] = _stats["hits"] = 0

@@ -888,3 +888,40 @@ def test_workspace_estimate_with_a_bound_per_image(cp, cu):
         assert est[d] == min(need, limit_at(64)) and est[d] <= limit_at(64)
     exact64 = cu.conv_workspace_bytes(x64, *geo, workspace_limit=limit_at(64))
     assert cu.conv_workspace_estimate(x64, *geo, limit_at=limit_at) == exact64
+
+
+def test_nearest_searched_looks_only_at_the_same_convolution(monkeypatch):
+    """_nearest_searched (CPU, no cuDNN): the plan of the same convolution at the nearest
+    minibatch by ratio whose every direction was searched under its own keys; other
+    convolutions, dtypes and unsearched minibatches are not candidates; ties go to the plan
+    made first."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(ops, "_same_conv", {})
+    w, pad = (16, 8, 3, 3), 1
+
+    def plan(n, searched=True, w_shape=w, dtype="<f4"):
+        geom = ops.conv_geometry((n, 8, 20, 20), w_shape, pad)
+        keys = {d: (d, n * 100, False, True) for d in ops.DIRECTIONS}
+        p = SimpleNamespace(geom=geom, choices={k: object() for k in keys.values()}
+                            if searched else {})
+        ops._same_conv.setdefault(ops._conv_key(0, geom, dtype, False), []).append(p)
+        return p
+
+    def keys_at(n):                       # a limit per image, as workspace_limit_at gives
+        return {d: (d, n * 100, False, True) for d in ops.DIRECTIONS}
+    p8, p64 = plan(8), plan(64)
+    plan(30, searched=False)              # nearer to 32, never searched
+    plan(32, w_shape=(16, 8, 5, 5))       # another convolution
+    plan(32, dtype="<f8")                 # another dtype
+    at = ops.conv_geometry((32, 8, 20, 20), w, pad)
+    p, there = ops._nearest_searched(0, at, "<f4", False, keys_at)
+    assert p is p64 and there == keys_at(64)        # log(64/32) < log(32/8)
+    at16 = ops.conv_geometry((16, 8, 20, 20), w, pad)
+    assert ops._nearest_searched(0, at16, "<f4", False, keys_at)[0] is p8
+    plan(128)                             # farther from 32 than 64
+    assert ops._nearest_searched(0, at, "<f4", False, keys_at)[0] is p64
+    plan(2)                               # as near to 4 as 8 is (by ratio): the first made wins
+    at4 = ops.conv_geometry((4, 8, 20, 20), w, pad)
+    assert ops._nearest_searched(0, at4, "<f4", False, keys_at)[0] is p8
+    assert ops._nearest_searched(1, at, "<f4", False, keys_at) is None     # another device
+    assert ops._nearest_searched(0, at, "<f4", True, keys_at) is None      # TF32 plans: none

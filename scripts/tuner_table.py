@@ -1007,6 +1007,22 @@ _MD_COLUMNS = _MD_COLUMNS_OLD[:-1] + _MD_SAME + _MD_COLUMNS_OLD[-1:]
 _MD_TEXT = ("net", "largest", "tuner")
 
 
+def saved_runs(pattern: str):
+    """``(base, run, profile path)`` of every saved run whose profile lies beside it, in name
+    order: ``pattern`` globs the profiles (``.../*_profile.json*``, gzipped or not); a run is
+    ``BASE.json`` as this script writes it (``out/tuner/NET.json``, or renamed with a prefix
+    in docs/results) with its ``dynamic`` points.  For the replays in docs/results."""
+    import glob
+    for prof in sorted(glob.glob(pattern)):
+        base = prof.replace("_profile.json.gz", "").replace("_profile.json", "")
+        if not os.path.exists(base + ".json"):
+            continue
+        with open(base + ".json") as f:
+            run = json.load(f)
+        if "dynamic" in run:
+            yield base, run, prof
+
+
 def read_table1_md(paths) -> list[dict]:
     """The Table 1 rows of saved ``tuner_table.md`` files (one network per row; a later file's
     row replaces an earlier one of the same network), for :func:`plot_table1`."""

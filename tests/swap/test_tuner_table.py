@@ -378,3 +378,20 @@ def test_back_to_back_steps_are_timed_on_the_gpu(cp):
     assert len(synced) == 3 and len(tt.B2B) == 3 and tt._b2b()["ms_b2b"] == sorted(tt.B2B)[1]
     tt._timed(solver, 3, 1, True, back_to_back=False)
     assert tt.B2B == [] and tt._b2b() == {}
+
+
+def test_saved_runs_pairs_each_run_with_its_profile(tmp_path):
+    """saved_runs: runs with a profile beside them (gzipped or not) and dynamic points, in
+    name order; a profile alone, or a run without points, is not one."""
+    sys.path.insert(0, REPO)
+    from scripts.tuner_table import saved_runs
+    (tmp_path / "b_net_profile.json.gz").write_bytes(b"")
+    (tmp_path / "b_net.json").write_text(json.dumps({"dynamic": [{"k": 4}]}))
+    (tmp_path / "a_net_profile.json").write_text("{}")
+    (tmp_path / "a_net.json").write_text(json.dumps({"dynamic": []}))
+    (tmp_path / "c_net_profile.json").write_text("{}")            # no run beside it
+    (tmp_path / "d_net_profile.json").write_text("{}")
+    (tmp_path / "d_net.json").write_text(json.dumps({"none": {}}))  # no dynamic points
+    got = list(saved_runs(str(tmp_path / "*_profile.json*")))
+    assert [(os.path.basename(b), r["dynamic"], os.path.basename(p)) for b, r, p in got] == [
+        ("a_net", [], "a_net_profile.json"), ("b_net", [{"k": 4}], "b_net_profile.json.gz")]

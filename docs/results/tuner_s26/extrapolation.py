@@ -11,8 +11,6 @@ on a device.
 
     python3 docs/results/tuner_s26/extrapolation.py > docs/results/tuner_s26/extrapolation.txt
 """
-import glob
-import json
 import os
 import sys
 
@@ -23,6 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
 sys.path.insert(0, REPO)
 
 from swap import model as M  # noqa: E402
+from scripts.tuner_table import saved_runs  # noqa: E402
 from swap.profiler import Profile  # noqa: E402
 
 
@@ -50,13 +49,7 @@ def predict(model, profile, k, rule):
 def main():
     print("run | k | smallest profiled k | measured ms | scaled curve ms (err) | "
           "extended segment ms (err)")
-    for prof in sorted(glob.glob(os.path.join(REPO, "docs/results/tuner_s*/*_profile.json*"))):
-        base = prof.replace("_profile.json.gz", "").replace("_profile.json", "")
-        if not os.path.exists(base + ".json"):
-            continue
-        run = json.load(open(base + ".json"))
-        if "dynamic" not in run:
-            continue
+    for base, run, prof in saved_runs(os.path.join(REPO, "docs/results/tuner_s*/*_profile.json*")):
         try:
             p = Profile.load(prof)
             m = M.ComputeModel.from_profile(p, granularity=run.get("granularity", "segment"))

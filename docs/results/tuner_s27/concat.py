@@ -11,8 +11,6 @@ the host bound).  Nothing runs on a device.
     python3 docs/results/tuner_s27/concat.py > docs/results/tuner_s27/concat.txt
 """
 import dataclasses
-import glob
-import json
 import os
 import sys
 
@@ -23,6 +21,7 @@ sys.path.insert(0, REPO)
 from scripts.swap_budgets import _solver  # noqa: E402
 from swap import model as M  # noqa: E402
 from swap.gmap import build_gmap  # noqa: E402
+from scripts.tuner_table import saved_runs  # noqa: E402
 from swap.profiler import Profile  # noqa: E402
 
 COPY_TYPES = ("Concat", "Slice", "Crop")
@@ -61,13 +60,7 @@ def main():
     print(f"Concat steps of GoogLeNet: {len(work)}; elements copied per image, forward: "
           f"{sum(v for (l, ph), v in work.items() if ph == 'forward'):.0f}")
     print("run | k | measured ms | 0 FLOPs ms (err) | elements copied ms (err)")
-    for prof in sorted(glob.glob(os.path.join(REPO, "docs/results/tuner_s*/*googlenet_profile.json*"))):
-        base = prof.replace("_profile.json.gz", "").replace("_profile.json", "")
-        if not os.path.exists(base + ".json"):
-            continue
-        run = json.load(open(base + ".json"))
-        if "dynamic" not in run:
-            continue
+    for base, run, prof in saved_runs(os.path.join(REPO, "docs/results/tuner_s*/*googlenet_profile.json*")):
         try:
             p = Profile.load(prof)
             gran = run.get("granularity", "segment")

@@ -1021,16 +1021,22 @@ def resident(gmap: GMAP, budget: int | None, times, pcie: PCIeModel,
     iteration than under "none" in two runs on the H200 (2026-11-21,
     docs/results/executor_s7), which adds to the iteration where the host is the bottleneck.
     When the budget holds everything at once, the memory is not needed.  The pins are kept
-    (every feature map is pinned)."""
+    (every feature map is pinned).
+
+    Where Caffe's plan does not fit because it holds every convolution's workspace at once
+    (ResNet-152 at 16 under 12 GiB with the CUDNN engine: 17.8 GB), the plan that holds every
+    buffer but the layers' scratch for the whole iteration (:func:`swap.plan.plan_resident`)
+    is the next choice: only the scratch is then allocated and released between the steps."""
     if budget is None or dyn.plan.offloaded:
         return dyn
-    try:
-        plan = make_plan(gmap, "none", budget, dyn.plan.pinned)
-    except BudgetError:
-        return dyn
-    if plan.arena_bytes > budget:
-        return dyn
-    return DynamicPlan(plan=plan, timeline=simulate(plan, times, pcie), pins=dyn.pins)
+    for strategy in ("none", "resident"):
+        try:
+            plan = make_plan(gmap, strategy, budget, dyn.plan.pinned)
+        except BudgetError:
+            continue
+        if plan.arena_bytes <= budget:
+            return DynamicPlan(plan=plan, timeline=simulate(plan, times, pcie), pins=dyn.pins)
+    return dyn
 
 
 def _filled(gmap, budget, times, pcie, pins, base, recompute=None) -> DynamicPlan:

@@ -81,6 +81,7 @@ THROUGHPUT_TIE = 0.01        # a larger k within 1 % of the best predicted image
 AUTO = "auto"                # recompute=AUTO: the tuner picks the groups (recompute_sets)
 AUTO_MAX = 3                 # ... among the best 1, 2 and 3 of recompute_candidates
 FASTEST_GRID = 1024          # at most this many k are predicted when choosing by images/s
+RESIDENT_PLANS = ("none", "resident")   # plans that swap nothing (swap.planner.resident)
 # A k is stall-free only if the copies of its plan (filled with pins) add at most this share to
 # its compute (PCIeModel.slow_out / slow_in; no effect where the model has them at 0).  Issue 5
 # asks `dynamic` within 3 % of `none` at the same k; ResNet-152 at k* 89 and 93 ran 1.030 and
@@ -465,9 +466,13 @@ class Decision:
              + f", pinned host {fmt_bytes(p.host_bytes)}"),
             (f"feature maps: {len(self.pinned)} of {len(fms)} pinned ({fmt_bytes(pin_b)}), "
              f"{len(p.offloaded)} offloaded ({fmt_bytes(off_b)} out, {fmt_bytes(pre_b)} in per "
-             "iteration)") if p.strategy != "none" else
+             "iteration)") if p.strategy not in RESIDENT_PLANS else
             (f"feature maps: all {len(fms)} resident: nothing to swap at this k, and Caffe's "
-             f"plan (every buffer allocated for the whole iteration) fits the budget"),
+             f"plan (every buffer allocated for the whole iteration) fits the budget"
+             if p.strategy == "none" else
+             f"feature maps: all {len(fms)} resident: nothing to swap at this k; every buffer "
+             "is allocated for the whole iteration but the layers' scratch, around its steps "
+             "(Caffe's plan, which holds every workspace at once, does not fit the budget)"),
         ]
         if p.recomputed:
             rc = [i for i, op in enumerate(p.ops) if op.kind == RECOMPUTE]
@@ -481,7 +486,7 @@ class Decision:
             lines.append("--recompute auto tried: " + "; ".join(
                 f"{', '.join(names) or 'nothing'}: k {k} at {ips:.1f} images/s"
                 + ("" if ok else " (stalls)") for names, k, ips, ok in self.recompute_tried))
-        names = self.pinned_names() if p.strategy != "none" else ()
+        names = self.pinned_names() if p.strategy not in RESIDENT_PLANS else ()
         if names:
             shown = ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)"
                                                 if len(names) > limit else "")
@@ -1254,8 +1259,8 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
     g = build_gmap(net, solver_type=solver.type)
     names = set(dec.pinned_names())
     pinned = frozenset(b.id for b in g.buffers if b.name in names)
-    if dec.plan.strategy == "none":         # nothing to swap: Caffe's plan fits (planner.resident)
-        plan = make_plan(g, "none", plan_budget, pinned)
+    if dec.plan.strategy in RESIDENT_PLANS:  # nothing to swap (planner.resident)
+        plan = make_plan(g, dec.plan.strategy, plan_budget, pinned)
     else:
         hold = _hold_by_name(dec, g)
         rec = dynamic_recompute(g, dec.recompute, pinned)

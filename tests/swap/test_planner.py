@@ -254,6 +254,27 @@ def test_a_plan_that_offloads_nothing_runs_resident_where_caffes_plan_fits(build
 
 
 @pytest.mark.parametrize("which", ["lenet", "resnet"])
+def test_where_caffes_plan_does_not_fit_the_scratch_alone_moves(build_net, which):
+    """Nothing offloaded, Caffe's plan too large (it holds every scratch buffer at once), the
+    plan that holds everything but the scratch fits: the dynamic plan becomes that one
+    ("resident"), whose only ops between the steps are the scratch's; one byte less and the
+    dynamic plan stays; room for Caffe's plan and it is "none"."""
+    g = build_gmap(build_net(which, 4))
+    times = ComputeModel.uniform(ThroughputCurve(1e9, 1e5)).step_times(g)
+    pcie = PCIeModel(h2d=5e8, d2h=5e8)
+    need = min_budget(g, "resident")
+    assert make_plan(g, "dynamic", None, frozenset(g.feature_maps())).arena_bytes < need \
+        < min_budget(g, "none")
+    dyn = make_dynamic_plan(g, need, times, pcie)
+    assert dyn.plan.strategy == "resident" and not dyn.plan.offloaded
+    assert dyn.plan.pinned == frozenset(g.feature_maps())
+    assert {g.buffers[op.buffer].kind for op in dyn.plan.ops if op.step != SETUP} == {"scratch"}
+    assert dyn.timeline.t_model == pytest.approx(float(np.sum(times))) and dyn.feasible
+    assert make_dynamic_plan(g, need - 1, times, pcie).plan.strategy == "dynamic"
+    assert make_dynamic_plan(g, min_budget(g, "none"), times, pcie).plan.strategy == "none"
+
+
+@pytest.mark.parametrize("which", ["lenet", "resnet"])
 def test_chosen_plans_never_violate_eq4_in_simulation(build_net, which):
     """Property: for random budgets, minibatches and links, the dynamic plan's replay keeps
     allocated minus released bytes within the budget at every instant, and no two buffers

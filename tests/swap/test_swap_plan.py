@@ -3,13 +3,13 @@ import numpy as np
 import pytest
 
 from swap.arena import Arena, align
-from swap.gmap import CAFFE, DATA, build_gmap
+from swap.gmap import CAFFE, DATA, SCRATCH, build_gmap
 from swap.memory import breakdown
 from swap.plan import (AFTER, ALLOCATE, BEFORE, COMPUTE, DETERMINISTIC_TYPES, OFFLOAD, PREFETCH,
                        RECOMPUTE, RELEASE, SETUP, SWAP_IN, SWAP_OUT, BudgetError, make_plan,
-                       max_batch, min_budget, plan_naive, plan_none, plan_vdnn)
+                       max_batch, min_budget, plan_naive, plan_none, plan_resident, plan_vdnn)
 
-STRATEGIES = ("none", "naive", "vdnn", "recompute")
+STRATEGIES = ("none", "naive", "vdnn", "recompute", "resident")
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +143,34 @@ def test_none_keeps_everything_resident(gmaps):
     assert breakdown(plan)["caffe extra"] == sum(align(g.nbytes(b.id)) for b in g.buffers
                                                  if b.kind == CAFFE)
     assert plan_none(g, caffe=False).peak == plan.peak - breakdown(plan)["caffe extra"]
+
+
+@pytest.mark.parametrize("which", ["lenet", "resnet"])
+def test_resident_holds_everything_but_the_scratch_for_the_iteration(gmaps, which):
+    """plan_resident: every buffer but the layers' scratch (and Caffe's own reservations)
+    allocated at setup; each scratch buffer allocated before and released after each step
+    that uses it; so its peak is the setup bytes plus the most scratch one step needs, never
+    more than Caffe's plan without its reservations, and nothing is offloaded."""
+    g = gmaps[which]
+    plan = plan_resident(g)
+    scratch = {b.id for b in g.buffers if b.kind == SCRATCH and g.nbytes(b.id)}
+    held = {b.id for b in g.buffers if b.kind not in (SCRATCH, CAFFE) and g.nbytes(b.id)}
+    assert scratch and not plan.offloaded
+    assert {op.buffer for op in plan.ops if op.step == SETUP} == held
+    per_step = [op for op in plan.ops if op.step != SETUP]
+    assert {op.buffer for op in per_step} == scratch
+    for b in scratch:
+        uses = sorted(g.buffers[b].uses)
+        assert sorted(op.step for op in per_step if op.buffer == b and op.kind == ALLOCATE) \
+            == uses
+        assert sorted(op.step for op in per_step if op.buffer == b and op.kind == RELEASE) \
+            == uses
+    setup = sum(align(g.nbytes(b)) for b in held)
+    most = max(sum(align(g.nbytes(b)) for b in scratch if j in g.buffers[b].uses)
+               for j in range(g.n_steps))
+    assert plan.setup_bytes == setup and plan.peak == setup + most
+    assert plan.peak <= plan_none(g, caffe=False).peak
+    check_consistent(plan)
 
 
 def test_naive_offloads_every_feature_map_and_vdnn_conv_inputs(gmaps):

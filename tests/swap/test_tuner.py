@@ -728,3 +728,28 @@ def test_train_dynamic_counts_the_copy_calibrations_iterations(make_solver, monk
     monkeypatch.setenv(ENV_COPY_CALIBRATION, "0")
     _, td = train_dynamic(make_solver("resnet", batch=4), budget, **kw)
     assert "copy_calibration" not in td.profile.meta and "copy_runs" not in td.profile.meta
+
+
+def test_a_decision_that_keeps_everything_but_the_scratch_installs_and_trains(make_solver):
+    """plan_at where nothing is offloaded and Caffe's plan does not fit, but every buffer
+    except the layers' scratch does: the decision's plan is "resident", its description says
+    so, and install_decision runs it: the same parameters as `none` after two steps."""
+    from swap.runtime import install, set_lowering
+    from swap.tuner import install_decision
+    ref = make_solver("resnet")
+    install(ref, "none", lowering="chunked")
+    ref.step(2)
+    s = make_solver("resnet")
+    set_lowering(s.net, "chunked", None)
+    g = build_gmap(s.net, solver_type=s.type)
+    budget = min_budget(g, "resident")
+    assert budget < min_budget(g, "none")
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9, both=1.8e9)
+    d = plan_at(g, 4, budget, model, pcie)
+    assert d.plan.strategy == "resident" and not d.plan.offloaded
+    assert "but the layers' scratch" in d.describe()
+    ex = install_decision(s, d, budget, budget)
+    assert ex.plan.strategy == "resident" and ex.plan.arena_bytes <= budget
+    s.step(2)
+    assert all(np.array_equal(a.data, b.data)
+               for a, b in zip(s.net.learnable_params, ref.net.learnable_params))

@@ -1023,6 +1023,19 @@ def saved_runs(pattern: str):
             yield base, run, prof
 
 
+def kept_prediction(model, profile, k: int) -> float:
+    """Seconds of an iteration at ``k`` with every map kept, as ``model`` predicts it from
+    ``profile``'s steps (each step's FLOPs scaled from its first sample; the time outside the
+    steps and the host bound included; no plan, so no copies).  For the replays in
+    docs/results."""
+    first = {}
+    for c in profile.compute:
+        first.setdefault(c.step, c)
+    steps = {s.step: s for s in profile.steps}
+    dev = sum(model.step_time(steps[j], c.flops * k / c.k) for j, c in first.items())
+    return model.iteration(dev, k)
+
+
 def read_table1_md(paths) -> list[dict]:
     """The Table 1 rows of saved ``tuner_table.md`` files (one network per row; a later file's
     row replaces an earlier one of the same network), for :func:`plot_table1`."""

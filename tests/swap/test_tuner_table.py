@@ -395,3 +395,21 @@ def test_saved_runs_pairs_each_run_with_its_profile(tmp_path):
     got = list(saved_runs(str(tmp_path / "*_profile.json*")))
     assert [(os.path.basename(b), r["dynamic"], os.path.basename(p)) for b, r, p in got] == [
         ("a_net", [], "a_net_profile.json"), ("b_net", [{"k": 4}], "b_net_profile.json.gz")]
+
+
+def test_kept_prediction_is_the_models_iteration_from_the_profiles_steps(build_net):
+    """kept_prediction (the replays' prediction with every map kept): the model's iteration
+    of the steps' times at k, their FLOPs scaled from the profile's first samples, which is
+    eq. (2) on the GMAP at k."""
+    sys.path.insert(0, REPO)
+    from scripts.tuner_table import kept_prediction
+    from swap.gmap import build_gmap
+    from swap.model import ComputeModel, PCIeModel, ThroughputCurve
+    from swap.profiler import synthetic_profile
+    g = build_gmap(build_net("resnet", 4))
+    truth = ComputeModel(curves=((("*", "*"), ThroughputCurve(1e9, 1e4)),))
+    prof = synthetic_profile(g, (2, 4, 8), truth, PCIeModel(1e9, 1e9), gap=1e-5)
+    m = ComputeModel.from_profile(prof, granularity="segment")
+    for k in (3, 8, 20):
+        assert kept_prediction(m, prof, k) == pytest.approx(m.iteration(m.t_iter(g, k), k),
+                                                            rel=1e-9)

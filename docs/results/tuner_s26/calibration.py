@@ -21,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, REPO)
 
+from scripts.tuner_table import kept_prediction  # noqa: E402
 from swap import model as M  # noqa: E402
 from swap.profiler import Profile  # noqa: E402
 
@@ -58,12 +59,7 @@ def predict(profile, k, slow):
         m = M.ComputeModel.from_profile(profile, granularity="segment")
     finally:
         del os.environ[M.ENV_COPY_SLOWDOWN]
-    first = {}
-    for c in profile.compute:
-        first.setdefault(c.step, c)
-    steps = {s.step: s for s in profile.steps}
-    dev = sum(m.step_time(steps[j], c.flops * k / c.k) for j, c in first.items())
-    return m.iteration(dev, k)
+    return kept_prediction(m, profile, k)
 
 
 def fmt(slow):

@@ -21,7 +21,7 @@ sys.path.insert(0, REPO)
 from scripts.swap_budgets import _solver  # noqa: E402
 from swap import model as M  # noqa: E402
 from swap.gmap import build_gmap  # noqa: E402
-from scripts.tuner_table import saved_runs  # noqa: E402
+from scripts.tuner_table import kept_prediction, saved_runs  # noqa: E402
 from swap.profiler import Profile  # noqa: E402
 
 COPY_TYPES = ("Concat", "Slice", "Crop")
@@ -46,15 +46,6 @@ def with_copy_work(p, work):
     return dataclasses.replace(p, compute=tuple(comp))
 
 
-def predict(model, p, k):
-    first = {}
-    for c in p.compute:
-        first.setdefault(c.step, c)
-    steps = {s.step: s for s in p.steps}
-    dev = sum(model.step_time(steps[j], c.flops * k / c.k) for j, c in first.items())
-    return model.iteration(dev, k)
-
-
 def main():
     work = per_image_work()
     print(f"Concat steps of GoogLeNet: {len(work)}; elements copied per image, forward: "
@@ -74,8 +65,8 @@ def main():
             if "ms" not in d or d.get("offload_fraction", 1) > 0:
                 continue
             ms = d.get("ms_pooled", d["ms"])
-            a = 1e3 * predict(old, p, d["k"])
-            b = 1e3 * predict(new, q, d["k"])
+            a = 1e3 * kept_prediction(old, p, d["k"])
+            b = 1e3 * kept_prediction(new, q, d["k"])
             print(f"{os.path.relpath(base, REPO)} | {d['k']} | {ms:.1f} | "
                   f"{a:.1f} ({100 * (a / ms - 1):+.1f} %) | {b:.1f} ({100 * (b / ms - 1):+.1f} %)")
 

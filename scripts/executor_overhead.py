@@ -11,7 +11,8 @@ that size and a global pool5), 1,441 steps.
 
 Per strategy (``plain``: no executor at all; ``none``; ``naive``; ``vdnn``; ``dynamic``: the
 naive plan with every second offloaded buffer pinned, a stand-in for the tuner's pins, which
-need a GPU profile) it runs ``--iters`` timed ``Net.forward_backward`` calls (median) and
+need a GPU profile; ``kept``: the dynamic plan with every feature map pinned, the tuner's plan
+where they all fit; ``resident``: :func:`swap.plan.plan_resident`) it runs ``--iters`` timed ``Net.forward_backward`` calls (median) and
 reports:
 
 * ``iteration``: the whole pass;
@@ -62,7 +63,7 @@ if REPO not in sys.path:
 
 from swap.plan import OFFLOAD, PREFETCH, SWAP_IN, SWAP_OUT  # noqa: E402
 
-STRATEGIES = ("plain", "none", "naive", "vdnn", "dynamic")
+STRATEGIES = ("plain", "none", "naive", "vdnn", "dynamic", "kept", "resident")
 # the tuner's own dynamic plan at the batch (``--profile`` and ``--budget``): with its spare
 # memory filled with pins (the default) and without (swap.planner.fill_pins)
 TUNED = ("tuned", "tuned-nofill")
@@ -120,6 +121,9 @@ def install_strategy(solver, strategy: str, tuned=None, workspace_budget: int | 
         solver.net.set_bn_scale_fusion(pair_bn_scale("dynamic"), planned=True)   # as a plan
         solver.net.reshape()
         return None
+    if strategy == "kept":          # the dynamic plan with every feature map pinned
+        return install(solver, "dynamic", None, pinned="all", lowering="chunked",
+                       workspace_budget=workspace_budget)
     pinned = frozenset()
     if strategy == "dynamic":
         solver.net.reshape()

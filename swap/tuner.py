@@ -86,7 +86,28 @@ RESIDENT_PLANS = ("none", "resident")   # plans that swap nothing (swap.planner.
 # its compute (PCIeModel.slow_out / slow_in; no effect where the model has them at 0).  Issue 5
 # asks `dynamic` within 3 % of `none` at the same k; ResNet-152 at k* 89 and 93 ran 1.030 and
 # 1.043 with no stall (H200, session 24), the copies' cost beside the compute (session 25).
-COPY_SLOWDOWN_LIMIT = 0.02
+# $MINICAFFE_COPY_SLOWDOWN_LIMIT (a fraction, read at import) overrides it.
+ENV_COPY_SLOWDOWN_LIMIT = "MINICAFFE_COPY_SLOWDOWN_LIMIT"
+
+
+def copy_slowdown_limit(default: float = 0.02) -> float:
+    """:data:`COPY_SLOWDOWN_LIMIT`: ``$MINICAFFE_COPY_SLOWDOWN_LIMIT`` where set (a fraction in
+    [0, 1), e.g. 0.01), else ``default``."""
+    import os
+    env = os.environ.get(ENV_COPY_SLOWDOWN_LIMIT, "").strip()
+    if not env:
+        return default
+    try:
+        v = float(env)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v < 1.0:
+        raise ValueError(f"${ENV_COPY_SLOWDOWN_LIMIT}={env!r}: expected a fraction in [0, 1), "
+                         "e.g. 0.01 for 1 %")
+    return v
+
+
+COPY_SLOWDOWN_LIMIT = copy_slowdown_limit()
 
 
 @dataclass(frozen=True)
@@ -1290,4 +1311,5 @@ def _hold_by_name(dec: Decision, g: GMAP) -> dict:
 
 __all__ = ["METHODS", "Evaluation", "Search", "linear_search", "bisect_search", "Decision",
            "tune", "plan_at", "DEFAULT_DEVICE", "device_models", "profile_models",
-           "TrainingDecision", "train_dynamic", "install_decision"]
+           "TrainingDecision", "train_dynamic", "install_decision", "ENV_COPY_SLOWDOWN_LIMIT",
+           "copy_slowdown_limit", "COPY_SLOWDOWN_LIMIT"]

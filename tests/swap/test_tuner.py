@@ -753,3 +753,17 @@ def test_a_decision_that_keeps_everything_but_the_scratch_installs_and_trains(ma
     s.step(2)
     assert all(np.array_equal(a.data, b.data)
                for a, b in zip(s.net.learnable_params, ref.net.learnable_params))
+
+
+def test_copy_slowdown_limit_reads_the_environment(monkeypatch):
+    """``$MINICAFFE_COPY_SLOWDOWN_LIMIT`` sets the copies' share a stall-free k may add; a
+    value that is not a fraction in [0, 1) names the variable."""
+    from swap.tuner import ENV_COPY_SLOWDOWN_LIMIT, copy_slowdown_limit
+    monkeypatch.delenv(ENV_COPY_SLOWDOWN_LIMIT, raising=False)
+    assert copy_slowdown_limit() == 0.02
+    monkeypatch.setenv(ENV_COPY_SLOWDOWN_LIMIT, "0.01")
+    assert copy_slowdown_limit() == 0.01
+    for bad in ("1.5", "-0.1", "two percent"):
+        monkeypatch.setenv(ENV_COPY_SLOWDOWN_LIMIT, bad)
+        with pytest.raises(ValueError, match=ENV_COPY_SLOWDOWN_LIMIT):
+            copy_slowdown_limit()

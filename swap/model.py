@@ -1297,12 +1297,21 @@ def copy_slowdown(profile) -> tuple | None:
     cal = (getattr(profile, "meta", None) or {}).get("copy_calibration")
     if not cal or profile.mode != "GPU":
         return None
+    return copy_slowdown_fit(profile, cal)[0]
+
+
+def copy_slowdown_fit(profile, cal) -> tuple:
+    """``((slow_out, slow_in) or None, why)`` from the calibration ``cal`` against ``profile``'s
+    naive samples at its k, whatever the profile's mode (:func:`copy_slowdown`'s rules); ``why``
+    names the reason for None: "missing", "host-bound", "disturbed" or "undetermined" ("" with
+    a fit).  The profiler asks it after a calibration to run a disturbed one again
+    (:func:`swap.profiler.profile_solver`)."""
     k = int(cal["k"])
     kept = np.asarray(cal["kept"], dtype=np.float64)
     comp, out_s, in_s = copy_overlaps(profile, k)
     n = len(profile.steps)
     if len(kept) != n or not comp:
-        return None
+        return None, "missing"
     cnt = np.zeros(n)
     naive = np.zeros(n)
     bo = np.zeros(n)
@@ -1316,14 +1325,14 @@ def copy_slowdown(profile) -> tuple | None:
     cnt = np.maximum(cnt, 1)
     ok &= ~host_bound_steps(profile, naive / cnt)
     if (naive / cnt)[ok].sum() < COPY_CALIBRATION_MIN_SHARE * (naive / cnt).sum():
-        return None           # too little of the iteration is the device's pace to tell
+        return None, "host-bound"   # too little of the iteration is the device's pace to tell
     if kept[ok].sum() > COPY_CALIBRATION_SANE * (naive / cnt)[ok].sum():
-        return None           # the run without copies was the slower one: disturbed, not data
+        return None, "disturbed"    # the run without copies was the slower one: not data
     g = nonnegative_fit((naive / cnt - kept)[ok], (bo / cnt)[ok], (bi / cnt)[ok])
     cap = COPY_SLOWDOWN_CAP / (1 + COPY_SLOWDOWN_CAP)
     if np.any(g >= cap):
-        return None           # a slowdown at the cap is a fit the data does not determine
-    return float(g[0] / (1 - g[0])), float(g[1] / (1 - g[1]))
+        return None, "undetermined"  # a slowdown at the cap: the data does not determine it
+    return (float(g[0] / (1 - g[0])), float(g[1] / (1 - g[1]))), ""
 
 
 def without_copies(profile, slow) -> tuple:
@@ -1380,5 +1389,5 @@ __all__ = ["H2D", "D2H", "ThroughputCurve", "fit_curve", "IterationOverhead", "o
            "HostModel", "HOST_METHODS", "ComputeModel", "GRANULARITIES", "TUNER_GRANULARITY",
            "restrict_profile", "step_sums", "leave_one_out", "t_iter", "t_whole",
            "images_per_second", "PCIeModel", "peak_memory", "paper_k_max", "FORWARD", "BACKWARD",
-           "ENV_COPY_SLOWDOWN", "copy_slowdown", "copy_overlaps", "without_copies",
-           "nonnegative_fit"]
+           "ENV_COPY_SLOWDOWN", "copy_slowdown", "copy_slowdown_fit", "copy_overlaps",
+           "without_copies", "nonnegative_fit"]

@@ -973,6 +973,11 @@ def host_whole_now(solver, budget: int, k: int, *, warmup: int = 2, iterations: 
     return float(np.median(whole)), solver.iter - it0
 
 
+# a calibration that swap.model.copy_slowdown_fit finds disturbed (the host slowed down between
+# the naive run and the kept one: ResNet-152 at 49, H200, session 28, kept 178.5 ms against
+# 136.2 in the session's other run) runs again this many times
+COPY_CALIBRATION_RETRIES = 1
+
 # copy_calibration_ks: the calibration's k is one whose naive steps take at least this many
 # times the host's time to issue an iteration (swap.model.COPY_CALIBRATION_HOST_MARGIN, per step)
 COPY_CALIBRATION_DEVICE_MARGIN = 2.0
@@ -999,6 +1004,52 @@ def copy_calibration_ks(compute, naive_ks, host_sums=()) -> list:
         if sum(c.time for c in at_k) / n >= COPY_CALIBRATION_DEVICE_MARGIN * host:
             return [k] if k == smallest else [k, smallest]
     return [smallest]
+
+
+# low_profile_k: the device's time per iteration at least this many times the host's
+LOW_K_MARGIN = 1.5
+
+
+def low_profile_k(compute, done, host_sums, margin: float = LOW_K_MARGIN,
+                  covered: float = PROFILE_COVERED) -> int | None:
+    """A k to profile below the smallest profiled one, or None: the smallest k whose device
+    time per iteration is at least ``margin`` times the host's least time to issue one
+    (``host_sums``' ``"whole"``, else ``"host"``, :func:`profile_host_issue`), with the
+    device's time per image that of the smallest profiled k (``compute``'s samples there, per
+    iteration), where that k lies below ``(1 - covered)`` times the smallest; None without
+    host sums.
+
+    Why: the fractions of k_max start at k_max / 8, and Caffe's k and the points between it
+    and k* often lie below that (ResNet-152 at 12 GiB: 49; k_none 16, the middle point 43),
+    where the model extends its first segment.  Measured on the H200 (session 28): every map
+    kept took 2.78 ms per image at 49 and 2.77 at 43, the extended segment 3.3 % more at 43,
+    and the model missed 43 by +5.0 % (ResNet-50 at 36: +6.1 %).  Above ``margin`` the host
+    runs ahead of the device and the steps' times are the device's."""
+    sums = [float(s.get("whole") or s.get("host") or 0.0) for s in host_sums]
+    sums = [h for h in sums if h > 0]
+    if not sums or not done:
+        return None
+    k0 = min(done)
+    at = [c for c in compute if c.k == k0]
+    n = sum(1 for c in at if c.step == 0)
+    if not at or n == 0:
+        return None
+    per_image = sum(c.time for c in at) / n / k0
+    if per_image <= 0:
+        return None
+    k = int(math.ceil(margin * min(sums) / per_image))
+    if k < 2 or k >= (1.0 - covered) * k0:
+        return None
+    return k
+
+
+def _calibration_disturbed(profile, cal) -> bool:
+    """Whether :func:`swap.model.copy_slowdown_fit` finds the calibration ``cal`` disturbed
+    against ``profile``'s naive samples; never on the CPU, where the model uses none."""
+    if profile.mode != "GPU":
+        return False
+    from .model import copy_slowdown_fit
+    return copy_slowdown_fit(profile, cal)[1] == "disturbed"
 
 
 def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations: int = 1, *,
@@ -1049,7 +1100,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                    log=None, scratch: ScratchModel | None = None,
                    plan_budget: int | None = None, fractions=None,
                    host_budget: int | None = None, host_ks="auto",
-                   fit_none: bool = False, calibrate_copies: bool | None = None) -> Profile:
+                   fit_none: bool = False, calibrate_copies: bool | None = None,
+                   low_k: bool | None = None) -> Profile:
     """Profile real training iterations of ``solver`` at every k of ``ks`` (module doc).
 
     Each k runs ``warmup + iterations`` iterations of ``solver.step(1)`` under ``strategy``
@@ -1083,6 +1135,11 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     are always there.  ``meta["plans"]`` says which plan each k ran under ("pinned" or
     ``strategy``).
 
+    low_k (None: in GPU mode): after the host's issue times, one more k under ``strategy``
+    where :func:`low_profile_k` finds one (the smallest k at which the device sets the pace,
+    where it lies below the smallest profiled k by more than :data:`PROFILE_COVERED`); it
+    comes last in ``ks``, and the net is left at the k profiled before it.
+
     calibrate_copies (None: ``$MINICAFFE_COPY_CALIBRATION``, "0" off, "1" on; unset: in GPU
     mode): after the host's issue times, a k profiled under ``strategy`` runs again with every
     feature map kept (no copies), where that fits the budget, with the same per-step timing
@@ -1090,7 +1147,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     the device, not the host, sets the pace, else the smallest): ``meta["copy_calibration"]``,
     from which :func:`swap.model.copy_slowdown` fits how much the copies slow the compute
     beside them; its training iterations are in ``meta["copy_runs"]`` ([k, iterations] per k
-    tried).
+    tried).  A calibration the model would find disturbed (the host slowed down between the
+    naive run and the kept one) runs again, :data:`COPY_CALIBRATION_RETRIES` times at most.
     """
     from .runtime import ScratchOverflow
     net = solver.net
@@ -1133,119 +1191,124 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             f"left to profile: {todo}")
         return True
 
-    while todo:
-        k = todo.pop(0)
-        set_batch_size(net, k)
-        if scratch is not None and g0 is None:
-            g0 = build_gmap(net, solver_type=solver.type)
-            if plan_budget is None:
-                from .runtime import budget_for_plan
-                plan_budget = budget_for_plan(solver, budget, scratch=0, gmap=g0)
-            if fractions is not None:
-                k_max = max_batch_scratch(g0, plan_budget, scratch, strategy,
-                                          host_budget=host_budget)
-        reserve = scratch(k) if scratch is not None else None
-        inst = None
-        for attempt in range(PROFILE_RETRIES + 1):
-            it0 = solver.iter
-            top = k_max if k_max is not None else max(ks)
-            plan = "pinned" if fit_none and k < top else strategy
-            try:
+    def profile_todo():
+        """Profile every k of ``todo`` (it may grow or shrink as k_max moves)."""
+        nonlocal steps, g0, k_max, todo, plan_budget
+        while todo:
+            k = todo.pop(0)
+            set_batch_size(net, k)
+            if scratch is not None and g0 is None:
+                g0 = build_gmap(net, solver_type=solver.type)
+                if plan_budget is None:
+                    from .runtime import budget_for_plan
+                    plan_budget = budget_for_plan(solver, budget, scratch=0, gmap=g0)
+                if fractions is not None:
+                    k_max = max_batch_scratch(g0, plan_budget, scratch, strategy,
+                                              host_budget=host_budget)
+            reserve = scratch(k) if scratch is not None else None
+            inst = None
+            for attempt in range(PROFILE_RETRIES + 1):
+                it0 = solver.iter
+                top = k_max if k_max is not None else max(ks)
+                plan = "pinned" if fit_none and k < top else strategy
                 try:
-                    if plan == "pinned":
-                        ex = _install_naive(solver, budget, "dynamic", reserve, pinned="all")
-                    else:
+                    try:
+                        if plan == "pinned":
+                            ex = _install_naive(solver, budget, "dynamic", reserve, pinned="all")
+                        else:
+                            ex = _install_naive(solver, budget, plan, reserve)
+                    except BudgetError:
+                        if plan == strategy:
+                            raise
+                        plan = strategy
                         ex = _install_naive(solver, budget, plan, reserve)
-                except BudgetError:
-                    if plan == strategy:
+                except BudgetError as e:
+                    # shaped for k, the layers need more than the GMAP of an earlier k said (cuDNN
+                    # chooses other algorithms, with other workspaces, at other shapes): profile
+                    # the largest k that fits instead, and nothing above it
+                    fits = _smaller_fit(e, k)
+                    if fits is None or fits in done or attempt == PROFILE_RETRIES:
                         raise
-                    plan = strategy
-                    ex = _install_naive(solver, budget, plan, reserve)
-            except BudgetError as e:
-                # shaped for k, the layers need more than the GMAP of an earlier k said (cuDNN
-                # chooses other algorithms, with other workspaces, at other shapes): profile
-                # the largest k that fits instead, and nothing above it
-                fits = _smaller_fit(e, k)
-                if fits is None or fits in done or attempt == PROFILE_RETRIES:
+                    say(f"Minibatch {k} does not fit the budget under the {strategy} plan: "
+                        f"{str(e)[:200]}; profiling minibatch {fits} instead")
+                    if k_max is not None and fits < k_max:
+                        k_max = fits
+                    k = fits
+                    todo = [x for x in todo if x < k]
+                    set_batch_size(net, k)
+                    reserve = scratch(k) if scratch is not None else None
+                    continue
+                if steps is None:
+                    steps = step_infos(ex.gmap)
+                inst = _Instrument(ex, k)
+                try:
+                    _recorded_steps(inst, solver, warmup, iterations)
+                except ScratchOverflow as e:
+                    inst.remove()
+                    ex.close()
+                    runs.append([k, solver.iter - it0])
+                    if (scratch is None or attempt == PROFILE_RETRIES
+                            or (e.scratch is None and e.peak is None)):
+                        raise
+                    peak = e.peak if e.peak is not None else e.scratch
+                    scratch.add(k, peak)
+                    measured.append([k, int(peak)])
+                    old, k_old = reserve, k
+                    new_k_max(f"overflow at minibatch {k}")
+                    if k_max is not None and k > k_max:
+                        if not todo:
+                            raise
+                        k = todo.pop(0)          # this profile point, at the lower k_max
+                        set_batch_size(net, k)
+                        reserve = scratch(k)
+                    else:
+                        todo = [x for x in todo if x > k]
+                        # a second overflow at the same k is the reserve's fragmentation (it held
+                        # the bytes, not in one piece): grow past what the error named
+                        grow = 1.0 + 0.25 * attempt
+                        reserve = int(max(int(e.scratch or 0), scratch(k),
+                                          (old or 0) if attempt else 0) * grow)
+                    from .memory import fmt_bytes
+                    say(f"Scratch reserve of {fmt_bytes(old)} too small at minibatch {k_old} "
+                        f"(transients {fmt_bytes(int(peak))}): profiling "
+                        + (f"minibatch {k} again" if k == k_old else f"minibatch {k} instead")
+                        + f" with a reserve of {fmt_bytes(reserve)}")
+                    continue
+                except BaseException:
+                    inst.remove()
+                    ex.close()
                     raise
-                say(f"Minibatch {k} does not fit the budget under the {strategy} plan: "
-                    f"{str(e)[:200]}; profiling minibatch {fits} instead")
-                if k_max is not None and fits < k_max:
-                    k_max = fits
-                k = fits
-                todo = [x for x in todo if x < k]
-                set_batch_size(net, k)
-                reserve = scratch(k) if scratch is not None else None
-                continue
-            if steps is None:
-                steps = step_infos(ex.gmap)
-            inst = _Instrument(ex, k)
-            try:
-                _recorded_steps(inst, solver, warmup, iterations)
-            except ScratchOverflow as e:
                 inst.remove()
                 ex.close()
                 runs.append([k, solver.iter - it0])
-                if (scratch is None or attempt == PROFILE_RETRIES
-                        or (e.scratch is None and e.peak is None)):
-                    raise
-                peak = e.peak if e.peak is not None else e.scratch
-                scratch.add(k, peak)
-                measured.append([k, int(peak)])
-                old, k_old = reserve, k
-                new_k_max(f"overflow at minibatch {k}")
-                if k_max is not None and k > k_max:
-                    if not todo:
-                        raise
-                    k = todo.pop(0)          # this profile point, at the lower k_max
-                    set_batch_size(net, k)
-                    reserve = scratch(k)
-                else:
-                    todo = [x for x in todo if x > k]
-                    # a second overflow at the same k is the reserve's fragmentation (it held
-                    # the bytes, not in one piece): grow past what the error named
-                    grow = 1.0 + 0.25 * attempt
-                    reserve = int(max(int(e.scratch or 0), scratch(k),
-                                      (old or 0) if attempt else 0) * grow)
+                break
+            done.append(k)
+            plans.append([k, plan])
+            compute.extend(inst.compute)
+            transfers.extend(inst.transfers)
+            iters.extend(inst.iterations)
+            solver_steps.extend(inst.solver_steps)
+            tp = ex.transients
+            if tp is not None:
+                measured.append([k, int(tp.peak)])
+            if reserve is not None:
+                reserves.append([k, int(reserve)])
+            t = [s for kk, s in inst.iterations if kk == k]
+            extra = ""
+            if reserve is not None:
                 from .memory import fmt_bytes
-                say(f"Scratch reserve of {fmt_bytes(old)} too small at minibatch {k_old} "
-                    f"(transients {fmt_bytes(int(peak))}): profiling "
-                    + (f"minibatch {k} again" if k == k_old else f"minibatch {k} instead")
-                    + f" with a reserve of {fmt_bytes(reserve)}")
-                continue
-            except BaseException:
-                inst.remove()
-                ex.close()
-                raise
-            inst.remove()
-            ex.close()
-            runs.append([k, solver.iter - it0])
-            break
-        done.append(k)
-        plans.append([k, plan])
-        compute += inst.compute
-        transfers += inst.transfers
-        iters += inst.iterations
-        solver_steps += inst.solver_steps
-        tp = ex.transients
-        if tp is not None:
-            measured.append([k, int(tp.peak)])
-        if reserve is not None:
-            reserves.append([k, int(reserve)])
-        t = [s for kk, s in inst.iterations if kk == k]
-        extra = ""
-        if reserve is not None:
-            from .memory import fmt_bytes
-            extra = (f", scratch reserve {fmt_bytes(reserve)}"
-                     + (f", transients measured {fmt_bytes(tp.peak)}" if tp is not None else ""))
-        say(f"Profiled minibatch {k} "
-            + ("with every feature map pinned: " if plan == "pinned"
-               else f"under the {plan} plan: ")
-            + f"{1e3 * float(np.mean(t)) if t else float('nan'):.3f} ms per iteration, "
-            f"{len(inst.transfers)} transfers" + extra)
-        if scratch is not None and tp is not None:
-            scratch.add(k, tp.peak)
-            new_k_max(f"transients measured at minibatch {k}")
+                extra = (f", scratch reserve {fmt_bytes(reserve)}"
+                         + (f", transients measured {fmt_bytes(tp.peak)}" if tp is not None else ""))
+            say(f"Profiled minibatch {k} "
+                + ("with every feature map pinned: " if plan == "pinned"
+                   else f"under the {plan} plan: ")
+                + f"{1e3 * float(np.mean(t)) if t else float('nan'):.3f} ms per iteration, "
+                f"{len(inst.transfers)} transfers" + extra)
+            if scratch is not None and tp is not None:
+                scratch.add(k, tp.peak)
+                new_k_max(f"transients measured at minibatch {k}")
+
+    profile_todo()
     if steps is None:
         steps = step_infos(build_gmap(net))
     if isinstance(host_ks, str):
@@ -1258,6 +1321,17 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
             solver, budget, host_ks, scratch=scratch, log=log)
         host_meta["host_runs"] = host_runs
         set_batch_size(net, done[-1])
+    if low_k is None:
+        low_k = net.mode == "GPU"
+    k_low = (low_profile_k(compute, done, host_meta.get("host_sums", ()))
+             if low_k and done else None)
+    if k_low is not None:
+        last = done[-1]
+        say(f"Profiling minibatch {k_low} too: the smallest k at which the device, not the "
+            f"host, sets the pace, below the smallest fraction's {min(done)}")
+        todo = [k_low]
+        profile_todo()
+        set_batch_size(net, last)
     copy_cal, copy_runs = None, []
     if calibrate_copies is None:
         env = os.environ.get(ENV_COPY_CALIBRATION, "").strip()
@@ -1265,10 +1339,22 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     if calibrate_copies:
         naive_ks = [k for k, p in plans if p == strategy]
         if naive_ks:
+            so_far = Profile(net=net.name, device=device_name(net), mode=net.mode,
+                             k_base=k_base, ks=tuple(done), steps=steps,
+                             compute=tuple(compute), transfers=tuple(transfers),
+                             host_samples=tuple(host_samples))
             for k_c in copy_calibration_ks(compute, naive_ks, host_meta.get("host_sums", ())):
-                copy_cal, n = calibrate_copy_cost(solver, budget, k_c, warmup, iterations,
-                                                  scratch=scratch, log=log)
-                copy_runs.append([k_c, n])
+                for attempt in range(COPY_CALIBRATION_RETRIES + 1):
+                    copy_cal, n = calibrate_copy_cost(solver, budget, k_c, warmup, iterations,
+                                                      scratch=scratch, log=log)
+                    copy_runs.append([k_c, n])
+                    if copy_cal is None or attempt == COPY_CALIBRATION_RETRIES:
+                        break
+                    if not _calibration_disturbed(so_far, copy_cal):
+                        break
+                    say(f"Copy calibration at minibatch {k_c} disturbed (its steps without "
+                        "copies took longer than beside the naive plan's copies): "
+                        "running it again")
                 if copy_cal is not None:
                     break
             set_batch_size(net, done[-1])
@@ -1281,8 +1367,9 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
         meta["copy_calibration"] = copy_cal
     if copy_runs:
         meta["copy_runs"] = copy_runs
+    meta["runs"] = runs
     if scratch is not None:
-        meta.update(scratch=reserves, transients=measured, runs=runs)
+        meta.update(scratch=reserves, transients=measured)
         if k_max is not None:
             meta["k_max"] = k_max
     return Profile(net=net.name, device=device_name(net), mode=net.mode, k_base=k_base,
@@ -1296,4 +1383,4 @@ __all__ = ["SCHEMA", "VERSION", "PROFILE_FRACTIONS", "profile_ks", "StepInfo", "
            "measure_bandwidth", "device_name", "profile_solver", "step_infos", "ScratchModel",
            "scratch_estimate", "max_batch_scratch", "default_host_budget", "HOST_FRACTIONS",
            "host_issue_ks", "profile_host_issue", "calibrate_copy_cost", "copy_calibration_ks",
-           "host_whole_now"]
+           "host_whole_now", "low_profile_k", "LOW_K_MARGIN"]

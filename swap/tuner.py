@@ -1164,12 +1164,10 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         side_runs = profile.meta.get("host_runs", []) + profile.meta.get("copy_runs", [])
         images += sum(k * n for k, n in side_runs)
         it0 += sum(n for _, n in side_runs)
-        if scratch is None:
-            images += sum(k * (warmup + iterations) for k in ks)
-            assert solver.iter - it0 == len(ks) * (warmup + iterations)
-        else:
-            images += sum(k * n for k, n in profile.meta["runs"])
-            assert solver.iter - it0 == sum(n for _, n in profile.meta["runs"])
+        # every profiled k's iterations (the fractions', retries', and a low k's)
+        images += sum(k * n for k, n in profile.meta["runs"])
+        assert solver.iter - it0 == sum(n for _, n in profile.meta["runs"])
+        if scratch is not None:
             k_max = int(profile.meta.get("k_max", k_max))
         if save_profile:
             profile.save(save_profile)

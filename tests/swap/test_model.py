@@ -748,6 +748,11 @@ def test_a_disturbed_copy_calibration_is_not_used(monkeypatch):
     disturbed = dataclasses.replace(prof, meta={"copy_calibration": bad})
     assert copy_slowdown(disturbed) is None
     assert PCIeModel.from_profile(disturbed).slows is False
+    # the reason, which the profiler asks to run a disturbed calibration again
+    from swap.model import copy_slowdown_fit
+    assert copy_slowdown_fit(disturbed, bad) == (None, "disturbed")
+    slow, why = copy_slowdown_fit(prof, prof.meta["copy_calibration"])
+    assert why == "" and slow == pytest.approx(copy_slowdown(prof))
 
 
 def _with_host(prof, host_s):

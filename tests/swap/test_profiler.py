@@ -667,6 +667,84 @@ def test_copy_calibration_times_the_steps_with_every_map_kept(make_solver):
     assert "does not fit the budget" in lines[0]
 
 
+def test_a_disturbed_copy_calibration_runs_again(make_solver, monkeypatch):
+    """A calibration the model would find disturbed (the host slowed down between the naive
+    run and the kept one) runs once more at the same k, and the second is the one kept; the
+    iterations of both train and are counted."""
+    import swap.profiler as P
+    s = make_solver("resnet", batch=4)
+    set_batch_size = P.set_batch_size
+    set_batch_size(s.net, 4)
+    budget = min_budget(build_gmap(s.net), "dynamic",
+                        frozenset(build_gmap(s.net).feature_maps())) + (1 << 20)
+    asked = []
+
+    def disturbed_once(profile, cal):
+        asked.append(cal["k"])
+        return len(asked) == 1
+    monkeypatch.setattr(P, "_calibration_disturbed", disturbed_once)
+    lines = []
+    it0 = s.iter
+    prof = profile_solver(s, budget, (2, 4), warmup=0, iterations=2, calibrate_copies=True,
+                          log=lines.append)
+    assert asked == [2]                          # the retry is the last: not asked again
+    assert prof.meta["copy_runs"] == [[2, 3], [2, 3]]
+    assert prof.meta["copy_calibration"]["k"] == 2
+    assert sum("disturbed" in ln and "running it again" in ln for ln in lines) == 1
+    assert s.iter == it0 + 2 * 2 + 3 + 3
+    # on the CPU the model uses no calibration, so none is ever judged disturbed
+    monkeypatch.undo()
+    assert P._calibration_disturbed(prof, prof.meta["copy_calibration"]) is False
+
+
+def test_low_profile_k_is_the_smallest_k_the_device_sets_the_pace_of():
+    """low_profile_k: the smallest k whose device time (the smallest profiled k's per image)
+    is at least LOW_K_MARGIN times the host's least whole iteration, where it lies more than
+    PROFILE_COVERED below the smallest profiled k; None without host sums."""
+    from swap.profiler import LOW_K_MARGIN, PROFILE_COVERED, ComputeSample, low_profile_k
+    # ResNet-152 at 12 GiB, session 28: 141.99 ms of naive steps at 49, the host 68.76 ms
+    comp = [ComputeSample(k=49, step=j, flops=1.0, time=t, start=0.0)
+            for _ in range(2) for j, t in enumerate((0.07099, 0.071))]
+    comp += [ComputeSample(k=99, step=0, flops=2.0, time=0.3, start=0.0)]
+    sums = [{"k": 3, "host": 0.076, "whole": 0.0709}, {"k": 9, "host": 0.073, "whole": 0.06876}]
+    assert LOW_K_MARGIN == 1.5 and PROFILE_COVERED == 0.25
+    assert low_profile_k(comp, [49, 99], sums) == 36           # ceil(1.5 x 68.76 / 2.898)
+    assert low_profile_k(comp, [99, 49], sums, margin=2.0) is None   # 48: covered by 49
+    assert low_profile_k(comp, [49, 99], [{"k": 9, "host": 0.06876}]) == 36   # no "whole"
+    assert low_profile_k(comp, [49, 99], ()) is None
+    assert low_profile_k(comp, [49, 99], [{"k": 1, "host": 0.0001, "whole": 0.0001}]) is None
+
+
+def test_a_low_k_is_profiled_after_the_hosts_issue_times(make_solver, monkeypatch):
+    """low_k: the k of low_profile_k is profiled under the same plan after the host's issue
+    times, last in ks, its iterations in meta["runs"]; the net is left at the k profiled
+    before it.  Off on the CPU by default."""
+    import swap.profiler as P
+    s = make_solver("resnet", batch=4)
+    budget = 3 * min_budget(build_gmap(s.net).at(8), "naive")
+    seen = []
+
+    def low(compute, done, host_sums):
+        seen.append((sorted(done), [x["k"] for x in host_sums]))
+        return 2
+    monkeypatch.setattr(P, "low_profile_k", low)
+    lines = []
+    it0 = s.iter
+    prof = profile_solver(s, budget, (4, 8), warmup=1, iterations=1, host_ks=(1,),
+                          low_k=True, log=lines.append)
+    assert seen == [([4, 8], [1])]
+    assert prof.ks == (4, 8, 2) and prof.meta["plans"] == [[4, "naive"], [8, "naive"],
+                                                           [2, "naive"]]
+    assert prof.meta["runs"] == [[4, 2], [8, 2], [2, 2]]
+    assert {c.k for c in prof.compute} == {2, 4, 8} and prof.transfers_at(2)
+    assert s.iter - it0 == 3 * 2 + 8              # and the host's 8 at k = 1
+    assert net_batch_size(s.net) == 8 and s.net.executor is None
+    assert any(ln.startswith("Profiling minibatch 2 too") for ln in lines)
+    s2 = make_solver("resnet", batch=4)
+    assert profile_solver(s2, budget, (4,), warmup=0, iterations=1, host_ks=(1,)).ks == (4,)
+    assert len(seen) == 1
+
+
 def test_copy_calibration_k_is_one_the_device_sets_the_pace_of():
     """The calibration's k: the smallest naive k whose steps take at least twice the host's
     least issue time, then the smallest as a fallback; the smallest alone without host

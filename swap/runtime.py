@@ -1333,6 +1333,17 @@ class Executor:
         st, ops = self.streams, self._ops
         prefetching = {}                  # buffer -> (issue rank, op) of an unawaited prefetch
         issued = [0]                      # prefetches compiled so far, in swap-in stream order
+        # an allocation's waits on offloads issued earlier in the iteration are coalesced like
+        # the prefetches' (the swap-out stream runs its copies in issue order too): per side,
+        # one wait on the latest such offload, none where compute waited on a later one.  Not
+        # with poisoning, whose fills on the compute stream follow each allocation's waits.
+        coalesce = not self.poison
+        offload_of = {id(self._op_event[i]): i for i, op in enumerate(ops)
+                      if op.kind == OFFLOAD and self._op_event[i] is not None}
+        out_rank = {}                     # offload op -> rank in swap-out stream order
+        out_ops = []                      # rank -> offload op
+        out_waited = [-1]                 # the latest offload the compute stream waited on
+        side_out = []                     # this side's ranks to wait on (coalesced)
         storage = [None if t is None or t[0] == "history" else self._storage(t)
                    for t in self._targets]
 
@@ -1349,7 +1360,12 @@ class Executor:
             op = ops[i]
             bid = op.buffer
             if op.kind == ALLOCATE:
-                calls.extend(st.wait_action(COMPUTE, e) for e in self._waits[i])
+                for e in self._waits[i]:
+                    d = offload_of.get(id(e)) if coalesce else None
+                    if d is not None and d in out_rank:
+                        side_out.append(out_rank[d])
+                    else:                 # not an offload, or the previous iteration's
+                        calls.append(st.wait_action(COMPUTE, e))
                 if self.poison:
                     calls.append(st.fill_action(self.device, op.offset, op.nbytes, COMPUTE))
                 bind(i, bid, binds)
@@ -1364,6 +1380,8 @@ class Executor:
                 calls.extend(st.wait_action(SWAP_OUT, e) for e in self._waits[i])
                 calls.append(st.copy_action(*self._copy_args(i, op), SWAP_OUT))
                 calls.append(st.record_action(self._op_event[i], SWAP_OUT))
+                out_rank[i] = len(out_ops)
+                out_ops.append(i)
             elif op.kind == RELEASE:
                 if storage[bid] is not None:
                     binds.append((storage[bid], None))
@@ -1374,6 +1392,12 @@ class Executor:
                 raise ValueError(f"op {i}: a {op.kind!r} cannot be compiled")
 
         def side(calls, binds):
+            if side_out:
+                r = max(side_out)
+                side_out.clear()
+                if r > out_waited[0]:     # one wait covers every earlier offload
+                    calls.append(st.wait_action(COMPUTE, self._op_event[out_ops[r]]))
+                    out_waited[0] = r
             return tuple(c for c in calls if c is not None), tuple(binds)
 
         before, after = [], []

@@ -436,6 +436,46 @@ def test_compiled_steps_wait_once_on_the_latest_prefetch(make_solver, monkeypatc
     assert len(waits) == expect < pairs
 
 
+def test_compiled_allocations_wait_once_on_the_latest_offload(make_solver, monkeypatch):
+    """The swap-out stream runs its copies in issue order too, so without poisoning a compiled
+    side waits once on the latest offload its allocations reuse the regions of, and not at
+    all where compute already waited on a later one; late copies still give the plain run's
+    results (a region is reused only after the copy that read it)."""
+    ref = make_solver("resnet")
+    ref.step(4)
+    monkeypatch.setattr(runtime, "HostStreams", LazyStreams)
+    s = make_solver("resnet")
+    ex = install(s, "naive")
+    s.step(4)
+    ex.streams.synchronize()
+    assert same(params_of(s), params_of(ref))
+    ops = ex.plan.ops
+    out = {id(ex._op_event[i]) for i, op in enumerate(ops) if op.kind == "offload"}
+    before, after, _ = ex._compile()
+    compiled = sum(1 for calls, _ in before + after for fn, args in calls
+                   if fn == ex.streams.wait and args[0] == COMPUTE and id(args[1][0]) in out)
+    pairs = sum(1 for i, op in enumerate(ops) if op.kind == "allocate"
+                for e in ex._waits[i] if id(e) in out)
+    assert 0 < compiled < pairs
+
+
+def test_late_copies_expose_a_missing_allocation_wait_without_poison(make_solver, monkeypatch):
+    """The negative control of the test above: no allocation waits at all, and the offloads
+    read regions that compute has overwritten meanwhile."""
+    ref = make_solver("resnet")
+    ref.step(3)
+    monkeypatch.setattr(runtime, "HostStreams", LazyStreams)
+    s = make_solver("resnet")
+    ex = install(s, "naive")
+    for i, op in enumerate(ex.plan.ops):
+        if op.kind == "allocate":
+            ex._waits[i] = ()
+    with np.errstate(all="ignore"):
+        s.step(3)
+    ex.streams.synchronize()
+    assert not same(params_of(s), params_of(ref))
+
+
 def test_step_events_are_recorded_only_when_waited_on(make_solver):
     s = make_solver("resnet")
     ex = install(s, "none")

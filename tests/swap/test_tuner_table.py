@@ -111,8 +111,9 @@ def test_tuner_table_reuses_a_saved_profile(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     k_star = json.load(open(first / "tuner" / "cifar10_quick.json"))["tuner"]["k_star"]
     second = tmp_path / "second"
+    fewer = ["--iters", "2", "--warmup", "1", "--no-stall-max-rounds", "2"]   # the reuse only
     proc = subprocess.run([sys.executable, script, "--quick", "--no-torch", "--out", str(second),
-                           "--profiles", str(first / "tuner")],
+                           "--profiles", str(first / "tuner")] + fewer,
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     r = json.load(open(second / "tuner" / "cifar10_quick.json"))
@@ -124,7 +125,7 @@ def test_tuner_table_reuses_a_saved_profile(tmp_path):
     auto = tmp_path / "auto"
     proc = subprocess.run([sys.executable, script, "--quick", "--no-torch", "--out", str(auto),
                            "--profiles", str(first / "tuner"), "--recompute",
-                           "cifar10_quick=auto"],
+                           "cifar10_quick=auto"] + fewer,
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     r = json.load(open(auto / "tuner" / "cifar10_quick.json"))

@@ -170,7 +170,9 @@ class Net:
         weights: optional ``.caffemodel`` to copy parameters from.
         mode: ``"CPU"`` or ``"GPU"`` (default: the current default mode).
         dtype: float32 normally; float64 for numerical checks.
-        stages, level: the NetState's other fields.
+        stages, level: the NetState's other fields. As in Caffe, the net's own
+            ``state { }`` block (if any) is the starting point: ``phase`` and ``level``
+            replace its phase and level, ``stages`` are added to its stages.
 
     pycaffe's older call ``Net(model, weights, phase)`` is accepted too.
     """
@@ -209,7 +211,14 @@ class Net:
         else:
             param = model
         if state is None:
-            state = caffe_pb2.NetState(phase=phase, level=level, stage=list(stages))
+            # Caffe's Net(param_file, phase, level, stages) starts from the file's own
+            # ``state { }`` block: it sets the phase and the level and adds the stages, so
+            # the file's stages stay in force (FilterNet then reads the merged state).
+            state = caffe_pb2.NetState()
+            state.CopyFrom(param.state)
+            state.phase = phase
+            state.level = level
+            state.stage.extend(stages or ())     # pycaffe's default is None
         elif not state.HasField("phase"):
             state = caffe_pb2.NetState(phase=phase, level=state.level, stage=list(state.stage))
         self.state = state

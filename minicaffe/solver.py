@@ -192,9 +192,11 @@ class Solver:
     def _build_nets(self, net_param):
         p = self.param
         train_param, train_path = self._net_params(net_param)
+        # Caffe's Solver::InitTrainNet: the solver's default (phase TRAIN), then the net
+        # file's own ``state { }``, then train_state, each merged over the one before
         state = caffe_pb2.NetState(phase=TRAIN)
+        state.MergeFrom(train_param.state)
         state.MergeFrom(p.train_state)
-        state.phase = TRAIN
         self.net = Net(train_param, TRAIN, mode=self.mode, dtype=self.dtype, state=state)
         if train_path:
             self.net.source = train_path
@@ -213,10 +215,12 @@ class Solver:
         if len(p.test_state) and len(p.test_state) != len(test_params):
             raise ValueError(f"{self.source or 'solver'}: test_state must be given per test net")
         for i, tp in enumerate(test_params):
+            # Caffe's Solver::InitTestNets: phase TEST, then the net file's ``state { }``,
+            # then this net's test_state
             state = caffe_pb2.NetState(phase=TEST)
+            state.MergeFrom(tp.state)
             if len(p.test_state):
                 state.MergeFrom(p.test_state[i])
-                state.phase = TEST
             net = Net(tp, TEST, mode=self.mode, dtype=self.dtype, state=state)
             net.share_trained_layers_with(self.net)
             self.test_nets.append(net)

@@ -86,6 +86,31 @@ def test_stage_and_level_rules():
     assert "lvl" in b.layer_names
 
 
+STATEFUL = """
+name: "stateful"
+state { stage: "deploy" level: 5 }
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }
+layer { name: "deploy_only" type: "ReLU" bottom: "x" top: "d" include { stage: "deploy" } }
+layer { name: "both" type: "ReLU" bottom: "x" top: "b" include { stage: "deploy" stage: "big" } }
+layer { name: "lvl" type: "ReLU" bottom: "x" top: "l" include { min_level: 1 } }
+"""
+
+
+def test_file_state_block_is_the_starting_net_state(tmp_path):
+    """Caffe's Net(file, phase, level, stages) keeps the file's own ``state { }``: the phase
+    and level are replaced, the stages are added to the file's (net.cpp)."""
+    path = tmp_path / "stateful.prototxt"
+    path.write_text(STATEFUL)
+    net = Net(str(path), caffe.TEST)
+    assert net.layer_names == ["in", "deploy_only"]     # the file's stage; level 0, not 5
+    assert list(net.state.stage) == ["deploy"] and net.state.level == 0
+    net = Net(str(path), caffe.TEST, stages=["big"], level=1)
+    assert net.layer_names[-3:] == ["deploy_only", "both", "lvl"]
+    assert list(net.state.stage) == ["deploy", "big"]
+    assert Net(str(path), caffe.TRAIN, stages=None).phase == caffe.TRAIN   # pycaffe's default
+    assert Net(net_param(STATEFUL), caffe.TEST).layer_names == ["in", "deploy_only"]
+
+
 def test_inplace_shares_blob_and_forward_matches_manual():
     net = Net(net_param(MLP), caffe.TRAIN, dtype=np.float64)
     assert net.blobs["ip1"] is net.top_vecs[net.layer_index("relu1")][0]

@@ -56,6 +56,31 @@ def test_lr_policies(policy, kw, it, expected):
     assert learning_rate(p, it) == pytest.approx(expected)
 
 
+def test_nets_merge_the_net_files_state_block():
+    """Solver::InitTrainNet / InitTestNets: phase, then the net's own ``state { }``, then
+    train_state / test_state, each merged over the one before."""
+    p = solver_param(test_iter=[1, 1], test_interval=100)
+    p.net_param.state.stage.append("file")
+    for name, rule in (("train_file", 'include { phase: TRAIN stage: "file" }'),
+                       ("train_both", 'include { phase: TRAIN stage: "file" stage: "extra" }'),
+                       ("test_file", 'include { phase: TEST stage: "file" }'),
+                       ("test_val", 'include { phase: TEST stage: "file" stage: "val" }')):
+        p.net_param.layer.append(parse_text(
+            f'name: "{name}" type: "ReLU" bottom: "ip2" top: "{name}" {rule}',
+            caffe_pb2.LayerParameter))
+    p.train_state.stage.append("extra")
+    p.test_state.add()
+    p.test_state.add().stage.append("val")
+    s = Solver(p, verbose=False)
+    assert {"train_file", "train_both"} <= set(s.net.layer_names)
+    assert "test_file" not in s.net.layer_names
+    assert list(s.net.state.stage) == ["file", "extra"]
+    assert "test_file" in s.test_nets[0].layer_names
+    assert "test_val" not in s.test_nets[0].layer_names
+    assert "test_val" in s.test_nets[1].layer_names
+    assert all(t.phase == caffe.TEST for t in s.test_nets) and s.net.phase == caffe.TRAIN
+
+
 def test_multistep_advances_like_caffe():
     s = Solver(solver_param(lr_policy="multistep", gamma=0.1, stepvalue=[2, 4]), verbose=False)
     rates = []

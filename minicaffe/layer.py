@@ -60,18 +60,25 @@ def known_layer_types() -> list[str]:
     return sorted(LAYER_REGISTRY)
 
 
+class UnknownLayerTypeError(ValueError):
+    """A layer whose type no registered layer implements (Caffe's "Unknown layer type")."""
+
+    def __init__(self, param, where: str = ""):
+        self.layer_name, self.layer_type = param.name, param.type
+        super().__init__(
+            f"{where}layer {param.name!r}: unknown layer type {param.type!r} "
+            f"(known types: {', '.join(known_layer_types())})")
+
+
 def create_layer(param, xp=np, dtype=np.float32, where: str = ""):
     """Instantiate the layer class registered for ``param.type``.
 
-    Raises a ValueError naming the layer and listing the known types.
+    Raises UnknownLayerTypeError (a ValueError) naming the layer and listing the known types.
     """
     _register_all()
     cls = LAYER_REGISTRY.get(param.type)
     if cls is None:
-        known = ", ".join(sorted(LAYER_REGISTRY))
-        raise ValueError(
-            f"{where}layer {param.name!r}: unknown layer type {param.type!r} "
-            f"(known types: {known})")
+        raise UnknownLayerTypeError(param, where)
     return cls(param, xp=xp, dtype=dtype)
 
 

@@ -25,8 +25,9 @@ import numpy as np
 
 from .backend import array_module, normalize_mode, to_numpy
 from .blob import Blob
-from .layer import create_layer
+from .layer import UnknownLayerTypeError, create_layer
 from .proto import caffe_pb2, read_binary, read_net_param, upgrade_net, write_binary
+from .proto.text import layer_line
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -231,6 +232,17 @@ class Net:
     def _where(self) -> str:
         return f"{self.source}: " if self.source else ""
 
+    def _layer_line(self, lp):
+        """The line of layer ``lp``'s block in the prototxt this net was read from, or None."""
+        if not self.source:
+            return None
+        try:
+            with open(self.source, "rb") as f:
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        return layer_line(text, lp.name, lp.type)
+
     def _init(self, param):
         where = self._where()
         try:
@@ -271,7 +283,14 @@ class Net:
                 raise ValueError(
                     f"{where}layer {lp.name!r}: propagate_down has {len(lp.propagate_down)} "
                     f"entries but the layer has {len(lp.bottom)} bottoms")
-            layer = create_layer(lp, xp=self.xp, dtype=self.dtype, where=where)
+            try:
+                layer = create_layer(lp, xp=self.xp, dtype=self.dtype, where=where)
+            except UnknownLayerTypeError:
+                line = self._layer_line(lp)
+                if line is None:
+                    raise
+                # a fork's layer (SSD, Faster R-CNN, ...): say where it is in the file
+                raise UnknownLayerTypeError(lp, f"{self.source}:{line}: ") from None
             layer.source_dir = source_dir
             bottoms, bnames, bneed = [], [], []
             need_backward = False

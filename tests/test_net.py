@@ -213,6 +213,33 @@ def test_unknown_type_lists_known_types():
     assert "Convolution" in str(e.value) and "'x'" in str(e.value)
 
 
+FORK_NET = """name: "fork"
+layer {
+  name: "data"
+  type: "Input"
+  top: "data"
+  input_param { shape { dim: 1 dim: 4 dim: 6 dim: 6 } }
+}
+# a layer only a Caffe fork has, with no parameter block of its own
+layer { name: "mix" type: "ChannelMixer" bottom: "data" top: "mix" }
+"""
+
+
+def test_unknown_type_in_a_file_names_its_line(tmp_path):
+    """A fork's layer type (no BVLC layer implements it): the error gives file, line, layer
+    and type, and lists the known types."""
+    path = tmp_path / "fork.prototxt"
+    path.write_text(FORK_NET)
+    with pytest.raises(ValueError) as e:
+        Net(str(path), caffe.TEST)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}:9: layer 'mix': unknown layer type 'ChannelMixer'")
+    assert "known types: AbsVal" in msg
+    # a net given as a NetParameter has no file: the message is as before
+    with pytest.raises(ValueError, match=r"^layer 'mix': unknown layer type"):
+        Net(net_param(FORK_NET), caffe.TEST)
+
+
 def test_prototxt_error_has_file_line_column(tmp_path):
     f = tmp_path / "bad.prototxt"
     f.write_text('name: "x"\nlayer {\n  name: "a"\n  typo: "ReLU"\n}\n')

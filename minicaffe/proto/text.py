@@ -127,6 +127,72 @@ def _find_enum(dotted_name):
     return None if descriptor is None else descriptor.enum_types_by_name.get(parts[-1])
 
 
+# prototxt tokens: whitespace, a comment, a quoted string, punctuation, or a bare word
+_TOKEN = re.compile(r"""\s+|\#[^\n]*
+                        |"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'
+                        |[{}<>:]|[^\s{}<>:"'\#]+""", re.VERBOSE)
+
+
+def layer_blocks(text):
+    """The top-level ``layer { }`` / ``layers { }`` blocks of a net prototxt, as dicts with
+    ``line`` (1-based, of the block's keyword), ``end`` (line of its closing brace; None if
+    unclosed), ``name`` and ``type`` (their values at the block's own level, or None).
+
+    A tolerant scan (comments and quoted strings skipped, braces counted), so that errors about
+    one layer can name its line: the protobuf parser keeps no positions."""
+    blocks, depth, line = [], 0, 1
+    current = None          # the layer block being scanned
+    word, word_line = None, 0   # the last bare word, and its line
+    key = None              # the field whose value comes next (after "name:" or "type:")
+    for match in _TOKEN.finditer(text):
+        tok = match.group()
+        if tok[0].isspace() or tok[0] == "#":
+            line += tok.count("\n")
+        elif tok in ("{", "<"):
+            if depth == 0 and word in ("layer", "layers"):
+                current = {"line": word_line, "end": None, "name": None, "type": None}
+                blocks.append(current)
+            depth, word, key = depth + 1, None, None
+        elif tok in ("}", ">"):
+            depth, word, key = depth - 1, None, None
+            if depth == 0 and current is not None:
+                current["end"], current = line, None
+        elif tok == ":":
+            key = word if depth == 1 and word in ("name", "type") else None
+        elif key is not None and current is not None:
+            if current[key] is None:
+                current[key] = tok[1:-1] if tok[0] in "\"'" else tok
+            key = None
+        else:
+            word, word_line, key = tok, line, None
+    return blocks
+
+
+def layer_line(text, name, type_=None):
+    """The line of the first top-level layer block named ``name`` (and, when given, of type
+    ``type_``), or None."""
+    for block in layer_blocks(text):
+        if block["name"] == name and (type_ is None or block["type"] == type_):
+            return block["line"]
+    return None
+
+
+def _fork_layer_hint(text, line, field):
+    """For an unknown LayerParameter field inside a layer whose type BVLC Caffe does not have,
+    a hint naming that type (the file comes from a Caffe fork), else None."""
+    from ..layer import known_layer_types     # lazily: proto/ sits below the layers
+    for block in layer_blocks(text):
+        if block["line"] <= line and (block["end"] is None or line <= block["end"]):
+            kind = block["type"]
+            if kind is None or kind in known_layer_types():
+                return None
+            return (f'layer {block["name"]!r} (line {block["line"]}) has type "{kind}", which '
+                    f'is no BVLC Caffe layer type, and "{field}" is no BVLC Caffe field: this '
+                    "net needs a Caffe fork's custom layers (SSD, Faster R-CNN, ...), which "
+                    "neither BVLC Caffe nor minicaffe has")
+    return None
+
+
 def parse_text(text, message_cls, filename="<string>"):
     """Parse prototxt ``text`` into a new ``message_cls``; raise PrototxtError on bad input.
 
@@ -143,7 +209,11 @@ def parse_text(text, message_cls, filename="<string>"):
         detail = _POSITION_PREFIX.sub("", str(e))
         lines = text.splitlines()
         source_line = lines[line - 1] if line is not None and 0 < line <= len(lines) else ""
-        hint = _hint(detail, source_line[:max((column or 1) - 1, 0)])
+        hint = None
+        match = _NO_FIELD.search(detail)
+        if match and match.group(1) == "LayerParameter" and line is not None:
+            hint = _fork_layer_hint(text, line, match.group(2))
+        hint = hint or _hint(detail, source_line[:max((column or 1) - 1, 0)])
         if hint:
             detail = f"{detail} (hint: {hint})"
         raise PrototxtError(filename, line, column, detail) from None

@@ -10,6 +10,7 @@ import pytest
 from minicaffe.proto import (BinaryProtoError, PrototxtError, caffe_pb2, parse_text, read_binary,
                              read_net_param, read_solver_param, upgrade_net, upgrade_solver,
                              write_binary, write_text)
+from minicaffe.proto.text import layer_blocks, layer_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -282,6 +283,51 @@ def test_parse_error_hints(text, needle):
         parse_text(text, caffe_pb2.NetParameter, filename="net.prototxt")
     assert str(info.value).startswith("net.prototxt:")
     assert needle in str(info.value)
+
+
+def test_unknown_param_of_a_fork_layer_names_the_layer_type(tmp_path):
+    """A fork's layer carries a parameter block BVLC's schema lacks: the parse error (at that
+    field, as Caffe's) says that the layer type is no BVLC type, instead of guessing a typo."""
+    path = tmp_path / "fork.prototxt"
+    path.write_text(
+        'name: "fork"\n'
+        'layer { name: "data" type: "Input" top: "data"\n'
+        '        input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }\n'
+        'layer {\n'
+        '  name: "rescale"\n'
+        '  type: "ChannelRescale"   # a fork\'s layer\n'
+        '  bottom: "data"\n'
+        '  top: "rescale"\n'
+        '  channel_rescale_param { factor: 2 }\n'
+        '}\n')
+    with pytest.raises(PrototxtError) as info:
+        read_net_param(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:9:3: ")
+    assert "layer 'rescale' (line 4)" in msg and '"ChannelRescale"' in msg
+    assert "no BVLC Caffe layer type" in msg and "did you mean" not in msg
+    # a misspelt field of a BVLC layer keeps the spelling hint
+    path.write_text('layer { name: "c" type: "Convolution" convolution_parm { } }')
+    with pytest.raises(PrototxtError, match='did you mean "convolution_param"'):
+        read_net_param(path)
+
+
+def test_layer_blocks_give_lines_names_and_types():
+    text = textwrap.dedent("""\
+        name: 'n'   # layer { name: "in a comment" }
+        input_shape: { dim: 1 }
+        layer { name: 'a' type: "ReLU" bottom: "x" top: "y" }
+        layer {
+          name: "b}{"
+          convolution_param { type: "not the layer's" }
+          type: 'Convolution'
+        }
+        layers: { name: "v1" type: RELU }
+        """)
+    blocks = layer_blocks(text)
+    assert [(b["line"], b["end"], b["name"], b["type"]) for b in blocks] == [
+        (3, 3, "a", "ReLU"), (4, 8, "b}{", "Convolution"), (9, 9, "v1", "RELU")]
+    assert layer_line(text, "v1") == 9 and layer_line(text, "a", "Pooling") is None
 
 
 V1_LENET = """\

@@ -198,8 +198,16 @@ class Net:
     forward_listener = None
     # --- ps/ hook (end)
 
-    def __init__(self, model, phase=TEST, weights=None, *, mode=None, dtype=np.float32,
-                 stages=(), level=0, state=None):
+    def __init__(self, model=None, phase=TEST, weights=None, *, network_file=None, mode=None,
+                 dtype=np.float32, stages=(), level=0, state=None):
+        if network_file is not None:         # pycaffe's keyword for the first argument
+            if model is not None:
+                raise TypeError("Net(): the net is given twice (as the first argument and as "
+                                "network_file)")
+            model = network_file
+        if model is None:
+            raise TypeError("Net() needs the net: a .prototxt path (network_file) or a "
+                            "NetParameter")
         if isinstance(phase, (str, os.PathLike)) and isinstance(weights, int):
             phase, weights = weights, phase  # Net(model, weights, phase)
         self.mode = normalize_mode(mode)
@@ -902,9 +910,9 @@ class Net:
             index.setdefault(n, i)  # Caffe: the first target layer of that name
         for lp in src.layer:
             li = index.get(lp.name)
-            if li is None or not len(lp.blobs):
+            if li is None:
                 continue
-            target = self.layers[li].blobs
+            target = self.layers[li].blobs      # Caffe checks the count even where it is 0
             if len(target) != len(lp.blobs):
                 raise ValueError(
                     f"{where}incompatible number of blobs for layer {lp.name!r}: source has "

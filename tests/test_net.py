@@ -271,6 +271,33 @@ def test_copy_from_shape_mismatch_names_layer(tmp_path):
         Net(net_param(other), caffe.TRAIN, weights=str(path))
 
 
+def test_a_source_layer_without_blobs_for_a_layer_with_params_is_incompatible(tmp_path):
+    """Caffe's CopyTrainedLayersFrom checks the blob count of every source layer whose name
+    the net has, an empty one included (a model saved without that layer's weights)."""
+    a = Net(net_param(MLP), caffe.TRAIN)
+    path = tmp_path / "m.caffemodel"
+    a.save(str(path))
+    proto = caffe_pb2.NetParameter.FromString(path.read_bytes())
+    for lp in proto.layer:
+        if lp.name == "ip1":
+            del lp.blobs[:]
+    path.write_bytes(proto.SerializeToString())
+    with pytest.raises(ValueError, match="incompatible number of blobs for layer 'ip1': "
+                                         "source has 0, target 2"):
+        Net(net_param(MLP), caffe.TRAIN, weights=str(path))
+
+
+def test_network_file_is_pycaffes_keyword_for_the_net(tmp_path):
+    f = tmp_path / "mlp.prototxt"
+    f.write_text(MLP)
+    net = Net(network_file=str(f), phase=caffe.TEST)
+    assert net.phase == caffe.TEST and "ip1" in net.params
+    with pytest.raises(TypeError, match="given twice"):
+        Net(str(f), caffe.TEST, network_file=str(f))
+    with pytest.raises(TypeError, match="needs the net"):
+        Net(phase=caffe.TEST)
+
+
 def test_legacy_input_fields():
     p = net_param("""
     name: "legacy" input: "data" input_dim: 2 input_dim: 3 input_dim: 4 input_dim: 5

@@ -788,6 +788,25 @@ def test_host_bound_steps_are_left_out_of_the_copy_calibration(monkeypatch):
     assert copy_slowdown(capped) is None
 
 
+def test_a_slow_stretch_of_the_host_profile_does_not_make_steps_host_bound(monkeypatch):
+    """The host's pace is the least of its samples per step: one host run that went slow
+    (ResNet-152, H200, session 29: 131 ms a whole iteration at k = 6 beside 76 at 3) does not
+    leave the calibration with too few device-paced steps to fit."""
+    from swap.model import ENV_COPY_SLOWDOWN, copy_slowdown, host_bound_steps
+    monkeypatch.delenv(ENV_COPY_SLOWDOWN, raising=False)
+    g_out, g_in = 0.02, 0.05
+    prof, _ = _copy_profile(g_out, g_in)
+    fast = _with_host(prof, [0.1] * 4)
+    slow_run = tuple(dataclasses.replace(h, time=0.6) for h in fast.host_samples if h.k == 4)
+    mixed = dataclasses.replace(fast, host_samples=tuple(
+        h for h in fast.host_samples if h.k == 2) + slow_run + slow_run)
+    assert not host_bound_steps(mixed, np.ones(4)).any()      # two slow samples of three
+    so, si = copy_slowdown(mixed)
+    assert so == pytest.approx(g_out / (1 - g_out)) and si == pytest.approx(g_in / (1 - g_in))
+    # a host slow in every sample is still the host's pace
+    assert host_bound_steps(_with_host(prof, [0.6] * 4), np.ones(4)).all()
+
+
 def test_below_the_first_profiled_point_the_first_segment_extends():
     """Below the smallest profiled FLOPs a segment curve follows the line through its two
     smallest points, no faster per FLOP than the first point and no slower than it."""

@@ -22,9 +22,10 @@ class EmbedLayer(Layer):
     with the weight W stored (input_dim, num_output), Caffe's layout (the
     transpose of InnerProduct's). The top is the bottom's shape with
     ``num_output`` appended; the bias (num_output,) is there unless
-    ``bias_term: false``. Indices must be whole numbers within range: an index
-    out of [0, input_dim) or with a fraction is an error naming the layer (a
-    debug Caffe build's DCHECK; a release build reads out of bounds).
+    ``bias_term: false``. An index with a fraction is truncated toward zero, as
+    Caffe's ``static_cast<int>`` does in a release build (a debug build's DCHECK
+    stops there); one that then lies out of [0, input_dim) is an error naming
+    the layer (a debug build's DCHECK; a release build reads out of bounds).
 
     Backward accumulates dy into the rows of W the indices pick (a row picked
     twice gets both), reading the bottom (the indices); the indices get no
@@ -76,9 +77,10 @@ class EmbedLayer(Layer):
     def _indices(self, bottom, check: bool):
         """The bottom as (M,) int64 row indices; ``check`` raises on a bad one."""
         xp = self.xp
-        x = bottom[0].data.reshape(-1)
+        raw = bottom[0].data.reshape(-1)
+        x = xp.trunc(raw)
         if check:
-            bad = (x < 0) | (x >= self.input_dim) | (x != xp.trunc(x))
+            bad = (x < 0) | (x >= self.input_dim)
             # syncs: one device-to-host read of a bool per forward.  Caffe's GPU Forward
             # reads nothing back (nor checks); kept so that a bad index is an error that
             # names it rather than CuPy's take silently wrapping it into range.
@@ -86,8 +88,8 @@ class EmbedLayer(Layer):
                 i = int(xp.argmax(bad))
                 raise ValueError(
                     f"layer {self.name!r} of type Embed: bottom {bottom[0].name!r} holds "
-                    f"{float(x[i])!r} at flat position {i}; indices must be whole numbers in "
-                    f"[0, input_dim = {self.input_dim})")
+                    f"{float(raw[i])!r} at flat position {i}; indices (truncated toward "
+                    f"zero) must lie in [0, input_dim = {self.input_dim})")
         return x.astype(xp.int64)
 
     def forward_impl(self, bottom, top):

@@ -89,13 +89,27 @@ def test_loaded_blobs_are_kept():
     np.testing.assert_array_equal(to_numpy(top[0].data), [[6, 7, 8], [0, 1, 2]])
 
 
-@pytest.mark.parametrize("idx,bad", [([0, 5], "5.0"), ([-1, 2], "-1.0"), ([1.5, 2], "1.5")])
+@pytest.mark.parametrize("idx,bad", [([0, 5], "5.0"), ([-1, 2], "-1.0"), ([4.5, 5.2], "5.2")])
 def test_bad_indices_are_errors(idx, bad):
     layer, bottom, top = setup(embed_text(), idx)
     with pytest.raises(ValueError, match=rf"'emb' of type Embed: bottom 'words' holds {bad} at "
-                                         r"flat position \d; indices must be whole numbers in "
-                                         r"\[0, input_dim = 5\)"):
+                                         r"flat position \d; indices \(truncated toward zero\) "
+                                         r"must lie in \[0, input_dim = 5\)"):
         layer.forward(bottom, top)
+
+
+def test_an_index_with_a_fraction_is_truncated_as_caffe_release_does():
+    """Caffe's Forward reads ``static_cast<int>(bottom_data[n])``: 1.7 picks row 1, -0.5 row
+    0 (toward zero); the weight's gradient goes to the same rows."""
+    layer, bottom, top = setup(embed_text(), [1.7, -0.5, 3.999])
+    w = layer.blobs[0].data
+    layer.forward(bottom, top)
+    want = w[[1, 0, 3]] + layer.blobs[1].data[None, :]
+    np.testing.assert_allclose(to_numpy(top[0].data), to_numpy(want))
+    top[0].diff[...] = 1.0
+    layer.blobs[0].diff[...] = 0.0
+    layer.backward(top, [False], bottom)
+    np.testing.assert_array_equal(to_numpy(layer.blobs[0].diff).sum(axis=1), [3, 3, 0, 3, 0])
 
 
 @pytest.mark.parametrize("params,match", [("input_dim: 5", "num_output must be positive"),

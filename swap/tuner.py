@@ -1048,7 +1048,9 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
 
     1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
        iterations under the naive plan at k = 1/8 .. 1 of k_max (``auto_batch``) or at the
-       fixed ``batch`` (:func:`swap.profiler.profile_solver`).
+       fixed ``batch`` (:func:`swap.profiler.profile_solver`); at the fractions too where the
+       fixed ``batch`` lies over the k_max of the scratch reserve's first estimate, and it is
+       judged against the k_max of the measured transients.
     2. **Decide**: fit the model (:mod:`swap.model`), run Algorithm 2 (``auto_batch``) or plan the
        swaps at ``batch`` (:func:`plan_at`), scale the learning rate (:mod:`swap.lr`, only when k
        changes), rescale the iteration schedule to keep the epochs (``keep_epochs``).
@@ -1139,15 +1141,31 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         make_plan(g0.at(1), "naive", base - reserve_at(1))
         raise BudgetError(f"not even minibatch 1 fits {fmt_bytes(budget)} with a scratch "
                           f"reserve of {fmt_bytes(reserve_at(1))}", budget=budget)
-    if batch is not None and batch > k_max:
-        make_plan(g0.at(batch), "naive", base - reserve_at(batch))   # BudgetError: largest k
-        raise BudgetError(f"minibatch {batch} does not fit {fmt_bytes(budget)} with a scratch "
-                          f"reserve of {fmt_bytes(reserve_at(batch))}; the largest that fits "
-                          f"is {k_max}", budget=budget, max_k=k_max)
+    def batch_fits():
+        if batch is not None and batch > k_max:
+            if base - reserve_at(batch) > 0:      # its BudgetError names the largest k
+                make_plan(g0.at(batch), "naive", base - reserve_at(batch))
+            raise BudgetError(f"minibatch {batch} does not fit {fmt_bytes(budget)} with a "
+                              f"scratch reserve of {fmt_bytes(reserve_at(batch))}; the largest "
+                              f"that fits is {k_max}", budget=budget, max_k=k_max)
+
+    # A fixed batch over k_max while the reserve is still the estimate from the declared
+    # scratch (cuDNN's workspaces at their bound, far above what runs: VGG-16 at 12 GiB, 4.0
+    # GiB at 100, 64.5 MiB once measured, H200, session 29) is profiled as --auto-batch
+    # profiles, at fractions of that k_max, and judged against the k_max the measured
+    # transients give.
+    measure_first = (batch is not None and batch > k_max and profile is None
+                     and scratch is not None and not scratch.measured)
+    if not measure_first:
+        batch_fits()
     images = solver.iter * k_base          # images trained so far (at k_base)
     # ---- stage 1: dynamic information
     if profile is None:
-        ks = profile_ks(k_max) if auto_batch else (batch or k_base,)
+        ks = profile_ks(k_max) if auto_batch or measure_first else (batch or k_base,)
+        if measure_first:
+            say(f"AccUDNN stage 1: minibatch {batch} is over k_max {k_max} with the scratch "
+                "reserve estimated from the declared scratch: profiling fractions of k_max "
+                "to measure it")
         if profile_pinned is None:
             profile_pinned = os.environ.get("MINICAFFE_PROFILE_PINNED", "0") == "1"
         say(f"AccUDNN stage 1: profiling minibatches {list(ks)} under the naive plan "
@@ -1159,7 +1177,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         it0 = solver.iter
         profile = profile_solver(solver, budget, ks, warmup=warmup, iterations=iterations,
                                  log=say, scratch=scratch, plan_budget=base,
-                                 fractions=PROFILE_FRACTIONS if auto_batch else None,
+                                 fractions=(PROFILE_FRACTIONS if auto_batch or measure_first
+                                            else None),
                                  host_budget=host_budget, fit_none=profile_pinned)
         side_runs = profile.meta.get("host_runs", []) + profile.meta.get("copy_runs", [])
         images += sum(k * n for k, n in side_runs)
@@ -1189,6 +1208,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         for k, peak in profile.meta["transients"]:
             scratch.add(k, peak)
         k_max = max_batch_scratch(g0, base, scratch, host_budget=host_budget)
+    if measure_first:
+        batch_fits()
     # ---- stage 2: decision
     model, pcie = profile_models(profile, g0, granularity)
     say(f"AccUDNN stage 2: PCIe model h2d {pcie.h2d / 1e9:.2f} GB/s, d2h {pcie.d2h / 1e9:.2f} "

@@ -20,6 +20,7 @@ line naming the file, layer or blob, and exit status 1, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -287,6 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--granularity", choices=["type", "step", "segment"], default="segment",
                     help="with --profile: per step in segments between the profiled k (the "
                          "tuner's default), one curve per step, or per layer type (the paper's)")
+    pl.add_argument("--layout", choices=["auto", "gpu", "cpu"], default="auto",
+                    help="the feature maps to plan: the GPU's (fused BatchNorm+Scale pairs, as "
+                         "train --swap dynamic runs them on a GPU) or the CPU's; auto: the "
+                         "profile's device (gpu without a profile when a GPU is present)")
     pl.add_argument("--solver-type", default="SGD",
                     choices=["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"])
     pl.add_argument("--peak-flops", default="50T",
@@ -468,11 +473,52 @@ def _parse_rate(text, what: str) -> float:
     return float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[m.group(2)]
 
 
+def _gpu_present() -> bool:
+    from .backend import gpu_available
+    return gpu_available()
+
+
+def _plan_net(model: str, budget: int, layout: str, prof):
+    """The TRAIN net ``plan`` sizes, built on the CPU with ``layout``'s feature maps, and the
+    scratch reserve of ``prof``'s measured transients (None without them).
+
+    "gpu": as ``train --swap dynamic`` runs on a GPU, the fused paths' buffers
+    (:func:`minicaffe.kernels.cuda_fused.sized_as_gpu`) with BatchNorm+Scale pairs fused and
+    the swapping plans' lowering (:func:`swap.runtime.set_lowering`).  A GPU profile planned
+    on the CPU's maps has a Scale copy per pair more (ResNet-152: 621 maps, not 466) and gave
+    k* 52 where the device's tuner took 90 (H200, session 29); on the GPU's, 91 with the
+    copies priced as that run did.  cuDNN's workspaces are not known on the CPU: the
+    convolutions' scratch is the chunked im2col's, one at a time."""
+    from .net import TRAIN, Net
+    from swap.runtime import pair_bn_scale, set_lowering
+    from .kernels import cuda_fused
+    gpu = layout == "gpu"
+    ctx = cuda_fused.sized_as_gpu() if gpu else contextlib.nullcontext()
+    try:
+        with ctx:
+            net = Net(model, TRAIN, mode="CPU")
+            if gpu:
+                set_lowering(net, "chunked", budget)
+                net.set_bn_scale_fusion(pair_bn_scale("dynamic"), planned=True)
+                net.reshape()
+    except (ValueError, FileNotFoundError) as e:
+        raise ValueError(f"{e} (plan builds the net to size it: give one whose inputs can "
+                         "be read, e.g. its DummyData version prototxt/<net>/dummy.prototxt)"
+                         ) from None
+    scratch = None
+    points = (prof.meta or {}).get("transients") if prof is not None else None
+    if points:
+        from swap.profiler import ScratchModel
+        scratch = ScratchModel()
+        for k, peak in points:
+            scratch.add(k, peak)
+    return net, scratch
+
+
 def cmd_plan(args):
     """Plan the dynamic strategy for a net without training (swap.tuner): k* by Algorithm 2 (or
     the swaps at --batch k), the predicted iteration time and peak memory; --plot draws the
     predicted timeline of the three streams (and the observed one of --trace beside it)."""
-    from .net import TRAIN, Net
     from swap.gmap import build_gmap
     from swap.memory import fmt_bytes, parse_bytes
     from swap.tuner import device_models, plan_at, profile_models, tune
@@ -481,16 +527,17 @@ def cmd_plan(args):
         raise UsageError(f"--batch must be positive, got {args.batch}")
     if args.trace and not args.plot:
         raise UsageError("--trace is drawn beside the predicted timeline: give --plot too")
-    try:
-        net = Net(args.model, TRAIN, mode="CPU")
-    except (ValueError, FileNotFoundError) as e:
-        raise ValueError(f"{e} (plan builds the net to size it: give one whose inputs can "
-                         "be read, e.g. its DummyData version prototxt/<net>/dummy.prototxt)"
-                         ) from None
-    gmap = build_gmap(net, solver_type=args.solver_type)
+    prof = None
     if args.profile:
         from swap.profiler import Profile
         prof = Profile.load(args.profile)
+    layout = args.layout
+    if layout == "auto":
+        layout = ("gpu" if (prof.mode == "GPU" if prof is not None else _gpu_present())
+                  else "cpu")
+    net, scratch = _plan_net(args.model, budget, layout, prof)
+    gmap = build_gmap(net, solver_type=args.solver_type)
+    if prof is not None:
         model, pcie = profile_models(prof, gmap, args.granularity)
         source = (f"profile {args.profile} ({prof.device}, {prof.date}; h2d "
                   f"{pcie.h2d / 1e9:.1f} GB/s, d2h {pcie.d2h / 1e9:.1f} GB/s)")
@@ -503,13 +550,16 @@ def cmd_plan(args):
                   f"{args.x_half:g} FLOPs, {bw / 1e9:g} GB/s each way, {both / 1e9:g} GB/s both)")
     if args.batch is not None:
         dec = plan_at(gmap, args.batch, budget, model, pcie, rule=args.pin_rule,
-                      delta=args.delta, fill=args.fill, recompute=_layers(args.recompute))
+                      delta=args.delta, fill=args.fill, recompute=_layers(args.recompute),
+                      scratch=scratch)
     else:
         dec = tune(gmap, budget, model, pcie, method=args.search, rule=args.pin_rule,
                    delta=args.delta, fill=args.fill, objective=args.k_objective,
-                   recompute=_layers(args.recompute))
+                   recompute=_layers(args.recompute), scratch=scratch)
     print(f"net {gmap.net_name!r}: {gmap.n_steps} steps, {len(gmap.feature_maps())} feature "
-          f"maps; budget {fmt_bytes(budget)}; model: {source}")
+          f"maps ({layout} layout"
+          + (f", the scratch reserve the profile measured: {scratch.describe()}" if scratch
+             else "") + f"); budget {fmt_bytes(budget)}; model: {source}")
     print(dec.describe())
     if args.ops:
         print(dec.plan.describe())

@@ -822,9 +822,26 @@ def disabled():
         set_enabled(old)
 
 
+@contextlib.contextmanager
+def sized_as_gpu():
+    """Layers set up inside this block take the buffers of the fused GPU path whatever their
+    arrays, so that a net built on the CPU has the GPU's feature maps (a BatchNorm+Scale pair
+    with no copy of the Scale's input, the fused kernels' workspaces): ``minicaffe plan`` on
+    a GPU profile.  Such a net is for sizing only: its forward would call CUDA kernels."""
+    old = _state.get("as_gpu", False)
+    _state["as_gpu"] = True
+    try:
+        yield
+    finally:
+        _state["as_gpu"] = old
+
+
 def enabled_for(xp, dtype=None) -> bool:
     """True when arrays of module ``xp`` (and element type ``dtype``) should take
-    these kernels: xp is CuPy on a GPU, the switch is on, the kernels compile."""
+    these kernels: xp is CuPy on a GPU, the switch is on, the kernels compile (or, inside
+    :func:`sized_as_gpu`, the switch is on and the type is one they take)."""
+    if _state.get("as_gpu") and _state["enabled"]:
+        return dtype is None or np.dtype(dtype) in _CTYPE
     if not _state["enabled"] or _cp is None or xp is not _cp:
         return False
     if dtype is not None and np.dtype(dtype) not in _CTYPE:

@@ -14,6 +14,7 @@ from swap.gmap import BACKWARD, DATA, FORWARD, GMAP, SCRATCH, Buffer, Size, Step
 from swap.lr import DEFAULT_CONVEXITY, eq9, scale_lr
 from swap.model import ComputeModel, PCIeModel, ThroughputCurve
 from swap.plan import BudgetError, max_batch, min_budget
+from swap.profiler import max_batch_scratch
 from swap.profiler import Profile, synthetic_profile
 from swap.tuner import (Search, bisect_search, device_models, linear_search, plan_at,
                         train_dynamic, tune)
@@ -514,6 +515,43 @@ def test_plan_command(net_file, tmp_path, capsys):
     assert "k* = 16 " in out and out.count(" prefetch ") < paper
 
 
+def test_plan_command_plans_a_gpu_profile_on_the_gpu_feature_maps(net_file, tmp_path, capsys):
+    """A profile from the GPU is planned on the feature maps a GPU run has (BatchNorm+Scale
+    pairs fused: no copy of each Scale's input; ResNet-152 on the CPU's maps gave k* 52 where
+    the H200's tuner took 90), with the scratch reserve of the transients it measured;
+    --layout cpu plans the CPU's maps."""
+    import dataclasses
+    f = net_file("resnet", 4)
+    g = build_gmap(Net(str(f), TRAIN, mode="CPU"))
+    prof = synthetic_profile(g, (2, 4, 8), *device_models(peak_flops=1e9, x_half=1e5,
+                                                          h2d=5e8))
+    gpu = dataclasses.replace(prof, mode="GPU",
+                              meta={**prof.meta, "transients": [[2, 4096], [8, 8192]]})
+    pj = tmp_path / "gpu.json"
+    gpu.save(pj)
+    # the reserve has the tuner's 64 MiB of slack over the transients
+    args = ["plan", "--model", str(f), "--budget", "80M", "--batch", "8", "--profile", str(pj)]
+
+    def maps(out):
+        return int(out.split(" steps, ")[1].split(" feature maps")[0])
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "(gpu layout, the scratch reserve the profile measured:" in out
+    assert "less a scratch reserve of" in out
+    assert main(args + ["--layout", "cpu"]) == 0
+    cpu = capsys.readouterr().out
+    assert "(cpu layout, the scratch reserve" in cpu
+    pairs = Net(str(f), TRAIN, mode="CPU").find_bn_scale_pairs()   # none on the CPU
+    assert pairs == [] and maps(cpu) == len(g.feature_maps())
+    assert maps(out) < maps(cpu)
+    # without transients, no reserve; a CPU profile plans the CPU's maps
+    pc = tmp_path / "cpu.json"
+    prof.save(pc)
+    assert main(args[:-1] + [str(pc)]) == 0
+    out = capsys.readouterr().out
+    assert "(cpu layout); budget" in out and maps(out) == maps(cpu)
+
+
 def test_plan_command_errors(net_file, tmp_path, capsys):
     f = net_file("lenet", 4)
     assert main(["plan", "--model", str(f), "--budget", "2M", "--trace", "x.csv"]) == 2
@@ -767,3 +805,34 @@ def test_copy_slowdown_limit_reads_the_environment(monkeypatch):
         monkeypatch.setenv(ENV_COPY_SLOWDOWN_LIMIT, bad)
         with pytest.raises(ValueError, match=ENV_COPY_SLOWDOWN_LIMIT):
             copy_slowdown_limit()
+
+
+def test_a_fixed_batch_over_the_estimated_k_max_is_profiled_first(make_solver):
+    """--swap dynamic --batch k with k over the k_max of the declared-scratch estimate (cuDNN
+    workspaces at their bound: VGG-16 at 12 GiB on an H200 estimated 4 GiB where 64 MiB ran,
+    session 29) is profiled at fractions of that k_max, as --auto-batch is, and judged
+    against the k_max that the measured transients give; a k over that one still fails,
+    naming it."""
+    from swap.profiler import ScratchModel
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    budget = 2 * min_budget(g.at(16), "naive")
+    per_image = min_budget(g.at(2), "naive") - min_budget(g.at(1), "naive")
+
+    def model():                      # the estimate: three times an image's plan, per image
+        return ScratchModel(lambda k: 3 * per_image * k, margin=0.0, slack=0)
+    k_est = max_batch_scratch(g, budget, model())
+    k_meas = max_batch_scratch(g, budget, ScratchModel(margin=0.0, slack=0))
+    assert k_est + 2 <= k_meas
+    batch = k_est + 2
+    lines = []
+    ex, td = train_dynamic(s, budget, auto_batch=False, batch=batch, scratch=model(),
+                           log=lines.append)
+    assert td.decision.k_star == batch and len(td.profile.ks) > 1
+    assert any("profiling fractions of k_max" in x for x in lines)
+    s.step(1)
+    ex.close()
+    too_big = 4 * k_meas
+    with pytest.raises(BudgetError, match=f"minibatch {too_big} does not fit"):
+        train_dynamic(make_solver("resnet", batch=4), budget, auto_batch=False, batch=too_big,
+                      scratch=model())

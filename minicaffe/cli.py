@@ -487,8 +487,10 @@ def _plan_net(model: str, budget: int, layout: str, prof):
     the swapping plans' lowering (:func:`swap.runtime.set_lowering`).  A GPU profile planned
     on the CPU's maps has a Scale copy per pair more (ResNet-152: 621 maps, not 466) and gave
     k* 52 where the device's tuner took 90 (H200, session 29); on the GPU's, 91 with the
-    copies priced as that run did.  cuDNN's workspaces are not known on the CPU: the
-    convolutions' scratch is the chunked im2col's, one at a time."""
+    copies priced as that run did.  Not sized as the CUDNN engine runs: cuDNN's convolution
+    workspaces (the scratch is the chunked im2col's, one at a time), and cuDNN's max pooling
+    and LRN, which keep no mask and no scale (GoogLeNet: 107 maps against the device's 93, k*
+    394 against 494; docs/SWAP.md)."""
     from .net import TRAIN, Net
     from swap.runtime import pair_bn_scale, set_lowering
     from .kernels import cuda_fused

@@ -517,6 +517,24 @@ def _plan_net(model: str, budget: int, layout: str, prof):
     return net, scratch
 
 
+def _layout_differs(gmap, prof) -> str:
+    """A line saying how ``gmap``'s feature maps differ from those the profile's own run
+    planned (``meta["layout"]``), where they differ; "" where they agree or it has none."""
+    from swap.memory import fmt_bytes
+    lay = (prof.meta or {}).get("layout")
+    if not lay:
+        return ""
+    mine = gmap.at(int(lay["k"])).layout()
+    theirs_n, theirs_b = int(lay["feature_maps"]), int(lay["feature_map_bytes"])
+    if mine["feature_maps"] == theirs_n and abs(mine["feature_map_bytes"] - theirs_b) <= (
+            0.005 * theirs_b):
+        return ""
+    return (f"note: at minibatch {lay['k']} the profile's run on {prof.device} planned "
+            f"{theirs_n} feature maps of {fmt_bytes(theirs_b)}; this net, built here, has "
+            f"{mine['feature_maps']} of {fmt_bytes(mine['feature_map_bytes'])}, so k* and the "
+            "memory may differ from that device's decision (see --layout; docs/SWAP.md)")
+
+
 def cmd_plan(args):
     """Plan the dynamic strategy for a net without training (swap.tuner): k* by Algorithm 2 (or
     the swaps at --batch k), the predicted iteration time and peak memory; --plot draws the
@@ -563,6 +581,10 @@ def cmd_plan(args):
           + (f", the scratch reserve the profile measured: {scratch.describe()}" if scratch
              else "") + f"); budget {fmt_bytes(budget)}; model: {source}")
     print(dec.describe())
+    if prof is not None:
+        differs = _layout_differs(gmap, prof)
+        if differs:
+            print(differs)
     if args.ops:
         print(dec.plan.describe())
     if args.plot:

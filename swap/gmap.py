@@ -235,6 +235,14 @@ class GMAP:
         """Ids of the buffers a swap strategy may offload."""
         return tuple(b.id for b in self.buffers if b.is_feature_map)
 
+    def layout(self) -> dict:
+        """What a plan of this GMAP has to place, in a few numbers ({"k", "feature_maps",
+        "feature_map_bytes"}), which a profile keeps (``meta["layout"]``) so that a plan made
+        elsewhere from it can say whether its own net has the same maps (``minicaffe plan``)."""
+        fm = [b for b in self.buffers if b.is_feature_map]
+        return {"k": int(self.k), "feature_maps": len(fm),
+                "feature_map_bytes": int(sum(b.nbytes(self.k) for b in fm))}
+
     def step_name(self, j: int) -> str:
         return str(self.steps[j])
 

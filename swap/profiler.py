@@ -1156,7 +1156,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     if getattr(net, "executor", None) is not None:
         net.executor.close()
     compute, transfers, iters, solver_steps = [], [], [], []
-    steps = None
+    steps = layout = None
     g0 = None
     reserves, measured, runs, plans = [], [], [], []
     k_max = None
@@ -1193,7 +1193,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
 
     def profile_todo():
         """Profile every k of ``todo`` (it may grow or shrink as k_max moves)."""
-        nonlocal steps, g0, k_max, todo, plan_budget
+        nonlocal steps, layout, g0, k_max, todo, plan_budget
         while todo:
             k = todo.pop(0)
             set_batch_size(net, k)
@@ -1240,6 +1240,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                     continue
                 if steps is None:
                     steps = step_infos(ex.gmap)
+                    layout = ex.gmap.layout()
                 inst = _Instrument(ex, k)
                 try:
                     _recorded_steps(inst, solver, warmup, iterations)
@@ -1368,6 +1369,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     if copy_runs:
         meta["copy_runs"] = copy_runs
     meta["runs"] = runs
+    if layout is not None:
+        meta["layout"] = layout
     if scratch is not None:
         meta.update(scratch=reserves, transients=measured)
         if k_max is not None:

@@ -143,6 +143,9 @@ def test_profile_solver_measures_real_training_iterations(make_solver, tmp_path)
         assert all(t.time > 0 and t.nbytes > 0 and not t.concurrent for t in tr)
         assert np.isfinite(prof.step_times(k)).all()
     assert [k for k, _ in prof.iterations] == [2, 2, 8, 8]
+    # what the plans placed, for a plan made elsewhere to compare with (minicaffe plan)
+    assert prof.meta["layout"] == g.at(2).layout()
+    assert prof.meta["layout"]["feature_maps"] == len(g.feature_maps()) > 0
     # the models fit on it
     m = ComputeModel.from_profile(prof)
     assert (m.step_times(g) > 0).all()

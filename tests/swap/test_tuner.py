@@ -525,8 +525,17 @@ def test_plan_command_plans_a_gpu_profile_on_the_gpu_feature_maps(net_file, tmp_
     g = build_gmap(Net(str(f), TRAIN, mode="CPU"))
     prof = synthetic_profile(g, (2, 4, 8), *device_models(peak_flops=1e9, x_half=1e5,
                                                           h2d=5e8))
+    import minicaffe.kernels.cuda_fused as cuda_fused
+    from swap.runtime import pair_bn_scale
+    with cuda_fused.sized_as_gpu():          # what the GPU's profiler saw (meta["layout"])
+        on_gpu = Net(str(f), TRAIN, mode="CPU")
+        on_gpu.set_bn_scale_fusion(pair_bn_scale("dynamic"), planned=True)
+        on_gpu.reshape()
+    layout = build_gmap(on_gpu).at(8).layout()
+    assert layout["feature_maps"] < g.at(8).layout()["feature_maps"]
     gpu = dataclasses.replace(prof, mode="GPU",
-                              meta={**prof.meta, "transients": [[2, 4096], [8, 8192]]})
+                              meta={**prof.meta, "transients": [[2, 4096], [8, 8192]],
+                                    "layout": layout})
     pj = tmp_path / "gpu.json"
     gpu.save(pj)
     # the reserve has the tuner's 64 MiB of slack over the transients
@@ -537,10 +546,12 @@ def test_plan_command_plans_a_gpu_profile_on_the_gpu_feature_maps(net_file, tmp_
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "(gpu layout, the scratch reserve the profile measured:" in out
-    assert "less a scratch reserve of" in out
+    assert "less a scratch reserve of" in out and "note: " not in out
     assert main(args + ["--layout", "cpu"]) == 0
     cpu = capsys.readouterr().out
     assert "(cpu layout, the scratch reserve" in cpu
+    assert (f"note: at minibatch 8 the profile's run on {prof.device} planned "
+            f"{layout['feature_maps']} feature maps") in cpu
     pairs = Net(str(f), TRAIN, mode="CPU").find_bn_scale_pairs()   # none on the CPU
     assert pairs == [] and maps(cpu) == len(g.feature_maps())
     assert maps(out) < maps(cpu)

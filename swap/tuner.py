@@ -1035,6 +1035,26 @@ def _rescale_schedule(param, start_iter: int, images_done: int, k_base: int, k_s
     return new_max
 
 
+def _no_copy_cost_words(profile) -> str:
+    """Why a GPU profile's model prices the copies beside the compute at zero (the log of
+    stage 2): the tuner's copy limit then rules out no k (session 29's ResNet-152 run: its
+    calibration dropped as host-bound, k* 90 offloaded 24 % and ran 1.032x `none`)."""
+    import os
+
+    from .model import ENV_COPY_SLOWDOWN, copy_slowdown_fit
+    if os.environ.get(ENV_COPY_SLOWDOWN, "").strip():
+        why = f"${ENV_COPY_SLOWDOWN} sets it to zero"
+    else:
+        cal = (profile.meta or {}).get("copy_calibration")
+        if not cal:
+            why = "the profile has no copy calibration"
+        else:
+            why = (f"the copy calibration at minibatch {cal['k']} gives no fit "
+                   f"({copy_slowdown_fit(profile, cal)[1]})")
+    return (f"the copies are priced at zero beside the compute: {why}; the "
+            f"{100 * COPY_SLOWDOWN_LIMIT:.1f} % copy limit rules out no k")
+
+
 def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | None = None,
                   lr_rule: str = "eq9", convexity: float | None = None,
                   method: str = "linear", rule: str = "stall", profile=None,
@@ -1221,6 +1241,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         say(f"AccUDNN stage 2: compute beside a copy takes {100 * pcie.slow_out:.1f} % longer "
             f"(offload), {100 * pcie.slow_in:.1f} % (prefetch) ({src}); a k is stall-free only "
             f"if its copies add at most {100 * COPY_SLOWDOWN_LIMIT:.1f} % to its compute")
+    elif profile.mode == "GPU":
+        say("AccUDNN stage 2: " + _no_copy_cost_words(profile))
     if model.overhead is not None:
         oh = model.overhead
         say(f"AccUDNN stage 2: time outside the layer steps {1e3 * oh.a:.3f} ms + "

@@ -842,3 +842,23 @@ def test_the_host_bound_timed_anew_moves_the_prediction():
     assert m.host.whole == 0.080                                    # the original stays
     with pytest.raises(ValueError, match="no whole-iteration host bound"):
         ComputeModel.uniform(curve).with_host_whole(0.1)
+
+
+def test_the_tuner_says_why_the_copies_are_priced_at_zero(monkeypatch):
+    """A GPU profile whose copy calibration gives no fit, or that has none, leaves the copies
+    at zero and the copy limit without effect; stage 2's log says which (session 29: a
+    ResNet-152 run's calibration was dropped as host-bound, silently)."""
+    from swap.model import ENV_COPY_SLOWDOWN
+    from swap.tuner import _no_copy_cost_words
+    monkeypatch.delenv(ENV_COPY_SLOWDOWN, raising=False)
+    prof, kept = _copy_profile(0.02, 0.05)
+    bad = dict(prof.meta["copy_calibration"], kept=(kept + np.array([0, 0, 0.5, 0])).tolist())
+    words = _no_copy_cost_words(dataclasses.replace(prof, meta={"copy_calibration": bad}))
+    assert "calibration at minibatch 8 gives no fit (disturbed)" in words
+    assert "copy limit rules out no k" in words
+    hosty = _with_host(prof, [0.9] * 4)
+    assert "(host-bound)" in _no_copy_cost_words(hosty)
+    bare, _ = _copy_profile(calibrated=False)
+    assert "the profile has no copy calibration" in _no_copy_cost_words(bare)
+    monkeypatch.setenv(ENV_COPY_SLOWDOWN, "0")
+    assert f"${ENV_COPY_SLOWDOWN} sets it to zero" in _no_copy_cost_words(prof)

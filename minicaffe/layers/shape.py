@@ -48,7 +48,9 @@ class _ViewLayer(Layer):
 class FlattenLayer(_ViewLayer):
     """Merge axes ``axis`` .. ``end_axis`` (inclusive; defaults 1 and -1) into one.
 
-    (N, C, H, W) -> (N, C*H*W) by default. Not allowed in place, as in Caffe.
+    (N, C, H, W) -> (N, C*H*W) by default. With ``end_axis`` one before ``axis`` the
+    merged range is empty and an axis of extent 1 is inserted at ``axis``, as Caffe's
+    ``count(axis, end_axis + 1)`` gives. Not allowed in place, as in Caffe.
     """
 
     type = "Flatten"
@@ -57,10 +59,12 @@ class FlattenLayer(_ViewLayer):
         p = self.param.flatten_param
         start = self.canonical_axis(b, p.axis)
         end = self.canonical_axis(b, p.end_axis, "end_axis")
-        if end < start:
+        # Caffe takes count(start, end + 1), which Blob::count allows down to end + 1 ==
+        # start: an empty product, so end_axis just before axis inserts an axis of extent 1.
+        if end + 1 < start:
             raise ValueError(
                 f"layer {self.name!r} of type Flatten: end_axis {p.end_axis} comes before axis "
-                f"{p.axis} for bottom {b.name!r} of shape {b.shape}")
+                f"{p.axis} by more than one for bottom {b.name!r} of shape {b.shape}")
         return tuple(b.shape[:start]) + (prod(b.shape[start:end + 1]),) + tuple(b.shape[end + 1:])
 
     def reshape(self, bottom, top):

@@ -37,6 +37,10 @@ def flatten_text(params=""):
     ("axis: 1 end_axis: -2", (2, 18, 5)),
     ("axis: -1", (2, 3, 6, 5)),
     ("axis: 0", (180,)),
+    # end_axis one before axis: Caffe's count(axis, end_axis + 1) is the empty product 1, so
+    # Flatten inserts an axis of extent 1 there (flatten_layer.cpp; Blob::count allows it)
+    ("axis: 2 end_axis: 1", (2, 3, 1, 6, 5)),
+    ("axis: 1 end_axis: 0", (2, 1, 3, 6, 5)),
 ])
 def test_flatten_shapes(params, expected):
     layer, bottom, top = setup(flatten_text(params))
@@ -69,7 +73,7 @@ def test_flatten_errors():
     with pytest.raises(ValueError, match="end_axis 7 out of range"):
         setup(flatten_text("end_axis: 7"))
     with pytest.raises(ValueError, match="comes before"):
-        setup(flatten_text("axis: 2 end_axis: 1"))
+        setup(flatten_text("axis: 3 end_axis: 1"))
 
 
 # ------------------------------------------------------------------ Reshape

@@ -13,7 +13,9 @@ Level l pools into ``bins = 2^l`` windows per axis with Caffe's ``GetPoolingPara
     pad    = (kernel * bins - H + 1) / 2      (integer division)
 
 and the same for W.  The pooling is Caffe's CAFFE-engine PoolingLayer (SPP constructs it
-directly, not through the layer factory, so never cuDNN): ceil rounding, the last window
+directly, not through the layer factory, so never cuDNN) in the TRAIN phase whatever the
+net's (its LayerParameter is made afresh, phase unset: STOCHASTIC samples in a TEST net
+too, and never takes the test-time weighted average): ceil rounding, the last window
 dropped when it starts in the padding (which, for these parameters, always leaves exactly
 ``bins`` windows), AVE dividing by the window clipped to the padded input.  Each level is a
 :class:`~minicaffe.layers.pooling.PoolingLayer` here too; Caffe's pooling checks apply, so a
@@ -130,7 +132,9 @@ class SPPLayer(Layer):
         lp = caffe_pb2.LayerParameter()
         lp.name = f"{self.name}/level{level}"
         lp.type = "Pooling"
-        lp.phase = self.phase
+        # GetPoolingParam starts from an empty LayerParameter, so each level has the proto
+        # default phase TRAIN in any net: STOCHASTIC samples in TEST nets too (spp_layer.cpp)
+        lp.phase = caffe_pb2.TRAIN
         pp = lp.pooling_param
         pp.pool = self.method
         pp.kernel_h, pp.kernel_w = kh, kw

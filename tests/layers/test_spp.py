@@ -122,20 +122,29 @@ def test_adaptive_pooling_differs_where_caffe_pads(rng):
     np.testing.assert_allclose(top.data, reference(x, 2, "AVE"), rtol=1e-13)
 
 
-def test_stochastic_test_phase():
-    """STOCHASTIC in TEST: sum(x^2) / sum(x) over each window (no padding at 8x8)."""
+@pytest.mark.parametrize("phase", [0, 1])
+def test_stochastic_samples_in_both_phases(phase):
+    """Caffe's GetPoolingParam builds each level's LayerParameter afresh, so its phase is
+    the proto default TRAIN whatever the net's phase: a STOCHASTIC SPP samples one pixel per
+    window in a TEST net too (never the test-time weighted average), and has a backward."""
     x = np.random.default_rng(1).uniform(0.1, 1.0, (2, 2, 8, 8))
-    layer = make_layer(spp_text(3, "STOCHASTIC"), phase=1)
+    layer = make_layer(spp_text(3, "STOCHASTIC"), phase=phase)
     bottom, top = [make_blob(x)], [Blob(dtype=np.float64)]
     layer.setup(bottom, top)
     layer.forward(bottom, top)
-    parts = []
+    y = to_numpy(top[0].data)
+    offset = 0
     for lv in range(3):
-        k = 8 // 2 ** lv
-        win = x.reshape(2, 2, 2 ** lv, k, 2 ** lv, k)
-        parts.append(((win ** 2).sum(axis=(3, 5)) / win.sum(axis=(3, 5))).reshape(2, -1))
-    np.testing.assert_allclose(top[0].data, np.concatenate(parts, axis=1), rtol=1e-6)
+        b, k = 2 ** lv, 8 // 2 ** lv
+        win = x.reshape(2, 2, b, k, b, k).transpose(0, 1, 2, 4, 3, 5).reshape(2, 2, b, b, -1)
+        got = y[:, offset:offset + 2 * b * b].reshape(2, 2, b, b)
+        offset += 2 * b * b
+        assert (win == got[..., None]).any(axis=-1).all(), f"level {lv}: not a sampled pixel"
     assert set(layer.backward_reads().internals) == {f"level{lv}/rand_idx" for lv in range(3)}
+    top[0].diff[...] = 1.0
+    layer.backward(top, [True], bottom)
+    # each level routes each bin's gradient to its one sampled pixel: 1 + 4 + 16 per image
+    np.testing.assert_allclose(to_numpy(bottom[0].diff).sum(axis=(2, 3)), 21.0)
 
 
 @pytest.mark.parametrize("pool", ["MAX", "AVE"])

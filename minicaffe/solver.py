@@ -409,8 +409,10 @@ class Solver:
             return {}
         means = {k: to_numpy(v) / n for k, v in sums.items()}
         if self.param.test_compute_loss:
-            self._log(f"Test loss: {float(loss) / n:.6g}")
-        self._log_outputs(net, "Test", means)
+            # test_iter 0 (HED's solver): Caffe's float loss /= 0 logs nan, it does not stop
+            self._log(f"Test loss: {float(loss) / n if n else float('nan'):.6g}")
+        if means:  # test_iter 0: Caffe's test_score is empty, and nothing is logged
+            self._log_outputs(net, "Test", means)
         return {k: (float(v[0]) if v.size == 1 else v) for k, v in means.items()}
 
     # ------------------------------------------------------ update

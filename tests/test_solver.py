@@ -206,6 +206,20 @@ def test_test_nets_share_weights_and_test_at_init(tmp_path):
     assert calls == [0, 5]
 
 
+
+@pytest.mark.parametrize("compute_loss", [False, True])
+def test_zero_test_iter_tests_nothing_and_trains_on(compute_loss):
+    """HED's solver (s9xie/hed examples/hed/solver.prototxt) says ``test_iter: 0`` beside a
+    ``test_interval``: Caffe's Solver::Test (src/caffe/solver.cpp) then runs no batch, its
+    test_score stays empty and no output is logged ("Test loss" is 0/0 where asked for);
+    training goes on."""
+    p = solver_param(test_interval=2, test_iter=[0], test_initialization=True, max_iter=4,
+                     test_compute_loss=compute_loss)
+    s = Solver(p, verbose=True)
+    assert s.test(0) == {}
+    s.step(3)
+    assert s.iter == 3
+
 def test_training_fits_a_fixed_batch():
     text = NET.replace('type: "DummyData"', 'type: "Input"').replace(
         "dummy_data_param { shape { dim: 8 dim: 4 } shape { dim: 8 dim: 2 }\n"

@@ -65,6 +65,18 @@ def resolve_path(path: str, base_dir: str | None) -> str:
 
 
 # ------------------------------------------------------------ lr policies
+def _c_pow(base: float, exponent: float) -> float:
+    """C's ``pow`` as sgd_solver.cpp calls it: a negative base to a fractional exponent is
+    NaN (Python's ``**`` would give a complex number), an integral exponent keeps the sign
+    rule. ``poly`` past max_iter (pycaffe's step() is not bounded by it) and ``inv`` with
+    a negative gamma reach such bases; Caffe trains on with the NaN rate."""
+    if base < 0 and not float(exponent).is_integer():
+        return math.nan
+    if base == 0 and exponent < 0:
+        return math.inf   # C's pow(0, -y); Python's ** raises ZeroDivisionError
+    return float(base ** exponent)
+
+
 def learning_rate(p, it: int, current_step: int = 0) -> float:
     """Caffe's SGDSolver::GetLearningRate for iteration ``it``."""
     policy = p.lr_policy or "fixed"
@@ -78,11 +90,11 @@ def learning_rate(p, it: int, current_step: int = 0) -> float:
     if policy == "exp":
         return base * p.gamma ** it
     if policy == "inv":
-        return base * (1 + p.gamma * it) ** (-p.power)
+        return base * _c_pow(1 + p.gamma * it, -p.power)
     if policy == "multistep":
         return base * p.gamma ** current_step
     if policy == "poly":
-        return base * (1.0 - it / float(p.max_iter)) ** p.power
+        return base * _c_pow(1.0 - it / float(p.max_iter), p.power)
     if policy == "sigmoid":
         return base * (1.0 / (1.0 + math.exp(-p.gamma * (it - p.stepsize))))
     raise ValueError(

@@ -56,6 +56,34 @@ def test_lr_policies(policy, kw, it, expected):
     assert learning_rate(p, it) == pytest.approx(expected)
 
 
+
+@pytest.mark.parametrize("policy, kw, it, expected", [
+    ("poly", dict(power=0.5, max_iter=10), 12, math.nan),      # (-0.2) ** 0.5
+    ("poly", dict(power=2.0, max_iter=10), 12, 0.1 * 0.2 ** 2),  # (-0.2) ** 2
+    ("inv", dict(gamma=-0.5, power=0.75), 4, math.nan),        # (1 - 2) ** -0.75
+    ("inv", dict(gamma=-0.5, power=0.75), 2, math.inf),        # 0 ** -0.75
+])
+def test_lr_policies_past_their_domain_give_cs_pow(policy, kw, it, expected):
+    """sgd_solver.cpp GetLearningRate takes C's pow: a negative base to a fractional power is
+    NaN (Caffe trains on with it), an integral power keeps its sign rule. Python's ** gave
+    a complex rate there, and the update then failed to cast it; pycaffe's step() may well run
+    a poly schedule (bvlc_googlenet's quick_solver.prototxt) past its max_iter."""
+    p = caffe_pb2.SolverParameter(base_lr=0.1, lr_policy=policy, **kw)
+    rate = learning_rate(p, it)
+    assert isinstance(rate, float)
+    if math.isnan(expected):
+        assert math.isnan(rate)
+    elif math.isinf(expected):
+        assert rate == expected
+    else:
+        assert rate == pytest.approx(expected)
+
+
+def test_poly_solver_steps_past_max_iter():
+    s = Solver(solver_param(lr_policy="poly", power=0.5, max_iter=2), verbose=False)
+    s.step(4)  # iteration 3 has 1 - 3/2 < 0
+    assert s.iter == 4 and np.isnan(s.net.params["ip1"][0].data).all()
+
 def test_nets_merge_the_net_files_state_block():
     """Solver::InitTrainNet / InitTestNets: phase, then the net's own ``state { }``, then
     train_state / test_state, each merged over the one before."""

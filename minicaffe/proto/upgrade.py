@@ -209,8 +209,8 @@ def upgrade_v1_layer(v1_layer, index=0):
 def _upgrade_v1_net(net):
     """Replace ``layers`` by upgraded ``layer`` entries (in place; UpgradeV1Net)."""
     if len(net.layer) > 0:
-        # Caffe ignores the `layer` entries here, with an error in its log; a net that mixes the two
-        # formats is almost certainly a mistake, so refuse it outright.
+        # Caffe's UpgradeV1Net (src/caffe/util/upgrade_proto.cpp) stops here too, with LOG(FATAL)
+        # "Refusing to upgrade inconsistent NetParameter input".
         raise ValueError(f"the net specifies both V1 'layers' ({len(net.layers)}) and new-style "
                          f"'layer' ({len(net.layer)}) entries; use one format")
     upgraded = [upgrade_v1_layer(v1, i) for i, v1 in enumerate(net.layers)]

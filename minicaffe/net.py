@@ -115,9 +115,11 @@ def insert_splits(param):
     for i, layer in enumerate(param.layer):
         for j, name in enumerate(layer.bottom):
             if name not in last_top:
-                raise ValueError(
+                err = ValueError(
                     f"layer {layer.name!r}: unknown bottom blob {name!r} (bottom index {j}); "
                     f"blobs defined so far: {sorted(last_top) or 'none'}")
+                err.layer_index = i   # Net._init says the layer's line in the file
+                raise err
             src = last_top[name]
             source[(i, j)] = src
             readers[src] = readers.get(src, 0) + 1
@@ -249,7 +251,10 @@ class Net:
                 text = f.read().decode("utf-8", errors="replace")
         except OSError:
             return None
-        return layer_line(text, lp.name, lp.type)
+        line = layer_line(text, lp.name, lp.type)
+        if line is None:   # a V1 file says 'type: ACCURACY' where the upgraded layer says "Accuracy"
+            line = layer_line(text, lp.name)
+        return line
 
     def _init(self, param):
         where = self._where()
@@ -261,7 +266,12 @@ class Net:
         try:
             param = insert_splits(filtered)
         except ValueError as e:
-            raise ValueError(f"{where}net {param.name!r}: {e}") from None
+            # a deploy file that kept its Accuracy layer (LightenedCNN_B_deploy.prototxt) reads
+            # a 'label' that no layer makes: say where that layer is
+            li = getattr(e, "layer_index", None)
+            line = self._layer_line(filtered.layer[li]) if li is not None else None
+            at = f"{self.source}:{line}: " if line is not None else where
+            raise ValueError(f"{at}net {param.name!r}: {e}") from None
         self.param = param
         self.name = param.name
         self.force_backward = param.force_backward

@@ -207,6 +207,22 @@ def test_errors_name_the_culprit(text, message):
         Net(net_param(text), caffe.TEST)
 
 
+
+def test_unknown_bottom_names_the_layers_line(tmp_path):
+    """AlfredXiangWu/face_verification_experiment's LightenedCNN_B_deploy.prototxt keeps a V1
+    ACCURACY layer reading 'label' in phase TEST: Caffe stops with "Unknown bottom blob 'label'
+    (layer 'accuracy', bottom index 1)"; the error also says where that layer is in the file."""
+    path = tmp_path / "deploy.prototxt"
+    path.write_text('name: "n"\ninput: "data"\ninput_dim: 1\ninput_dim: 2\ninput_dim: 1\ninput_dim: 1\n'
+                    'layers {\n  name: "fc"\n  type: INNER_PRODUCT\n  bottom: "data"\n  top: "fc"\n'
+                    '  inner_product_param { num_output: 3 }\n}\n'
+                    'layers {\n  name: "accuracy"\n  type: ACCURACY\n  bottom: "fc"\n'
+                    '  bottom: "label"\n  top: "accuracy"\n  include: { phase: TEST }\n}\n')
+    with pytest.raises(ValueError, match=r"deploy\.prototxt:14: .*layer 'accuracy': unknown "
+                                         r"bottom blob 'label' \(bottom index 1\)"):
+        Net(str(path), caffe.TEST)
+    assert Net(str(path), caffe.TRAIN).blobs["fc"].data.shape == (1, 3)
+
 def test_unknown_type_lists_known_types():
     with pytest.raises(ValueError) as e:
         Net(net_param('layer { name: "x" type: "Convolutoin" top: "x" }'), caffe.TEST)

@@ -130,6 +130,12 @@ class Solver:
             self.source = os.fspath(param)
             self.source_dir = os.path.dirname(os.path.abspath(self.source))
             param = read_solver_param(self.source)
+            # UpgradeSnapshotPrefixProperty (src/caffe/util/upgrade_proto.cpp), as Caffe reads a
+            # solver file: a snapshot_prefix naming an existing directory gets the solver file's
+            # stem appended (an unset one becomes the file's path less its extension: _prefix)
+            if param.snapshot_prefix and os.path.isdir(param.snapshot_prefix):
+                stem = os.path.splitext(os.path.basename(self.source))[0]
+                param.snapshot_prefix = os.path.join(param.snapshot_prefix, stem)
         else:
             self.source = None
         self.param = upgrade_solver(param)

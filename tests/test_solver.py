@@ -248,6 +248,29 @@ def test_zero_test_iter_tests_nothing_and_trains_on(compute_loss):
     s.step(3)
     assert s.iter == 3
 
+
+@pytest.mark.parametrize("prefix, made", [
+    ("snaps", "snaps/quick_solver_iter_2"),    # a directory: the solver file's stem is added
+    ("snaps/", "snaps/quick_solver_iter_2"),
+    ("snap", "snap_iter_2"),                   # no such directory: a plain prefix
+])
+def test_snapshot_prefix_naming_a_directory_gets_the_solver_files_stem(tmp_path, monkeypatch,
+                                                                        prefix, made):
+    """Caffe's ReadSolverParamsFromTextFileOrDie ends with UpgradeSnapshotPrefixProperty
+    (src/caffe/util/upgrade_proto.cpp): a snapshot_prefix that is an existing directory becomes
+    <dir>/<solver file stem>, so that a solver saying ``snapshot_prefix: "snapshots/"`` writes
+    snapshots/<stem>_iter_N.caffemodel rather than snapshots/_iter_N.caffemodel."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "snaps").mkdir()
+    (tmp_path / "net.prototxt").write_text(NET)
+    (tmp_path / "quick_solver.prototxt").write_text(
+        f'net: "net.prototxt"\nbase_lr: 0.01\nmax_iter: 2\nsnapshot: 2\n'
+        f'snapshot_prefix: "{prefix}"\nsolver_mode: CPU\nrandom_seed: 1\n')
+    s = Solver("quick_solver.prototxt", verbose=False)
+    s.step(2)
+    assert (tmp_path / f"{made}.caffemodel").is_file()
+    assert (tmp_path / f"{made}.solverstate").is_file()
+
 def test_training_fits_a_fixed_batch():
     text = NET.replace('type: "DummyData"', 'type: "Input"').replace(
         "dummy_data_param { shape { dim: 8 dim: 4 } shape { dim: 8 dim: 2 }\n"

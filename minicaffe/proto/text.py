@@ -46,6 +46,29 @@ _EXPECTED_STRING = re.compile(r"Expected string but found: '(\w+)'")
 
 _V1_NAME_BY_TYPE = {v: k for k, v in V1_LAYER_TYPES.items() if v}
 _V1_ONLY_FIELDS = ("blobs_lr", "weight_decay", "blob_share_mode")
+
+# Fields that Caffe forks added to BVLC messages, and what BVLC Caffe says instead: a spelling
+# guess ("did you mean type?" for SSD's eval_type) would send the reader the wrong way.
+_SSD_SOLVER = ("comes from SSD's Caffe fork (detection evaluation in the solver); BVLC Caffe "
+               "has no such field: remove it")
+_FORK_FIELDS = {
+    ("PoolingParameter", "ceil_mode"): (
+        "ceil_mode comes from a Caffe fork (DeepLab, PSPNet, ...); BVLC Caffe writes "
+        "round_mode: CEIL (its default) or round_mode: FLOOR (for ceil_mode: false)"),
+    ("ConvolutionParameter", "hole"): (
+        "hole is DeepLab v1's fork field for the atrous rate; BVLC Caffe calls it dilation"),
+    ("ConvolutionParameter", "hole_h"): (
+        "hole_h is DeepLab v1's fork field for the atrous rate; BVLC Caffe calls it dilation"),
+    ("ConvolutionParameter", "hole_w"): (
+        "hole_w is DeepLab v1's fork field for the atrous rate; BVLC Caffe calls it dilation"),
+    ("DropoutParameter", "scale_train"): (
+        "scale_train comes from the Caffe fork of py-faster-rcnn / R-FCN; BVLC Caffe always "
+        "scales by 1/(1 - ratio) in training (scale_train: true); with scale_train: false that "
+        "fork scales by (1 - ratio) at test time instead, which BVLC Caffe cannot express"),
+    ("SolverParameter", "eval_type"): "eval_type " + _SSD_SOLVER,
+    ("SolverParameter", "ap_version"): "ap_version " + _SSD_SOLVER,
+    ("SolverParameter", "show_per_class_result"): "show_per_class_result " + _SSD_SOLVER,
+}
 _LAYER_FIELDS = caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name
 _SOLVER_FIELDS = caffe_pb2.SolverParameter.DESCRIPTOR.fields_by_name
 
@@ -65,6 +88,8 @@ def _hint(message, before):
     match = _NO_FIELD.search(message)
     if match:
         type_name, field = match.groups()
+        if (type_name, field) in _FORK_FIELDS:
+            return _FORK_FIELDS[(type_name, field)]
         descriptor = caffe_pb2.DESCRIPTOR.message_types_by_name.get(type_name)
         if type_name == "LayerParameter" and field in _V1_ONLY_FIELDS:
             return (f'"{field}" is a V1 field (legacy "layers {{ }}" blocks); in a "layer {{ }}" '

@@ -285,6 +285,30 @@ def test_parse_error_hints(text, needle):
     assert needle in str(info.value)
 
 
+
+@pytest.mark.parametrize("cls, text, needle", [
+    # PSPNet / DeepLab forks
+    (caffe_pb2.NetParameter, 'layer { name: "p" type: "Pooling" pooling_param { ceil_mode: false } }',
+     "round_mode: FLOOR"),
+    (caffe_pb2.NetParameter, 'layer { name: "c" type: "Convolution" convolution_param { hole: 2 } }',
+     "dilation"),
+    # py-faster-rcnn models/pascal_voc/ZF/faster_rcnn_end2end/test.prototxt
+    (caffe_pb2.NetParameter, 'layer { name: "d" type: "Dropout" dropout_param { scale_train: false } }',
+     "cannot express"),
+    # chuanqi305/MobileNet-SSD solver_train.prototxt
+    (caffe_pb2.SolverParameter, 'base_lr: 0.0005\neval_type: "detection"\nap_version: "11point"\n',
+     "SSD's Caffe fork"),
+])
+def test_parse_errors_on_fork_fields_say_what_bvlc_caffe_has(cls, text, needle):
+    """Fields that Caffe forks added to BVLC's messages fail to parse, as in Caffe; the hint
+    names the fork and BVLC's equivalent rather than a near spelling (SSD's eval_type was
+    answered 'did you mean "type" or "solver_type"?')."""
+    with pytest.raises(PrototxtError) as info:
+        parse_text(text, cls, filename="f.prototxt")
+    msg = str(info.value)
+    assert msg.startswith("f.prototxt:") and "has no field named" in msg
+    assert needle in msg and "did you mean" not in msg
+
 def test_unknown_param_of_a_fork_layer_names_the_layer_type(tmp_path):
     """A fork's layer carries a parameter block BVLC's schema lacks: the parse error (at that
     field, as Caffe's) says that the layer type is no BVLC type, instead of guessing a typo."""

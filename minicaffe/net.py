@@ -26,6 +26,7 @@ import numpy as np
 from .backend import array_module, normalize_mode, to_numpy
 from .blob import Blob
 from .layer import UnknownLayerTypeError, create_layer
+from .log import log
 from .proto import caffe_pb2, read_binary, read_net_param, upgrade_net, write_binary
 from .proto.text import layer_line
 
@@ -275,6 +276,9 @@ class Net:
         self.param = param
         self.name = param.name
         self.force_backward = param.force_backward
+        # Net::debug_info_: per-layer mean |data| / |diff| logs; the solver sets it for the
+        # iterations it displays when its own debug_info is on (Solver::Step)
+        self.debug_info = bool(param.debug_info)
 
         self.layers = []
         self.layer_names: list[str] = []
@@ -609,6 +613,8 @@ class Net:
         loss = 0.0
         for li in range(start, end + 1):
             loss = loss + self.forward_layer(li)
+            if self.debug_info:
+                self._forward_debug_info(li)
         return loss
 
     def backward_from_to(self, start: int | None = None, end: int = 0):
@@ -619,6 +625,8 @@ class Net:
             self._unpair_if_split(start, end)
         for li in range(start, end - 1, -1):
             self.backward_layer(li)
+            if self.debug_info and self.layer_need_backward[li]:
+                self._backward_debug_info(li)
 
     def forward_backward(self):
         """One forward and backward pass; returns the loss as a device scalar."""
@@ -626,7 +634,51 @@ class Net:
             return self.executor.forward_backward()
         loss = self.forward_from_to()
         self.backward_from_to()
+        if self.debug_info:   # Net::Backward (the whole pass) ends with the norms of all params
+            self._params_norm_debug_info()
         return loss
+
+    # Caffe's Net::ForwardDebugInfo / BackwardDebugInfo / Backward (src/caffe/net.cpp), each a
+    # host sync per blob: they run only while debug_info is on
+    def _param_display_name(self, li: int, pi: int) -> str:
+        specs = self.param_specs[li]
+        name = specs[pi].name if pi < len(specs) else ""
+        return name or str(pi)
+
+    def _forward_debug_info(self, li: int):
+        name = self.layer_names[li]
+        for bname, blob in zip(self.layer_top_names[li], self.top_vecs[li]):
+            mean = float(np.abs(to_numpy(blob.data)).sum()) / max(blob.count, 1)
+            log(f"    [Forward] Layer {name}, top blob {bname} data: {mean:.6g}", where="net")
+        for pi, blob in enumerate(self.layers[li].blobs):
+            mean = float(np.abs(to_numpy(blob.data)).sum()) / max(blob.count, 1)
+            log(f"    [Forward] Layer {name}, param blob {self._param_display_name(li, pi)} "
+                f"data: {mean:.6g}", where="net")
+
+    def _backward_debug_info(self, li: int):
+        name, layer = self.layer_names[li], self.layers[li]
+        for bi, (bname, blob) in enumerate(zip(self.layer_bottom_names[li], self.bottom_vecs[li])):
+            if not self.bottom_need_backward[li][bi]:
+                continue
+            mean = float(np.abs(to_numpy(blob.diff)).sum()) / max(blob.count, 1)
+            log(f"    [Backward] Layer {name}, bottom blob {bname} diff: {mean:.6g}", where="net")
+        for pi, blob in enumerate(layer.blobs):
+            if not layer.param_propagate_down[pi]:
+                continue
+            mean = float(np.abs(to_numpy(blob.diff)).sum()) / max(blob.count, 1)
+            log(f"    [Backward] Layer {name}, param blob {pi} diff: {mean:.6g}", where="net")
+
+    def _params_norm_debug_info(self):
+        asum_data = asum_diff = sumsq_data = sumsq_diff = 0.0
+        for blob in self.learnable_params:
+            d, g = to_numpy(blob.data).astype(np.float64), to_numpy(blob.diff).astype(np.float64)
+            asum_data += float(np.abs(d).sum())
+            asum_diff += float(np.abs(g).sum())
+            sumsq_data += float((d * d).sum())
+            sumsq_diff += float((g * g).sum())
+        log(f"    [Backward] All net params (data, diff): L1 norm = ({asum_data:.6g}, "
+            f"{asum_diff:.6g}); L2 norm = ({np.sqrt(sumsq_data):.6g}, {np.sqrt(sumsq_diff):.6g})",
+            level="E", where="net")
 
     def _executor_pass(self, what: str, whole: bool):  # swap/ hook
         if what == "forward" and whole:

@@ -304,6 +304,8 @@ class Solver:
             for cb in self.callbacks:
                 getattr(cb, "on_start", lambda s: None)(self)
             display = p.display and self.iter % p.display == 0
+            # Solver::Step: net_->set_debug_info(display && param_.debug_info())
+            self.net.debug_info = bool(display and p.debug_info)
             if graph is not None:
                 # clear diffs, forward, backward and the SGD update: one CUDA graph launch
                 loss = graph.step(advance=False)

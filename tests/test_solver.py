@@ -271,6 +271,36 @@ def test_snapshot_prefix_naming_a_directory_gets_the_solver_files_stem(tmp_path,
     assert (tmp_path / f"{made}.caffemodel").is_file()
     assert (tmp_path / f"{made}.solverstate").is_file()
 
+
+def test_debug_info_logs_each_layers_blobs_on_displayed_iterations(monkeypatch):
+    """HED's solver.prototxt carries a commented-out ``debug_info: true``. Caffe's Solver::Step
+    sets net_->set_debug_info(display && debug_info); Net::ForwardDebugInfo, BackwardDebugInfo
+    and Backward (src/caffe/net.cpp) then log the mean |data| of each top and param blob, the
+    mean |diff| of each bottom that gets one and of each learnable param blob, and the L1/L2
+    norms of all params. minicaffe read the field and logged nothing."""
+    import io
+    from minicaffe import log as mlog
+    stream = io.StringIO()
+    monkeypatch.setattr(mlog, "_state", {"stream": stream, "quiet": False})
+    s = Solver(solver_param(debug_info=True, display=2), verbose=False)
+    s.step(1)                                   # iteration 0 is displayed
+    net = s.net
+    lines = stream.getvalue().splitlines()
+    # the in-place relu's line reports ip1 as the blob still holds it after the step
+    ip1 = float(np.abs(net.blobs["ip1"].data).mean())
+    fwd = [l for l in lines if "[Forward] Layer relu, top blob ip1 data: " in l]
+    assert len(fwd) == 1 and float(fwd[0].rsplit(" ", 1)[1]) == pytest.approx(ip1, rel=1e-5)
+    assert sum("[Forward] Layer ip1, top blob ip1 data: " in l for l in lines) == 1
+    assert any("[Forward] Layer ip1, param blob 0 data: " in l for l in lines)
+    assert any("[Backward] Layer ip2, bottom blob ip1 diff: " in l for l in lines)
+    assert any("[Backward] Layer ip1, param blob 1 diff: " in l for l in lines)
+    # the data layer's tops need no diff, and so get no backward line
+    assert not any("bottom blob data diff" in l for l in lines)
+    assert sum("[Backward] All net params (data, diff): L1 norm = (" in l for l in lines) == 1
+    n = len(lines)
+    s.step(1)                                   # iteration 1 is not displayed: no layer lines
+    assert not any("[Forward]" in l or "[Backward]" in l for l in stream.getvalue().splitlines()[n:])
+
 def test_training_fits_a_fixed_batch():
     text = NET.replace('type: "DummyData"', 'type: "Input"').replace(
         "dummy_data_param { shape { dim: 8 dim: 4 } shape { dim: 8 dim: 2 }\n"

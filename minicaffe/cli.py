@@ -350,7 +350,10 @@ def cmd_train(args):
     graph = True if args.cuda_graph else None  # None: $MINICAFFE_CUDA_GRAPH decides
     state = dict(level=args.level, stages=_stages(args))
     if args.solver:
-        solver = Solver(args.solver, mode=mode, device_id=dev, cuda_graph=graph, **state)
+        # caffe.cpp train: -snapshot clears the solver file's `weights`, -weights replaces them
+        weights = [] if args.snapshot else (args.weights or None)
+        solver = Solver(args.solver, mode=mode, device_id=dev, cuda_graph=graph,
+                        weights=weights, **state)
     else:
         if mode is None:
             from .backend import gpu_available
@@ -359,7 +362,7 @@ def cmd_train(args):
                         cuda_graph=graph, **state)
     log(f"Using {solver.mode} mode; net {solver.net.name!r}: {len(solver.net.layers)} layers, "
         f"{sum(p.count for p in solver.net.learnable_params):,} learnable parameters")
-    if args.weights:
+    if args.weights and not args.solver:   # a solver file takes them as its `weights` above
         for w in args.weights.split(","):
             log(f"Finetuning from {w}")
             solver.net.copy_from(w)

@@ -124,7 +124,7 @@ class Solver:
     update_type: str | None = None
 
     def __init__(self, param, mode=None, device_id=None, net_param=None, dtype=np.float32,
-                 verbose=True, cuda_graph=None, level=None, stages=()):
+                 verbose=True, cuda_graph=None, level=None, stages=(), weights=None):
         self.source_dir = None
         if isinstance(param, (str, os.PathLike)):
             self.source = os.fspath(param)
@@ -142,6 +142,9 @@ class Solver:
         if level is not None:   # caffe.cpp train: -level replaces train_state's, -stage adds
             self.param.train_state.level = int(level)
         self.param.train_state.stage.extend(stages)
+        if weights is not None:  # caffe.cpp train: -weights replaces them, -snapshot clears them
+            self.param.ClearField("weights")
+            self.param.weights.extend([weights] if isinstance(weights, str) else weights)
         if self.update_type is not None:     # pycaffe's typed classes: the class decides
             self.param.type = self.update_type
         self.verbose = verbose
@@ -240,8 +243,24 @@ class Solver:
             if len(p.test_state):
                 state.MergeFrom(p.test_state[i])
             net = Net(tp, TEST, mode=self.mode, dtype=self.dtype, state=state)
+            net.debug_info = bool(p.debug_info)   # test_nets_[i]->set_debug_info(debug_info)
             net.share_trained_layers_with(self.net)
             self.test_nets.append(net)
+        self._load_weights()
+
+    def _load_weights(self):
+        """Solver::InitTrainNet / InitTestNets (src/caffe/solver.cpp): each ``weights`` entry,
+        a comma-separated list of models, is copied into the train net and into every test net
+        (LoadNetWeights, CopyTrainedLayersFrom by layer name)."""
+        for entry in self.param.weights:
+            for name in entry.split(","):
+                name = name.strip()
+                path = resolve_path(name, self.source_dir)
+                self._log(f"Finetuning from {name}")
+                self.net.copy_from(path)
+                for net in self.test_nets:
+                    net.copy_from(path)   # a test-only layer's params too
+                    net.share_trained_layers_with(self.net)
 
     # ------------------------------------------------------- the loop
     def _log(self, msg):

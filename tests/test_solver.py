@@ -300,6 +300,47 @@ def test_debug_info_logs_each_layers_blobs_on_displayed_iterations(monkeypatch):
     n = len(lines)
     s.step(1)                                   # iteration 1 is not displayed: no layer lines
     assert not any("[Forward]" in l or "[Backward]" in l for l in stream.getvalue().splitlines()[n:])
+    # InitTestNets: test_nets_[i]->set_debug_info(param_.debug_info()), displayed or not
+    t = Solver(solver_param(debug_info=True, test_iter=[1], test_interval=5), verbose=False)
+    assert t.test_nets[0].debug_info and not Solver(
+        solver_param(test_iter=[1], test_interval=5), verbose=False).test_nets[0].debug_info
+
+
+def test_solver_weights_field_initialises_train_and_test_nets(tmp_path, monkeypatch):
+    """SolverParameter.weights (field 42): Solver::InitTrainNet and InitTestNets copy each
+    entry, a comma-separated list of models, into the train net and every test net
+    (LoadNetWeights in src/caffe/solver.cpp); caffe.cpp's -weights replaces the entries and
+    -snapshot clears them. minicaffe read the field and trained from the fillers."""
+    monkeypatch.chdir(tmp_path)
+    test_only = ('layer { name: "extra" type: "InnerProduct" bottom: "ip2" top: "extra" '
+                 'include { phase: TEST } inner_product_param { num_output: 3 '
+                 'weight_filler { type: "gaussian" std: 1 } } }\n')
+    (tmp_path / "net.prototxt").write_text(NET + test_only)
+    src = caffe.Net(str(tmp_path / "net.prototxt"), caffe.TEST)
+    rng = np.random.default_rng(0)
+    for blobs in src.params.values():
+        for b in blobs:
+            b.data[...] = rng.standard_normal(b.data.shape)
+    src.save(str(tmp_path / "a.caffemodel"))
+    # a second model that holds only ip2, listed after the first: it wins for ip2
+    part = caffe_pb2.NetParameter()
+    for layer in src.to_proto().layer:
+        if layer.name == "ip2":
+            part.layer.add().CopyFrom(layer)
+    part.layer[0].blobs[1].data[:] = [7.0] * len(part.layer[0].blobs[1].data)
+    (tmp_path / "b.caffemodel").write_bytes(part.SerializeToString())
+    (tmp_path / "solver.prototxt").write_text(
+        'net: "net.prototxt"\ntest_iter: 1\ntest_interval: 100\nbase_lr: 0.01\n'
+        'max_iter: 1\nsolver_mode: CPU\nrandom_seed: 1\nweights: "a.caffemodel, b.caffemodel"\n')
+    s = Solver("solver.prototxt", verbose=False)
+    np.testing.assert_array_equal(s.net.params["ip1"][0].data, src.params["ip1"][0].data)
+    np.testing.assert_array_equal(s.net.params["ip2"][1].data, np.full(2, 7.0, np.float32))
+    t = s.test_nets[0]
+    np.testing.assert_array_equal(t.params["extra"][0].data, src.params["extra"][0].data)
+    assert np.shares_memory(t.params["ip1"][0].data, s.net.params["ip1"][0].data)
+    # caffe train -snapshot: the file's weights are cleared
+    cleared = Solver("solver.prototxt", verbose=False, weights=[])
+    assert not np.array_equal(cleared.net.params["ip1"][0].data, src.params["ip1"][0].data)
 
 def test_training_fits_a_fixed_batch():
     text = NET.replace('type: "DummyData"', 'type: "Input"').replace(

@@ -387,7 +387,10 @@ class Solver:
             self._log("Optimization stopped early.")
             return
         if p.display and self.iter % p.display == 0:
-            loss = float(self.net.forward_from_to())
+            # Solver::Solve: UpdateSmoothedLoss(loss, ...) first, so that this line reports
+            # the average over average_loss iterations as Step's display lines do
+            self._losses.append(float(self.net.forward_from_to()))
+            loss = sum(float(x) for x in self._losses) / len(self._losses)
             self._log(f"Iteration {self.iter}, loss = {loss:.6g}")
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()

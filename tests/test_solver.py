@@ -342,6 +342,26 @@ def test_solver_weights_field_initialises_train_and_test_nets(tmp_path, monkeypa
     cleared = Solver("solver.prototxt", verbose=False, weights=[])
     assert not np.array_equal(cleared.net.params["ip1"][0].data, src.params["ip1"][0].data)
 
+
+def test_solve_ends_with_the_smoothed_loss(monkeypatch):
+    """Solver::Solve (src/caffe/solver.cpp) ends with a forward pass whose loss goes through
+    UpdateSmoothedLoss before 'Iteration N, loss = ...' is logged: with average_loss 3 the line
+    gives the mean of the last two training losses and that pass's loss (Caffe's parse_log.py
+    reads it as the train loss at N), not the raw loss of the last pass."""
+    import io
+    from minicaffe import log as mlog
+    stream = io.StringIO()
+    monkeypatch.setattr(mlog, "_state", {"stream": stream, "quiet": False})
+    s = Solver(solver_param(display=1, average_loss=3, max_iter=4), verbose=True)
+    losses = []
+    forward = s.net.forward_from_to
+    monkeypatch.setattr(s.net, "forward_from_to",
+                        lambda *a, **k: losses.append(float(forward(*a, **k))) or losses[-1])
+    s.solve()
+    final = [l for l in stream.getvalue().splitlines() if "] Iteration 4, loss = " in l]
+    assert len(final) == 1 and len(losses) == 5    # 4 training iterations and the final pass
+    assert float(final[0].rsplit(" ", 1)[1]) == pytest.approx(np.mean(losses[-3:]), rel=1e-5)
+
 def test_training_fits_a_fixed_batch():
     text = NET.replace('type: "DummyData"', 'type: "Input"').replace(
         "dummy_data_param { shape { dim: 8 dim: 4 } shape { dim: 8 dim: 2 }\n"

@@ -352,7 +352,8 @@ def test_solve_ends_with_the_smoothed_loss(monkeypatch):
     from minicaffe import log as mlog
     stream = io.StringIO()
     monkeypatch.setattr(mlog, "_state", {"stream": stream, "quiet": False})
-    s = Solver(solver_param(display=1, average_loss=3, max_iter=4), verbose=True)
+    s = Solver(solver_param(display=1, average_loss=3, max_iter=4, snapshot_after_train=False),
+               verbose=True)
     losses = []
     forward = s.net.forward_from_to
     monkeypatch.setattr(s.net, "forward_from_to",

@@ -281,8 +281,9 @@ class LinkModel:
             timed = [(None, s) for s in sends]
         failed = []
         for t, (key, sock, frames, rid) in timed:
-            if t is not None and t - self._clock() > 0:
-                self._sleep(t - self._clock())
+            rest = None if t is None else t - self._clock()   # read the clock once: a
+            if rest is not None and rest > 0:                   # second read may be past t
+                self._sleep(rest)
             try:
                 send(sock, frames, rid)
             except zmq.ZMQError as e:

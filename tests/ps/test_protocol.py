@@ -137,6 +137,32 @@ def test_link_model_sends_each_message_at_its_arrival_time():
         LinkModel(latency_ms=-1)
 
 
+def test_send_all_reads_the_clock_once_before_it_sleeps():
+    """A clock that moves between two reads must not give sleep() a negative length (a
+    ps_scaling test failed once with "sleep length must be non-negative")."""
+    clock = FakeClock()
+    slept = []
+
+    def ticking():                    # each read is 0.6 ms later: the message is due in 1 ms
+        clock.t += 0.0006
+        return clock.t
+
+    def sleep(s):
+        if s < 0:
+            raise ValueError("sleep length must be non-negative")
+        slept.append(s)
+        clock.t += s
+    link = LinkModel(gbps=8.0, latency_ms=1.0, clock=ticking, sleep=sleep)
+
+    class Sock:
+        def send_multipart(self, frames, copy=True):
+            pass
+    small = P.encode(Op.PUSH, 0, 0, 1, [(1, np.zeros(1, np.float32))])
+    for _ in range(3):
+        link.send_all([("s1", Sock(), small, None)])
+    assert all(s > 0 for s in slept)
+
+
 @pytest.mark.parametrize("gbps", [None, 8.0])
 def test_send_all_tries_every_message_and_names_each_link_that_failed(gbps):
     import zmq

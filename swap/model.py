@@ -1249,7 +1249,7 @@ def host_bound_steps(profile, device) -> np.ndarray:
     took 76, 131 and 98 ms a whole iteration; with their median 20 % of the naive steps at
     49 passed and the calibration was dropped ("host-bound"), so the model priced the
     copies at zero, k* offloaded 24 % and ran 1.032x `none`, and the curves kept the copies'
-    cost (+5.6 % at 45).  With the least, 58 % pass and the fit is 5.2 / 5.6 %, beside
+    cost (+5.6 % at 45).  With the least, 67 % pass and the fit is 5.2 / 5.6 %, beside
     session 28's 2.9 / 6.2 % from the same rule on a quieter host.
 
     With every map kept the device has no copy to wait for and catches up with the host, so

@@ -476,11 +476,6 @@ def _parse_rate(text, what: str) -> float:
     return float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[m.group(2)]
 
 
-def _gpu_present() -> bool:
-    from .backend import gpu_available
-    return gpu_available()
-
-
 def _plan_net(model: str, budget: int, layout: str, prof):
     """The TRAIN net ``plan`` sizes, built on the CPU with ``layout``'s feature maps, and the
     scratch reserve of ``prof``'s measured transients (None without them).
@@ -495,7 +490,7 @@ def _plan_net(model: str, budget: int, layout: str, prof):
     and LRN, which keep no mask and no scale (GoogLeNet: 107 maps against the device's 93, k*
     394 against 494; docs/SWAP.md)."""
     from .net import TRAIN, Net
-    from swap.runtime import pair_bn_scale, set_lowering
+    from swap.runtime import lay_out_for
     from .kernels import cuda_fused
     gpu = layout == "gpu"
     ctx = cuda_fused.sized_as_gpu() if gpu else contextlib.nullcontext()
@@ -503,8 +498,7 @@ def _plan_net(model: str, budget: int, layout: str, prof):
         with ctx:
             net = Net(model, TRAIN, mode="CPU")
             if gpu:
-                set_lowering(net, "chunked", budget)
-                net.set_bn_scale_fusion(pair_bn_scale("dynamic"), planned=True)
+                lay_out_for(net, "dynamic", budget, "chunked")
                 net.reshape()
     except (ValueError, FileNotFoundError) as e:
         raise ValueError(f"{e} (plan builds the net to size it: give one whose inputs can "
@@ -556,7 +550,8 @@ def cmd_plan(args):
         prof = Profile.load(args.profile)
     layout = args.layout
     if layout == "auto":
-        layout = ("gpu" if (prof.mode == "GPU" if prof is not None else _gpu_present())
+        from .backend import gpu_available
+        layout = ("gpu" if (prof.mode == "GPU" if prof is not None else gpu_available())
                   else "cpu")
     net, scratch = _plan_net(args.model, budget, layout, prof)
     gmap = build_gmap(net, solver_type=args.solver_type)

@@ -639,7 +639,11 @@ class Net:
         return loss
 
     # Caffe's Net::ForwardDebugInfo / BackwardDebugInfo / Backward (src/caffe/net.cpp), each a
-    # host sync per blob: they run only while debug_info is on
+    # host sync per blob (a reduction on the device, one number read back): they run only
+    # while debug_info is on
+    def _mean_abs(self, arr, count: int) -> float:
+        return float(self.xp.abs(arr).sum()) / max(count, 1)
+
     def _param_display_name(self, li: int, pi: int) -> str:
         specs = self.param_specs[li]
         name = specs[pi].name if pi < len(specs) else ""
@@ -648,10 +652,10 @@ class Net:
     def _forward_debug_info(self, li: int):
         name = self.layer_names[li]
         for bname, blob in zip(self.layer_top_names[li], self.top_vecs[li]):
-            mean = float(np.abs(to_numpy(blob.data)).sum()) / max(blob.count, 1)
+            mean = self._mean_abs(blob.data, blob.count)
             log(f"    [Forward] Layer {name}, top blob {bname} data: {mean:.6g}", where="net")
         for pi, blob in enumerate(self.layers[li].blobs):
-            mean = float(np.abs(to_numpy(blob.data)).sum()) / max(blob.count, 1)
+            mean = self._mean_abs(blob.data, blob.count)
             log(f"    [Forward] Layer {name}, param blob {self._param_display_name(li, pi)} "
                 f"data: {mean:.6g}", where="net")
 
@@ -660,20 +664,21 @@ class Net:
         for bi, (bname, blob) in enumerate(zip(self.layer_bottom_names[li], self.bottom_vecs[li])):
             if not self.bottom_need_backward[li][bi]:
                 continue
-            mean = float(np.abs(to_numpy(blob.diff)).sum()) / max(blob.count, 1)
+            mean = self._mean_abs(blob.diff, blob.count)
             log(f"    [Backward] Layer {name}, bottom blob {bname} diff: {mean:.6g}", where="net")
         for pi, blob in enumerate(layer.blobs):
             if not layer.param_propagate_down[pi]:
                 continue
-            mean = float(np.abs(to_numpy(blob.diff)).sum()) / max(blob.count, 1)
+            mean = self._mean_abs(blob.diff, blob.count)
             log(f"    [Backward] Layer {name}, param blob {pi} diff: {mean:.6g}", where="net")
 
     def _params_norm_debug_info(self):
         asum_data = asum_diff = sumsq_data = sumsq_diff = 0.0
+        xp = self.xp
         for blob in self.learnable_params:
-            d, g = to_numpy(blob.data).astype(np.float64), to_numpy(blob.diff).astype(np.float64)
-            asum_data += float(np.abs(d).sum())
-            asum_diff += float(np.abs(g).sum())
+            d, g = blob.data.astype(np.float64), blob.diff.astype(np.float64)
+            asum_data += float(xp.abs(d).sum())
+            asum_diff += float(xp.abs(g).sum())
             sumsq_data += float((d * d).sum())
             sumsq_diff += float((g * g).sum())
         log(f"    [Backward] All net params (data, diff): L1 norm = ({asum_data:.6g}, "

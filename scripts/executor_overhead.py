@@ -110,15 +110,14 @@ def install_strategy(solver, strategy: str, tuned=None, workspace_budget: int | 
     theirs), so that they run the algorithms a budgeted plan runs."""
     from swap.gmap import build_gmap
     from swap.plan import make_plan
-    from swap.runtime import install, pair_bn_scale, set_lowering
+    from swap.runtime import install, lay_out_for
     if strategy in TUNED:
         return install_tuned(solver, strategy == "tuned", *tuned)
     if strategy.startswith("tuned") and strategy.endswith("-pool"):
         return install_tuned(solver, strategy == "tuned-pool", *tuned, reserve=False)
     if strategy == "plain":
         # the lowering the swapping strategies run with
-        set_lowering(solver.net, "chunked", workspace_budget)
-        solver.net.set_bn_scale_fusion(pair_bn_scale("dynamic"), planned=True)   # as a plan
+        lay_out_for(solver.net, "dynamic", workspace_budget, "chunked")   # as a plan
         solver.net.reshape()
         return None
     if strategy == "kept":          # the dynamic plan with every feature map pinned
@@ -140,11 +139,10 @@ def install_tuned(solver, fill: bool, profile: str, budget: int, reserve: bool =
     own size with CuPy's allocations left in CuPy's pool."""
     from swap.gmap import build_gmap, net_batch_size
     from swap.profiler import Profile
-    from swap.runtime import pair_bn_scale, set_lowering
+    from swap.runtime import lay_out_for
     from swap.tuner import install_decision, plan_at, profile_models
     net = solver.net
-    set_lowering(net, "chunked")
-    net.set_bn_scale_fusion(pair_bn_scale("dynamic"), planned=True)
+    lay_out_for(net, "dynamic", None, "chunked")
     net.reshape()
     g = build_gmap(net, solver_type=solver.type)
     model, pcie = profile_models(Profile.load(profile), g)

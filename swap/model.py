@@ -1290,6 +1290,14 @@ def copy_slowdown(profile) -> tuple | None:
     them is poorly determined; their sum is what the calibration measures best (ResNet-152 at
     49, H200: the forward 12 % slower beside both, the backward unchanged).  The dynamic
     plan's own steps: scripts/swap_anatomy.py."""
+    return copy_slowdown_why(profile)[0]
+
+
+def copy_slowdown_why(profile) -> tuple:
+    """``(copy_slowdown(profile), why)``: ``why`` says where the slowdowns come from or why
+    there are none: "$MINICAFFE_COPY_SLOWDOWN" (the override), "not a GPU profile",
+    "missing", or :func:`copy_slowdown_fit`'s reason ("" with a fit).  The tuner's log says
+    it where a GPU profile's copies are priced at zero."""
     import os
     env = os.environ.get(ENV_COPY_SLOWDOWN, "").strip()
     if env:
@@ -1302,11 +1310,13 @@ def copy_slowdown(profile) -> tuple | None:
             vals = vals * 2
         if len(vals) != 2 or not all(0.0 <= v < 1.0 for v in vals):
             raise ValueError(f"${ENV_COPY_SLOWDOWN}={env!r}: two fractions in [0, 1) expected")
-        return float(vals[0]), float(vals[1])
+        return (float(vals[0]), float(vals[1])), f"${ENV_COPY_SLOWDOWN}"
+    if profile.mode != "GPU":
+        return None, "not a GPU profile"
     cal = (getattr(profile, "meta", None) or {}).get("copy_calibration")
-    if not cal or profile.mode != "GPU":
-        return None
-    return copy_slowdown_fit(profile, cal)[0]
+    if not cal:
+        return None, "missing"
+    return copy_slowdown_fit(profile, cal)
 
 
 def copy_slowdown_fit(profile, cal) -> tuple:
@@ -1398,5 +1408,5 @@ __all__ = ["H2D", "D2H", "ThroughputCurve", "fit_curve", "IterationOverhead", "o
            "HostModel", "HOST_METHODS", "ComputeModel", "GRANULARITIES", "TUNER_GRANULARITY",
            "restrict_profile", "step_sums", "leave_one_out", "t_iter", "t_whole",
            "images_per_second", "PCIeModel", "peak_memory", "paper_k_max", "FORWARD", "BACKWARD",
-           "ENV_COPY_SLOWDOWN", "copy_slowdown", "copy_slowdown_fit", "copy_overlaps",
-           "without_copies", "nonnegative_fit"]
+           "ENV_COPY_SLOWDOWN", "copy_slowdown", "copy_slowdown_why", "copy_slowdown_fit",
+           "copy_overlaps", "without_copies", "nonnegative_fit"]

@@ -2010,6 +2010,16 @@ def pair_bn_scale(strategy: str) -> bool:
     return fusion_default() and strategy not in ("recompute", "superneurons")
 
 
+def lay_out_for(net, strategy: str, budget: int | None = None, lowering: str | None = None):
+    """Give ``net`` the layers a plan of ``strategy`` runs: the convolutions' lowering
+    (:func:`lowering_for`, :func:`set_lowering` with ``budget``) and BatchNorm+Scale pairs
+    fused where the strategy runs them so (:func:`pair_bn_scale`).  Takes effect at the next
+    ``net.reshape()``.  What :func:`install` does to each net before it builds the GMAP;
+    ``minicaffe plan`` and the scripts size a net the same way."""
+    set_lowering(net, lowering_for(strategy, lowering), budget)
+    net.set_bn_scale_fusion(pair_bn_scale(strategy), planned=True)
+
+
 def install(target, strategy: str = "naive", budget: int | None = None, *,
             trace: str | None = None, poison: bool = False, pinned=frozenset(),
             scratch: int | None = None, strict: bool | None = None, measure: int = 1,
@@ -2040,8 +2050,8 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     lowering = lowering_for(strategy, lowering)
     for n in [net] + list(test_nets if test_nets is not None
                           else getattr(solver, "test_nets", ()) or ()):
-        set_lowering(n, lowering, budget if workspace_budget is None else workspace_budget)
-        n.set_bn_scale_fusion(pair_bn_scale(strategy), planned=True)
+        lay_out_for(n, strategy, budget if workspace_budget is None else workspace_budget,
+                    lowering)
     net.reshape()                         # every layer's internals exist at their sizes
     # the column buffers GPU convolutions shared before a plan bound their scratch: the
     # plan places its own, so these would be device memory outside the budget

@@ -1039,18 +1039,15 @@ def _no_copy_cost_words(profile) -> str:
     """Why a GPU profile's model prices the copies beside the compute at zero (the log of
     stage 2): the tuner's copy limit then rules out no k (session 29's ResNet-152 run: its
     calibration dropped as host-bound, k* 90 offloaded 24 % and ran 1.032x `none`)."""
-    import os
-
-    from .model import ENV_COPY_SLOWDOWN, copy_slowdown_fit
-    if os.environ.get(ENV_COPY_SLOWDOWN, "").strip():
-        why = f"${ENV_COPY_SLOWDOWN} sets it to zero"
+    from .model import copy_slowdown_why
+    _, why = copy_slowdown_why(profile)
+    if why.startswith("$"):
+        why = f"{why} sets it to zero"
+    elif why == "missing":
+        why = "the profile has no copy calibration"
     else:
-        cal = (profile.meta or {}).get("copy_calibration")
-        if not cal:
-            why = "the profile has no copy calibration"
-        else:
-            why = (f"the copy calibration at minibatch {cal['k']} gives no fit "
-                   f"({copy_slowdown_fit(profile, cal)[1]})")
+        why = (f"the copy calibration at minibatch {profile.meta['copy_calibration']['k']} "
+               f"gives no fit ({why})")
     return (f"the copies are priced at zero beside the compute: {why}; the "
             f"{100 * COPY_SLOWDOWN_LIMIT:.1f} % copy limit rules out no k")
 

@@ -80,6 +80,13 @@ ENV_COPY_CALIBRATION = "MINICAFFE_COPY_CALIBRATION"   # "0" / "1": profile_solve
 # iteration took 95 ms instead of 0.4 ms in a ResNet-152 calibration (H200, session 25), and
 # with a single iteration that wrecked the fit
 COPY_CALIBRATION_ITERATIONS = 3
+# the copy calibration's kept run starts each recorded pass behind a device-side wait of this
+# many times the host's time to issue the pass before it, at most ..._CAP seconds
+# (head_start_seconds): ResNet-152 at 49 (H200, session 30) kept its steps 7 % slower than the
+# naive plan did beside its copies (res5's backward convolutions 0.33 against 0.67 ms), twice,
+# where the host issued a whole iteration in 90 to 120 ms against the device's 142 ms
+COPY_CALIBRATION_HEAD_START = 1.5
+COPY_CALIBRATION_HEAD_START_CAP = 1.0
 
 
 def profile_ks(k_max: int, fractions=PROFILE_FRACTIONS) -> tuple:
@@ -457,11 +464,59 @@ def device_name(net) -> str:
 
 
 # ------------------------------------------------------------- instrument
-class _Instrument:
-    """Timing hooks on one executor for the duration of a profile (module doc)."""
+def head_start_seconds(host_pass: float, factor: float = COPY_CALIBRATION_HEAD_START,
+                       cap: float = COPY_CALIBRATION_HEAD_START_CAP) -> float:
+    """Seconds of device-side wait ahead of a timed pass, where the host has issued a pass
+    in ``host_pass`` seconds at least: ``factor`` times that, at most ``cap``; 0 before any
+    pass.
 
-    def __init__(self, executor, k: int):
+    Why a wait: a step is timed by CUDA events around its kernels, so where the host issues
+    them more slowly than the device runs them the step's time is the host's.  Behind the
+    wait the host queues the pass while the device is busy, and the device then runs it back
+    to back (:mod:`scripts.gpu_idle` times its units the same way).  CUDA's launch queue is
+    finite (about a thousand launches): beyond it the host blocks until the device frees a
+    slot, and stays that far ahead.  The timed pass's hooks cost the host more than the
+    pass before it took (a warm-up runs without them), hence a factor over 1."""
+    if host_pass <= 0:
+        return 0.0
+    return float(min(cap, factor * host_pass))
+
+
+_DEVICE_WAIT = r"""
+extern "C" __global__ void minicaffe_device_wait(const unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+"""
+_device_wait_kernel = None
+
+
+def device_wait(cp, seconds: float):    # pragma: no cover - GPU machine only
+    """Keep CuPy's current stream busy for ``seconds`` (one thread reading the device's
+    nanosecond timer), without the host waiting: what is issued after it queues behind it."""
+    global _device_wait_kernel
+    if _device_wait_kernel is None:
+        _device_wait_kernel = cp.RawKernel(_DEVICE_WAIT, "minicaffe_device_wait")
+    _device_wait_kernel((1,), (1,), (np.uint64(max(0, int(seconds * 1e9))),))
+
+
+class _Instrument:
+    """Timing hooks on one executor for the duration of a profile (module doc).
+
+    ``head_start``: each recorded pass on the GPU starts behind a device-side wait of
+    :func:`head_start_seconds` of the host's least time to issue a pass so far (the copy
+    calibration's kept run); ``head_starts`` and ``host_passes`` list, per recorded pass,
+    the wait and the host's time to issue it."""
+
+    def __init__(self, executor, k: int, head_start: bool = False):
         self.ex = executor
+        self.head_start = head_start
+        self.head_starts: list = []
+        self.host_passes: list = []
+        self._host_pass = 0.0
         self.net = executor.net
         self.g = executor.gmap
         self.k = k
@@ -522,12 +577,23 @@ class _Instrument:
         rec = self.recording and full
         self._j = 0
         self._active = rec
+        wait = head_start_seconds(self._host_pass) if self.head_start and rec else 0.0
+        if wait > 0 and self.gpu:    # pragma: no cover - GPU machine only
+            device_wait(self.cp, wait)
         self._t0 = time.perf_counter()
         if rec and self.gpu:         # pragma: no cover - GPU machine only
             self._ev0 = self._event()
         try:
             return self._orig_run(last_step)
         finally:
+            host = time.perf_counter() - self._t0
+            # the least so far: behind a wait the host blocks once CUDA's launch queue is
+            # full, and then takes the device's time (ResNet-152 at 49, H200: 643.5 ms
+            # behind a wait of 533.6, against 80 to 90 ms to issue a pass unblocked)
+            self._host_pass = min(self._host_pass, host) if self._host_pass > 0 else host
+            if rec and self.head_start:
+                self.head_starts.append(wait if self.gpu else 0.0)
+                self.host_passes.append(host)
             if rec:
                 self._end_pass()
                 if not self._in_step:       # no solver-step marks: read the pass now
@@ -1057,10 +1123,20 @@ def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations
     """Each step's time at ``k`` with every feature map kept (the plan "dynamic" with all of
     them pinned: no copies), timed as the profile times its steps (the median of at least
     :data:`COPY_CALIBRATION_ITERATIONS` recorded iterations), for
-    :func:`swap.model.copy_slowdown`: ``({"k", "kept": [seconds per step], "iterations"},
-    training iterations run)``.  The calibration is None (and a log line says why) where that
-    plan does not fit ``budget`` or fails: the model then treats copies as free to compute, as
-    before.  Its iterations train and are counted either way."""
+    :func:`swap.model.copy_slowdown`: ``({"k", "kept": [seconds per step], "iterations",
+    "head_start": [seconds], "host_pass": [seconds]}, training iterations run)``.  The
+    calibration is None (and a log line says why) where that plan does not fit ``budget`` or
+    fails: the model then treats copies as free to compute, as before.  Its iterations train
+    and are counted either way.
+
+    On the GPU each recorded pass starts behind a device-side wait (:func:`head_start_seconds`
+    of the host's least time to issue a pass so far; ``"head_start"``, with the host's time to
+    issue each timed pass in ``"host_pass"``): with no copy to wait for, the device would
+    otherwise catch up with the host and time the host's pace at the steps it issues slowly,
+    where the naive plan's copies keep the host ahead.  ResNet-152 at 49 (H200, session 30):
+    without the wait its kept steps took 160 and 186 ms, more than the naive plan's 142.5 ms
+    beside its copies (no fit: "disturbed"); behind it, 135.7 ms, and the fit is 4.0 % beside
+    an offload and 4.0 % beside a prefetch."""
     net = solver.net
     set_batch_size(net, k)
     reserve = scratch(k) if scratch is not None else None
@@ -1071,7 +1147,7 @@ def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations
             log(f"Copy calibration skipped: every feature map kept at minibatch {k} does not "
                 f"fit the budget ({str(e)[:120]})")
         return None, 0
-    inst = _Instrument(ex, k)
+    inst = _Instrument(ex, k, head_start=True)
     it0 = solver.iter
     recorded = max(iterations, COPY_CALIBRATION_ITERATIONS)
     try:
@@ -1088,11 +1164,17 @@ def calibrate_copy_cost(solver, budget: int, k: int, warmup: int = 1, iterations
     for c in inst.compute:
         per_step[c.step].append(c.time)
     kept = np.array([float(np.median(v)) if v else np.nan for v in per_step])
+    waits = [float(w) for w in inst.head_starts]
+    hosts = [float(h) for h in inst.host_passes]
     if log is not None:
+        ahead = ""
+        if any(w > 0 for w in waits):
+            ahead = (f", each pass behind a device wait of {1e3 * float(np.median(waits)):.1f} "
+                     f"ms; the host issued it in {1e3 * float(np.median(hosts)):.1f} ms")
         log(f"Copy calibration: minibatch {k} with every feature map kept, "
-            f"{1e3 * float(np.nansum(kept)):.3f} ms of steps per iteration")
-    return ({"k": int(k), "kept": [float(x) for x in kept], "iterations": int(recorded)},
-            solver.iter - it0)
+            f"{1e3 * float(np.nansum(kept)):.3f} ms of steps per iteration{ahead}")
+    return ({"k": int(k), "kept": [float(x) for x in kept], "iterations": int(recorded),
+             "head_start": waits, "host_pass": hosts}, solver.iter - it0)
 
 
 def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int = 1,
@@ -1386,4 +1468,5 @@ __all__ = ["SCHEMA", "VERSION", "PROFILE_FRACTIONS", "profile_ks", "StepInfo", "
            "measure_bandwidth", "device_name", "profile_solver", "step_infos", "ScratchModel",
            "scratch_estimate", "max_batch_scratch", "default_host_budget", "HOST_FRACTIONS",
            "host_issue_ks", "profile_host_issue", "calibrate_copy_cost", "copy_calibration_ks",
+           "head_start_seconds", "device_wait",
            "host_whole_now", "low_profile_k", "LOW_K_MARGIN"]

@@ -658,6 +658,9 @@ def test_copy_calibration_times_the_steps_with_every_map_kept(make_solver):
     cal = prof.meta["copy_calibration"]
     assert cal["k"] == 2 and cal["iterations"] == 3 and prof.meta["copy_runs"] == [[2, 3]]
     assert len(cal["kept"]) == len(prof.steps) and all(t >= 0 for t in cal["kept"])
+    # no device to wait on the CPU; the host's time per recorded pass is kept all the same
+    assert cal["head_start"] == [0.0] * 3 and len(cal["host_pass"]) == 3
+    assert all(h > 0 for h in cal["host_pass"])
     assert any(ln.startswith("Copy calibration: minibatch 2") for ln in lines)
     assert s.iter == it0 + 2 * 2 + 3              # the calibration's iterations train too
     assert net_batch_size(s.net) == 4             # left at the last profiled k
@@ -668,6 +671,18 @@ def test_copy_calibration_times_the_steps_with_every_map_kept(make_solver):
     lines = []
     assert calibrate_copy_cost(s, small, 2, 0, 1, log=lines.append) == (None, 0)
     assert "does not fit the budget" in lines[0]
+
+
+def test_the_head_start_is_a_multiple_of_the_host_time_capped():
+    """The kept run's device wait ahead of a timed pass: COPY_CALIBRATION_HEAD_START times
+    the host's time to issue the pass before it, at most the cap, none before any pass."""
+    from swap.profiler import (COPY_CALIBRATION_HEAD_START, COPY_CALIBRATION_HEAD_START_CAP,
+                               head_start_seconds)
+    assert head_start_seconds(0.0) == 0.0
+    assert head_start_seconds(0.1) == pytest.approx(COPY_CALIBRATION_HEAD_START * 0.1)
+    assert head_start_seconds(60.0) == COPY_CALIBRATION_HEAD_START_CAP
+    assert head_start_seconds(0.2, factor=2.0, cap=0.3) == pytest.approx(0.3)
+    assert COPY_CALIBRATION_HEAD_START > 1.0     # the timed pass's hooks cost the host more
 
 
 def test_a_disturbed_copy_calibration_runs_again(make_solver, monkeypatch):

@@ -428,3 +428,39 @@ def test_gpu_backlog_probes_the_compiled_iteration(make_solver):
         assert set(backlog_summary(pts)) == {"gpu_backlog_s", "gpu_backlog_max_s"}
     assert same(params_of(s), ref), max_diff(params_of(s), ref)
     ex.close()
+
+
+def test_gpu_device_wait_holds_the_stream_not_the_host(cp):
+    """swap.profiler.device_wait: the current stream is busy at least the asked time, the
+    host returns at once (what is issued after it queues behind it)."""
+    import time
+    from swap.profiler import device_wait
+    device_wait(cp, 1e-4)                        # compile outside the timing
+    cp.cuda.get_current_stream().synchronize()
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record()
+    t = time.perf_counter()
+    device_wait(cp, 0.05)
+    host = time.perf_counter() - t
+    b.record()
+    b.synchronize()
+    assert cp.cuda.get_elapsed_time(a, b) >= 50.0 * 0.999
+    assert host < 0.025
+
+
+def test_gpu_copy_calibration_starts_its_passes_behind_a_wait(make_solver):
+    """The copy calibration's kept run on the GPU: every recorded pass behind a device wait
+    of head_start_seconds of the host's least time to issue a pass so far, and each step
+    timed by its own events (the wait is outside them)."""
+    from swap.profiler import calibrate_copy_cost, head_start_seconds, set_batch_size
+    s = make_solver("resnet", mode="GPU")
+    set_batch_size(s.net, 4)
+    g = build_gmap(s.net)
+    budget = min_budget(g, "dynamic", frozenset(g.feature_maps())) + (64 << 20)
+    cal, n = calibrate_copy_cost(s, budget, 4, warmup=1, iterations=1)
+    assert cal is not None and n == 1 + cal["iterations"]
+    waits, hosts = cal["head_start"], cal["host_pass"]
+    assert len(waits) == len(hosts) == cal["iterations"] and all(w > 0 for w in waits)
+    for i, w in enumerate(waits[1:]):    # from the least host time so far (warm-up's too)
+        assert w <= head_start_seconds(min(hosts[:i + 1])) * (1 + 1e-9)
+    assert sum(cal["kept"]) < min(waits)            # the wait is not in the steps' times

@@ -1168,11 +1168,12 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
 
     # A fixed batch over k_max while the reserve is still the estimate from the declared
     # scratch (cuDNN's workspaces at their bound, far above what runs: VGG-16 at 12 GiB, 4.0
-    # GiB at 100, 64.5 MiB once measured, H200, session 29) is profiled as --auto-batch
-    # profiles, at fractions of that k_max, and judged against the k_max the measured
-    # transients give.
-    measure_first = (batch is not None and batch > k_max and profile is None
-                     and scratch is not None and not scratch.measured)
+    # GiB at 100, 64.5 MiB once measured, H200, session 29) is judged against the k_max the
+    # measured transients give: a given profile's, or else those of a profile taken as
+    # --auto-batch takes it, at fractions of that k_max (a given profile was refused
+    # before its transients were read: VGG-16 at 200, session 30).
+    measure_first = (batch is not None and batch > k_max and scratch is not None
+                     and not scratch.measured)
     if not measure_first:
         batch_fits()
     images = solver.iter * k_base          # images trained so far (at k_base)

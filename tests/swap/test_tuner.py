@@ -843,6 +843,12 @@ def test_a_fixed_batch_over_the_estimated_k_max_is_profiled_first(make_solver):
     assert any("profiling fractions of k_max" in x for x in lines)
     s.step(1)
     ex.close()
+    # the same k from the saved profile: judged by the transients it measured, not refused
+    # on the estimate before they are read
+    ex, td2 = train_dynamic(make_solver("resnet", batch=4), budget, auto_batch=False,
+                            batch=batch, scratch=model(), profile=td.profile)
+    assert td2.decision.k_star == batch and td2.profile is td.profile
+    ex.close()
     too_big = 4 * k_meas
     with pytest.raises(BudgetError, match=f"minibatch {too_big}"):   # the plan's or the k_max's
         train_dynamic(make_solver("resnet", batch=4), budget, auto_batch=False, batch=too_big,

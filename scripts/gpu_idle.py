@@ -12,11 +12,11 @@ drawn once on the device.  Everything runs on one non-blocking stream.
   (what ``bench_throughput.py`` reports).
 * ``busy``: for each *unit* of the iteration (clearing the param diffs, each
   layer's forward, each layer's backward, the solver update) the GPU time of its
-  kernels alone.  The unit's launches are queued behind a spin kernel that keeps
+  kernels alone.  The unit's launches are queued behind a device-side wait that keeps
   the GPU busy until the host has issued all of them, so the events after the
-  spin and after the unit time the kernels back to back, without the host's
-  launch cost.  (The spin is lengthened and the unit re-timed when the host was
-  slower than the spin; a unit that synchronizes the host is flagged ``sync``.)
+  wait and after the unit time the kernels back to back, without the host's
+  launch cost.  (The wait is lengthened and the unit re-timed when the host was
+  slower than the wait; a unit that synchronizes the host is flagged ``sync``.)
   GPU idle share = 1 - sum(busy) / T_iter.  The target is under 5 %.
 * ``span``: events around each unit in an ordinary eager iteration;
   span - busy is the GPU time lost inside the unit to launch overhead,
@@ -47,14 +47,6 @@ from collections import defaultdict
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
-
-_SPIN = r"""
-extern "C" __global__ void spin(const long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) { }
-}
-"""
-
 
 class Unit:
     """One piece of the iteration, run by ``fn`` (host side issues its kernels)."""
@@ -136,15 +128,16 @@ def measure_spans(cp, solver, units):
     return cp.cuda.get_elapsed_time(events[0], events[-1])
 
 
-def measure_busy(cp, solver, units, spin, clock_khz):
-    """Each unit's kernels queued behind a spin kernel: their back-to-back GPU time."""
-    import numpy as np
+def measure_busy(cp, solver, units):
+    """Each unit's kernels queued behind a device-side wait (:func:`swap.profiler.device_wait`):
+    their back-to-back GPU time."""
+    from swap.profiler import device_wait
     for u in units:
         spin_ms = max(0.2, 3.0 * u.host_ms + 0.1)
         for _ in range(4):
             e0, e1, e2 = cp.cuda.Event(), cp.cuda.Event(), cp.cuda.Event()
             e0.record()
-            spin((1,), (1,), (np.int64(spin_ms * clock_khz),))
+            device_wait(cp, spin_ms / 1e3)
             e1.record()
             t0 = time.perf_counter()
             u.fn()
@@ -320,9 +313,7 @@ def main() -> int:
         units = make_units(solver)
         span_total = measure_spans(cp, solver, units)
         measure_spans(cp, solver, units)  # again: host times of a warm iteration
-        spin = cp.RawKernel(_SPIN, "spin")
-        clock_khz = cp.cuda.Device().attributes["ClockRate"]
-        measure_busy(cp, solver, units, spin, clock_khz)
+        measure_busy(cp, solver, units)
         count_allocs(cp, solver, units)
         if not args.no_counts:
             stream.synchronize()

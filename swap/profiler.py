@@ -81,7 +81,7 @@ ENV_COPY_CALIBRATION = "MINICAFFE_COPY_CALIBRATION"   # "0" / "1": profile_solve
 # with a single iteration that wrecked the fit
 COPY_CALIBRATION_ITERATIONS = 3
 # the copy calibration's kept run starts each recorded pass behind a device-side wait of this
-# many times the host's time to issue the pass before it, at most ..._CAP seconds
+# many times the host's least time to issue a pass so far, at most ..._CAP seconds
 # (head_start_seconds): ResNet-152 at 49 (H200, session 30) kept its steps 7 % slower than the
 # naive plan did beside its copies (res5's backward convolutions 0.33 against 0.67 ms), twice,
 # where the host issued a whole iteration in 90 to 120 ms against the device's 142 ms

@@ -9,23 +9,13 @@ on a device.
 """
 import dataclasses
 import gzip
-import importlib.util
 import json
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-sys.path.insert(0, REPO)
-
-from swap import model as M  # noqa: E402
-from swap.profiler import Profile  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location(
-    "calibration_s26", os.path.join(HERE, "..", "tuner_s26", "calibration.py"))
-_s26 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_s26)
-predict, fmt = _s26.predict, _s26.fmt        # session 26's replay: kept iteration at k
+sys.path.insert(0, os.path.join(HERE, "..", "tuner_s26"))
+from calibration import M, Profile, fmt, predict  # noqa: E402  (session 26's replay)
 
 
 def spliced(profile, cal):

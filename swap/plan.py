@@ -222,6 +222,22 @@ class BudgetError(ValueError):
         self.strategy = strategy
         self.k = k
 
+    def given(self, budget: int, plan_budget: int) -> "BudgetError":
+        """This error (raised on ``plan_budget``, what a plan got) as the user's ``budget``
+        sees it: what the scratch reserve and the test nets took first, and the smallest
+        budget that works with them; itself where they took nothing."""
+        from .memory import fmt_bytes
+        extra = int(budget) - int(plan_budget)
+        if not extra:
+            return self
+        need = (self.min_budget or 0) + extra
+        return BudgetError(
+            f"budget {fmt_bytes(budget)} less {fmt_bytes(extra)} for the scratch reserve and "
+            f"the test nets leaves {fmt_bytes(plan_budget)} for the plan: {self} With them, "
+            f"the smallest budget that works is {fmt_bytes(need)} ({need} bytes).",
+            budget=budget, min_budget=need, max_k=self.max_k, strategy=self.strategy,
+            k=self.k)
+
 
 # ------------------------------------------------------------- intervals
 # A residency interval: (buffer, start, end, how, offload)

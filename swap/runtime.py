@@ -2081,13 +2081,7 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     except BudgetError as e:
         if not extra:
             raise
-        from .memory import fmt_bytes
-        need = (e.min_budget or 0) + extra
-        raise BudgetError(
-            f"budget {fmt_bytes(budget)} less {fmt_bytes(extra)} for the scratch reserve and "
-            f"the test nets leaves {fmt_bytes(plan_budget)} for the plan: {e} The smallest "
-            f"budget that works is {fmt_bytes(need)} ({need} bytes) with these.",
-            budget=budget, min_budget=need, max_k=e.max_k, strategy=strategy, k=g.k) from None
+        raise e.given(budget, plan_budget) from None
     ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, poison=poison,
                   scratch=scratch, strict=strict, measure=measure, nvtx=nvtx,
                   test_nets=test_nets, fast=fast)

@@ -1155,7 +1155,10 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
 
     k_max = max_batch_scratch(g0, base, scratch, host_budget=host_budget)
     if k_max < 1:
-        make_plan(g0.at(1), "naive", base - reserve_at(1))
+        try:
+            make_plan(g0.at(1), "naive", base - reserve_at(1))
+        except BudgetError as e:
+            raise e.given(budget, base - reserve_at(1)) from None
         raise BudgetError(f"not even minibatch 1 fits {fmt_bytes(budget)} with a scratch "
                           f"reserve of {fmt_bytes(reserve_at(1))}", budget=budget)
     def batch_fits():

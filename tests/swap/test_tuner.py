@@ -853,3 +853,22 @@ def test_a_fixed_batch_over_the_estimated_k_max_is_profiled_first(make_solver):
     with pytest.raises(BudgetError, match=f"minibatch {too_big}"):   # the plan's or the k_max's
         train_dynamic(make_solver("resnet", batch=4), budget, auto_batch=False, batch=too_big,
                       scratch=model())
+
+
+def test_a_budget_too_small_for_minibatch_1_names_what_was_taken_first(make_solver):
+    """train_dynamic with a budget that leaves no room for minibatch 1 after the scratch
+    reserve: the error names the budget given, what the reserve took, what was left, and the
+    smallest budget that works with the reserve (install's words)."""
+    from swap.profiler import ScratchModel
+    from swap.tuner import train_dynamic
+    s = make_solver("resnet", batch=4)
+    need = min_budget(build_gmap(s.net).at(1), "naive")
+    reserve = 1 << 20
+    budget = reserve + need // 2
+    with pytest.raises(BudgetError) as e:
+        train_dynamic(s, budget, auto_batch=True,
+                      scratch=ScratchModel(lambda k: reserve, margin=0.0, slack=0))
+    msg = str(e.value)
+    assert msg.startswith("budget ") and "for the scratch reserve and the test nets leaves" in msg
+    assert e.value.budget == budget and e.value.min_budget == need + reserve
+    assert f"({need + reserve} bytes)" in msg

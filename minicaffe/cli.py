@@ -400,11 +400,11 @@ def _install_swap(args, solver):
         if args.budget is not None or args.memory_trace is not None:
             raise UsageError("--budget and --memory-trace need --swap "
                              "{none,naive,vdnn,recompute,dynamic}")
-        if dynamic_only:
-            raise UsageError(f"{', '.join(dynamic_only)} need --swap dynamic")
-        return None
     if args.swap != "dynamic" and dynamic_only:
-        raise UsageError(f"{', '.join(dynamic_only)} need --swap dynamic")
+        verb = "needs" if len(dynamic_only) == 1 else "need"
+        raise UsageError(f"{', '.join(dynamic_only)} {verb} --swap dynamic")
+    if args.swap is None:
+        return None
     from swap.memory import fmt_bytes, parse_bytes
     from swap.runtime import install
     budget = parse_bytes(args.budget) if args.budget is not None else None

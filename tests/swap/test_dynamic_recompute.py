@@ -311,7 +311,7 @@ def test_train_and_plan_take_recompute(tmp_path, capsys, monkeypatch):
     assert main(plan + ["--recompute", "drop6"]) == 1
     assert "'drop6' (Dropout) of its group" in capsys.readouterr().err
     assert main(["train", str(f), "--cpu", "--max-iter", "2", "--recompute", "conv1_1"]) == 2
-    assert "--recompute need --swap dynamic" in capsys.readouterr().err
+    assert "--recompute needs --swap dynamic" in capsys.readouterr().err
     seen = _spy_train_dynamic(monkeypatch)
     assert main(["train", str(f), "--cpu", "--max-iter", "2", "--display", "0", "--swap",
                  "dynamic", "--budget", "32M", "--batch", "8", "--recompute",

@@ -638,8 +638,8 @@ def test_train_fixed_batch_and_usage_errors(net_file, tmp_path, capsys):
     assert "-> 0.0141421 at k* 8 (rule sqrt)" in err
     for args, msg in [
         (["--swap", "dynamic"], "--swap dynamic needs --budget"),
-        (["--auto-batch"], "--auto-batch need --swap dynamic"),
-        (["--swap", "naive", "--batch", "4"], "--batch need --swap dynamic"),
+        (["--auto-batch"], "--auto-batch needs --swap dynamic"),
+        (["--swap", "naive", "--batch", "4"], "--batch needs --swap dynamic"),
         (["--swap", "dynamic", "--budget", "1M", "--auto-batch", "--batch", "4"],
          "--auto-batch or --batch k, not both"),
     ]:

@@ -288,10 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--granularity", choices=["type", "step", "segment"], default="segment",
                     help="with --profile: per step in segments between the profiled k (the "
                          "tuner's default), one curve per step, or per layer type (the paper's)")
-    pl.add_argument("--layout", choices=["auto", "gpu", "cpu"], default="auto",
-                    help="the feature maps to plan: the GPU's (fused BatchNorm+Scale pairs, as "
-                         "train --swap dynamic runs them on a GPU) or the CPU's; auto: the "
-                         "profile's device (gpu without a profile when a GPU is present)")
+    pl.add_argument("--layout", choices=["auto", "device", "gpu", "cpu"], default="auto",
+                    help="what to plan: device: the GMAP the profile's own run decided on "
+                         "(saved in profiles taken by train --swap dynamic: that device's "
+                         "feature maps, cuDNN workspaces and test nets); gpu: the net built "
+                         "here with the GPU's feature maps (fused BatchNorm+Scale pairs, as "
+                         "train --swap dynamic runs them on a GPU); cpu: the CPU's; auto: "
+                         "device where the profile has its GMAP, else the profile's kind of "
+                         "device (gpu without a profile when a GPU is present)")
     pl.add_argument("--solver-type", default="SGD",
                     choices=["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"])
     pl.add_argument("--peak-flops", default="50T",
@@ -504,14 +508,43 @@ def _plan_net(model: str, budget: int, layout: str, prof):
         raise ValueError(f"{e} (plan builds the net to size it: give one whose inputs can "
                          "be read, e.g. its DummyData version prototxt/<net>/dummy.prototxt)"
                          ) from None
-    scratch = None
+    return net, _profile_scratch(prof)
+
+
+def _profile_scratch(prof):
+    """The scratch reserve of ``prof``'s measured transients (None without them)."""
     points = (prof.meta or {}).get("transients") if prof is not None else None
-    if points:
-        from swap.profiler import ScratchModel
-        scratch = ScratchModel()
-        for k, peak in points:
-            scratch.add(k, peak)
-    return net, scratch
+    if not points:
+        return None
+    from swap.profiler import ScratchModel
+    scratch = ScratchModel()
+    for k, peak in points:
+        scratch.add(k, peak)
+    return scratch
+
+
+def _device_gmap(model: str, prof, solver_type: str):
+    """The GMAP ``prof``'s own run decided on (``meta["gmap"]``, :func:`swap.tuner.with_gmap`),
+    the bytes its test nets took from the budget and the pinned host memory that bounded its
+    k_max (None: none); a UsageError where the profile has none, or it is another net's or
+    another solver type's."""
+    from swap.gmap import gmap_from_dict
+    from .proto import read_net_param
+    saved = (prof.meta or {}).get("gmap")
+    if saved is None:
+        raise UsageError("--layout device plans the GMAP a profile keeps, and this profile has "
+                         "none (profiles saved by train --swap dynamic keep it): use --layout "
+                         "gpu or cpu")
+    name = read_net_param(model).name
+    if saved["net_name"] != name:
+        raise UsageError(f"the profile's GMAP is of net {saved['net_name']!r}, {model} is net "
+                         f"{name!r}: give the net the profile was taken on, or --layout gpu")
+    if saved.get("solver_type") not in (None, solver_type):
+        raise UsageError(f"the profile's GMAP holds the history of solver type "
+                         f"{saved['solver_type']!r}, not {solver_type!r}: give --solver-type "
+                         f"{saved['solver_type']} or --layout gpu")
+    return (gmap_from_dict(saved), int((prof.meta or {}).get("test_net_bytes", 0)),
+            (prof.meta or {}).get("host_budget"))
 
 
 def _layout_differs(gmap, prof) -> str:
@@ -549,12 +582,28 @@ def cmd_plan(args):
         from swap.profiler import Profile
         prof = Profile.load(args.profile)
     layout = args.layout
+    saved = (prof.meta or {}).get("gmap") if prof is not None else None
+    if layout == "auto" and saved is not None and saved.get("solver_type") in (
+            None, args.solver_type):
+        layout = "device"
     if layout == "auto":
         from .backend import gpu_available
         layout = ("gpu" if (prof.mode == "GPU" if prof is not None else gpu_available())
                   else "cpu")
-    net, scratch = _plan_net(args.model, budget, layout, prof)
-    gmap = build_gmap(net, solver_type=args.solver_type)
+    test_bytes, k_max = 0, None
+    if layout == "device":
+        if prof is None:
+            raise UsageError("--layout device plans the GMAP a profile keeps: give --profile")
+        gmap, test_bytes, host_budget = _device_gmap(args.model, prof, args.solver_type)
+        scratch = _profile_scratch(prof)
+        if host_budget is not None:     # k_max as that run bounded it (swap.tuner)
+            from swap.profiler import max_batch_scratch
+            k_max = max_batch_scratch(gmap, budget - test_bytes, scratch,
+                                      host_budget=host_budget)
+    else:
+        net, scratch = _plan_net(args.model, budget, layout, prof)
+        gmap = build_gmap(net, solver_type=args.solver_type)
+    plan_budget = budget - test_bytes
     if prof is not None:
         model, pcie = profile_models(prof, gmap, args.granularity)
         source = (f"profile {args.profile} ({prof.device}, {prof.date}; h2d "
@@ -567,19 +616,23 @@ def cmd_plan(args):
         source = (f"synthetic device ({peak / 1e12:g} TFLOP/s saturating at x_half "
                   f"{args.x_half:g} FLOPs, {bw / 1e9:g} GB/s each way, {both / 1e9:g} GB/s both)")
     if args.batch is not None:
-        dec = plan_at(gmap, args.batch, budget, model, pcie, rule=args.pin_rule,
+        dec = plan_at(gmap, args.batch, plan_budget, model, pcie, rule=args.pin_rule,
                       delta=args.delta, fill=args.fill, recompute=_layers(args.recompute),
                       scratch=scratch)
     else:
-        dec = tune(gmap, budget, model, pcie, method=args.search, rule=args.pin_rule,
+        dec = tune(gmap, plan_budget, model, pcie, method=args.search, rule=args.pin_rule,
                    delta=args.delta, fill=args.fill, objective=args.k_objective,
-                   recompute=_layers(args.recompute), scratch=scratch)
+                   recompute=_layers(args.recompute), scratch=scratch, k_max=k_max)
     print(f"net {gmap.net_name!r}: {gmap.n_steps} steps, {len(gmap.feature_maps())} feature "
           f"maps ({layout} layout"
+          + (f": the GMAP the profile's run decided on, at minibatch {gmap.k}"
+             if layout == "device" else "")
           + (f", the scratch reserve the profile measured: {scratch.describe()}" if scratch
-             else "") + f"); budget {fmt_bytes(budget)}; model: {source}")
+             else "") + f"); budget {fmt_bytes(budget)}"
+          + (f" less {fmt_bytes(test_bytes)} for the test nets" if test_bytes else "")
+          + f"; model: {source}")
     print(dec.describe())
-    if prof is not None:
+    if prof is not None and layout != "device":
         differs = _layout_differs(gmap, prof)
         if differs:
             print(differs)

@@ -702,3 +702,112 @@ def _naive_pattern(net, raw_steps, buffers, n) -> tuple:
                           offload=tuple(offload[j]), prefetch=tuple(prefetch[j]),
                           recomputable=phase == FORWARD and _recomputable(layer)))
     return tuple(steps)
+
+
+# ------------------------------------------------------------ saved form
+GMAP_SCHEMA = "minicaffe.swap.gmap"
+GMAP_VERSION = 1
+
+
+class SampledSize:
+    """``k -> bytes`` from samples ``[(k, bytes), ...]`` of a size that is neither constant nor
+    linear in k (a cuDNN workspace, :class:`Size` ``per_k``): exact at a sampled k, linear
+    between the two nearest samples, and beyond the samples the nearest one's bytes per
+    image times k.  What a saved GMAP (:func:`gmap_to_dict`) keeps of such a size."""
+
+    def __init__(self, samples):
+        pts = sorted({int(k): int(b) for k, b in samples}.items())
+        if not pts:
+            raise ValueError("SampledSize needs at least one (k, bytes) sample")
+        self.ks = [k for k, _ in pts]
+        self.bytes = [b for _, b in pts]
+
+    def __call__(self, k: int) -> int:
+        k = int(k)
+        ks, bs = self.ks, self.bytes
+        if k <= ks[0]:
+            return int(round(bs[0] * k / ks[0]))
+        if k >= ks[-1]:
+            return int(round(bs[-1] * k / ks[-1]))
+        i = int(np.searchsorted(ks, k))
+        if ks[i] == k:
+            return bs[i]
+        k1, k2, b1, b2 = ks[i - 1], ks[i], bs[i - 1], bs[i]
+        return int(round(b1 + (b2 - b1) * (k - k1) / (k2 - k1)))
+
+    def samples(self) -> list:
+        return [[k, b] for k, b in zip(self.ks, self.bytes)]
+
+
+def sample_ks(k_max: int, extra=(), points: int = 48) -> list:
+    """The minibatches a saved GMAP samples its per-k sizes at: ``points`` geometrically
+    spaced from 1 to ``k_max``, every k of ``extra`` (the profiled ones, the net's own)."""
+    k_max = max(1, int(k_max))
+    grid = {int(round(x)) for x in np.geomspace(1, k_max, num=max(2, points))}
+    return sorted({k for k in grid | {int(k) for k in extra} if 1 <= k})
+
+
+def _size_to(s: Size | None, ks):
+    if s is None:
+        return None
+    out = [int(s.item), bool(s.scaled), None if s.cap is None else int(s.cap)]
+    if s.per_k is not None:
+        out.append([[int(k), int(s.per_k(k))] for k in ks])
+    return out
+
+
+def _size_from(v) -> Size | None:
+    if v is None:
+        return None
+    per_k = SampledSize(v[3]) if len(v) > 3 else None
+    return Size(int(v[0]), bool(v[1]), None if v[2] is None else int(v[2]), per_k=per_k)
+
+
+def _tuple(v):
+    return tuple(_tuple(x) for x in v) if isinstance(v, list) else v
+
+
+def gmap_to_dict(g: GMAP, ks=(), *, solver_type: str | None = None) -> dict:
+    """``g`` in a JSON-able form that :func:`gmap_from_dict` reads back to an equal GMAP: the
+    access pattern a plan is made on, without the net.  A size that is neither constant nor
+    linear in k (``Size.per_k``, a cuDNN convolution's workspace) keeps its bytes at every
+    k of ``ks`` (:func:`sample_ks`), from which the read GMAP interpolates (:class:`SampledSize`).
+
+    A GPU profile keeps its net's GMAP so (``meta["gmap"]``), so that ``minicaffe plan`` on
+    another machine plans the device's own feature maps and workspaces: a net built on a CPU
+    has the CAFFE engine's (max pooling's masks, LRN's scales, im2col in place of cuDNN's
+    workspaces; VGG-16 at 12 GiB: k* 188 there against the device's 160)."""
+    ks = sorted({int(k) for k in ks} | {int(g.k)})
+    return {
+        "schema": GMAP_SCHEMA, "version": GMAP_VERSION, "net_name": g.net_name, "k": int(g.k),
+        "k0": int(g.k0), "n_layers": int(g.n_layers), "n_forward": int(g.n_forward),
+        "layer_names": list(g.layer_names), "solver_type": solver_type,
+        "buffers": [[b.name, b.kind, b.dtype, _size_to(b.size, ks), bool(b.persistent),
+                     list(b.ref), list(b.uses), _size_to(b.caffe, ks)] for b in g.buffers],
+        "steps": [[s.layer, s.name, s.type, s.phase, list(s.reads), list(s.writes),
+                   list(s.scratch), float(s.flops), list(s.allocate), list(s.release),
+                   list(s.offload), list(s.prefetch), bool(s.recomputable)] for s in g.steps],
+    }
+
+
+def gmap_from_dict(d: dict) -> GMAP:
+    """The GMAP :func:`gmap_to_dict` saved (ValueError on another schema or version)."""
+    if d.get("schema") != GMAP_SCHEMA or d.get("version") != GMAP_VERSION:
+        raise ValueError(f"not a saved GMAP of version {GMAP_VERSION} (schema "
+                         f"{d.get('schema')!r}, version {d.get('version')!r})")
+    n = int(d["n_forward"])
+    buffers = tuple(
+        Buffer(id=i, name=name, kind=kind, dtype=dtype, size=_size_from(size),
+               persistent=bool(persistent), ref=_tuple(ref), uses=tuple(uses), n_forward=n,
+               caffe=_size_from(caffe))
+        for i, (name, kind, dtype, size, persistent, ref, uses, caffe) in enumerate(d["buffers"]))
+    steps = tuple(
+        Step(index=j, layer=int(layer), name=name, type=typ, phase=phase, reads=tuple(reads),
+             writes=tuple(writes), scratch=tuple(scratch), flops=float(flops),
+             allocate=tuple(alloc), release=tuple(release), offload=tuple(offload),
+             prefetch=tuple(prefetch), recomputable=bool(rc))
+        for j, (layer, name, typ, phase, reads, writes, scratch, flops, alloc, release,
+                offload, prefetch, rc) in enumerate(d["steps"]))
+    return GMAP(net_name=d["net_name"], k=int(d["k"]), k0=int(d["k0"]),
+                n_layers=int(d["n_layers"]), n_forward=n, buffers=buffers, steps=steps,
+                layer_names=tuple(d.get("layer_names") or ()))

@@ -1209,6 +1209,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         assert solver.iter - it0 == sum(n for _, n in profile.meta["runs"])
         if scratch is not None:
             k_max = int(profile.meta.get("k_max", k_max))
+        profile = with_gmap(profile, g0, k_max, solver.type, budget - base, host_budget)
         if save_profile:
             profile.save(save_profile)
             say(f"Profile saved to {save_profile}")
@@ -1305,6 +1306,23 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                                 model=model, graph=calibration)
 
 
+def with_gmap(profile, gmap: GMAP, k_max: int, solver_type: str, test_net_bytes: int,
+              host_budget: int | None = None):
+    """``profile`` with the GMAP the tuner decides on (``meta["gmap"]``,
+    :func:`swap.gmap.gmap_to_dict`, its per-k sizes sampled up to ``k_max`` and at the
+    profiled ks), the bytes the test nets take from the budget (``meta["test_net_bytes"]``)
+    and the pinned host memory that bounds k_max (``meta["host_budget"]``, None: unbounded),
+    so that ``minicaffe plan`` on another machine plans what this one would
+    (``--layout device``)."""
+    import dataclasses
+    from .gmap import gmap_to_dict, sample_ks
+    ks = sample_ks(k_max, extra=tuple(profile.ks) + (gmap.k,))
+    return dataclasses.replace(profile, meta={
+        **profile.meta, "gmap": gmap_to_dict(gmap, ks, solver_type=solver_type),
+        "test_net_bytes": int(test_net_bytes),
+        "host_budget": None if host_budget is None else int(host_budget)})
+
+
 def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
                      scratch: int | None = None, trace: str | None = None):
     """Resize the solver's net to the decision's k and run it under the decided dynamic plan
@@ -1353,5 +1371,6 @@ def _hold_by_name(dec: Decision, g: GMAP) -> dict:
 
 __all__ = ["METHODS", "Evaluation", "Search", "linear_search", "bisect_search", "Decision",
            "tune", "plan_at", "DEFAULT_DEVICE", "device_models", "profile_models",
-           "TrainingDecision", "train_dynamic", "install_decision", "ENV_COPY_SLOWDOWN_LIMIT",
+           "TrainingDecision", "train_dynamic", "install_decision", "with_gmap",
+           "ENV_COPY_SLOWDOWN_LIMIT",
            "copy_slowdown_limit", "COPY_SLOWDOWN_LIMIT"]

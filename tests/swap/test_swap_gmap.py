@@ -277,3 +277,36 @@ def test_caffe_max_batch_takes_the_exact_total_not_a_line(build_net, shape):
     k = caffe_max_batch(g, budget)
     assert caffe_total(g.at(k)) <= budget < caffe_total(g.at(k + 1))
     assert k >= 12
+
+
+def test_a_saved_gmap_reads_back_equal_with_its_workspaces_sampled(build_net):
+    """gmap_to_dict / gmap_from_dict (what a profile keeps for `minicaffe plan --layout
+    device`): the same buffers and steps through JSON; a per-k workspace keeps its bytes at
+    the sampled ks exactly and is interpolated between them (SampledSize)."""
+    import json
+    from swap.gmap import SampledSize, gmap_from_dict, gmap_to_dict, sample_ks
+    net = build_net("resnet", batch=4)
+
+    def ws(num):
+        return 0 if num < 8 else (1 << 20) * num + 4096 * (num % 3)
+    _fake_cudnn_conv(net, "res2_a", ws)
+    g = build_gmap(net, solver_type="Adam")
+    ks = sample_ks(64, extra=(5,))
+    assert ks[0] == 1 and ks[-1] == 64 and 5 in ks and len(ks) <= 49
+    d = json.loads(json.dumps(gmap_to_dict(g, ks, solver_type="Adam")))
+    assert d["solver_type"] == "Adam"
+    r = gmap_from_dict(d)
+    assert r == g and r.layer_names == g.layer_names
+    b = r.find("scratch:res2_a/workspace")
+    assert isinstance(b.size.per_k, SampledSize)
+    for k in ks:
+        assert r.at(k).sizes() == g.at(k).sizes()
+    between = [k for k in range(9, 64) if k not in ks]
+    assert between and all(abs(b.nbytes(k) - ws(k)) <= 4096 * 2 for k in between)
+    assert all(r.at(k).nbytes(i) == g.at(k).nbytes(i) for k in between
+               for i, x in enumerate(g.buffers) if x.size.per_k is None)
+    assert SampledSize([[4, 400], [8, 1600]])(16) == 3200          # past the samples: per image
+    assert SampledSize([[4, 400], [8, 1600]])(2) == 200
+    assert SampledSize([[4, 400], [8, 1600]])(6) == 1000
+    with pytest.raises(ValueError, match="not a saved GMAP"):
+        gmap_from_dict({**d, "version": 99})

@@ -563,6 +563,86 @@ def test_plan_command_plans_a_gpu_profile_on_the_gpu_feature_maps(net_file, tmp_
     assert "(cpu layout); budget" in out and maps(out) == maps(cpu)
 
 
+def test_plan_command_plans_the_gmap_a_profile_keeps(net_file, tmp_path, capsys):
+    """A profile that keeps the GMAP its run decided on (``meta["gmap"]``: a device's feature
+    maps and cuDNN workspaces, which a net built elsewhere does not have) is planned on that
+    GMAP, its test nets' bytes taken from the budget: the decision is tune's on it.  A net of
+    another name, or another solver type asked for, is refused under --layout device; auto
+    then builds the net."""
+    import dataclasses
+    from swap.gmap import gmap_from_dict
+    from swap.model import TUNER_GRANULARITY
+    from swap.tuner import profile_models, tune, with_gmap
+    f = net_file("resnet", 4)
+    g = build_gmap(Net(str(f), TRAIN, mode="CPU"))
+    prof = synthetic_profile(g, (2, 4, 8), *device_models(peak_flops=1e9, x_half=1e5,
+                                                          h2d=5e8))
+    # the device's own: one feature map twice as large as the CPU builds it
+    big = next(b for b in g.buffers if b.is_feature_map)
+    dev = dataclasses.replace(g, buffers=tuple(
+        dataclasses.replace(b, size=dataclasses.replace(b.size, item=2 * b.size.item))
+        if b.id == big.id else b for b in g.buffers))
+    budget = 3 * min_budget(g.at(8), "naive")
+    saved = with_gmap(prof, dev, 32, "SGD", 1 << 16)
+    assert saved.meta["test_net_bytes"] == 1 << 16 and saved.meta["gmap"]["net_name"] == g.net_name
+    pj = tmp_path / "dev.json"
+    saved.save(pj)
+    args = ["plan", "--model", str(f), "--budget", str(budget), "--profile", str(pj)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "(device layout: the GMAP the profile's run decided on, at minibatch 4" in out
+    assert "less 64.00 KiB for the test nets" in out and "note: " not in out
+    model, pcie = profile_models(prof, gmap_from_dict(saved.meta["gmap"]), TUNER_GRANULARITY)
+    want = tune(gmap_from_dict(saved.meta["gmap"]), budget - (1 << 16), model, pcie,
+                method="bisect")
+    assert f"k* = {want.k_star} " in out
+    assert main(args + ["--layout", "cpu"]) == 0      # the net built here: a larger k fits
+    cpu = capsys.readouterr().out
+    k_cpu = int(cpu.split("k* = ")[1].split()[0])
+    assert "(cpu layout" in cpu and k_cpu > want.k_star
+    # the pinned host memory that bounded the run's k_max bounds it here too
+    from swap.plan import make_plan
+    host = make_plan(dev.at(6), "naive", None).host_bytes
+    ph = tmp_path / "host.json"
+    with_gmap(prof, dev, 32, "SGD", 1 << 16, host_budget=host).save(ph)
+    assert main(args[:-1] + [str(ph)]) == 0
+    assert "(k_max 6 from" in capsys.readouterr().out
+    # another solver type: refused with --layout device, built under auto
+    assert main(args + ["--layout", "device", "--solver-type", "Adam"]) == 2
+    assert "holds the history of solver type 'SGD', not 'Adam'" in capsys.readouterr().err
+    assert main(args + ["--solver-type", "Adam"]) == 0
+    assert "(cpu layout" in capsys.readouterr().out
+    # another net
+    other = net_file("lenet", 4)
+    assert main(["plan", "--model", str(other), "--budget", "80M", "--profile", str(pj),
+                 "--layout", "device"]) == 2
+    assert f"the profile's GMAP is of net {g.net_name!r}" in capsys.readouterr().err
+    # a profile without one
+    pc = tmp_path / "plain.json"
+    prof.save(pc)
+    assert main(["plan", "--model", str(f), "--budget", "80M", "--profile", str(pc),
+                 "--layout", "device"]) == 2
+    assert "this profile has none" in capsys.readouterr().err
+
+
+def test_train_dynamic_keeps_the_gmap_it_decides_on(make_solver):
+    """The profile train_dynamic takes keeps the GMAP of its decision and what the test nets
+    take from the budget (with_gmap), so that `minicaffe plan` elsewhere plans the same."""
+    from swap.gmap import gmap_from_dict
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    budget = 2 * min_budget(g.at(16), "naive")
+    ex, td = train_dynamic(s, budget, auto_batch=True)
+    ex.close()
+    meta = td.profile.meta
+    r = gmap_from_dict(meta["gmap"])
+    assert r.net_name == g.net_name and r.k == 4 and len(r.steps) == len(td.profile.steps)
+    assert meta["gmap"]["solver_type"] == s.type
+    assert meta["test_net_bytes"] == budget - td.plan_budget
+    assert meta["host_budget"] == td.host_budget
+    assert [st.name for st in r.steps] == [st.layer for st in td.profile.steps]
+
+
 def test_plan_command_errors(net_file, tmp_path, capsys):
     f = net_file("lenet", 4)
     assert main(["plan", "--model", str(f), "--budget", "2M", "--trace", "x.csv"]) == 2

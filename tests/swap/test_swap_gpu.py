@@ -464,3 +464,27 @@ def test_gpu_copy_calibration_starts_its_passes_behind_a_wait(make_solver):
     for i, w in enumerate(waits[1:]):    # from the least host time so far (warm-up's too)
         assert w <= head_start_seconds(min(hosts[:i + 1])) * (1 + 1e-9)
     assert sum(cal["kept"]) < min(waits)            # the wait is not in the steps' times
+
+
+def test_gpu_plan_replays_the_tuners_decision_from_its_profile(make_solver, net_file, tmp_path,
+                                                                capsys):
+    """The profile train_dynamic takes on the GPU keeps the GMAP it decided on, the cuDNN
+    workspaces sampled (with_gmap); `minicaffe plan` on that profile (--layout device, the
+    default) takes the k* the device took."""
+    from minicaffe.cli import main
+    from swap.tuner import train_dynamic
+    s = make_solver("resnet", mode="GPU")
+    g = build_gmap(s.net)
+    budget = 2 * min_budget(g.at(16), "naive") + (64 << 20)
+    ex, td = train_dynamic(s, budget, auto_batch=True, method="bisect")
+    ex.close()
+    saved = td.profile.meta["gmap"]
+    sampled = [b for b in saved["buffers"] if b[3] is not None and len(b[3]) > 3]
+    assert sampled and all(b[0].endswith("workspace") for b in sampled)
+    pj = tmp_path / "p.json"
+    td.profile.save(pj)
+    model = net_file("resnet", 4)                      # the net make_solver trains
+    assert main(["plan", "--model", str(model), "--budget", str(budget), "--profile", str(pj),
+                 "--search", "bisect"]) == 0
+    out = capsys.readouterr().out
+    assert "(device layout" in out and f"k* = {td.decision.k_star} " in out, out

@@ -625,6 +625,26 @@ def test_plan_command_plans_the_gmap_a_profile_keeps(net_file, tmp_path, capsys)
     assert "this profile has none" in capsys.readouterr().err
 
 
+def test_plan_on_a_train_dynamic_profile_takes_its_k_star(make_solver, net_file, tmp_path,
+                                                          capsys):
+    """`minicaffe plan` on the profile train_dynamic took (the GMAP it keeps) takes the k*
+    that train_dynamic took, with the same search."""
+    s = make_solver("resnet", batch=4)
+    budget = 2 * min_budget(build_gmap(s.net).at(16), "naive")
+    for method in ("linear", "bisect"):
+        ex, td = train_dynamic(make_solver("resnet", batch=4), budget, auto_batch=True,
+                               method=method)
+        ex.close()
+        pj = tmp_path / f"{method}.json"
+        td.profile.save(pj)
+        assert main(["plan", "--model", str(net_file("resnet", 4)), "--budget", str(budget),
+                     "--profile", str(pj), "--search", method]) == 0
+        out = capsys.readouterr().out
+        assert "(device layout" in out and f"k* = {td.decision.k_star} " in out, out
+        for line in td.decision.describe().splitlines()[1:4]:   # time, memory, maps
+            assert line in out
+
+
 def test_train_dynamic_keeps_the_gmap_it_decides_on(make_solver):
     """The profile train_dynamic takes keeps the GMAP of its decision and what the test nets
     take from the budget (with_gmap), so that `minicaffe plan` elsewhere plans the same."""

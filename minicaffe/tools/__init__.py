@@ -11,9 +11,11 @@ Each runs with ``python -m minicaffe.tools.<name> --help``:
 * ``draw_net``: pycaffe's ``python/draw_net.py``, a net drawn as a graph
   (``caffe.draw``; also ``minicaffe draw``);
 * ``detect``: pycaffe's ``python/detect.py``, a ``caffe.Detector`` over a CSV
-  of windows (or selective search proposals), detections written as CSV.
+  of windows (or selective search proposals), detections written as CSV;
+* ``extract_features``: a trained net's blobs, one Datum of ``float_data`` per
+  image, into new LMDBs or LevelDBs keyed ``%010d`` as Caffe's tool.
 
 Each module also exposes its work as a function (``convert_imageset``,
-``compute_image_mean``, ``make_digits``; ``caffe.draw.draw_net_to_file`` for
-``draw_net``) for use from Python.
+``compute_image_mean``, ``make_digits``, ``extract_features``;
+``caffe.draw.draw_net_to_file`` for ``draw_net``) for use from Python.
 """

@@ -364,8 +364,12 @@ def _fold_v0_padding(net):
     return kept
 
 
-def upgrade_v0_layer(conn, index=0):
-    """One V0 layer connection as a V1LayerParameter (UpgradeV0LayerParameter)."""
+def upgrade_v0_layer(conn, index=0, problems=None):
+    """One V0 layer connection as a V1LayerParameter (UpgradeV0LayerParameter).
+
+    A field that does not apply to the layer's type is dropped, with a warning; where
+    ``problems`` is a list, a line naming it is appended there instead (Caffe marks the
+    upgrade not fully compatible)."""
     v0 = conn.layer
     label = f'layers {index} ("{v0.name}")' if v0.name else f"layers {index}"
     v1 = caffe_pb2.V1LayerParameter()
@@ -388,8 +392,12 @@ def upgrade_v0_layer(conn, index=0):
         if not v0.HasField(field):
             continue
         if t not in targets:
-            logger.warning("%s: V0 field %s does not apply to a %r layer; dropped (as Caffe "
-                           "drops it)", label, field, t)
+            if problems is None:
+                logger.warning("%s: V0 field %s does not apply to a %r layer; dropped (as "
+                               "Caffe drops it)", label, field, t)
+            else:
+                problems.append(f"{label}: V0 field {field} does not apply to a {t!r} layer; "
+                                "dropped")
             continue
         msg_name, target = targets[t]
         value = getattr(v0, field)
@@ -403,25 +411,31 @@ def upgrade_v0_layer(conn, index=0):
     return v1
 
 
-def _upgrade_v0_net(net):
+def _upgrade_v0_net(net, problems=None):
     """V0 ``layers`` become V1 ``layers`` (in place; UpgradeV0Net)."""
-    upgraded = [upgrade_v0_layer(conn, i) for i, conn in enumerate(_fold_v0_padding(net))]
+    upgraded = [upgrade_v0_layer(conn, i, problems)
+                for i, conn in enumerate(_fold_v0_padding(net))]
     net.ClearField("layers")
     net.layers.extend(upgraded)
 
 
-def upgrade_net(net_param):
+def upgrade_net(net_param, problems=None):
     """Return an upgraded copy of ``net_param`` in the current format (UpgradeNetAsNeeded).
 
     Raises ValueError for nets that mix ``layer`` and ``layers``, for unknown V0 or V1 layer
     types, for padding layers Caffe cannot fold and for inconsistent legacy input declarations.
+    Where Caffe instead logs an error and goes on (a V0 field that does not apply to its
+    layer's type is dropped), a warning is logged, or, when the list ``problems`` is given, a
+    line is appended to it: Caffe's UpgradeNetAsNeeded then returns false, and its upgrade
+    tools exit with status 1.
     """
     net = caffe_pb2.NetParameter()
     net.CopyFrom(net_param)
     if net_needs_v0_upgrade(net):
         logger.warning("upgrading a net in the deprecated V0 format (layers { layer { ... } }); "
-                       "Caffe's upgrade_net_proto_text writes the current one")
-        _upgrade_v0_net(net)
+                       "python -m minicaffe.tools.upgrade_net_proto_text writes it in the "
+                       "current one")
+        _upgrade_v0_net(net, problems)
     if net_needs_data_upgrade(net):
         logger.info("upgrading deprecated data transformation fields into transform_param")
         _upgrade_data_transformation(net)

@@ -13,9 +13,14 @@ Each runs with ``python -m minicaffe.tools.<name> --help``:
 * ``detect``: pycaffe's ``python/detect.py``, a ``caffe.Detector`` over a CSV
   of windows (or selective search proposals), detections written as CSV;
 * ``extract_features``: a trained net's blobs, one Datum of ``float_data`` per
-  image, into new LMDBs or LevelDBs keyed ``%010d`` as Caffe's tool.
+  image, into new LMDBs or LevelDBs keyed ``%010d`` as Caffe's tool;
+* ``upgrade_net_proto_text``, ``upgrade_net_proto_binary``,
+  ``upgrade_solver_proto_text``: a V0/V1 net prototxt or ``.caffemodel``, or a
+  solver with ``solver_type``, rewritten in the current format, with Caffe's
+  log lines and exit statuses.
 
 Each module also exposes its work as a function (``convert_imageset``,
-``compute_image_mean``, ``make_digits``, ``extract_features``;
+``compute_image_mean``, ``make_digits``, ``extract_features``, ``upgrade_net_proto``,
+``upgrade_solver_proto``;
 ``caffe.draw.draw_net_to_file`` for ``draw_net``) for use from Python.
 """

@@ -508,19 +508,8 @@ def _plan_net(model: str, budget: int, layout: str, prof):
         raise ValueError(f"{e} (plan builds the net to size it: give one whose inputs can "
                          "be read, e.g. its DummyData version prototxt/<net>/dummy.prototxt)"
                          ) from None
-    return net, _profile_scratch(prof)
-
-
-def _profile_scratch(prof):
-    """The scratch reserve of ``prof``'s measured transients (None without them)."""
-    points = (prof.meta or {}).get("transients") if prof is not None else None
-    if not points:
-        return None
     from swap.profiler import ScratchModel
-    scratch = ScratchModel()
-    for k, peak in points:
-        scratch.add(k, peak)
-    return scratch
+    return net, ScratchModel.from_profile(prof)
 
 
 def _device_gmap(model: str, prof, solver_type: str):
@@ -595,7 +584,8 @@ def cmd_plan(args):
         if prof is None:
             raise UsageError("--layout device plans the GMAP a profile keeps: give --profile")
         gmap, test_bytes, host_budget = _device_gmap(args.model, prof, args.solver_type)
-        scratch = _profile_scratch(prof)
+        from swap.profiler import ScratchModel
+        scratch = ScratchModel.from_profile(prof)
         if host_budget is not None:     # k_max as that run bounded it (swap.tuner)
             from swap.profiler import max_batch_scratch
             k_max = max_batch_scratch(gmap, budget - test_bytes, scratch,

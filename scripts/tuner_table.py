@@ -491,6 +491,29 @@ def _fits_device(g, k, reserve, gpu) -> tuple[bool, str]:
                                  f"{0.92 * free / 2**30:.2f} GiB")
 
 
+def _replay_saved_gmap(td, granularity, search, recompute, log):
+    """The k* that ``minicaffe plan --layout device`` takes from this run's profile (the GMAP
+    it keeps, ``swap.tuner.with_gmap``), planned as that command plans it; None where the
+    profile keeps none (a reused older one) or the model was rescaled for CUDA graphs."""
+    saved = td.profile.meta.get("gmap")
+    if saved is None or td.graph is not None:
+        return None
+    from swap.gmap import gmap_from_dict
+    from swap.profiler import ScratchModel, max_batch_scratch
+    from swap.tuner import profile_models, tune
+    g = gmap_from_dict(saved)
+    scratch = ScratchModel.from_profile(td.profile)
+    host = td.profile.meta.get("host_budget")
+    k_max = (None if host is None else
+             max_batch_scratch(g, td.plan_budget, scratch, host_budget=host))
+    model, pcie = profile_models(td.profile, g, granularity)
+    k = tune(g, td.plan_budget, model, pcie, method=search, k_max=k_max, scratch=scratch,
+             recompute=recompute).k_star
+    log(f"AccUDNN: the profile's saved GMAP replays to k* = {k} (this run: "
+        f"{td.decision.k_star})")
+    return k
+
+
 def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, search,
             out_dir, r152_batch, profile_dir=None, granularity="segment",
             rounds: int = 2, recompute=(), max_rounds: int = MAX_ROUNDS) -> dict:
@@ -551,6 +574,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     again = tune(g, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
                  scratch=td.scratch, recompute=recompute)
     t_decide = time.perf_counter() - t0
+    replay = _replay_saved_gmap(td, granularity, search, recompute, log)
     # the paper's k*, the largest stall-free k with its plan laid out and replayed (the
     # throughput objective's search stops at the fastest k, below it)
     paper = dec
@@ -565,6 +589,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                     "k_largest": paper.k_star,
                     "largest_pred_img_s": paper.images_per_s, "seconds": t_tuner,
                     "decision_seconds": t_decide, "repeat_k_star": again.k_star,
+                    "replay_k_star": replay,
                     "profiled_ks": list(td.profile.ks), "pcie_h2d": pcie.h2d, "pcie_d2h": pcie.d2h,
                     "describe": dec.describe(limit=6), "log": lines[-40:]}
     if gpu and engine == "CUDNN":      # cuDNN's algorithm choices so far (per-k workspaces)

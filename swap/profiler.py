@@ -774,6 +774,18 @@ class ScratchModel:
     def from_gmap(cls, gmap: GMAP, **kw) -> "ScratchModel":
         return cls(scratch_estimate(gmap), **kw)
 
+    @classmethod
+    def from_profile(cls, profile, **kw) -> "ScratchModel | None":
+        """The model of the transients ``profile`` measured (``meta["transients"]``), None
+        where it measured none: what ``minicaffe plan`` reserves from a profile."""
+        points = (profile.meta or {}).get("transients") if profile is not None else None
+        if not points:
+            return None
+        model = cls(**kw)
+        for k, peak in points:
+            model.add(k, peak)
+        return model
+
     def add(self, k: int, peak: int):
         """A measured transient peak (bytes) at minibatch k."""
         k, peak = int(k), int(peak)

@@ -22,6 +22,8 @@ def test_tuner_table_quick(tmp_path):
     t = r["tuner"]
     # the tuner's k* lies within its k_max, and the decision alone gives the same k* again
     assert 1 <= t["k_star"] <= t["k_max"] and t["repeat_k_star"] == t["k_star"]
+    # and the GMAP the profile keeps replays to it, as `minicaffe plan --layout device` plans
+    assert t["replay_k_star"] == t["k_star"]
     assert t["seconds"] > t["decision_seconds"] > 0 and len(t["profiled_ks"]) >= 2
     assert (tmp_path / "tuner" / "cifar10_quick_profile.json").exists()
     # none: Caffe's lowering, verified within the budget

@@ -126,8 +126,11 @@ def resize_inter_linear(img, height: int, width: int) -> np.ndarray:
         return m
 
     a = src.astype(np.float64).reshape(src.shape[0], src.shape[1], -1)
-    out = np.einsum("yh,hwc,xw->yxc", matrix(height, src.shape[0]), a,
-                    matrix(width, src.shape[1]))
+    # one axis at a time, two GEMMs: a three-operand einsum without optimize= runs as one
+    # nested loop over (y, x, h, w, c), 38 s for a 300x280 image to 256x256
+    rows = np.tensordot(matrix(height, src.shape[0]), a, axes=(1, 0))          # (y, w, c)
+    out = np.tensordot(rows, matrix(width, src.shape[1]), axes=(1, 1))         # (y, c, x)
+    out = out.transpose(0, 2, 1)                                               # (y, x, c)
     out = np.clip(np.rint(out), 0, 255).astype(np.uint8)
     return out[:, :, 0] if src.ndim == 2 else out
 

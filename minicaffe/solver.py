@@ -460,6 +460,13 @@ class Solver:
     # ------------------------------------------------------ update
     def get_learning_rate(self) -> float:
         p = self.param
+        if not p.lr_policy and self.source:
+            # caffe.proto gives lr_policy no default, and SGDSolver::GetLearningRate
+            # LOG(FATAL)s on anything it does not know, "" included; a solver built in
+            # code (no file) keeps minicaffe's "fixed"
+            raise ValueError(
+                f"{self.source}: Unknown learning rate policy: '' (lr_policy has no default "
+                "in Caffe; give one of fixed, step, exp, inv, multistep, poly, sigmoid)")
         if p.lr_policy == "step" and p.stepsize > 0:
             # sgd_solver.cpp GetLearningRate: the step policy keeps current_step_ = iter /
             # stepsize, which the solver state records

@@ -264,12 +264,35 @@ def test_snapshot_prefix_naming_a_directory_gets_the_solver_files_stem(tmp_path,
     (tmp_path / "snaps").mkdir()
     (tmp_path / "net.prototxt").write_text(NET)
     (tmp_path / "quick_solver.prototxt").write_text(
-        f'net: "net.prototxt"\nbase_lr: 0.01\nmax_iter: 2\nsnapshot: 2\n'
+        f'net: "net.prototxt"\nbase_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 2\nsnapshot: 2\n'
         f'snapshot_prefix: "{prefix}"\nsolver_mode: CPU\nrandom_seed: 1\n')
     s = Solver("quick_solver.prototxt", verbose=False)
     s.step(2)
     assert (tmp_path / f"{made}.caffemodel").is_file()
     assert (tmp_path / f"{made}.solverstate").is_file()
+
+
+def test_solver_file_without_lr_policy_is_refused_at_the_first_update(tmp_path, monkeypatch):
+    """caffe.proto gives lr_policy no default and SGDSolver::GetLearningRate LOG(FATAL)s with
+    "Unknown learning rate policy: " for the empty string; minicaffe took an absent policy for
+    "fixed".  The stored copy of BVLC's examples/mnist/mnist_autoencoder_solver_adadelta.prototxt
+    (commit 4c58741c) has neither base_lr nor lr_policy: Caffe stops at iteration 0.  The file
+    still builds its nets and tests (as Caffe's does); a solver built in code keeps "fixed"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.prototxt").write_text(NET)
+    (tmp_path / "adadelta.prototxt").write_text(
+        'net: "net.prototxt"\ntest_iter: 1\ntest_interval: 500\ntest_compute_loss: true\n'
+        'momentum: 0.95\ndelta: 1e-8\ndisplay: 100\nmax_iter: 65000\nweight_decay: 0.0005\n'
+        'snapshot: 10000\nsnapshot_prefix: "adadelta_train"\nsolver_mode: CPU\n'
+        'solver_type: ADADELTA\n')
+    s = Solver("adadelta.prototxt", verbose=False)
+    assert s.type == "AdaDelta"
+    s.test_all()
+    with pytest.raises(ValueError, match=r"adadelta.prototxt: Unknown learning rate policy: ''"):
+        s.step(1)
+    p = caffe_pb2.SolverParameter()
+    p.CopyFrom(s.param)
+    assert Solver(p, verbose=False).get_learning_rate() == 0.0     # in code: "fixed", base_lr 0
 
 
 def test_debug_info_logs_each_layers_blobs_on_displayed_iterations(monkeypatch):

@@ -35,8 +35,8 @@ from .backend import (explicit_mode, gpu_available, normalize_mode, set_device, 
 from .kernels import cuda_fused
 from .log import log
 from .net import TEST, TRAIN, Net
-from .proto import (caffe_pb2, read_binary, read_net_param, read_solver_param, upgrade_solver,
-                    write_binary)
+from .proto import (caffe_pb2, net_needs_upgrade, read_binary, read_net_param,
+                    read_solver_param, upgrade_solver, write_binary)
 from .rng import set_random_seed, host_rng
 
 MINICAFFE_STATE_VERSION = 1
@@ -208,7 +208,20 @@ class Solver:
         if f in ("net", "train_net"):
             path = resolve_path(getattr(p, f), self.source_dir)
             return read_net_param(path), path
+        self._warn_inline_legacy(f, getattr(p, f))
         return getattr(p, f), None
+
+    def _warn_inline_legacy(self, field, net_param):
+        """Caffe upgrades only the nets it reads from files (ReadNetParamsFromTextFileOrDie):
+        Solver::InitTrainNet / InitTestNets copy an inline net as it is, and Net::Init reads
+        only its ``layer`` blocks, so a V1 net given inline (the 2014 lenet_consolidated_solver
+        of Caffe's examples/mnist) builds there with no layers at all.  minicaffe upgrades it
+        and says that Caffe would not."""
+        if net_needs_upgrade(net_param):
+            log(f"{self.source or 'solver'}: {field} {net_param.name!r} is written in a legacy "
+                "format (V1 'layers', 'input_dim', ...); BVLC Caffe does not upgrade nets "
+                "given inline in a solver and would build it without those parts; minicaffe "
+                "upgrades it", level="W")
 
     def _build_nets(self, net_param):
         p = self.param
@@ -225,6 +238,8 @@ class Solver:
         test_params = []
         for path in p.test_net:
             test_params.append(read_net_param(resolve_path(path, self.source_dir)))
+        for tp in p.test_net_param:
+            self._warn_inline_legacy("test_net_param", tp)
         test_params.extend(p.test_net_param)
         n_test = len(p.test_iter)
         if not test_params and n_test:

@@ -295,6 +295,36 @@ def test_solver_file_without_lr_policy_is_refused_at_the_first_update(tmp_path, 
     assert Solver(p, verbose=False).get_learning_rate() == 0.0     # in code: "fixed", base_lr 0
 
 
+def test_inline_v1_net_is_upgraded_with_a_warning_that_caffe_would_not(monkeypatch):
+    """Solver::InitTrainNet / InitTestNets copy train_net_param / test_net_param as they are,
+    and Net::Init reads only ``layer`` blocks: Caffe upgrades nets it reads from files only,
+    so the V1 nets inline in Caffe's 2014 examples/mnist/lenet_consolidated_solver.prototxt
+    build there with no layers.  minicaffe upgrades them and says so, once per net."""
+    import io
+    from minicaffe import log as mlog
+    stream = io.StringIO()
+    monkeypatch.setattr(mlog, "_state", {"stream": stream, "quiet": False})
+    v1 = ('name: "v1" layers { name: "data" type: DUMMY_DATA top: "data" top: "target" '
+          'dummy_data_param { shape { dim: 8 dim: 4 } shape { dim: 8 dim: 2 } } } '
+          'layers { name: "ip" type: INNER_PRODUCT bottom: "data" top: "ip" blobs_lr: 1 '
+          'blobs_lr: 2 inner_product_param { num_output: 2 } } '
+          'layers { name: "loss" type: EUCLIDEAN_LOSS bottom: "ip" bottom: "target" }')
+    p = caffe_pb2.SolverParameter(base_lr=0.01, lr_policy="fixed", test_iter=[1],
+                                  test_interval=10)
+    p.train_net_param.CopyFrom(parse_text(v1, caffe_pb2.NetParameter))
+    p.test_net_param.add().CopyFrom(parse_text(v1, caffe_pb2.NetParameter))
+    s = Solver(p, verbose=False)
+    assert s.net.layer_names == ["data", "ip", "loss"]
+    assert [sp.lr_mult for sp in s.net.param_specs[1]] == [1, 2]
+    lines = [l for l in stream.getvalue().splitlines() if l.startswith("W")]
+    assert len(lines) == 2
+    assert "train_net_param 'v1'" in lines[0] and "test_net_param 'v1'" in lines[1]
+    assert all("BVLC Caffe does not upgrade nets given inline" in l for l in lines)
+    stream.truncate(0)
+    Solver(solver_param(), verbose=False)            # a current inline net: no warning
+    assert not [l for l in stream.getvalue().splitlines() if l.startswith("W")]
+
+
 def test_debug_info_logs_each_layers_blobs_on_displayed_iterations(monkeypatch):
     """HED's solver.prototxt carries a commented-out ``debug_info: true``. Caffe's Solver::Step
     sets net_->set_debug_info(display && debug_info); Net::ForwardDebugInfo, BackwardDebugInfo

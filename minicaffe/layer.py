@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .blob import Blob
+from .blob import Blob, proto_shape
 
 ALL = "all"
 
@@ -128,6 +128,10 @@ class Layer:
     equal_num_bottom_top = False
     # Loss layers weigh their first top by 1 when the prototxt gives no loss_weight.
     is_loss = False
+    # Param blobs written in the net definition (LayerParameter.blobs) are in self.blobs
+    # before layer_setup, as Caffe's Layer constructor puts them (Python layers, whose
+    # setup may look); else they replace, after layer_setup, the values it filled.
+    definition_blobs_first = False
     # Declared liveness of backward (see module doc). ALL = every bottom.
     backward_reads_bottom = ALL
     backward_reads_top: tuple = ()
@@ -148,11 +152,39 @@ class Layer:
     def setup(self, bottom: list[Blob], top: list[Blob]):
         self.check_blob_counts(bottom, top)
         self._num_bottom = len(bottom)
+        given = len(self.param.blobs) > 0
+        if given and self.definition_blobs_first:
+            self.blobs.extend(self._definition_blobs())      # the user's setup sees them
         self.layer_setup(bottom, top)
+        if given and not self.definition_blobs_first:
+            self._take_blobs_from_definition()
         if len(self.param_propagate_down) != len(self.blobs):
             self.param_propagate_down = [True] * len(self.blobs)
         self.reshape(bottom, top)
         self.set_loss_weights(top)
+
+    def _take_blobs_from_definition(self):
+        """Caffe's Layer constructor copies ``LayerParameter.blobs`` into ``blobs_``, and each
+        layer's LayerSetUp then skips its fillers ("Skipping parameter initialization"): param
+        values written in the net definition (a NetParameter that carries weights, as
+        Net::ToProto writes one) are the layer's starting values.  A layer without params of
+        its own keeps them as params, as Caffe does; one with params needs as many, of its
+        shapes (Caffe's convolution CHECKs both; other layers would read past them)."""
+        given = self.param.blobs
+        if not self.blobs:
+            self.blobs.extend(self._definition_blobs())
+            return
+        if len(given) != len(self.blobs):
+            raise ValueError(
+                f"layer {self.name!r} of type {self.type}: the net definition gives "
+                f"{len(given)} param blob(s) (blobs {{ }}), the layer has {len(self.blobs)} "
+                f"of shapes {[b.shape for b in self.blobs]}")
+        for blob, proto in zip(self.blobs, given):
+            blob.from_proto(proto, reshape=False, layer=self.name)
+
+    def _definition_blobs(self) -> list[Blob]:
+        return [self.make_param_blob(proto_shape(p), i).from_proto(p, layer=self.name)
+                for i, p in enumerate(self.param.blobs)]
 
     def layer_setup(self, bottom, top):
         """Read the parameter message; create ``self.blobs``. Once per layer."""

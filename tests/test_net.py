@@ -334,3 +334,40 @@ def test_pycaffe_style_old_signature(tmp_path):
     b = caffe.Net(str(f), str(w), caffe.TEST)
     assert b.phase == caffe.TEST
     np.testing.assert_array_equal(a.params["ip2"][0].data, b.params["ip2"][0].data)
+
+
+def test_param_blobs_written_in_the_net_definition_are_the_layers_starting_values(tmp_path):
+    """Caffe's Layer constructor copies LayerParameter.blobs into blobs_ and every layer's
+    LayerSetUp then skips its fillers ("Skipping parameter initialization"), so a net built
+    from a NetParameter that carries weights (as Net::ToProto writes one, or a layer written
+    with blobs { } in the prototxt) starts from them.  minicaffe ignored them and drew the
+    fillers."""
+    trained = Net(net_param(MLP), caffe.TRAIN)
+    for i, blobs in enumerate(trained.params.values()):
+        for b in blobs:
+            b.data[...] = np.arange(b.count).reshape(b.shape) * 0.01 + i
+    with_weights = trained.to_proto()
+    assert len(with_weights.layer[1].blobs) == 2
+    rebuilt = Net(with_weights, caffe.TRAIN)
+    for name, blobs in trained.params.items():
+        for a, b in zip(blobs, rebuilt.params[name]):
+            np.testing.assert_array_equal(a.data, b.data, err_msg=name)
+
+    text = MLP.replace('inner_product_param { num_output: 3',
+                       'blobs { shape { dim: 3 dim: 5 } data: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, '
+                       '11, 12, 13, 14, 15] } blobs { num: 1 channels: 1 height: 1 width: 3 '
+                       'data: [7, 8, 9] } inner_product_param { num_output: 3')
+    net = Net(net_param(text), caffe.TEST)
+    np.testing.assert_array_equal(net.params["ip2"][0].data, np.arange(1, 16).reshape(3, 5))
+    np.testing.assert_array_equal(net.params["ip2"][1].data, [7, 8, 9])   # legacy 4-d shape
+
+    wrong = MLP.replace('inner_product_param { num_output: 3',
+                        'blobs { shape { dim: 3 dim: 5 } } inner_product_param { num_output: 3')
+    with pytest.raises(ValueError, match=r"'ip2'.*gives 1 param blob\(s\).*has 2"):
+        Net(net_param(wrong), caffe.TEST)
+    # a layer without params of its own keeps them as params, as Caffe's blobs_ does
+    extra = MLP.replace('layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }',
+                        'layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" '
+                        'blobs { shape { dim: 2 } data: [5, 6] } }')
+    net = Net(net_param(extra), caffe.TEST)
+    np.testing.assert_array_equal(net.params["relu1"][0].data, [5, 6])

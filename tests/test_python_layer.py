@@ -115,6 +115,17 @@ def test_data_layer_reshapes_before_every_forward_and_keeps_its_state():
                                       np.arange(start, start + 10) % 1000)
 
 
+def test_blobs_in_the_definition_are_the_layers_before_its_setup():
+    """Caffe's Layer constructor, which PythonLayer inherits, fills blobs_ from
+    LayerParameter.blobs before setup() runs: a Python layer written with blobs { } has
+    them."""
+    text = "name: 'pythonnet'\n" + INPUT + py("layer", "SimpleLayer", ["data"], ["top"],
+                                               extra="blobs { shape { dim: 2 } data: [3, 4] }")
+    net = Net(net_param(text), caffe.TEST)
+    assert [b.data.tolist() for b in net.params["layer"]] == [[3, 4]]
+    net.forward()
+
+
 def test_parameter_layer_saves_loads_and_shares(tmp_path):
     """pycaffe's test_parameter: a learnable blob made by add_blob, its diff, a .caffemodel,
     and share_with."""

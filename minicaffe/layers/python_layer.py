@@ -135,6 +135,9 @@ class PythonLayer(Layer):
 
     type = "Python"
     # Any number of bottoms and tops (Caffe's PythonLayer constrains neither).
+    # Caffe's Layer constructor fills blobs_ from LayerParameter.blobs before the user's
+    # setup runs.
+    definition_blobs_first = True
 
     def __init__(self, param, xp=np, dtype=np.float32):
         super().__init__(param, xp=xp, dtype=dtype)

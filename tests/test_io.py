@@ -236,18 +236,16 @@ def test_resize_inter_linear_takes_two_taps_per_axis():
         resize_inter_linear(img.astype(np.float32), 2, 2)
 
 
-def test_resize_inter_linear_is_fast_enough_for_image_data():
+def test_resize_inter_linear_of_an_image_data_sized_image():
     """ImageData with new_height/new_width resizes every image of every batch: a 300x280
     image to 256x256 took 38 s as one three-operand einsum (Caffe's imagenet_val.prototxt
     of examples/feature_extraction never finished a batch of 50); as two GEMMs it takes
-    milliseconds, and gives the same pixels as the two-tap formula."""
-    import time
+    milliseconds (no timing asserted here: speed is for benchmarks), and gives the pixels
+    of the two-tap formula."""
     from minicaffe.io import resize_inter_linear
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, (300, 280, 3)).astype(np.uint8)
-    t = time.perf_counter()
     got = resize_inter_linear(a, 256, 256)
-    assert time.perf_counter() - t < 2.0
     # spot-check pixels against the formula: two taps per axis, centres aligned
     for y, x in [(0, 0), (255, 255), (100, 37), (17, 201)]:
         sy = min(max((y + 0.5) * 300 / 256 - 0.5, 0), 299)

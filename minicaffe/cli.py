@@ -262,7 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     # --- swap/ plan command (begin)
     pl = sub.add_parser("plan", help="plan the dynamic swap strategy (AccUDNN) without training: "
                                      "k*, the plan, predicted time and memory, the timeline")
-    _add(pl, "--model", required=True, help="net prototxt (built in TRAIN phase to be sized)")
+    _add(pl, "--model", default=None,
+         help="net prototxt (built in TRAIN phase to be sized); may be left out with a "
+              "--profile that keeps its GMAP (--layout device)")
     _add(pl, "--budget", required=True, help="device memory budget, e.g. 12G (binary units)")
     _add(pl, "--batch", type=int, default=None,
          help="plan the swaps at this minibatch (default: search k*, Algorithm 2)")
@@ -512,11 +514,11 @@ def _plan_net(model: str, budget: int, layout: str, prof):
     return net, ScratchModel.from_profile(prof)
 
 
-def _device_gmap(model: str, prof, solver_type: str):
+def _device_gmap(model: str | None, prof, solver_type: str):
     """The GMAP ``prof``'s own run decided on (``meta["gmap"]``, :func:`swap.tuner.with_gmap`),
     the bytes its test nets took from the budget and the pinned host memory that bounded its
-    k_max (None: none); a UsageError where the profile has none, or it is another net's or
-    another solver type's."""
+    k_max (None: none); a UsageError where the profile has none, or it is another net's than
+    ``model`` (None: not checked) or another solver type's."""
     from swap.gmap import gmap_from_dict
     from .proto import read_net_param
     saved = (prof.meta or {}).get("gmap")
@@ -524,7 +526,7 @@ def _device_gmap(model: str, prof, solver_type: str):
         raise UsageError("--layout device plans the GMAP a profile keeps, and this profile has "
                          "none (profiles saved by train --swap dynamic keep it): use --layout "
                          "gpu or cpu")
-    name = read_net_param(model).name
+    name = saved["net_name"] if model is None else read_net_param(model).name
     if saved["net_name"] != name:
         raise UsageError(f"the profile's GMAP is of net {saved['net_name']!r}, {model} is net "
                          f"{name!r}: give the net the profile was taken on, or --layout gpu")
@@ -591,6 +593,9 @@ def cmd_plan(args):
             k_max = max_batch_scratch(gmap, budget - test_bytes, scratch,
                                       host_budget=host_budget)
     else:
+        if args.model is None:
+            raise UsageError(f"--layout {layout} sizes the net built here: give --model (only a "
+                             "profile that keeps its GMAP plans without one)")
         net, scratch = _plan_net(args.model, budget, layout, prof)
         gmap = build_gmap(net, solver_type=args.solver_type)
     plan_budget = budget - test_bytes

@@ -612,6 +612,11 @@ def test_plan_command_plans_the_gmap_a_profile_keeps(net_file, tmp_path, capsys)
     assert "holds the history of solver type 'SGD', not 'Adam'" in capsys.readouterr().err
     assert main(args + ["--solver-type", "Adam"]) == 0
     assert "(cpu layout" in capsys.readouterr().out
+    # no --model: the saved GMAP alone; without one, --model is needed
+    assert main(["plan", "--budget", str(budget), "--profile", str(pj)]) == 0
+    assert f"k* = {want.k_star} " in capsys.readouterr().out
+    assert main(["plan", "--budget", str(budget)]) == 2
+    assert "give --model" in capsys.readouterr().err
     # another net
     other = net_file("lenet", 4)
     assert main(["plan", "--model", str(other), "--budget", "80M", "--profile", str(pj),

@@ -914,9 +914,9 @@ def test_copy_slowdown_limit_reads_the_environment(monkeypatch):
     value that is not a fraction in [0, 1) names the variable."""
     from swap.tuner import ENV_COPY_SLOWDOWN_LIMIT, copy_slowdown_limit
     monkeypatch.delenv(ENV_COPY_SLOWDOWN_LIMIT, raising=False)
-    assert copy_slowdown_limit() == 0.02
-    monkeypatch.setenv(ENV_COPY_SLOWDOWN_LIMIT, "0.01")
     assert copy_slowdown_limit() == 0.01
+    monkeypatch.setenv(ENV_COPY_SLOWDOWN_LIMIT, "0.02")
+    assert copy_slowdown_limit() == 0.02
     for bad in ("1.5", "-0.1", "two percent"):
         monkeypatch.setenv(ENV_COPY_SLOWDOWN_LIMIT, bad)
         with pytest.raises(ValueError, match=ENV_COPY_SLOWDOWN_LIMIT):

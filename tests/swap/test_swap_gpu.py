@@ -466,14 +466,25 @@ def test_gpu_copy_calibration_starts_its_passes_behind_a_wait(make_solver):
     assert sum(cal["kept"]) < min(waits)            # the wait is not in the steps' times
 
 
-def test_gpu_plan_replays_the_tuners_decision_from_its_profile(make_solver, net_file, tmp_path,
-                                                                capsys):
+def test_gpu_plan_replays_the_tuners_decision_from_its_profile(tmp_path, capsys):
     """The profile train_dynamic takes on the GPU keeps the GMAP it decided on, the cuDNN
     workspaces sampled (with_gmap); `minicaffe plan` on that profile (--layout device, the
     default) takes the k* the device took."""
     from minicaffe.cli import main
+    from minicaffe.proto import caffe_pb2
+    from google.protobuf import text_format
+    from minicaffe.solver import Solver
     from swap.tuner import train_dynamic
-    s = make_solver("resnet", mode="GPU")
+    from swap_nets import net_param
+    # the cuDNN engine: its workspaces are the sizes that are neither constant nor linear in k
+    npar = net_param("resnet", 4)
+    for layer in npar.layer:
+        if layer.type == "Convolution":
+            layer.convolution_param.engine = caffe_pb2.ConvolutionParameter.CUDNN
+    sp = caffe_pb2.SolverParameter(base_lr=0.05, momentum=0.9, lr_policy="fixed", max_iter=20,
+                                   display=0, random_seed=3)
+    sp.net_param.CopyFrom(npar)
+    s = Solver(sp, mode="GPU", verbose=False)
     g = build_gmap(s.net)
     budget = 2 * min_budget(g.at(16), "naive") + (64 << 20)
     ex, td = train_dynamic(s, budget, auto_batch=True, method="bisect")
@@ -483,7 +494,8 @@ def test_gpu_plan_replays_the_tuners_decision_from_its_profile(make_solver, net_
     assert sampled and all(b[0].endswith("workspace") for b in sampled)
     pj = tmp_path / "p.json"
     td.profile.save(pj)
-    model = net_file("resnet", 4)                      # the net make_solver trains
+    model = tmp_path / "resnet_cudnn.prototxt"          # the net trained above
+    model.write_text(text_format.MessageToString(npar))
     assert main(["plan", "--model", str(model), "--budget", str(budget), "--profile", str(pj),
                  "--search", "bisect"]) == 0
     out = capsys.readouterr().out

@@ -390,6 +390,59 @@ def test_auto_tries_nothing_then_the_best_one_two_three_and_keeps_the_objectives
     assert low.recompute == () and low.stall_free
 
 
+# session 31's VGG-16 profile (one H200, CUDNN, the workspace fit off), with its saved GMAP
+VGG16_H200_PROFILE = os.path.join(REPO, "docs", "results", "tuner_s31", "v",
+                                  "vgg16_profile.json.gz")
+
+
+def test_the_paper_rule_refuses_recomputations_that_cost_more_than_the_limit(tmp_path, capsys):
+    """On the H200 (session 31) the paper's rule with every recomputation allowed reached 262
+    recomputing conv1_1, conv2_1 and conv3_1 (22 ms of compute), which ran 1.052 of `none`.
+    Under RECOMPUTE_COST_LIMIT a k whose recomputations add more than the limit is not
+    stall-free: conv1_1 alone (under 2 %) holds to 220, the larger sets stop where pins alone
+    do, and the reason is named."""
+    from minicaffe.cli import main
+    from swap import tuner
+    prof = tmp_path / "vgg16_profile.json"
+    with gzip.open(VGG16_H200_PROFILE, "rb") as src:
+        prof.write_bytes(src.read())
+    plan = ["plan", "--budget", "12G", "--search", "bisect", "--profile", str(prof),
+            "--k-objective", "largest", "--recompute", "auto"]
+    assert tuner.RECOMPUTE_COST_LIMIT == 0.02
+    assert main(plan) == 0
+    out = capsys.readouterr().out
+    assert "k* = 220 " in out and "recomputed in backward: conv1_1 (" in out, out
+    assert "conv1_1: k 220 " in out and "conv1_1, conv2_1: k 175 " in out, out
+    # without the bound (tune's max_recompute=None), on the same GMAP and budget
+    from swap.gmap import gmap_from_dict
+    from swap.profiler import Profile, ScratchModel
+    p = Profile.load(prof)
+    g = gmap_from_dict(p.meta["gmap"])
+    model, pcie = tuner.profile_models(p, g, "segment")
+    scratch = ScratchModel.from_profile(p)
+    budget = (12 << 30) - int(p.meta.get("test_net_bytes") or 0)
+    free = tuner.tune(g, budget, model, pcie, method="bisect", objective="largest",
+                      recompute="auto", scratch=scratch, max_recompute=None)
+    assert free.k_star == 262 and free.recompute == ("conv1_1", "conv2_1", "conv3_1")
+    # the reason a refused k gives
+    s = tuner.Search(g, budget, model, pcie, prune=False, scratch=scratch,
+                     recompute=("conv1_1", "conv2_1"), max_recompute=0.02)
+    res = s.result(240)
+    assert not res.feasible and "the recomputations add" in res.reason, res.reason
+    assert s.recompute_share(240, res) > 0.02
+
+
+def test_recompute_cost_limit_reads_the_environment(monkeypatch):
+    from swap.tuner import ENV_RECOMPUTE_COST_LIMIT, recompute_cost_limit
+    monkeypatch.delenv(ENV_RECOMPUTE_COST_LIMIT, raising=False)
+    assert recompute_cost_limit() == 0.02
+    monkeypatch.setenv(ENV_RECOMPUTE_COST_LIMIT, "0.05")
+    assert recompute_cost_limit() == 0.05
+    monkeypatch.setenv(ENV_RECOMPUTE_COST_LIMIT, "5%")
+    with pytest.raises(ValueError, match=ENV_RECOMPUTE_COST_LIMIT):
+        recompute_cost_limit()
+
+
 def test_cli_recompute_auto(tmp_path, capsys, monkeypatch):
     from minicaffe.cli import main
     prof = tmp_path / "vgg16_profile.json"

@@ -4,7 +4,7 @@
     minicaffe train NET.prototxt [--base-lr ...]        (a default SGD solver)
     minicaffe test --model M --weights W --iterations N
     minicaffe time --model M --iterations N
-    minicaffe device_query
+    minicaffe device_query [--gpu N]
     minicaffe mem --model M [--batch k] [--budget 12G]   (memory per swap strategy, swap/)
     minicaffe train ... --swap {none,naive,vdnn,recompute} [--budget 12G] [--memory-trace out.csv]
     minicaffe train ... --swap dynamic --budget 12G [--auto-batch | --batch k] [--lr-rule eq9]
@@ -13,7 +13,11 @@
     minicaffe draw NET.prototxt OUT.png [--rankdir LR] [--phase TRAIN]   (pycaffe's draw_net.py)
     minicaffe train --solver S --ps tcp://h:p,... --rank R --world-size W
 
-Caffe's single-dash spellings (``-solver``, ``-model`` ...) are accepted too.
+Caffe's command lines work as typed: train, test, time and device_query each take
+every flag of tools/caffe.cpp (-gpu, -solver, -model, -phase, -level, -stage, -snapshot,
+-weights, -iterations, -sigint_effect, -sighup_effect) as -flag v, -flag=v, --flag v or
+--flag=v, before or after the command, and ignore, with a note, those they do not read,
+as gflags' global flags are.  README.md (Usage) names where minicaffe differs.
 User mistakes (a bad prototxt, a missing file, a shape mismatch) end with one
 line naming the file, layer or blob, and exit status 1, never a traceback.
 """
@@ -36,25 +40,92 @@ def _add(p, *names, **kw):
     p.add_argument(*names, *extra, **kw)
 
 
-def _state_args(p):
-    """Caffe's -level and -stage (tools/caffe.cpp): the NetState of the net built."""
-    _add(p, "--level", type=int, default=0,
-         help="the net's NetState level (Caffe's -level; default 0)")
-    _add(p, "--stage", default="",
-         help="comma-separated NetState stages (Caffe's -stage, e.g. deploy or 'a,b')")
+SIGNAL_EFFECTS = ("snapshot", "stop", "none")
+
+# tools/caffe.cpp defines its flags with gflags, and gflags flags are global: every command
+# accepts all of them, and a command ignores those it does not read (`caffe time -weights W`
+# times the net's filler weights).  name: (type, choices, Caffe's default, help).  Each
+# parses to None when not given; _caffe_defaults then puts in Caffe's default (phase: the
+# command's), so that a flag given to a command that ignores it can be named.
+CAFFE_FLAGS = {
+    "gpu": (str, None, None,
+            "GPU device ids separated by ',', or 'all' (Caffe's -gpu); test and time use the "
+            "first; train takes one (data-parallel training is --ps, docs/PS.md)"),
+    "solver": (str, None, None, "the solver definition prototxt"),
+    "model": (str, None, None, "the model definition prototxt"),
+    "phase": (str, ("TRAIN", "TEST"), None,
+              "the net's phase (time: default TRAIN; test: default TEST, a flag Caffe's test "
+              "ignores)"),
+    "level": (int, None, 0, "the net's NetState level (default 0)"),
+    "stage": (str, None, "", "NetState stages separated by ',' (e.g. deploy or 'a,b'); "
+                             "given twice, the last one counts, as in gflags"),
+    "snapshot": (str, None, None, "a .solverstate to resume training from"),
+    "weights": (str, None, None, "pretrained .caffemodel(s), separated by ','"),
+    "iterations": (int, None, 50, "the number of iterations to run (default 50)"),
+    "sigint_effect": (str, SIGNAL_EFFECTS, "stop",
+                      "what Ctrl-C does: snapshot, stop (after the running iteration, with the "
+                      "final snapshot) or none (default stop)"),
+    "sighup_effect": (str, SIGNAL_EFFECTS, "snapshot",
+                      "what SIGHUP does: snapshot, stop or none (default snapshot)"),
+}
+# The flags each command reads (tools/caffe.cpp); test also reads -phase, which Caffe's does not.
+CAFFE_FLAGS_READ = {
+    "train": {"gpu", "solver", "level", "stage", "snapshot", "weights", "sigint_effect",
+              "sighup_effect"},
+    "test": {"gpu", "model", "phase", "level", "stage", "weights", "iterations"},
+    "time": {"gpu", "model", "phase", "level", "stage", "iterations"},
+    "device_query": {"gpu"},
+}
+
+
+def _caffe_flags(p, command: str):
+    """Every Caffe flag on ``command``'s parser, spelt -flag, --flag (either with =value or
+    the value next), and for sigint_effect, sighup_effect also --sigint-effect.  Flags the
+    command ignores are hidden from its help."""
+    reads = CAFFE_FLAGS_READ[command]
+    for name, (kind, choices, _default, text) in CAFFE_FLAGS.items():
+        names = [f"--{name}", f"-{name}"]
+        if "_" in name:
+            names.append(f"--{name.replace('_', '-')}")
+        where = p
+        if name == "gpu" and command != "device_query":
+            where = p.add_mutually_exclusive_group()
+            where.add_argument("--cpu", action="store_true",
+                               help="force CPU mode (where a solver file says GPU)")
+        where.add_argument(*names, dest=name, type=kind, choices=choices, default=None,
+                           help=text if name in reads else argparse.SUPPRESS)
+
+
+def _caffe_defaults(args):
+    """Caffe's defaults for the flags not given, and a note for each given flag that the
+    command does not read (Caffe ignores them silently)."""
+    reads = CAFFE_FLAGS_READ[args.command]
+    for name, (_kind, _choices, default, _text) in CAFFE_FLAGS.items():
+        if getattr(args, name) is None:
+            if name == "phase":
+                default = {"test": "TEST", "time": "TRAIN"}.get(args.command)
+            setattr(args, name, default)
+        elif name not in reads:
+            log(f"-{name} is not used by {args.command}: ignored, as Caffe ignores it")
+
+
+def _command_first(argv: list) -> list:
+    """gflags reads flags anywhere on the line (`caffe -gpu 0 train -solver S`): where Caffe
+    flags come before the command, move the command to the front for argparse."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-h", "--help"):
+        name = argv[i].lstrip("-").split("=", 1)[0].replace("-", "_")
+        if name not in CAFFE_FLAGS:
+            return argv                  # argparse names the unknown flag
+        i += 1 if "=" in argv[i] else 2
+    if 0 < i < len(argv):
+        return [argv[i]] + argv[:i] + argv[i + 1:]
+    return argv
 
 
 def _stages(args) -> list:
     """Caffe's get_stages_from_flags: -stage split at commas (an empty flag: none)."""
     return args.stage.split(",") if args.stage else []
-
-
-def _mode_args(p):
-    _engine_args(p)
-    g = p.add_mutually_exclusive_group()
-    _add(g, "--gpu", type=str, default=None,
-         help="GPU device id (Caffe's -gpu; 'all' means device 0 here)")
-    _add(g, "--cpu", action="store_true", help="force CPU mode")
 
 
 def _engine_args(p):
@@ -69,19 +140,46 @@ def _set_engine(args):
         set_default_engine(args.engine)
 
 
+def _gpus(text) -> list:
+    """Caffe's get_gpus: ``all`` -> every visible device, ``0,1`` -> [0, 1], not given -> []."""
+    if not text:
+        return []
+    if text == "all":
+        from .backend import cupy_module
+        try:
+            cupy = cupy_module()
+        except RuntimeError as e:
+            raise RuntimeError(f"-gpu all: {e}") from None
+        return list(range(cupy.cuda.runtime.getDeviceCount()))
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"-gpu {text!r}: give device ids separated by ',' (0, or 0,1) "
+                         "or 'all'") from None
+
+
 def _mode(args, default=None):
+    """(mode, device id) from --cpu and Caffe's -gpu; ``default`` where neither is given.
+    Caffe's test and time run on the first of several GPUs; its train runs one solver per
+    GPU through NCCL, which minicaffe has not (as Caffe built without USE_NCCL, it stops)."""
     _set_engine(args)
     if getattr(args, "cpu", False):
         return "CPU", None
-    if getattr(args, "gpu", None) is not None:
-        dev = 0 if args.gpu == "all" else int(args.gpu.split(",")[0])
-        from .backend import cupy_module
+    gpus = _gpus(args.gpu)
+    if not gpus:
+        return default, None
+    if len(gpus) > 1 and args.command == "train":
+        raise UsageError(f"-gpu {args.gpu} names {len(gpus)} GPUs, and minicaffe trains on "
+                         "one (Caffe runs one solver per GPU through NCCL; built without it, "
+                         "it stops: 'Multi-GPU execution not available - rebuild with "
+                         "USE_NCCL'): give one id, or train data-parallel with --ps "
+                         "(docs/PS.md)")
+    from .backend import cupy_module
+    try:
         cupy_module()
-        return "GPU", dev
-    return default, None
-
-
-SIGNAL_EFFECTS = ("snapshot", "stop", "none")
+    except RuntimeError as e:
+        raise RuntimeError(f"-gpu {args.gpu}: {e}") from None
+    return "GPU", gpus[0]
 
 
 class SignalActions:
@@ -136,11 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a net from a solver (or a net with a default solver)")
     t.add_argument("net", nargs="?", help="a net prototxt to train with a default SGD solver")
-    _add(t, "--solver", help="solver prototxt")
-    _add(t, "--weights", help="caffemodel(s) to fine-tune from (comma separated)")
-    _add(t, "--snapshot", help="solverstate to resume from")
-    _state_args(t)
-    _mode_args(t)
+    _caffe_flags(t, "train")
+    _engine_args(t)
     t.add_argument("--base-lr", type=float, default=0.01)
     t.add_argument("--momentum", type=float, default=0.9)
     t.add_argument("--weight-decay", type=float, default=5e-4)
@@ -156,12 +251,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--snapshot-prefix", default="")
     t.add_argument("--random-seed", type=int, default=-1)
     t.add_argument("--quiet", action="store_true", help="only warnings and errors")
-    for sig, default, what in (("sigint", "stop", "Ctrl-C"), ("sighup", "snapshot", "SIGHUP")):
-        t.add_argument(f"--{sig}-effect", f"--{sig}_effect", f"-{sig}_effect",
-                       dest=f"{sig}_effect", choices=SIGNAL_EFFECTS, default=default,
-                       help=f"what {what} does, as Caffe's -{sig}_effect: snapshot, stop (after "
-                            f"the iteration, with the final snapshot) or none (default "
-                            f"{default})")
     t.add_argument("--cuda-graph", action="store_true",
                    help="replay each training iteration as one CUDA graph (GPU mode, plain SGD; "
                         "where the iteration cannot be captured the reasons are logged and it "
@@ -225,22 +314,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_options(t)
 
     te = sub.add_parser("test", help="score a model over a number of batches")
-    _add(te, "--model", required=True)
-    _add(te, "--weights")
-    _add(te, "--iterations", type=int, default=50)
-    _add(te, "--phase", default="TEST", choices=["TRAIN", "TEST"])
-    _state_args(te)
-    _mode_args(te)
+    _caffe_flags(te, "test")
+    _engine_args(te)
 
     ti = sub.add_parser("time", help="per-layer forward/backward times")
-    _add(ti, "--model", required=True)
-    _add(ti, "--iterations", type=int, default=50)
-    _add(ti, "--phase", default="TRAIN", choices=["TRAIN", "TEST"])
-    ti.add_argument("--warmup", type=int, default=2)
-    _state_args(ti)
-    _mode_args(ti)
+    _caffe_flags(ti, "time")
+    _engine_args(ti)
+    ti.add_argument("--warmup", type=int, default=1,
+                    help="untimed forward-backward passes before the benchmark (default 1, "
+                         "Caffe's; the first logs the initial loss)")
 
-    sub.add_parser("device_query", help="show the CUDA devices")
+    _caffe_flags(sub.add_parser("device_query", help="show GPU diagnostic information"),
+                 "device_query")
 
     from .tools.draw_net import add_arguments as add_draw_arguments  # proto only; pydot on use
     add_draw_arguments(sub.add_parser(
@@ -346,10 +431,14 @@ def cmd_train(args):
     from .log import set_quiet
     from .solver import Solver
     set_quiet(args.quiet)
-    if bool(args.solver) == bool(args.net):
-        raise UsageError("train needs either --solver S or a net prototxt (not both)")
-    if args.weights and args.snapshot:
-        raise UsageError("give --weights or --snapshot, not both (Caffe's rule)")
+    if not args.solver and not args.net:
+        raise UsageError("Need a solver definition to train. (-solver S.prototxt, or a net "
+                         "prototxt to train with a default SGD solver)")
+    if args.solver and args.net:
+        raise UsageError(f"give -solver {args.solver} or the net {args.net}, not both")
+    if args.weights and args.snapshot:     # tools/caffe.cpp train()'s CHECK, word for word
+        raise UsageError("Give a snapshot to resume training or weights to finetune but "
+                         "not both.")
     from ps.cli import check_train_args
     check_train_args(args)
     mode, dev = _mode(args)
@@ -666,15 +755,29 @@ def cmd_mem(args):
 
 
 # ------------------------------------------------------------------ test
-def cmd_test(args):
-    from .net import TEST, TRAIN, Net
-    from .backend import to_numpy
-    mode, dev = _mode(args, default="CPU")
+def _use_device(mode, dev):
+    """Caffe's test and time: log the mode and make the device current."""
     if mode == "GPU":
         from .backend import set_device
+        log(f"Use GPU with device ID {dev}")
         set_device(dev)
+    else:
+        log("Use CPU.")
+
+
+def cmd_test(args):
+    """tools/caffe.cpp test(): score the net (TEST phase) over -iterations batches."""
+    from .net import TEST, TRAIN, Net
+    from .backend import to_numpy
+    if not args.model:
+        raise UsageError("Need a model definition to score. (-model NET.prototxt)")
+    mode, dev = _mode(args, default="CPU")
+    _use_device(mode, dev)
+    if not args.weights:   # Caffe stops: "Need model weights to score."
+        log("no -weights: scoring the weights the net's fillers draw (Caffe's test stops "
+            "here with 'Need model weights to score.')", level="W")
     phase = TRAIN if args.phase == "TRAIN" else TEST
-    net = Net(args.model, phase, weights=args.weights, mode=mode, level=args.level,
+    net = Net(args.model, phase, weights=args.weights or None, mode=mode, level=args.level,
               stages=_stages(args))
     from .solver import Solver
     log(f"Running for {args.iterations} iterations.")
@@ -699,7 +802,8 @@ def cmd_test(args):
 
 # ------------------------------------------------------------------ time
 def layer_times(net, iterations: int, warmup: int = 2):
-    """Median-free mean forward/backward time per layer (ms), as ``caffe time``.
+    """Mean forward and backward time per layer (ms) over ``iterations`` passes after
+    ``warmup`` untimed ones, and each pass's total, as ``caffe time`` times them.
 
     GPU: CUDA events around each layer on the current stream, read once at
     the end (no synchronisation between layers). CPU: wall clock.
@@ -744,46 +848,98 @@ def layer_times(net, iterations: int, warmup: int = 2):
                 net.backward_layer(li)
                 bwd[li] += (time.perf_counter() - a) * 1e3
             totals.append((time.perf_counter() - t0) * 1e3)
-    return fwd / iterations, bwd / iterations, totals
+    return fwd / max(1, iterations), bwd / max(1, iterations), totals
 
 
 def cmd_time(args):
+    """tools/caffe.cpp time(): one untimed forward and backward, then -iterations timed
+    passes, layer by layer; Caffe's log lines (the values are ms, printed as C++ streams
+    print floats: six significant digits)."""
     from .net import TEST, TRAIN, Net
+    if not args.model:
+        raise UsageError("Need a model definition to time. (-model NET.prototxt)")
     mode, dev = _mode(args, default="CPU")
-    if mode == "GPU":
-        from .backend import set_device
-        set_device(dev)
+    _use_device(mode, dev)
     phase = TRAIN if args.phase == "TRAIN" else TEST
     net = Net(args.model, phase, mode=mode, level=args.level, stages=_stages(args))
-    log(f"Performing Forward/Backward, {args.iterations} iterations, {mode} mode")
-    fwd, bwd, totals = layer_times(net, args.iterations, args.warmup)
-    width = max(len(n) for n in net.layer_names)
-    for name, layer, f, b in zip(net.layer_names, net.layers, fwd, bwd):
-        log(f"{name:>{width}}\t{layer.type:<16} forward: {f:9.4f} ms.  backward: {b:9.4f} ms.")
-    log(f"Average Forward pass: {fwd.sum():.4f} ms.")
-    log(f"Average Backward pass: {bwd.sum():.4f} ms.")
-    log(f"Average Forward-Backward: {np.mean(totals):.4f} ms (median {np.median(totals):.4f} ms).")
-    log("Total Time: {:.4f} ms.".format(float(np.sum(totals))))
+    if args.warmup > 0:
+        log("Performing Forward")
+        loss = float(net.forward_from_to())     # syncs (a host copy of the loss)
+        log(f"Initial loss: {loss:g}")
+        log("Performing Backward")
+        net.backward_from_to()
+    log("*** Benchmark begins ***")
+    log(f"Testing for {args.iterations} iterations.")
+    fwd, bwd, totals = layer_times(net, args.iterations, max(0, args.warmup - 1))
+    for j, ms in enumerate(totals):
+        log(f"Iteration: {j + 1} forward-backward time: {ms:g} ms.")
+    log("Average time per layer: ")
+    for name, f, b in zip(net.layer_names, fwd, bwd):
+        log(f"{name:>10}\tforward: {f:g} ms.")
+        log(f"{name:>10}\tbackward: {b:g} ms.")
+    n = max(1, args.iterations)
+    log(f"Average Forward pass: {fwd.sum():g} ms.")
+    log(f"Average Backward pass: {bwd.sum():g} ms.")
+    log(f"Average Forward-Backward: {sum(totals) / n:g} ms.")
+    log(f"Total Time: {sum(totals):g} ms.")
+    if totals:     # minicaffe's: the median is steadier than the mean on a shared machine
+        log(f"Median Forward-Backward: {float(np.median(totals)):g} ms.")
+    log("*** Benchmark ends ***")
     return 0
 
 
+def device_query_lines(device: int, p: dict) -> list:
+    """Caffe::DeviceQuery's lines (src/caffe/common.cpp) from CUDA's device properties
+    (``cupy.cuda.runtime.getDeviceProperties``)."""
+    name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+    three = lambda v: ", ".join(str(x) for x in v)  # noqa: E731
+    yes = lambda v: "Yes" if v else "No"  # noqa: E731
+    return [f"Device id:                     {device}",
+            f"Major revision number:         {p['major']}",
+            f"Minor revision number:         {p['minor']}",
+            f"Name:                          {name}",
+            f"Total global memory:           {p['totalGlobalMem']}",
+            f"Total shared memory per block: {p['sharedMemPerBlock']}",
+            f"Total registers per block:     {p['regsPerBlock']}",
+            f"Warp size:                     {p['warpSize']}",
+            f"Maximum memory pitch:          {p['memPitch']}",
+            f"Maximum threads per block:     {p['maxThreadsPerBlock']}",
+            f"Maximum dimension of block:    {three(p['maxThreadsDim'])}",
+            f"Maximum dimension of grid:     {three(p['maxGridSize'])}",
+            f"Clock rate:                    {p['clockRate']}",
+            f"Total constant memory:         {p['totalConstMem']}",
+            f"Texture alignment:             {p['textureAlignment']}",
+            f"Concurrent copy and execution: {yes(p['deviceOverlap'])}",
+            f"Number of multiprocessors:     {p['multiProcessorCount']}",
+            f"Kernel execution timeout:      {yes(p['kernelExecTimeoutEnabled'])}"]
+
+
 def cmd_device_query(args):
+    """tools/caffe.cpp device_query(): Caffe::DeviceQuery for each -gpu device.  Without
+    -gpu Caffe queries none and prints nothing; minicaffe shows every visible device."""
     from .backend import gpu_available
-    if not gpu_available():
+    log(f"Querying GPUs {args.gpu or ''}")
+    if args.gpu:
+        gpus = _gpus(args.gpu)
+        if gpus:
+            from .backend import cupy_module
+            try:
+                cupy_module()
+            except RuntimeError as e:
+                raise RuntimeError(f"-gpu {args.gpu}: {e}") from None
+    elif not gpu_available():
         print("No CUDA device visible (CPU mode only).")
         return 0
+    else:
+        import cupy
+        gpus = list(range(cupy.cuda.runtime.getDeviceCount()))
     import cupy
-    for i in range(cupy.cuda.runtime.getDeviceCount()):
-        p = cupy.cuda.runtime.getDeviceProperties(i)
-        name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
-        with cupy.cuda.Device(i):
-            free, total = cupy.cuda.runtime.memGetInfo()
-        print(f"Device id:                     {i}")
-        print(f"Name:                          {name}")
-        print(f"Compute capability:            {p['major']}.{p['minor']}")
-        print(f"Multiprocessors:               {p['multiProcessorCount']}")
-        print(f"Total global memory:           {total} ({total / 2**30:.1f} GiB, {free / 2**30:.1f} free)")
-        print(f"Clock rate (kHz):              {p.get('clockRate', 'n/a')}")
+    count = cupy.cuda.runtime.getDeviceCount()
+    for i in gpus:
+        if not 0 <= i < count:
+            raise RuntimeError(f"-gpu {args.gpu}: no device {i} (devices 0..{count - 1} "
+                               "are visible)")
+        print("\n".join(device_query_lines(i, cupy.cuda.runtime.getDeviceProperties(i))))
     return 0
 
 
@@ -809,8 +965,11 @@ COMMANDS = {"draw": cmd_draw, "train": cmd_train, "test": cmd_test, "time": cmd_
 
 
 def main(argv=None) -> int:
+    argv = _command_first(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     try:
+        if args.command in CAFFE_FLAGS_READ:
+            _caffe_defaults(args)
         return COMMANDS[args.command](args)
     except UsageError as e:
         print(f"minicaffe {args.command}: {e}", file=sys.stderr)

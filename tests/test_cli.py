@@ -142,3 +142,181 @@ def test_level_and_stage_choose_the_layers_as_caffe_flags(tmp_path, capsys):
     assert "Train net output #1: deep" in capsys.readouterr().err
     assert main(["time", "--model", str(net), "--iterations", "1", "--stage", "deploy"]) == 0
     assert "prob" in capsys.readouterr().err
+
+
+# ------------------------------------------------ Caffe's command lines (tools/caffe.cpp)
+def _log_lines(err):
+    """The messages of glog-shaped lines (``I1121 12:00:00.123 solver] msg``)."""
+    return [ln.split("] ", 1)[1] for ln in err.splitlines() if "] " in ln]
+
+
+def _parse(argv):
+    from minicaffe.cli import _caffe_defaults, _command_first, build_parser
+    args = build_parser().parse_args(_command_first(argv))
+    _caffe_defaults(args)
+    return args
+
+
+FLAG_VALUES = {"gpu": "1", "solver": "s.prototxt", "model": "m.prototxt", "phase": "TEST",
+               "level": "2", "stage": "a,b", "snapshot": "x.solverstate",
+               "weights": "w.caffemodel", "iterations": "7", "sigint_effect": "none",
+               "sighup_effect": "stop"}
+
+
+@pytest.mark.parametrize("command", ["train", "test", "time", "device_query"])
+@pytest.mark.parametrize("form", ["-f v", "-f=v", "--f v", "--f=v"])
+def test_every_caffe_flag_is_accepted_by_every_command(command, form):
+    """gflags flags are global: each command takes all of Caffe's flags, in each spelling."""
+    argv = [command]
+    for name, value in FLAG_VALUES.items():
+        flag = ("--" if form.startswith("--") else "-") + name
+        argv += [f"{flag}={value}"] if "=" in form else [flag, value]
+    args = _parse(argv)
+    for name, value in FLAG_VALUES.items():
+        assert str(getattr(args, name)) == value, name
+
+
+@pytest.mark.parametrize("command", ["train", "test", "time", "device_query"])
+def test_caffe_defaults(command):
+    args = _parse([command])
+    assert (args.gpu, args.solver, args.model, args.snapshot, args.weights) == (None,) * 5
+    assert (args.level, args.stage, args.iterations) == (0, "", 50)
+    assert (args.sigint_effect, args.sighup_effect) == ("stop", "snapshot")
+    assert args.phase == {"test": "TEST", "time": "TRAIN"}.get(command)
+
+
+def test_flags_before_the_command_and_the_last_of_a_repeated_flag(tmp_path, capsys):
+    """gflags reads flags anywhere on the line, and a flag given twice keeps the last."""
+    assert _parse(["-gpu", "0", "-iterations=3", "time", "-model", "m"]).iterations == 3
+    net = tmp_path / "staged.prototxt"
+    net.write_text(STAGED)
+    assert main(["-iterations", "1", "test", "-model", str(net), "-stage", "deploy",
+                 "-stage", "x"]) == 0
+    err = capsys.readouterr().err
+    assert "Batch 0, loss = " in err and "prob" not in err
+
+
+def test_flags_a_command_does_not_read_are_ignored(net_file, tmp_path, capsys):
+    """`caffe time -weights W` times the filler weights; `caffe train -iterations 5` trains
+    max_iter iterations: minicaffe runs the same, with a note per ignored flag."""
+    assert main(["time", "-model", str(net_file), "-iterations", "1", "-weights", "nowhere",
+                 "-snapshot", "nowhere", "-solver", "nowhere", "-sigint_effect", "none"]) == 0
+    lines = _log_lines(capsys.readouterr().err)
+    for flag in ("weights", "snapshot", "solver", "sigint_effect"):
+        assert f"-{flag} is not used by time: ignored, as Caffe ignores it" in lines
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{net_file}"\nbase_lr: 0.01\nmax_iter: 2\nlr_policy: "fixed"\n'
+                      f'display: 1\nsnapshot_prefix: "{tmp_path}/s"\nsolver_mode: CPU\n')
+    assert main(["train", "-solver", str(solver), "-iterations", "5", "-model", "nowhere",
+                 "-phase", "TEST"]) == 0
+    err = capsys.readouterr().err
+    assert "Iteration 2" in err and "Iteration 5" not in err
+    assert "-iterations is not used by train: ignored, as Caffe ignores it" in _log_lines(err)
+    assert main(["device_query", "-model", "m", "-iterations", "3"]) == 0
+
+
+def test_caffe_checks_name_what_is_wrong(net_file, capsys):
+    """tools/caffe.cpp's CHECKs, with Caffe's words; exit status 2 (Caffe aborts)."""
+    cases = [(["train"], "Need a solver definition to train."),
+             (["train", "-solver", "s", "-weights", "w", "-snapshot", "x"],
+              "Give a snapshot to resume training or weights to finetune but not both."),
+             (["test", "-weights", "w"], "Need a model definition to score."),
+             (["time", "-iterations", "1"], "Need a model definition to time."),
+             (["time", "-model", str(net_file), "-gpu", "zero"], "-gpu 'zero'"),
+             (["train", "-solver", "s", "-gpu", "0,1"], "-gpu 0,1 names 2 GPUs")]
+    for argv, words in cases:
+        assert main(argv) == 2, argv
+        assert words in capsys.readouterr().err, argv
+    for argv, words in ((["time", "-model", str(net_file), "-phase", "train"], "-phase"),
+                        (["train", "-solver", "s", "-sigint_effect", "quit"], "sigint_effect"),
+                        (["trian", "-solver", "s"], "'trian'")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert words in err, argv
+    assert "train" in err and "device_query" in err     # the known commands
+
+
+def test_gpu_flags_without_a_gpu(net_file, capsys):
+    from minicaffe.backend import gpu_available
+    if gpu_available():
+        pytest.skip("checks the message on a machine without a CUDA device")
+    for argv in (["time", "-model", str(net_file), "-gpu", "0"],
+                 ["test", "-model", str(net_file), "-gpu", "all"],
+                 ["device_query", "-gpu", "0"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert f"-gpu {argv[-1]}: " in err and "Traceback" not in err
+    with pytest.raises(SystemExit):                      # one or the other
+        main(["time", "-model", str(net_file), "-gpu", "0", "--cpu"])
+
+
+def test_time_prints_caffes_lines(net_file, capsys):
+    import re
+    assert main(["time", "-model", str(net_file), "-iterations", "3"]) == 0
+    lines = _log_lines(capsys.readouterr().err)
+    num = r"[0-9.e+-]+"
+    assert lines[:7] == ["Use CPU.", "Performing Forward", lines[2], "Performing Backward",
+                         "*** Benchmark begins ***", "Testing for 3 iterations.", lines[6]]
+    assert re.fullmatch(f"Initial loss: {num}", lines[2])
+    for j in range(3):
+        assert re.fullmatch(f"Iteration: {j + 1} forward-backward time: {num} ms.",
+                            lines[6 + j])
+    assert lines[9] == "Average time per layer: "
+    names = ["data", "conv", "pool", "ip", "loss"]        # the TRAIN net's layers
+    for i, name in enumerate(names):
+        assert re.fullmatch(f"{name:>10}\tforward: {num} ms.", lines[10 + 2 * i])
+        assert re.fullmatch(f"{name:>10}\tbackward: {num} ms.", lines[11 + 2 * i])
+    tail = lines[10 + 2 * len(names):]
+    for line, what in zip(tail, ["Average Forward pass", "Average Backward pass",
+                                 "Average Forward-Backward", "Total Time"]):
+        assert re.fullmatch(f"{what}: {num} ms.", line)
+    assert tail[-1] == "*** Benchmark ends ***"
+
+
+LOSS_WEIGHTED = NET.replace('top: "loss" }', 'top: "loss" loss_weight: 2 }')
+
+
+def test_test_prints_caffes_lines(tmp_path, capsys):
+    """Per batch each output element, 'Loss:' (the weighted loss), then each output's mean
+    with '(* w = w*mean loss)' where its loss weight is not 0."""
+    net = tmp_path / "w2.prototxt"
+    net.write_text(LOSS_WEIGHTED)
+    assert main(["test", "-model", str(net), "-iterations", "2"]) == 0
+    lines = _log_lines(capsys.readouterr().err)
+    assert lines[0] == "Use CPU." and lines[1].startswith("no -weights: ")
+    assert "Need model weights to score." in lines[1]
+    assert lines[2] == "Running for 2 iterations."
+    batches = [ln.split(", ", 1) for ln in lines[3:7]]
+    assert [b[0] for b in batches] == ["Batch 0", "Batch 0", "Batch 1", "Batch 1"]
+    # Net::Init leaves the unconsumed blobs as outputs in a std::set: by name
+    assert [b[1].split(" = ")[0] for b in batches] == ["acc", "loss", "acc", "loss"]
+    acc = [float(batches[i][1].split(" = ")[1]) for i in (0, 2)]
+    loss = [float(batches[i][1].split(" = ")[1]) for i in (1, 3)]
+    assert lines[7].startswith("Loss: ")
+    assert abs(float(lines[7][6:]) - 2 * sum(loss) / 2) < 1e-4   # Forward's loss is weighted
+    assert lines[8] == f"acc = {sum(acc) / 2:g}"                 # weight 0: no '(* ...)'
+    mean = sum(loss) / 2
+    head, extra = lines[9].split(" (* ")
+    assert abs(float(head.split(" = ")[1]) - mean) < 1e-5 and head.startswith("loss = ")
+    assert extra.startswith("2 = ") and extra.endswith(" loss)")
+    assert abs(float(extra[4:-6]) - 2 * mean) < 1e-4
+    assert len(lines) == 10
+
+
+def test_device_query_prints_caffes_fields():
+    from minicaffe.cli import device_query_lines
+    props = dict(name=b"Fake GPU", major=9, minor=0, totalGlobalMem=1 << 30,
+                 sharedMemPerBlock=49152, regsPerBlock=65536, warpSize=32, memPitch=2147483647,
+                 maxThreadsPerBlock=1024, maxThreadsDim=(1024, 1024, 64),
+                 maxGridSize=(2147483647, 65535, 65535), clockRate=1980000,
+                 totalConstMem=65536, textureAlignment=512, deviceOverlap=1,
+                 multiProcessorCount=132, kernelExecTimeoutEnabled=0)
+    lines = device_query_lines(3, props)
+    assert lines[0] == "Device id:                     3"
+    assert lines[3] == "Name:                          Fake GPU"
+    assert "Maximum dimension of block:    1024, 1024, 64" in lines
+    assert "Concurrent copy and execution: Yes" in lines
+    assert lines[-1] == "Kernel execution timeout:      No"
+    assert all(ln[:31].rstrip().endswith(":") and ln[31] != " " for ln in lines)

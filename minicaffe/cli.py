@@ -969,6 +969,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command in CAFFE_FLAGS_READ:
+            if getattr(args, "quiet", False):    # train --quiet: no notes either
+                from .log import set_quiet
+                set_quiet(True)
             _caffe_defaults(args)
         return COMMANDS[args.command](args)
     except UsageError as e:

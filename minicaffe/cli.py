@@ -888,30 +888,33 @@ def cmd_time(args):
     return 0
 
 
-def device_query_lines(device: int, p: dict) -> list:
+def device_query_lines(device: int, props: dict) -> list:
     """Caffe::DeviceQuery's lines (src/caffe/common.cpp) from CUDA's device properties
-    (``cupy.cuda.runtime.getDeviceProperties``)."""
-    name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+    (``cupy.cuda.runtime.getDeviceProperties``; a field this CuPy build leaves out, such as
+    deviceOverlap before CUDA 9.2, reads n/a)."""
+    def p(key, show=str):
+        return show(props[key]) if key in props else "n/a"
+    name = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
     three = lambda v: ", ".join(str(x) for x in v)  # noqa: E731
     yes = lambda v: "Yes" if v else "No"  # noqa: E731
     return [f"Device id:                     {device}",
-            f"Major revision number:         {p['major']}",
-            f"Minor revision number:         {p['minor']}",
-            f"Name:                          {name}",
-            f"Total global memory:           {p['totalGlobalMem']}",
-            f"Total shared memory per block: {p['sharedMemPerBlock']}",
-            f"Total registers per block:     {p['regsPerBlock']}",
-            f"Warp size:                     {p['warpSize']}",
-            f"Maximum memory pitch:          {p['memPitch']}",
-            f"Maximum threads per block:     {p['maxThreadsPerBlock']}",
-            f"Maximum dimension of block:    {three(p['maxThreadsDim'])}",
-            f"Maximum dimension of grid:     {three(p['maxGridSize'])}",
-            f"Clock rate:                    {p['clockRate']}",
-            f"Total constant memory:         {p['totalConstMem']}",
-            f"Texture alignment:             {p['textureAlignment']}",
-            f"Concurrent copy and execution: {yes(p['deviceOverlap'])}",
-            f"Number of multiprocessors:     {p['multiProcessorCount']}",
-            f"Kernel execution timeout:      {yes(p['kernelExecTimeoutEnabled'])}"]
+            f"Major revision number:         {p('major')}",
+            f"Minor revision number:         {p('minor')}",
+            f"Name:                          {p('name', name)}",
+            f"Total global memory:           {p('totalGlobalMem')}",
+            f"Total shared memory per block: {p('sharedMemPerBlock')}",
+            f"Total registers per block:     {p('regsPerBlock')}",
+            f"Warp size:                     {p('warpSize')}",
+            f"Maximum memory pitch:          {p('memPitch')}",
+            f"Maximum threads per block:     {p('maxThreadsPerBlock')}",
+            f"Maximum dimension of block:    {p('maxThreadsDim', three)}",
+            f"Maximum dimension of grid:     {p('maxGridSize', three)}",
+            f"Clock rate:                    {p('clockRate')}",
+            f"Total constant memory:         {p('totalConstMem')}",
+            f"Texture alignment:             {p('textureAlignment')}",
+            f"Concurrent copy and execution: {p('deviceOverlap', yes)}",
+            f"Number of multiprocessors:     {p('multiProcessorCount')}",
+            f"Kernel execution timeout:      {p('kernelExecTimeoutEnabled', yes)}"]
 
 
 def cmd_device_query(args):

@@ -320,3 +320,5 @@ def test_device_query_prints_caffes_fields():
     assert "Concurrent copy and execution: Yes" in lines
     assert lines[-1] == "Kernel execution timeout:      No"
     assert all(ln[:31].rstrip().endswith(":") and ln[31] != " " for ln in lines)
+    del props["deviceOverlap"]                     # CuPy has it from CUDA 9.2 on
+    assert "Concurrent copy and execution: n/a" in device_query_lines(0, props)

@@ -209,6 +209,22 @@ def blobproto_to_array(proto, return_diff: bool = False) -> np.ndarray:
     return arr.reshape(shape)
 
 
+def arraylist_to_blobprotovector_str(arraylist) -> bytes:
+    """pycaffe's ``arraylist_to_blobprotovector_str``: the arrays as one serialized
+    BlobProtoVector (each a BlobProto with ``shape``, as :func:`array_to_blobproto`)."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.blobs.extend(array_to_blobproto(arr) for arr in arraylist)
+    return vec.SerializeToString()
+
+
+def blobprotovector_str_to_arraylist(s: bytes) -> list[np.ndarray]:
+    """pycaffe's ``blobprotovector_str_to_arraylist``: the arrays of a serialized
+    BlobProtoVector, in order (each as :func:`blobproto_to_array` reads it)."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.ParseFromString(s)
+    return [blobproto_to_array(blob) for blob in vec.blobs]
+
+
 def read_blobproto(path):
     """Read a binary BlobProto file (``.binaryproto``)."""
     return read_binary(path, caffe_pb2.BlobProto)
@@ -786,13 +802,14 @@ def _skimage_resize(x, new_dims, order: int, mode: str, anti_aliasing, cval: flo
     return y
 
 
-def resize_image(im, new_dims, interp_order=1, *, mode="reflect", anti_aliasing=None):
+def resize_image(im, new_dims, interp_order=1, *, mode="constant", anti_aliasing=None):
     """pycaffe's ``caffe.io.resize_image``: an (H, W, K) image resized to
     ``new_dims`` = (height, width), float32 (K kept).
 
     As pycaffe: a 1- or 3-channel image is scaled to [0, 1], resized as
-    ``skimage.transform.resize(im, new_dims, order=interp_order)`` with
-    skimage's defaults, and scaled back; a constant image comes back filled
+    ``skimage.transform.resize(im, new_dims, order=interp_order,
+    mode='constant')`` (upstream's call) with skimage's other defaults, and
+    scaled back; a constant image comes back filled
     with its value (no division by zero); other channel counts go through
     ``scipy.ndimage.zoom(im, ..., order)``, whose grid puts the corner pixel
     centres on each other.
@@ -801,12 +818,13 @@ def resize_image(im, new_dims, interp_order=1, *, mode="reflect", anti_aliasing=
     0 (nearest) and 1 (bilinear) only; pycaffe passes higher orders to the
     splines of skimage/scipy.  The 1/3-channel path reproduces
     skimage >= 0.19 (checked against 0.25): pixel-centre mapping, ``mode``
-    ``'reflect'`` at the edges (numpy.pad's name; ``'symmetric'``, ``'edge'``
-    and ``'constant'`` with cval 0 are accepted too), and, when the image
+    ``'constant'`` with cval 0 at the edges, as pycaffe asks (numpy.pad's
+    names ``'reflect'``, skimage's own default, ``'symmetric'`` and
+    ``'edge'`` are accepted too), and, when the image
     shrinks, a Gaussian blur of sigma ``(in/out - 1)/2`` per axis before
     sampling (``anti_aliasing``; None = skimage's rule).  skimage < 0.15,
-    current when pycaffe was written, used ``mode='constant'`` and no
-    blur: pass ``mode="constant", anti_aliasing=False`` for that output.
+    current when pycaffe was written, had no blur: pass
+    ``anti_aliasing=False`` for that output.
     ``mode`` and ``anti_aliasing`` are extensions; pycaffe has neither.
     Values agree with skimage's to float32 rounding (skimage filters a
     float32 input in float32, this code works in float64).

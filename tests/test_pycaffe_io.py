@@ -171,11 +171,12 @@ def test_load_image_drops_alpha_and_reads_16_bit(tmp_path):
 
 # ------------------------------------------------------------- resize_image
 def test_resize_bilinear_by_hand():
+    # (pycaffe's own call is mode='constant': test_resize_matches_pycaffe_with_skimage)
     # a linear ramp x[i, j] = 2i + j + 5, 2x2 -> 4x4; output positions (o + 0.5)/2 - 0.5 =
     # -0.25, 0.25, 0.75, 1.25; 'reflect' reads x[-1] = x[1] and x[2] = x[0], so each axis of
     # [a, b] gives [.75a + .25b, .75a + .25b, .25a + .75b, .25a + .75b]
     im = (2 * np.arange(2)[:, None] + np.arange(2)[None, :] + 5.0)[:, :, None]
-    out = resize_image(im, (4, 4))
+    out = resize_image(im, (4, 4), mode="reflect")
     rows = 2 * np.array([0.25, 0.25, 0.75, 0.75])
     cols = np.array([0.25, 0.25, 0.75, 0.75])
     assert out.shape == (4, 4, 1) and out.dtype == np.float32
@@ -189,10 +190,10 @@ def test_resize_bilinear_by_hand():
 def test_resize_shrink_with_and_without_anti_aliasing():
     im = np.tile(np.array([0.0, 1.0, 2.0, 3.0])[None, :, None], (2, 1, 3))
     # no blur: positions (o + 0.5) * 2 - 0.5 = 0.5, 2.5: pair averages
-    plain = resize_image(im, (2, 2), anti_aliasing=False)
+    plain = resize_image(im, (2, 2), mode="reflect", anti_aliasing=False)
     np.testing.assert_allclose(plain[0, :, 0], [0.5, 2.5], rtol=1e-6)
     # skimage's default blurs first (sigma (4/2 - 1)/2 = 0.5 along the shrunk axis only)
-    blurred = resize_image(im, (2, 2))
+    blurred = resize_image(im, (2, 2), mode="reflect")
     taps = np.exp(-0.5 * (np.arange(-2, 3) / 0.5) ** 2)
     taps /= taps.sum()
     padded = np.array([2, 1, 0, 1, 2, 3, 2, 1], float)  # 'reflect' padding by 2
@@ -234,12 +235,12 @@ def test_resize_errors():
 def test_resize_matches_pycaffe_with_skimage(shape, dims, order):
     sk = pytest.importorskip("skimage.transform")
     im = np.random.default_rng(0).random(shape).astype(np.float32) * 200 - 50
-    # pycaffe's resize_image, as written there
+    # pycaffe's resize_image, as written there (upstream passes mode='constant')
     lo, hi = im.min(), im.max()
-    ref = sk.resize((im - lo) / (hi - lo), dims, order=order) * (hi - lo) + lo
+    ref = sk.resize((im - lo) / (hi - lo), dims, order=order, mode="constant") * (hi - lo) + lo
     np.testing.assert_allclose(resize_image(im, dims, order), ref.astype(np.float32),
                                atol=1e-3)
-    for mode in ("constant", "edge", "symmetric"):
+    for mode in ("reflect", "edge", "symmetric"):
         got = resize_image(im, dims, order, mode=mode, anti_aliasing=False)
         ref = sk.resize((im - lo) / (hi - lo), dims, order=order, mode=mode,
                         anti_aliasing=False) * (hi - lo) + lo

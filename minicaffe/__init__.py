@@ -21,6 +21,12 @@ from . import layers  # registers every layer; also pycaffe's `layers as L` NetS
 from . import io  # pycaffe's caffe.io: Transformer, load_image, resize_image, oversample
 from .classifier import Classifier
 from .detector import Detector
+# pycaffe's _caffe utilities: glog set-up, Caffe's multi-GPU settings, Timer, NCCL (absent)
+from .log import init_log
+from . import log  # a callable module: caffe.log("text") logs an INFO line, as pycaffe's
+from .common import (NCCL, has_nccl, set_multiprocess, set_solver_count, set_solver_rank,
+                     solver_count, solver_rank)
+from .benchmark import Timer
 
 
 def layer_type_list() -> list[str]:
@@ -35,7 +41,9 @@ __all__ = ["Net", "Blob", "Layer", "Solver", "SGDSolver", "NesterovSolver", "Ada
            "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "TRAIN", "TEST",
            "Classifier", "Detector", "io", "caffe_pb2", "set_mode_cpu", "set_mode_gpu", "set_device",
            "gpu_available", "register_layer", "known_layer_types", "layer_type_list", "set_random_seed", "layers",
-           "params", "NetSpec"]
+           "params", "NetSpec", "to_proto", "init_log", "log", "has_nccl", "solver_count",
+           "set_solver_count", "solver_rank", "set_solver_rank", "set_multiprocess", "NCCL",
+           "Timer"]
 
 
 def __getattr__(name):

@@ -75,6 +75,7 @@ import numpy as np
 
 from ..blob import Blob
 from ..layer import BackwardReads, Layer, register_layer
+from ..proto import caffe_pb2
 
 # The methods of a pycaffe layer; ``setup`` may be left out (pycaffe's base is a no-op).
 _METHODS = ("setup", "reshape", "forward", "backward")
@@ -202,6 +203,12 @@ class PythonLayer(Layer):
     # ---------------------------------------------------------------- set up
     def layer_setup(self, bottom, top):
         """Caffe's PythonLayer::LayerSetUp: param_str and phase, then setup()."""
+        from ..common import multiprocess, solver_count
+        if self.phase == caffe_pb2.TRAIN and solver_count() > 1 and not multiprocess():
+            # Caffe: several solvers in one process would share the GIL (BVLC/caffe#2936)
+            raise RuntimeError(f"{self._where}: PythonLayer does not support CLI Multi-GPU, "
+                               "use train.py (caffe.solver_count() is "
+                               f"{solver_count()} without caffe.set_multiprocess(True))")
         self._num_top = len(top)
         user = self.user_layer
         user.param_str = self.param_str

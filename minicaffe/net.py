@@ -281,6 +281,10 @@ class Net:
         self.debug_info = bool(param.debug_info)
 
         self.layers = []
+        # pycaffe's net.before_forward(run) ... after_backward(run): run(layer index) around
+        # each layer of forward_from_to / backward_from_to (Caffe's Net::Callback)
+        self._callbacks = {"before_forward": [], "after_forward": [], "before_backward": [],
+                           "after_backward": []}
         self.layer_names: list[str] = []
         self.bottom_vecs: list[list[Blob]] = []
         self.top_vecs: list[list[Blob]] = []
@@ -611,10 +615,15 @@ class Net:
         if self.bn_scale_pairs:
             self._unpair_if_split(start, end)
         loss = 0.0
+        before, after = self._callbacks["before_forward"], self._callbacks["after_forward"]
         for li in range(start, end + 1):
+            for run in before:
+                run(li)
             loss = loss + self.forward_layer(li)
             if self.debug_info:
                 self._forward_debug_info(li)
+            for run in after:
+                run(li)
         return loss
 
     def backward_from_to(self, start: int | None = None, end: int = 0):
@@ -623,10 +632,15 @@ class Net:
             self._executor_pass("backward", False)
         if self.bn_scale_pairs:
             self._unpair_if_split(start, end)
+        before, after = self._callbacks["before_backward"], self._callbacks["after_backward"]
         for li in range(start, end - 1, -1):
+            for run in before:      # Caffe calls them for layers that skip backward too
+                run(li)
             self.backward_layer(li)
             if self.debug_info and self.layer_need_backward[li]:
                 self._backward_debug_info(li)
+            for run in after:
+                run(li)
 
     def forward_backward(self):
         """One forward and backward pass; returns the loss as a device scalar."""
@@ -693,32 +707,62 @@ class Net:
             f"whole passes (forward_backward, a full forward) can run; a partial {what} pass "
             "would touch blobs the plan does not hold")
 
-    def forward(self, blobs=None, start=None, end=None, **kwargs):
-        """pycaffe's Net.forward: optional inputs by name, returns {output: data}."""
+    def _pass_index(self, name: str) -> int:
+        """The index of layer ``name`` for forward/backward's ``start`` and ``end``; pycaffe
+        looks it up with ``list.index``, so an unknown name is a ValueError."""
+        try:
+            return self.layer_names.index(name)
+        except ValueError:
+            raise ValueError(f"net {self.name!r} has no layer {name!r} (its layers: "
+                             f"{', '.join(self.layer_names)})") from None
+
+    def _feed(self, kwargs, names, which: str):
+        """Write pycaffe's forward inputs (``which`` "data") or backward top diffs ("diff"):
+        the arrays must name exactly ``names`` (the net's inputs or outputs) and each must
+        have the blob's batch size; the rest of its shape only has to broadcast to the
+        blob's, as pycaffe's ``blob.data[...] = array`` does."""
+        if set(kwargs) != set(names):
+            what = ("Input blob arguments do not match net inputs" if which == "data" else
+                    "Top diff arguments do not match net outputs")
+            raise ValueError(f"{what}. (net {self.name!r} takes {sorted(names)}, got "
+                             f"{sorted(kwargs)})")
         for name, value in kwargs.items():
-            if name not in self.blobs:
-                raise KeyError(f"net {self.name!r} has no blob {name!r}")
             blob = self.blobs[name]
-            if tuple(np.shape(value)) != blob.shape:
-                raise ValueError(
-                    f"input {name!r} has shape {np.shape(value)}, blob has shape {blob.shape}")
-            blob.data[...] = self.xp.asarray(value, dtype=self.dtype)
-        s = 0 if start is None else self.layer_index(start)
-        e = len(self.layers) - 1 if end is None else self.layer_index(end)
-        self.forward_from_to(s, e)
+            shape = np.shape(value)
+            if blob.shape and (not shape or shape[0] != blob.shape[0]):
+                what = "Input" if which == "data" else "Diff"
+                raise ValueError(f"{what} is not batch sized. ({name!r} has shape {shape}, the "
+                                 f"blob {blob.shape})")
+            target = blob.data if which == "data" else blob.diff
+            try:
+                target[...] = self.xp.asarray(value, dtype=self.dtype)
+            except ValueError as e:
+                raise ValueError(f"net {self.name!r}: {which} of shape {shape} does not fit blob "
+                                 f"{name!r} of shape {blob.shape}: {e}") from None
+
+    def forward(self, blobs=None, start=None, end=None, **kwargs):
+        """pycaffe's Net.forward: run layers ``start`` to ``end`` (names; all by default),
+        the inputs first set from ``kwargs`` (all of them, by name).  Returns {blob name:
+        data} for the net's outputs (or ``end``'s tops) and the names in ``blobs``; the
+        arrays are the blobs' own, overwritten by the next pass."""
+        s = 0 if start is None else self._pass_index(start)
+        e = len(self.layers) - 1 if end is None else self._pass_index(end)
         outs = set(self.outputs if end is None else self.layer_top_names[e]) | set(blobs or [])
+        if kwargs:
+            self._feed(kwargs, self.inputs, "data")
+        self.forward_from_to(s, e)
         return {n: self.blobs[n].data for n in outs}
 
     def backward(self, diffs=None, start=None, end=None, **kwargs):
-        """pycaffe's Net.backward: optional top diffs by name, returns {input: diff}."""
-        for name, value in kwargs.items():
-            self.blobs[name].diff[...] = self.xp.asarray(value, dtype=self.dtype)
-        s = len(self.layers) - 1 if start is None else self.layer_index(start)
-        e = 0 if end is None else self.layer_index(end)
+        """pycaffe's Net.backward: run layers ``start`` down to ``end``, the outputs' diffs
+        first set from ``kwargs`` (all of them, by name).  Returns {blob name: diff} for
+        the net's inputs (or ``end``'s bottoms) and the names in ``diffs``."""
+        s = len(self.layers) - 1 if start is None else self._pass_index(start)
+        e = 0 if end is None else self._pass_index(end)
+        names = set(self.inputs if end is None else self.layer_bottom_names[e]) | set(diffs or [])
+        if kwargs:
+            self._feed(kwargs, self.outputs, "diff")
         self.backward_from_to(s, e)
-        # pycaffe's _Net_backward: the diffs of the inputs, or of the bottoms of `end`
-        first = self.inputs if end is None else self.layer_bottom_names[e]
-        names = set(first) | set(diffs or [])
         return {n: self.blobs[n].diff for n in names}
 
     # ------------------------------------------- pycaffe's batched passes
@@ -855,6 +899,71 @@ class Net:
         """pycaffe's ``net._outputs``: the output blobs' indices in ``_blobs``."""
         index = {n: i for i, n in enumerate(self.blobs)}
         return [index[n] for n in self.outputs]
+
+    def _bottom_ids(self, i: int) -> list[int]:
+        """pycaffe's ``net._bottom_ids(i)``: layer i's bottoms as indices in ``_blobs``."""
+        index = {n: j for j, n in enumerate(self.blobs)}
+        return [index[n] for n in self.layer_bottom_names[i]]
+
+    def _top_ids(self, i: int) -> list[int]:
+        """pycaffe's ``net._top_ids(i)``: layer i's tops as indices in ``_blobs``."""
+        index = {n: j for j, n in enumerate(self.blobs)}
+        return [index[n] for n in self.layer_top_names[i]]
+
+    @property
+    def _blob_loss_weights(self) -> list[float]:
+        """pycaffe's ``net._blob_loss_weights``: the loss weight of each blob of ``_blobs``."""
+        return list(self.blob_loss_weights.values())
+
+    def _check_layer_range(self, start: int, end: int, what: str):
+        n = len(self.layers)
+        for name, i in (("start", start), ("end", end)):
+            if not 0 <= i < n:
+                raise IndexError(f"net {self.name!r}: {what} {name} {i} is not a layer index "
+                                 f"(0 to {n - 1})")
+
+    def _forward(self, start: int, end: int) -> float:
+        """pycaffe's ``net._forward(start, end)`` (Net::ForwardFromTo): layers ``start`` to
+        ``end`` by index, inclusive; returns their summed loss as a float (a host sync)."""
+        self._check_layer_range(start, end, "_forward")
+        return float(self.forward_from_to(start, end))
+
+    def _backward(self, start: int, end: int):
+        """pycaffe's ``net._backward(start, end)`` (Net::BackwardFromTo): layers ``start``
+        down to ``end`` by index, inclusive."""
+        self._check_layer_range(start, end, "_backward")
+        self.backward_from_to(start, end)
+
+    def _add_callback(self, when: str, run):
+        if not callable(run):
+            from .common import NCCL
+            if isinstance(run, NCCL):
+                raise TypeError(f"net.{when}(nccl): this build has no NCCL (caffe.has_nccl() "
+                                "is False), so a net cannot take one as a callback")
+            raise TypeError(f"net.{when}(run): run must be callable with the layer index, got "
+                            f"{type(run).__name__}")
+        self._callbacks[when].append(run)
+
+    def before_forward(self, run):
+        """pycaffe's ``net.before_forward(run)``: ``run(i)`` before layer i's forward."""
+        self._add_callback("before_forward", run)
+
+    def after_forward(self, run):
+        """pycaffe's ``net.after_forward(run)``: ``run(i)`` after layer i's forward."""
+        self._add_callback("after_forward", run)
+
+    def before_backward(self, run):
+        """pycaffe's ``net.before_backward(run)``: ``run(i)`` before layer i's backward (for
+        every layer of the pass, also those that need none)."""
+        self._add_callback("before_backward", run)
+
+    def after_backward(self, run):
+        """pycaffe's ``net.after_backward(run)``: ``run(i)`` after layer i's backward."""
+        self._add_callback("after_backward", run)
+
+    @property
+    def has_callbacks(self) -> bool:
+        return any(self._callbacks.values())
 
     @property
     def top_names(self) -> "OrderedDict[str, list[str]]":
@@ -998,13 +1107,44 @@ class Net:
 
     def set_input_arrays(self, data, labels):
         """pycaffe's ``net.set_input_arrays``: hand ``data`` (n, C, H, W) and ``labels`` (n,)
-        to the MemoryData layer that must be the net's first (``MemoryDataLayer.reset``;
-        minicaffe copies them, pycaffe keeps pointing at the caller's arrays)."""
+        or (n, 1, 1, 1) to the MemoryData layer that must be the net's first.  As pycaffe,
+        both must be C-contiguous float32 arrays, and n a multiple of the batch size
+        (RuntimeError otherwise).  minicaffe copies them; pycaffe keeps pointing at the
+        caller's arrays."""
+        if np.ndim(labels) == 1:
+            labels = np.ascontiguousarray(np.asarray(labels)[:, None, None, None])
+        return self._set_input_arrays(data, labels)
+
+    def _set_input_arrays(self, data, labels):
+        """pycaffe's ``net._set_input_arrays`` (Net_SetInputArrays in _caffe.cpp): labels
+        already (n, 1, 1, 1); the checks and messages are Caffe's."""
         first = self.layers[0] if self.layers else None
         if first is None or first.type != "MemoryData":
             raise RuntimeError("set_input_arrays may only be called if the first layer is a "
                                f"MemoryData layer (net {self.name!r}: its first layer is "
                                f"{first.type if first is not None else 'missing'})")
+        for arr, name, chw in ((data, "data array", (first.channels, first.height, first.width)),
+                               (labels, "labels array", (1, 1, 1))):
+            if not isinstance(arr, np.ndarray):
+                raise TypeError(f"set_input_arrays: the {name} must be a NumPy array, got "
+                                f"{type(arr).__name__}")
+            if not arr.flags.c_contiguous:
+                raise RuntimeError(f"{name} must be C contiguous")
+            if arr.ndim != 4:
+                raise RuntimeError(f"{name} must be 4-d (got shape {arr.shape})")
+            if arr.dtype != np.float32:
+                raise RuntimeError(f"{name} must be float32 (got {arr.dtype})")
+            for axis, what in ((1, "has wrong number of channels"), (2, "has wrong height"),
+                               (3, "has wrong width")):
+                if arr.shape[axis] != chw[axis - 1]:
+                    raise RuntimeError(f"{name} {what} ({arr.shape[axis]}, layer "
+                                       f"{first.name!r} takes {chw[axis - 1]})")
+        if data.shape[0] != labels.shape[0]:
+            raise RuntimeError("data and labels must have the same first dimension "
+                               f"({data.shape[0]} vs {labels.shape[0]})")
+        if data.shape[0] % first.batch_size != 0:
+            raise RuntimeError("first dimensions of input arrays must be a multiple of batch "
+                               f"size ({data.shape[0]}, batch size {first.batch_size})")
         first.reset(data, labels)
 
     def share_with(self, other: "Net"):

@@ -30,6 +30,7 @@ from collections import deque
 
 import numpy as np
 
+from . import common
 from .backend import (explicit_mode, gpu_available, normalize_mode, set_device, to_numpy, GPU,
                       CPU)
 from .kernels import cuda_fused
@@ -158,9 +159,10 @@ class Solver:
             set_device(self.param.device_id if device_id is None else device_id)
         self.dtype = dtype
         # Caffe's Solver::Init reseeds only for random_seed >= 0 (the default is -1): else the
-        # process seed (caffe.set_random_seed) stands, as Caffe's solver tests rely on
+        # process seed (caffe.set_random_seed) stands, as Caffe's solver tests rely on; each
+        # solver of a multi-GPU run offsets it by its rank (caffe.set_solver_rank)
         if self.param.random_seed >= 0:
-            set_random_seed(self.param.random_seed)
+            set_random_seed(self.param.random_seed + common.solver_rank())
         self.iter = 0
         self.current_step = 0
         # Caffe's Solver::SetActionFunction: asked after every iteration and test batch for
@@ -235,6 +237,11 @@ class Solver:
         if train_path:
             self.net.source = train_path
         self.test_nets = []
+        if not common.root_solver():
+            # Solver::Init builds the test nets on the root solver only (rank 0): the other
+            # solvers of a multi-GPU run neither test nor snapshot
+            self._load_weights()
+            return
         test_params = []
         for path in p.test_net:
             test_params.append(read_net_param(resolve_path(path, self.source_dir)))
@@ -279,8 +286,31 @@ class Solver:
 
     # ------------------------------------------------------- the loop
     def _log(self, msg):
-        if self.verbose:
+        # Caffe's solver logs with LOG_IF(INFO, Caffe::root_solver())
+        if self.verbose and common.root_solver():
             log(msg)
+
+    # ------------------------------------------------------- pycaffe's extras
+    def add_callback(self, on_start, on_gradients_ready=None):
+        """pycaffe's ``solver.add_callback(on_start, on_gradients_ready)``: two functions of no
+        argument, called in each iteration of :meth:`step`, ``on_start`` after the test
+        (before forward) and ``on_gradients_ready`` after backward, before the update.
+        (pycaffe's other form, ``add_callback(nccl)``, needs a build with NCCL.)"""
+        from .common import NCCL
+        if isinstance(on_start, NCCL) or on_gradients_ready is None:
+            raise TypeError("solver.add_callback(on_start, on_gradients_ready) takes two "
+                            "functions; add_callback(nccl) needs a build with NCCL, and "
+                            "caffe.has_nccl() is False here")
+        for name, fn in (("on_start", on_start), ("on_gradients_ready", on_gradients_ready)):
+            if not callable(fn):
+                raise TypeError(f"solver.add_callback: {name} must be callable, got "
+                                f"{type(fn).__name__}")
+        self.callbacks.append(_PyCallback(on_start, on_gradients_ready))
+
+    def share_weights(self, net: Net):
+        """pycaffe's ``solver.share_weights(net)``: ``net`` shares this solver's train net's
+        parameters, by layer name (``net->ShareTrainedLayersWith(solver->net())``)."""
+        net.share_trained_layers_with(self.net)
 
     def _iteration_graph(self):
         """The IterationGraph that runs this iteration, or None to run it eagerly
@@ -299,6 +329,9 @@ class Solver:
         if self.callbacks:
             reasons.append("solver callbacks (on_gradients_ready runs between backward and the "
                            "update)")
+        if self.net.has_callbacks:
+            reasons.append("net callbacks (net.before_forward ... after_backward run between "
+                           "layers)")
         if "apply_update" in vars(self) or type(self).apply_update is not Solver.apply_update:
             reasons.append("apply_update is replaced (a parameter-server or NCCL worker)")
         if not reasons and self.graph is None:
@@ -370,7 +403,8 @@ class Solver:
                 self._log(f"Iteration {self.iter}, lr = {graph.last_rate:.6g}")
             self.iter += 1
             request = self.requested_action()
-            if (p.snapshot and self.iter % p.snapshot == 0) or request == "snapshot":
+            if ((p.snapshot and self.iter % p.snapshot == 0 and common.root_solver())
+                    or request == "snapshot"):
                 self.snapshot()
             if request == "stop":
                 self.requested_early_exit = True
@@ -605,6 +639,9 @@ class Solver:
         ``<prefix>_iter_N.caffemodel`` and ``.solverstate``; ``HDF5`` writes
         ``<prefix>_iter_N.caffemodel.h5`` (Net::ToHDF5, diffs too with ``snapshot_diff``)
         and ``.solverstate.h5`` (SGDSolver::SnapshotSolverStateToHDF5)."""
+        if not common.root_solver():     # Solver::Snapshot: CHECK(Caffe::root_solver())
+            raise RuntimeError(f"only the root solver snapshots: this is solver rank "
+                               f"{common.solver_rank()} (caffe.set_solver_rank)")
         hdf5 = self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5
         prefix = self._prefix()
         d = os.path.dirname(prefix)
@@ -785,6 +822,20 @@ class Solver:
             h[...] = xp.asarray(v, dtype=h.dtype)     # host to device where on a GPU
         if extra is not None:
             self._load_extra_state(extra)
+
+
+class _PyCallback:
+    """A pair of pycaffe callbacks (``solver.add_callback``) in the form :meth:`Solver.step`
+    calls: ``on_start(solver)`` and ``on_gradients_ready(solver)``."""
+
+    def __init__(self, on_start, on_gradients_ready):
+        self._on_start, self._on_gradients_ready = on_start, on_gradients_ready
+
+    def on_start(self, solver):
+        self._on_start()
+
+    def on_gradients_ready(self, solver):
+        self._on_gradients_ready()
 
 
 def _fmt_eta(s):

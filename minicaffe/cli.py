@@ -236,20 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("net", nargs="?", help="a net prototxt to train with a default SGD solver")
     _caffe_flags(t, "train")
     _engine_args(t)
-    t.add_argument("--base-lr", type=float, default=0.01)
-    t.add_argument("--momentum", type=float, default=0.9)
-    t.add_argument("--weight-decay", type=float, default=5e-4)
-    t.add_argument("--lr-policy", default="fixed")
-    t.add_argument("--gamma", type=float, default=0.1)
-    t.add_argument("--stepsize", type=int, default=0)
-    t.add_argument("--power", type=float, default=0.75)
-    t.add_argument("--max-iter", type=int, default=1000)
-    t.add_argument("--display", type=int, default=100)
-    t.add_argument("--test-iter", type=int, default=0,
-                   help="with a net: test batches every --test-interval iterations (0: no testing)")
-    t.add_argument("--test-interval", type=int, default=0)
-    t.add_argument("--snapshot-prefix", default="")
-    t.add_argument("--random-seed", type=int, default=-1)
+    # the solver's fields: with a net, the default solver's (SOLVER_FLAGS' defaults); with
+    # -solver, each one given replaces the file's field (logged)
+    for field, default in SOLVER_FLAGS:
+        kind = type(default) if default is not None else str
+        extra = (" (test batches every --test-interval iterations; 0: no testing)"
+                 if field == "test_iter" else "")
+        t.add_argument("--" + field.replace("_", "-"), type=kind, default=None,
+                       help=f"solver field {field}: with a net, default {default!r}; with "
+                            f"-solver, replaces the file's{extra}")
     t.add_argument("--quiet", action="store_true", help="only warnings and errors")
     t.add_argument("--cuda-graph", action="store_true",
                    help="replay each training iteration as one CUDA graph (GPU mode, plain SGD; "
@@ -404,25 +399,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ----------------------------------------------------------------- train
+# train's solver flags (--base-lr ... --random-seed): the SolverParameter field each sets and
+# the default solver's value when a net is trained without a solver file
+SOLVER_FLAGS = (("base_lr", 0.01), ("momentum", 0.9), ("weight_decay", 5e-4),
+                ("lr_policy", "fixed"), ("gamma", 0.1), ("stepsize", 0), ("power", 0.75),
+                ("max_iter", 1000), ("display", 100), ("test_iter", 0), ("test_interval", 0),
+                ("snapshot_prefix", ""), ("random_seed", -1))
+
+
+def solver_flags(args) -> dict:
+    """{field: value} of the solver flags given on the command line."""
+    return {f: getattr(args, f) for f, _ in SOLVER_FLAGS if getattr(args, f, None) is not None}
+
+
 def default_solver_param(args, net_path):
     from .proto import caffe_pb2
+    v = dict(SOLVER_FLAGS, **solver_flags(args))
     p = caffe_pb2.SolverParameter()
     p.net = net_path
-    p.base_lr = args.base_lr
-    p.momentum = args.momentum
-    p.weight_decay = args.weight_decay
-    p.lr_policy = args.lr_policy
-    p.gamma = args.gamma
-    p.power = args.power
-    if args.stepsize:
-        p.stepsize = args.stepsize
-    p.max_iter = args.max_iter
-    p.display = args.display
-    if args.test_iter:
-        p.test_iter.append(args.test_iter)
-        p.test_interval = args.test_interval or max(1, args.max_iter // 10)
-    p.snapshot_prefix = args.snapshot_prefix or os.path.splitext(net_path)[0]
-    p.random_seed = args.random_seed
+    for field in ("base_lr", "momentum", "weight_decay", "lr_policy", "gamma", "power",
+                  "max_iter", "display", "random_seed"):
+        setattr(p, field, v[field])
+    if v["stepsize"]:
+        p.stepsize = v["stepsize"]
+    if v["test_iter"]:
+        p.test_iter.append(v["test_iter"])
+        p.test_interval = v["test_interval"] or max(1, v["max_iter"] // 10)
+    p.snapshot_prefix = v["snapshot_prefix"] or os.path.splitext(net_path)[0]
     p.solver_mode = caffe_pb2.SolverParameter.CPU
     return p
 
@@ -448,7 +451,7 @@ def cmd_train(args):
         # caffe.cpp train: -snapshot clears the solver file's `weights`, -weights replaces them
         weights = [] if args.snapshot else (args.weights or None)
         solver = Solver(args.solver, mode=mode, device_id=dev, cuda_graph=graph,
-                        weights=weights, **state)
+                        weights=weights, overrides=solver_flags(args), **state)
     else:
         if mode is None:
             from .backend import gpu_available

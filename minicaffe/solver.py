@@ -118,6 +118,9 @@ class Solver:
         level, stages: the train net's NetState as Caffe's ``caffe train -level -stage``
             sets it: ``level`` (not None) replaces the file's ``train_state.level``, the
             stages are added to its ``train_state.stage``; the test nets keep theirs.
+        overrides: {SolverParameter field: value} replacing the file's fields (``minicaffe
+            train -solver S --max-iter N``), each logged; ``test_iter`` replaces every test
+            net's count.
     """
 
     # the update rule a subclass imposes (pycaffe's SGDSolver, AdamSolver ...); None: the
@@ -125,7 +128,8 @@ class Solver:
     update_type: str | None = None
 
     def __init__(self, param, mode=None, device_id=None, net_param=None, dtype=np.float32,
-                 verbose=True, cuda_graph=None, level=None, stages=(), weights=None):
+                 verbose=True, cuda_graph=None, level=None, stages=(), weights=None,
+                 overrides=None):
         self.source_dir = None
         if isinstance(param, (str, os.PathLike)):
             self.source = os.fspath(param)
@@ -149,6 +153,7 @@ class Solver:
         if self.update_type is not None:     # pycaffe's typed classes: the class decides
             self.param.type = self.update_type
         self.verbose = verbose
+        self._override(overrides or {})
         self.type = self.param.type or "SGD"
         if self.type not in UPDATE_RULES:
             raise ValueError(
@@ -182,6 +187,26 @@ class Solver:
         self.graph = None         # the IterationGraph that runs the iterations, once built
         self.graph_refused = ""   # why the net's iterations cannot be captured ("" : not known)
         self._graph_logged = ""   # the reasons for running eagerly that were logged last
+
+    def _override(self, overrides: dict):
+        """Replace the solver's fields with ``overrides`` (see the class doc), logging each."""
+        p = self.param
+        for field, value in overrides.items():
+            if field not in p.DESCRIPTOR.fields_by_name:
+                raise ValueError(f"{self.source or 'solver'}: SolverParameter has no field "
+                                 f"{field!r}")
+            if field == "test_iter":
+                was = list(p.test_iter)
+                p.ClearField("test_iter")
+                p.test_iter.extend([int(value)] * max(1, len(was)))
+            else:
+                was = getattr(p, field) if p.HasField(field) else None
+                setattr(p, field, value)
+            if self.verbose:
+                def show(v):   # float fields are float32: six digits, as Caffe prints them
+                    return f"{v:.6g}" if isinstance(v, float) else repr(v)
+                log(f"{field}: {show(value)} from the command line"
+                    + (f" (the solver file has {show(was)})" if was not in (None, []) else ""))
 
     def _choose_mode(self, mode):
         if mode is not None:

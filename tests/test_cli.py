@@ -63,6 +63,28 @@ def test_train_solver_resume_and_test(net_file, tmp_path, capsys):
     assert abs(float(loss_line.rsplit(" ", 1)[1]) - sum(batch_losses) / 2) < 1e-4
 
 
+def test_solver_flags_replace_the_solver_files_fields(net_file, tmp_path, capsys):
+    """`train -solver S --max-iter N ...`: each solver flag given replaces the file's field
+    and says so (they were silently ignored with -solver); the file's other fields stay."""
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{net_file}"\nbase_lr: 0.01\nmax_iter: 50\nlr_policy: "fixed"\n'
+                      f'display: 10\nsnapshot_prefix: "{tmp_path}/s"\nsolver_mode: CPU\n'
+                      'random_seed: 1\ntest_iter: 7\ntest_interval: 100\n')
+    assert main(["train", "-solver", str(solver), "--max-iter", "3", "--display", "1",
+                 "--test-iter", "1", "--test-interval", "2", "--base-lr", "0.02"]) == 0
+    err = capsys.readouterr().err
+    assert "max_iter: 3 from the command line (the solver file has 50)" in err
+    assert "base_lr: 0.02 from the command line (the solver file has 0.01)" in err
+    assert "test_iter: 1 from the command line (the solver file has [7])" in err
+    assert "Iteration 2, Testing net (#0)" in err and "Iteration 1, lr = 0.02" in err
+    assert os.path.exists(f"{tmp_path}/s_iter_3.caffemodel")
+    assert not os.path.exists(f"{tmp_path}/s_iter_50.caffemodel")
+    # without flags the file's fields stand, and nothing is logged as overridden
+    solver.write_text(solver.read_text().replace("max_iter: 50", "max_iter: 2"))
+    assert main(["train", "-solver", str(solver)]) == 0
+    assert "from the command line" not in capsys.readouterr().err
+
+
 def test_time_reports_each_layer(net_file, capsys):
     assert main(["time", "--model", str(net_file), "--iterations", "2"]) == 0
     err = capsys.readouterr().err

@@ -52,7 +52,7 @@ class Timer:
     def ms(self) -> float:
         """Milliseconds from the last start to the last stop (Timer::MilliSeconds)."""
         if not self._has_run:
-            log("Timer has never been run before reading time.", level="W", where="benchmark")
+            log("Timer has never been run before reading time.", level="W")
             return 0.0
         if self._running:
             self.stop()

@@ -203,7 +203,7 @@ def fall_back(layer, reason: str):
     from .log import log
     layer.engine = CAFFE
     layer.engine_fallback = reason
-    log(f"layer {layer.name!r} ({layer.type}): {reason}; using the CAFFE engine", where="engine")
+    log(f"layer {layer.name!r} ({layer.type}): {reason}; using the CAFFE engine")
 
 
 def layer_engines(net) -> list[tuple[str, str, str, str | None]]:

@@ -1,5 +1,8 @@
-"""Log lines in glog's shape, as Caffe prints them (``I1121 12:00:00.123 solver] ...``),
-so existing log parsers (Caffe's ``parse_log.py``) keep working.
+"""Log lines in glog's shape, as Caffe prints them: ``I1121 12:00:00.123456 12345
+solver.py:218] ...`` (severity and date, time, thread id, the calling file and line), so
+existing log parsers keep working: Caffe's ``tools/extra/parse_log.py`` (its regexes and
+the date in the first two fields) and ``parse_log.sh``, whose ``awk`` takes fields by their
+position in that shape.
 
 pycaffe's ``caffe.init_log`` and ``caffe.log`` live here too.  ``caffe.log`` is this
 module (``from minicaffe import log`` has always given it), so the module is callable:
@@ -7,7 +10,9 @@ module (``from minicaffe import log`` has always given it), so the module is cal
 """
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 import types
 
@@ -24,7 +29,9 @@ def set_quiet(quiet: bool):
     _state["quiet"] = quiet
 
 
-def log(msg: str, level: str = "I", where: str = "solver"):
+def log(msg: str, level: str = "I", where: str | None = None):
+    """One line of severity ``level`` ("I", "W", "E", "F").  ``where``: the ``file:line``
+    glog names; by default the caller's own (the first frame outside this module)."""
     if _state["quiet"] and level == "I":
         return
     if LEVELS.index(level) < _state.get("min_level", 0):
@@ -33,7 +40,18 @@ def log(msg: str, level: str = "I", where: str = "solver"):
     lt = time.localtime(t)
     stamp = time.strftime("%m%d %H:%M:%S", lt) + f".{int((t % 1) * 1e6):06d}"
     stream = _state["stream"] or sys.stderr
-    print(f"{level}{stamp} {where}] {msg}", file=stream, flush=True)
+    print(f"{level}{stamp} {threading.get_native_id():>5} {where or _caller()}] {msg}",
+          file=stream, flush=True)
+
+
+def _caller() -> str:
+    """``basename:line`` of the first frame outside this module, as glog's prefix."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename == __file__:
+        f = f.f_back
+    if f is None:
+        return "minicaffe:0"
+    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
 
 
 def init_log(level: int = 0, stderr: bool = True):
@@ -51,7 +69,7 @@ def init_log(level: int = 0, stderr: bool = True):
 class _CallableModule(types.ModuleType):
     def __call__(self, s: str):
         """pycaffe's ``caffe.log(s)``: one INFO line (``LOG(INFO) << s``)."""
-        log(str(s), where="pycaffe")
+        log(str(s))
 
 
 sys.modules[__name__].__class__ = _CallableModule

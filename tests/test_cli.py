@@ -85,6 +85,29 @@ def test_solver_flags_replace_the_solver_files_fields(net_file, tmp_path, capsys
     assert "from the command line" not in capsys.readouterr().err
 
 
+def test_the_training_log_has_glogs_fields_for_caffes_log_parsers(net_file, tmp_path, capsys):
+    """Caffe's tools/extra/parse_log.sh takes values by their field number in glog's line
+    (``I1128 23:43:49.437082  7456 solver.cpp:218] ...``: severity and date, time, thread,
+    file:line): the test output is field 11, the learning rate field 9; parse_log.py reads
+    the date from the first two fields."""
+    import re
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{net_file}"\nbase_lr: 0.01\nmax_iter: 2\nlr_policy: "fixed"\n'
+                      f'display: 1\nsnapshot_prefix: "{tmp_path}/s"\nsolver_mode: CPU\n'
+                      'test_iter: 1\ntest_interval: 2\n')
+    assert main(["train", "-solver", str(solver)]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    prefix = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] ")
+    assert lines and all(prefix.match(ln) for ln in lines), lines[:3]
+    test_out = [ln.split() for ln in lines if "Test net output #0" in ln]
+    lr = [ln.split() for ln in lines if re.search(r"Iteration \d+, lr = ", ln)]
+    assert test_out and lr
+    assert all(0.0 <= float(f[10]) <= 1.0 for f in test_out)       # awk '{print $11}'
+    assert all(float(f[8]) == pytest.approx(0.01) for f in lr)      # awk '{print $9}'
+    month, day = int(lines[0][1:3]), int(lines[0].split()[0][3:])
+    assert 1 <= month <= 12 and 1 <= day <= 31
+
+
 def test_time_reports_each_layer(net_file, capsys):
     assert main(["time", "--model", str(net_file), "--iterations", "2"]) == 0
     err = capsys.readouterr().err
@@ -168,7 +191,7 @@ def test_level_and_stage_choose_the_layers_as_caffe_flags(tmp_path, capsys):
 
 # ------------------------------------------------ Caffe's command lines (tools/caffe.cpp)
 def _log_lines(err):
-    """The messages of glog-shaped lines (``I1121 12:00:00.123 solver] msg``)."""
+    """The messages of glog-shaped lines (``I1121 12:00:00.123456  7456 solver.py:218] msg``)."""
     return [ln.split("] ", 1)[1] for ln in err.splitlines() if "] " in ln]
 
 

@@ -34,7 +34,8 @@ def write_image(path, hwc):
 
 @pytest.fixture
 def imageset(tmp_path):
-    """Five small RGB images under root/, listed with labels; returns (root, list, rgb images)."""
+    """Five small RGB images under root/, listed with labels; returns (root with its trailing
+    '/', as Caffe's ROOTFOLDER/, list, rgb images, listed paths)."""
     rng = np.random.default_rng(0)
     root = tmp_path / "root"
     (root / "sub dir").mkdir(parents=True)
@@ -45,7 +46,7 @@ def imageset(tmp_path):
         lines.append(f"{os.path.relpath(p, root)} {i % 3}")
     listfile = tmp_path / "list.txt"
     listfile.write_text("\n".join(lines) + "\n\n")
-    return root, listfile, rgb, [ln.rpartition(" ")[0] for ln in lines]
+    return str(root) + "/", listfile, rgb, [ln.rpartition(" ")[0] for ln in lines]
 
 
 def test_read_list_splits_at_the_last_space(tmp_path):
@@ -96,28 +97,30 @@ def test_convert_imageset_gray_resize_and_check_size(imageset, tmp_path):
     expect = np.asarray(Image.fromarray(rgb[0]).convert("L"))
     np.testing.assert_array_equal(gray[0, 0], expect)
     # a differently sized image fails --check_size, and nothing is left behind
-    Image.fromarray(np.zeros((5, 5, 3), np.uint8)).save(root / "odd.png")
+    Image.fromarray(np.zeros((5, 5, 3), np.uint8)).save(root + "odd.png")
     with open(listfile, "a") as f:
         f.write("odd.png 1\n")
-    with pytest.raises(ValueError, match="incorrect data field size"):
+    with pytest.raises(ValueError, match="Incorrect data field size 75 "):
         convert_imageset(str(root), listfile, tmp_path / "c", check_size=True, verbose=False)
     assert not (tmp_path / "c").exists()
 
 
-def test_convert_imageset_skips_unreadable_files(imageset, tmp_path):
+def test_convert_imageset_skips_unreadable_files(imageset, tmp_path, capsys):
     root, listfile, _, _ = imageset
     with open(listfile, "a") as f:
         f.write("missing.npy 2\n")
-    with pytest.warns(UserWarning, match="could not read .*missing.npy"):
-        n = convert_imageset(str(root), listfile, tmp_path / "db", verbose=False)
+    n = convert_imageset(str(root), listfile, tmp_path / "db", verbose=False)
     assert n == 5
+    # Caffe's ReadImageToCVMat: LOG(ERROR), and the line is skipped (its index keeps its key)
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("E")]
+    assert len(errors) == 1 and f"] Could not open or find file {root}missing.npy" in errors[0]
 
 
 def test_convert_imageset_npy_float_arrays(tmp_path):
     arr = np.linspace(0, 1, 12, dtype=np.float32).reshape(1, 3, 4)
     np.save(tmp_path / "f.npy", arr)
     (tmp_path / "l.txt").write_text("f.npy 4\n")
-    convert_imageset(str(tmp_path), tmp_path / "l.txt", tmp_path / "db", verbose=False)
+    convert_imageset(f"{tmp_path}/", tmp_path / "l.txt", tmp_path / "db", verbose=False)
     images, labels, _ = mio.read_lmdb_arrays(tmp_path / "db")
     assert images.dtype == np.float32 and labels.tolist() == [4]
     np.testing.assert_array_equal(images[0], arr)
@@ -246,3 +249,128 @@ def test_convert_and_mean_with_the_leveldb_backend(imageset, tmp_path, capsys):
                                   mio.load_mean_file(tmp_path / "leveldb.binaryproto"))
     assert mean_main([str(tmp_path / "lmdb"), "--backend", "leveldb"]) == 1
     assert "is not a LevelDB database" in capsys.readouterr().err
+
+
+# ------------------------------------------- Caffe's flags, messages and encoded Datums
+def glog_messages(err: str) -> list[str]:
+    """The messages of the glog-shaped lines in ``err`` (the text after the ']')."""
+    return [ln.split("] ", 1)[1] for ln in err.splitlines() if "] " in ln]
+
+
+def test_convert_takes_gflags_spellings_and_exits_1_on_usage(imageset, tmp_path, capsys):
+    """tools/convert_imageset.cpp reads gflags: -flag or --flag, =value or the next word,
+    -flag=false and -noflag for booleans, flags after the arguments; a wrong argument count
+    prints the usage and returns 1."""
+    if Image is None:
+        pytest.skip("resizing needs Pillow")
+    root, listfile, _, rels = imageset
+    assert convert_main(["-gray", "-resize_width=2", str(root), "--resize_height", "6",
+                         str(listfile), str(tmp_path / "db"), "-shuffle=false", "-backend=lmdb",
+                         "--check_size=true"]) == 0
+    images, _, keys = mio.read_lmdb_arrays(tmp_path / "db")
+    assert images.shape == (5, 1, 6, 2)
+    assert keys == [f"{i:08d}_{rel}" for i, rel in enumerate(rels)]  # -shuffle=false
+    assert convert_main(["-gray", "-nogray", str(root), str(listfile), str(tmp_path / "c")]) == 0
+    assert mio.read_lmdb_arrays(tmp_path / "c")[0].shape == (5, 3, 3, 4)
+    capsys.readouterr()
+    assert convert_main([str(root), str(listfile)]) == 1              # argc != 4
+    assert convert_main([str(root), str(listfile), str(tmp_path / "d"), "-nosuch"]) == 1
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_convert_logs_caffes_lines(imageset, tmp_path, capsys):
+    root, listfile, _, _ = imageset
+    assert convert_main(["-shuffle", "-seed", "2", str(root), str(listfile),
+                         str(tmp_path / "db")]) == 0
+    err = capsys.readouterr().err
+    assert glog_messages(err) == ["Shuffling data", "A total of 5 images.",
+                                  f"Opened lmdb {tmp_path / 'db'}", "Processed 5 files."]
+    assert all(ln[0] == "I" for ln in err.splitlines())               # LOG(INFO)
+
+
+def test_convert_joins_rootfolder_as_a_string(imageset, tmp_path):
+    """Caffe reads root_folder + path: a root without its '/' finds nothing (the error says
+    why), and an empty root takes the list's paths as they are."""
+    root, listfile, _, rels = imageset
+    with pytest.raises(ValueError, match="joined to each path as a string.*end it with '/'"):
+        convert_imageset(root.rstrip("/"), listfile, tmp_path / "a", verbose=False)
+    absolute = tmp_path / "abs.txt"
+    absolute.write_text("".join(f"{root}{rel} {i}\n" for i, rel in enumerate(rels)))
+    assert convert_imageset("", absolute, tmp_path / "b", verbose=False) == 5
+    _, _, keys = mio.read_lmdb_arrays(tmp_path / "b")
+    assert keys[0] == f"00000000_{root}{rels[0]}"
+
+
+def test_convert_encoded_stores_the_files_and_decodes_to_the_same_pixels(imageset, tmp_path,
+                                                                          capsys):
+    """-encoded: each Datum holds the PNG file's own bytes (encoded: true, no shape), as
+    Caffe's ReadFileToDatum; the Data layer's decoding gives the pixels of the plain
+    conversion, and compute_image_mean the same mean ("Decoding Datum" first)."""
+    if Image is None:
+        pytest.skip("encoded images need Pillow")
+    root, listfile, _, rels = imageset
+    assert convert_main(["-encoded", str(root), str(listfile), str(tmp_path / "enc")]) == 0
+    convert_imageset(root, listfile, tmp_path / "raw", verbose=False)
+    with mio.LMDBReader(tmp_path / "enc") as db:
+        datums = [mio.parse_datum(v) for _, v in db.items()]
+    for datum, rel in zip(datums, rels):
+        assert datum.encoded and (datum.channels, datum.height, datum.width) == (0, 0, 0)
+        assert datum.data == open(root + rel, "rb").read()
+    raw, labels, _ = mio.read_lmdb_arrays(tmp_path / "raw")
+    np.testing.assert_array_equal(np.stack([mio.datum_to_array(d) for d in datums]), raw)
+    assert [d.label for d in datums] == labels.tolist()
+    capsys.readouterr()
+    assert mean_main([str(tmp_path / "enc"), str(tmp_path / "enc.binaryproto")]) == 0
+    assert "Decoding Datum" in glog_messages(capsys.readouterr().err)
+    mean_main([str(tmp_path / "raw"), str(tmp_path / "raw.binaryproto")])
+    np.testing.assert_array_equal(mio.load_mean_file(tmp_path / "enc.binaryproto"),
+                                  mio.load_mean_file(tmp_path / "raw.binaryproto"))
+
+
+def test_convert_encode_type_reencodes(imageset, tmp_path, capsys):
+    """-encode_type implies -encoded (with Caffe's line); a resized image, or one whose
+    extension is not the encoding, is re-encoded; -check_size cannot check encoded data."""
+    if Image is None:
+        pytest.skip("encoded images need Pillow")
+    root, listfile, _, _ = imageset
+    assert convert_main(["-encode_type", "png", "-gray", "-resize_height", "6",
+                         "-resize_width", "2", root, str(listfile), str(tmp_path / "p")]) == 0
+    assert "encode_type specified, assuming encoded=true." in capsys.readouterr().err
+    with mio.LMDBReader(tmp_path / "p") as db:
+        datums = [mio.parse_datum(v) for _, v in db.items()]
+    convert_imageset(root, listfile, tmp_path / "raw", gray=True, resize_height=6,
+                     resize_width=2, verbose=False)
+    raw, _, _ = mio.read_lmdb_arrays(tmp_path / "raw")
+    assert all(d.encoded and d.data.startswith(b"\x89PNG") for d in datums)
+    np.testing.assert_array_equal(np.stack([mio.datum_to_array(d) for d in datums]), raw)
+    assert convert_main(["-encode_type=jpg", root, str(listfile), str(tmp_path / "j")]) == 0
+    with mio.LMDBReader(tmp_path / "j") as db:
+        assert all(mio.parse_datum(v).data.startswith(b"\xff\xd8") for _, v in db.items())
+    capsys.readouterr()
+    assert convert_main(["-encoded", "-check_size", root, str(listfile),
+                         str(tmp_path / "c")]) == 1
+    assert "-check_size cannot check encoded images" in capsys.readouterr().err
+
+
+def test_compute_image_mean_logs_caffes_lines(tmp_path, capsys):
+    """Caffe's order and words: Processed, Write to, Number of channels, then per channel
+    'mean_value channel [c]:v' (no space after the colon) with a float32 sum over the
+    channel divided by H * W; -backend as gflags spells it."""
+    values = np.array([[[[0.1, 7.0], [200.3, 1e-3]], [[1.0, 2.0], [3.0, 4.0]]]], np.float32)
+    with mio.LMDBWriter(tmp_path / "db") as w:
+        for i in range(2):
+            w.put(f"{i:08d}", mio.array_to_datum(values[0] * (i + 1)).SerializeToString())
+    out = tmp_path / "m.binaryproto"
+    assert mean_main(["-backend=lmdb", str(tmp_path / "db"), str(out)]) == 0
+    msgs = glog_messages(capsys.readouterr().err)
+    mean = mio.load_mean_file(out)
+    sums = [np.float32(0)] * 2
+    for c in range(2):
+        for v in mean[0, c].ravel():
+            sums[c] = np.float32(sums[c] + v)
+    assert msgs == [f"Opened lmdb {tmp_path / 'db'}", "Starting Iteration",
+                    "Processed 2 files.", f"Write to {out}", "Number of channels: 2",
+                    f"mean_value channel [0]:{float(sums[0] / np.float32(4)):.6g}",
+                    f"mean_value channel [1]:{float(sums[1] / np.float32(4)):.6g}"]
+    assert msgs[-1] == "mean_value channel [1]:3.75"
+    assert mean_main([str(tmp_path / "db"), str(out), "extra"]) == 1    # argc > 3: usage

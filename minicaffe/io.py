@@ -165,6 +165,57 @@ def decode_image_bytes(data: bytes, force_color: bool = False, force_gray: bool 
 
 
 # --------------------------------------------------------------- BlobProto
+def read_list(listfile):
+    """``[(path, label), ...]`` from a list file of ``path label`` lines (the label after
+    the last space, as Caffe's ``find_last_of(' ')``; blank lines are skipped)."""
+    lines = []
+    with open(listfile) as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line:
+                continue
+            path, sep, label = line.rpartition(" ")
+            path = path.rstrip()
+            try:
+                if not sep or not path:
+                    raise ValueError
+                lines.append((path, int(label)))
+            except ValueError:
+                raise ValueError(f"{listfile}:{lineno}: expected 'relative/path label', got "
+                                 f"{line!r}") from None
+    return lines
+
+
+def load_image_chw(path, is_color: bool = True, resize_height: int = 0,
+                   resize_width: int = 0):
+    """One image as a ``(C, H, W)`` array, as Caffe's ``ReadImageToCVMat`` gives it to
+    convert_imageset, ImageData and WindowData: a file Pillow reads (colour as BGR, or one
+    grey channel without ``is_color``; resized with OpenCV's INTER_LINEAR when both sizes are
+    given), or a ``.npy`` array (C, H, W) or (H, W), used as it is."""
+    if path.lower().endswith(".npy"):
+        arr = np.load(path, allow_pickle=False)
+        if arr.ndim == 2:
+            arr = arr[np.newaxis]
+        if arr.ndim != 3:
+            raise ValueError(f"{path}: a .npy image must be (C, H, W) or (H, W), got {arr.shape}")
+        if not is_color and arr.shape[0] != 1:
+            raise ValueError(f"{path}: --gray needs 1-channel .npy arrays, got {arr.shape[0]} "
+                             "channels")
+        if resize_height > 0 and resize_width > 0 and arr.shape[1:] != (resize_height,
+                                                                         resize_width):
+            raise ValueError(f"{path}: .npy arrays are not resized; it is {arr.shape[1:]}, "
+                             f"asked for {(resize_height, resize_width)}")
+        return arr
+    Image = require_pillow()
+    with Image.open(path) as img:
+        img.load()
+        if resize_height > 0 and resize_width > 0:
+            img = img.convert("RGB" if is_color else "L")
+            img = Image.fromarray(resize_inter_linear(np.asarray(img), resize_height,
+                                                      resize_width))
+        return pil_to_array(img, is_color=is_color)
+
+
 def array_to_blobproto(arr, diff=None, legacy: bool = False):
     """A BlobProto holding ``arr`` (float32 data).
 

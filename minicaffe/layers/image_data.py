@@ -9,7 +9,7 @@ Caffe's ``src/caffe/layers/image_data_layer.cpp`` on ``BasePrefetchingDataLayer`
   OpenCV's BGR order (``is_color``, the default) or 1 grey channel, resized to
   ``new_height`` x ``new_width`` when both are given; minicaffe reads and
   resizes with the same code as ``convert_imageset``
-  (:func:`minicaffe.tools.convert_imageset.load_image`), so ImageData and
+  (:func:`minicaffe.io.load_image_chw`), so ImageData and
   ``convert_imageset`` + Data give the same arrays (see that function for
   how its bilinear resize relates to OpenCV's ``INTER_LINEAR``);
 * ``shuffle`` shuffles the list at setup and again each time the list has
@@ -43,7 +43,8 @@ import numpy as np
 from ..io import resolve_path
 from ..layer import register_layer
 from ..rng import host_rng
-from ..tools.convert_imageset import load_image, read_list
+from ..io import load_image_chw as load_image
+from ..io import read_list
 from ..transform import DataTransformer
 from .data import _Batch, PrefetchingDataLayer
 

@@ -73,7 +73,7 @@ import numpy as np
 from ..io import decode_image_bytes, resize_inter_linear, resolve_path
 from ..layer import register_layer
 from ..rng import host_rng
-from ..tools.convert_imageset import load_image
+from ..io import load_image_chw as load_image
 from ..transform import DataTransformer
 from .data import _Batch, PrefetchingDataLayer
 

@@ -48,8 +48,9 @@ import sys
 
 import numpy as np
 
-from ..io import (LevelDBWriter, LMDBWriter, array_to_datum, pil_to_array, require_pillow,
-                  resize_inter_linear)
+from ..io import LevelDBWriter, LMDBWriter, array_to_datum, read_list
+from ..io import load_image_chw as load_image
+from ..io import require_pillow
 from ..log import log
 from ..proto import caffe_pb2
 from . import _gflags
@@ -57,53 +58,6 @@ from . import _gflags
 COMMIT_EVERY = 1000        # Caffe commits its transaction every 1000 images
 JPEG_QUALITY = 95          # cv::imencode's default IMWRITE_JPEG_QUALITY
 WRITERS = {"lmdb": LMDBWriter, "leveldb": LevelDBWriter}
-
-
-def read_list(listfile):
-    """``[(path, label), ...]`` from a list file of ``path label`` lines (the label after
-    the last space, as Caffe's ``find_last_of(' ')``; blank lines are skipped)."""
-    lines = []
-    with open(listfile) as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.strip()
-            if not line:
-                continue
-            path, sep, label = line.rpartition(" ")
-            path = path.rstrip()
-            try:
-                if not sep or not path:
-                    raise ValueError
-                lines.append((path, int(label)))
-            except ValueError:
-                raise ValueError(f"{listfile}:{lineno}: expected 'relative/path label', got "
-                                 f"{line!r}") from None
-    return lines
-
-
-def load_image(path, is_color: bool = True, resize_height: int = 0, resize_width: int = 0):
-    """One image as a ``(C, H, W)`` array (see the module doc for the formats)."""
-    if path.lower().endswith(".npy"):
-        arr = np.load(path, allow_pickle=False)
-        if arr.ndim == 2:
-            arr = arr[np.newaxis]
-        if arr.ndim != 3:
-            raise ValueError(f"{path}: a .npy image must be (C, H, W) or (H, W), got {arr.shape}")
-        if not is_color and arr.shape[0] != 1:
-            raise ValueError(f"{path}: --gray needs 1-channel .npy arrays, got {arr.shape[0]} "
-                             "channels")
-        if resize_height > 0 and resize_width > 0 and arr.shape[1:] != (resize_height,
-                                                                         resize_width):
-            raise ValueError(f"{path}: .npy arrays are not resized; it is {arr.shape[1:]}, "
-                             f"asked for {(resize_height, resize_width)}")
-        return arr
-    Image = require_pillow()
-    with Image.open(path) as img:
-        img.load()
-        if resize_height > 0 and resize_width > 0:
-            img = img.convert("RGB" if is_color else "L")
-            img = Image.fromarray(resize_inter_linear(np.asarray(img), resize_height,
-                                                      resize_width))
-        return pil_to_array(img, is_color=is_color)
 
 
 def guess_encoding(path: str) -> str:

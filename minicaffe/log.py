@@ -45,9 +45,10 @@ def log(msg: str, level: str = "I", where: str | None = None):
 
 
 def _caller() -> str:
-    """``basename:line`` of the first frame outside this module, as glog's prefix."""
+    """``basename:line`` of the first frame outside this module and outside the classes'
+    own ``_log`` wrappers (Solver._log), as glog's prefix."""
     f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename == __file__:
+    while f is not None and (f.f_code.co_filename == __file__ or f.f_code.co_name == "_log"):
         f = f.f_back
     if f is None:
         return "minicaffe:0"

@@ -983,7 +983,7 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"minicaffe {args.command}: {e}", file=sys.stderr)
         return 2
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, KeyError, OSError, RuntimeError, ImportError) as e:
         if os.environ.get("MINICAFFE_TRACEBACK"):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

@@ -257,6 +257,12 @@ class Net:
             line = layer_line(text, lp.name)
         return line
 
+    def _at(self, lp) -> str:
+        """``file:line: `` of layer ``lp``'s block, else ``file: `` (or nothing for a
+        NetParameter that came from no file): the start of every error about one layer."""
+        line = self._layer_line(lp)
+        return f"{self.source}:{line}: " if line is not None else self._where()
+
     def _init(self, param):
         where = self._where()
         try:
@@ -297,6 +303,10 @@ class Net:
         self.inputs: list[str] = []
         self.param_specs = []   # per layer: list of ParamSpec (possibly default)
         available = set()       # blobs produced and not yet consumed
+        self._producer = {}     # blob name -> the first layer that wrote it (for errors)
+        # the name the user wrote for each blob that insert_splits renamed (for errors)
+        split_origin = {t: sp.bottom[0] for sp in param.layer if sp.type == "Split"
+                        for t in sp.top}
         source_dir = os.path.dirname(os.path.abspath(self.source)) if self.source else None
 
         # Caffe's Net::Init accepts two layers of one name (test_net.cpp's TinyTestNetwork
@@ -317,6 +327,8 @@ class Net:
                     raise
                 # a fork's layer (SSD, Faster R-CNN, ...): say where it is in the file
                 raise UnknownLayerTypeError(lp, f"{self.source}:{line}: ") from None
+            except ImportError as e:    # a Python layer's module or class (python_layer.py)
+                raise ImportError(f"{self._at(lp)}{e}") from e
             layer.source_dir = source_dir
             bottoms, bnames, bneed = [], [], []
             need_backward = False
@@ -336,9 +348,12 @@ class Net:
                 if ti < len(lp.bottom) and lp.bottom[ti] == name:
                     blob = self.blobs[name]  # in place: the very same Blob (Caffe's rule)
                 elif name in self.blobs:
+                    # Caffe's Net::AppendTop: "Top blob 'x' produced by multiple sources."
                     raise ValueError(
-                        f"{where}layer {lp.name!r}: top blob {name!r} is produced by multiple "
-                        "sources (a top may only repeat one of its own layer's bottoms)")
+                        f"{self._at(lp)}layer {lp.name!r}: top blob {name!r} is produced by "
+                        f"multiple sources (layer {self._producer.get(name, '?')!r} makes it "
+                        "already; a top may only repeat one of its own layer's bottoms, "
+                        "in place)")
                 else:
                     blob = Blob(xp=self.xp, dtype=self.dtype, name=name)
                     self.blobs[name] = blob
@@ -347,6 +362,7 @@ class Net:
                 tops.append(blob)
                 tnames.append(name)
                 available.add(name)
+                self._producer.setdefault(name, lp.name)
             # Caffe's Net::Init: a layer whose AutoTopBlobs() is true (a loss layer) and that
             # has fewer tops than it needs gets anonymous ones, named "(automatic)" (AppendTop
             # with no name); they are no net output and no other layer can read them.  Here
@@ -365,16 +381,8 @@ class Net:
             # Layers whose top count is free (e.g. data layers) see the tops given.
             try:
                 layer.setup(bottoms, tops)
-            except (ValueError, IndexError, TypeError, FileNotFoundError) as e:
-                shapes = ", ".join(f"{n} {b.shape}" for n, b in zip(bnames, bottoms))
-                text = str(e)
-                own = f"layer {lp.name!r} ({lp.type}): "    # the layer named itself already
-                if text.startswith(own):
-                    text = text[len(own):]
-                cls = FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError
-                raise cls(
-                    f"{where}layer {lp.name!r} (type {lp.type}, bottoms: {shapes or 'none'}): "
-                    f"{text}") from e
+            except (ValueError, IndexError, TypeError, FileNotFoundError, ImportError) as e:
+                raise self._setup_error(e, lp, bnames, bottoms, split_origin) from e
             # parameters: ParamSpec lr_mult decides param_propagate_down
             specs = []
             for pi in range(len(layer.blobs)):
@@ -415,6 +423,24 @@ class Net:
         self._shapes_seen = [None] * len(self.layers)
         self.bn_scale_pairs: list[tuple[int, int]] = []
         self.set_bn_scale_fusion(fusion_default())
+
+    def _setup_error(self, e, lp, bnames, bottoms, split_origin):
+        """Layer ``lp``'s setup error ``e``, said once with the file, the layer's line, its
+        type and its bottoms' shapes, and the blob names as the file spells them (not the
+        names of the Split layers' tops that insert_splits made)."""
+        text = str(e)
+        for own in (f"layer {lp.name!r} ({lp.type}): ", f"layer {lp.name!r} of type {lp.type}: ",
+                    f"layer {lp.name!r}: "):
+            if text.startswith(own):     # the layer named itself already
+                text = text[len(own):]
+                break
+        for split, origin in split_origin.items():
+            text = text.replace(f"'{split}'", f"'{origin}'")
+        shapes = ", ".join(f"{split_origin.get(n, n)} {b.shape}" for n, b in zip(bnames, bottoms))
+        cls = (FileNotFoundError if isinstance(e, FileNotFoundError)
+               else ImportError if isinstance(e, ImportError) else ValueError)
+        return cls(f"{self._at(lp)}layer {lp.name!r} (type {lp.type}, bottoms: "
+                   f"{shapes or 'none'}): {text}")
 
     def _prune_backward(self):
         """Caffe: layers that lead to no loss, or whose every top skips

@@ -612,19 +612,40 @@ class Net:
     # ----------------------------------------------------- forward/backward
     def reshape(self):
         for li, layer in enumerate(self.layers):
-            layer.reshape(self.bottom_vecs[li], self.top_vecs[li])
+            try:
+                layer.reshape(self.bottom_vecs[li], self.top_vecs[li])
+            except ValueError as e:
+                located = self._located(e, li)
+                if located is None:
+                    raise
+                raise located from e
             self._shapes_seen[li] = tuple(b.shape for b in self.bottom_vecs[li])
+
+    def _located(self, e, li: int):
+        """A layer's ValueError from reshape or forward (a bottom reshaped to a size the
+        layer's parameters do not fit, a label out of range), with the file and line of the
+        layer's block in front; None for other errors (and subclasses), which pass unchanged."""
+        text = str(e)
+        if type(e) is not ValueError or not self.source or text.startswith(self.source):
+            return None
+        return ValueError(f"{self._at(self.param.layer[li])}{text}")
 
     def forward_layer(self, li: int):
         """Forward one layer (reshaping it first if its bottoms changed shape)."""
         layer, bottom, top = self.layers[li], self.bottom_vecs[li], self.top_vecs[li]
         shapes = tuple(b.shape for b in bottom)
-        if shapes != self._shapes_seen[li]:
-            layer.reshape(bottom, top)
-            self._shapes_seen[li] = shapes
-        if self.forward_listener is not None:  # ps/ hook
-            self.forward_listener(li)
-        return layer.forward(bottom, top)
+        try:
+            if shapes != self._shapes_seen[li]:
+                layer.reshape(bottom, top)
+                self._shapes_seen[li] = shapes
+            if self.forward_listener is not None:  # ps/ hook
+                self.forward_listener(li)
+            return layer.forward(bottom, top)
+        except ValueError as e:
+            located = self._located(e, li)
+            if located is None:
+                raise
+            raise located from e
 
     def backward_layer(self, li: int):
         if self.layer_need_backward[li]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from math import prod
 
 from ..layer import Layer, register_layer
+from .softmax import check_label_range
 
 
 @register_layer
@@ -70,6 +71,7 @@ class AccuracyLayer(Layer):
         dt = self.dtype
         x = bottom[0].data.reshape(self.outer, self.c, self.inner)
         label = bottom[1].data.reshape(self.outer, 1, self.inner).astype(xp.int64)
+        check_label_range(self, bottom[1], label, self.c, self.ignore_label)
         if self.ignore_label is not None:
             valid = label != self.ignore_label
             label = xp.where(valid, label, 0)

@@ -155,6 +155,28 @@ def normalization_mode(layer) -> int:
     return lp.normalization
 
 
+def check_label_range(layer, blob, label, classes: int, ignore_label):
+    """Caffe's DCHECK_GE(label_value, 0) and DCHECK_LT(label_value, classes): a label out of
+    range is the user's data (a class count that does not match num_output), so it gets an
+    error naming the layer, the blob and the range instead of NumPy's IndexError.
+
+    Host arrays only: on the GPU the check would be a device-to-host sync on every
+    iteration, so there an out-of-range label is not caught (as in Caffe's release builds).
+    """
+    if not isinstance(label, np.ndarray) or label.size == 0:
+        return
+    bad = (label < 0) | (label >= classes)
+    if ignore_label is not None:
+        bad &= label != ignore_label
+    if bad.any():
+        value = int(label[bad].flat[0])
+        ignore = f" or ignore_label {ignore_label}" if ignore_label is not None else ""
+        raise ValueError(
+            f"layer {layer.name!r} of type {layer.type}: label {value} in bottom {blob.name!r} "
+            f"is out of range: the scores have {classes} classes, so labels must be 0 to "
+            f"{classes - 1}{ignore} (does num_output match the data's labels?)")
+
+
 @register_layer
 class SoftmaxWithLossLayer(Layer):
     """Multinomial logistic loss of the softmax of bottom[0] against integer labels bottom[1].
@@ -215,6 +237,7 @@ class SoftmaxWithLossLayer(Layer):
         """(labels clipped to a valid index, valid mask), both (outer, 1, inner)."""
         xp = self.xp
         label = bottom[1].data.reshape(self.outer, 1, self.inner).astype(xp.int64)
+        check_label_range(self, bottom[1], label, self.c, self.ignore_label)
         if self.ignore_label is None:
             return label, None
         valid = label != self.ignore_label

@@ -99,7 +99,10 @@ def learning_rate(p, it: int, current_step: int = 0) -> float:
     if policy == "sigmoid":
         return base * (1.0 / (1.0 + math.exp(-p.gamma * (it - p.stepsize))))
     raise ValueError(
-        f"unknown lr_policy {policy!r} (known: fixed, step, exp, inv, multistep, poly, sigmoid)")
+        f"Unknown learning rate policy: {policy} (known: {', '.join(LR_POLICIES)})")
+
+
+LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 
 
 # ----------------------------------------------------------------- solver
@@ -159,6 +162,8 @@ class Solver:
             raise ValueError(
                 f"{self.source or 'solver'}: unknown solver type {self.type!r} "
                 f"(known: {', '.join(sorted(UPDATE_RULES))})")
+        self._check_lr_policy()
+        self._check_snapshot_prefix()
         self.mode = self._choose_mode(mode)
         if self.mode == GPU:
             set_device(self.param.device_id if device_id is None else device_id)
@@ -208,6 +213,37 @@ class Solver:
                 log(f"{field}: {show(value)} from the command line"
                     + (f" (the solver file has {show(was)})" if was not in (None, []) else ""))
 
+    def _check_lr_policy(self):
+        """SGDSolver::GetLearningRate's LOG(FATAL) for an unknown policy and CHECK on
+        step's stepsize, made when the solver is built rather than at its first iteration."""
+        p, where = self.param, self.source or "solver"
+        if p.lr_policy and p.lr_policy not in LR_POLICIES:
+            raise ValueError(f"{where}: Unknown learning rate policy: {p.lr_policy} (known: "
+                             f"{', '.join(LR_POLICIES)})")
+        if p.lr_policy == "step" and p.stepsize <= 0:
+            raise ValueError(f"{where}: lr_policy 'step' needs stepsize > 0")
+
+    def _check_snapshot_prefix(self):
+        """Caffe's Solver::CheckSnapshotWritePermissions, for solvers that snapshot every
+        ``snapshot`` iterations: a prefix whose folder cannot be made or written fails now,
+        not at the first snapshot after hours of training. (The folder may be missing:
+        snapshot() makes it. Nothing is written here.)"""
+        if not self.param.snapshot or not common.root_solver():
+            return
+        prefix = self._prefix()
+        d = os.path.abspath(os.path.dirname(prefix) or ".")
+        while not os.path.exists(d) and os.path.dirname(d) != d:
+            d = os.path.dirname(d)
+        if not os.path.isdir(d):
+            why = f"{d} is not a directory"
+        elif not os.access(d, os.W_OK | os.X_OK):
+            why = f"{d} is not writable"
+        else:
+            return
+        raise ValueError(f"{self.source or 'solver'}: Cannot write to snapshot prefix "
+                         f"'{prefix}' ({why}). Make sure that the directory exists and is "
+                         "writable.")
+
     def _choose_mode(self, mode):
         if mode is not None:
             return normalize_mode(mode)
@@ -233,10 +269,23 @@ class Solver:
                 f"(found {given or 'none'})")
         f = given[0]
         if f in ("net", "train_net"):
-            path = resolve_path(getattr(p, f), self.source_dir)
+            path = self._net_file(f, getattr(p, f))
             return read_net_param(path), path
         self._warn_inline_legacy(f, getattr(p, f))
         return getattr(p, f), None
+
+    def _net_file(self, field: str, name: str) -> str:
+        """The path of the net file that the solver's ``field`` names; a missing one is
+        Caffe's "File not found" with the solver file and the field in front."""
+        path = resolve_path(name, self.source_dir)
+        if not os.path.exists(path):
+            tried = [os.path.abspath(name)]
+            if self.source_dir and not os.path.isabs(name):
+                tried.append(os.path.join(self.source_dir, name))
+            raise FileNotFoundError(
+                f"{self.source or 'solver'}: {field}: File not found: {name} (looked at "
+                f"{', '.join(dict.fromkeys(tried))})")
+        return path
 
     def _warn_inline_legacy(self, field, net_param):
         """Caffe upgrades only the nets it reads from files (ReadNetParamsFromTextFileOrDie):
@@ -269,17 +318,24 @@ class Solver:
             return
         test_params = []
         for path in p.test_net:
-            test_params.append(read_net_param(resolve_path(path, self.source_dir)))
+            test_params.append(read_net_param(self._net_file("test_net", path)))
         for tp in p.test_net_param:
             self._warn_inline_legacy("test_net_param", tp)
         test_params.extend(p.test_net_param)
+        # Caffe's Solver::InitTestNets: a general net (net, net_param, or minicaffe train NET)
+        # makes one more test net for each test_iter past those of test_net/test_net_param;
+        # with train_net there is no general net, and the counts must be equal
         n_test = len(p.test_iter)
-        if not test_params and n_test:
-            test_params = [train_param] * n_test  # the general `net` serves every test net
-        if test_params and len(test_params) != n_test:
+        general = net_param is not None or p.HasField("net") or p.HasField("net_param")
+        if n_test != len(test_params) and (n_test < len(test_params) or not general):
+            how = ("" if general or test_params else
+                   "; train_net makes no test net: give test_net (or test_net_param) too, or "
+                   "net: for both phases, or remove test_iter")
             raise ValueError(
-                f"{self.source or 'solver'}: test_iter must be given once per test net "
-                f"({len(test_params)} test nets, {n_test} test_iter)")
+                f"{self.source or 'solver'}: test_iter must be specified for each test network "
+                f"({len(test_params)} test nets from test_net/test_net_param, {n_test} "
+                f"test_iter){how}")
+        test_params = test_params + [train_param] * (n_test - len(test_params))
         if len(p.test_state) and len(p.test_state) != len(test_params):
             raise ValueError(f"{self.source or 'solver'}: test_state must be given per test net")
         for i, tp in enumerate(test_params):
@@ -670,8 +726,16 @@ class Solver:
         hdf5 = self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5
         prefix = self._prefix()
         d = os.path.dirname(prefix)
-        if d:
-            os.makedirs(d, exist_ok=True)
+        try:
+            if d:
+                os.makedirs(d, exist_ok=True)
+            return self._snapshot_files(prefix, hdf5)
+        except OSError as e:    # the folder went away or filled up since _check_snapshot_prefix
+            raise OSError(e.errno, f"{self.source or 'solver'}: Cannot write to snapshot prefix "
+                          f"'{prefix}' ({e}). Make sure that the directory exists and is "
+                          "writable; the snapshots written before are intact") from e
+
+    def _snapshot_files(self, prefix: str, hdf5: bool) -> tuple[str, str]:
         if hdf5:
             model = f"{prefix}_iter_{self.iter}.caffemodel.h5"
             self._log(f"Snapshotting to HDF5 file {model}")
@@ -773,25 +837,51 @@ class Solver:
         if path.endswith(".h5"):
             return self._restore_hdf5(path)
         state = read_binary(path, caffe_pb2.SolverState)
-        model = self._learned_net_path(state.learned_net, path)
-        if model:
-            self.net.copy_from(model)
-        self.iter = state.iter
-        self.current_step = state.current_step
+        # every check before anything changes: a state from another net leaves this one as
+        # it was (Caffe's SGDSolver::RestoreSolverStateFromBinaryProto CHECKs the count)
         blobs = self.rule.state_blobs()
         if len(state.history) != len(blobs):
             raise ValueError(
-                f"{path}: solver state has {len(state.history)} history blobs, this solver needs "
-                f"{len(blobs)} (different net or solver type?)")
-        xp = self.net.xp
-        for h, bp in zip(blobs, state.history):
+                f"{path}: Incorrect length of history blobs: the solver state has "
+                f"{len(state.history)}, this solver needs {len(blobs)} (a state from another "
+                "net or solver type?)")
+        history = []
+        for i, (h, bp) in enumerate(zip(blobs, state.history)):
             values = (np.asarray(bp.double_data, dtype=np.float64) if len(bp.double_data)
                       else np.asarray(bp.data, dtype=np.float32))
             if values.size != h.size:
-                raise ValueError(f"{path}: history blob of {values.size} values, expected {h.size}")
+                name = self._history_name(i)
+                raise ValueError(
+                    f"{path}: history blob {i}{name} has {values.size} values, this net's "
+                    f"parameter has shape {tuple(h.shape)} ({h.size} values): a state from "
+                    "another net?")
+            history.append(values)
+        model = self._learned_net_path(state.learned_net, path)
+        if model:
+            try:
+                self.net.copy_from(model)
+            except ValueError as e:
+                raise ValueError(f"{path}: its weights {e}") from e
+        self.iter = state.iter
+        self.current_step = state.current_step
+        xp = self.net.xp
+        for h, values in zip(blobs, history):
             h[...] = xp.asarray(values.reshape(h.shape), dtype=h.dtype)
         if state.minicaffe_state:
             self._load_extra_state(json.loads(state.minicaffe_state.decode()))
+
+    def _history_name(self, i: int) -> str:
+        """`` (layer 'ip' param 0)`` for history blob ``i`` (slot after slot over the
+        learnable parameters), or "" when it cannot be told."""
+        params = self.net.learnable_params
+        if not params:
+            return ""
+        blob = params[i % len(params)]
+        for li, layer in enumerate(self.net.layers):
+            for pi, b in enumerate(layer.blobs):
+                if b is blob:
+                    return f" (layer {self.net.layer_names[li]!r} param {pi})"
+        return ""
 
     def _restore_hdf5(self, path: str):
         """SGDSolver::RestoreSolverStateFromHDF5: ``iter``, the weights named by

@@ -614,7 +614,7 @@ class Net:
         for li, layer in enumerate(self.layers):
             try:
                 layer.reshape(self.bottom_vecs[li], self.top_vecs[li])
-            except ValueError as e:
+            except (ValueError, RuntimeError) as e:
                 located = self._located(e, li)
                 if located is None:
                     raise
@@ -622,13 +622,15 @@ class Net:
             self._shapes_seen[li] = tuple(b.shape for b in self.bottom_vecs[li])
 
     def _located(self, e, li: int):
-        """A layer's ValueError from reshape or forward (a bottom reshaped to a size the
-        layer's parameters do not fit, a label out of range), with the file and line of the
-        layer's block in front; None for other errors (and subclasses), which pass unchanged."""
+        """A layer's ValueError or RuntimeError from reshape or forward (a bottom reshaped
+        to a size the layer's parameters do not fit, a label out of range, an image that a
+        data layer's prefetch thread could not load), with the file and line of the layer's
+        block in front; None for other errors (and subclasses), which pass unchanged."""
         text = str(e)
-        if type(e) is not ValueError or not self.source or text.startswith(self.source):
+        if (type(e) not in (ValueError, RuntimeError) or not self.source
+                or text.startswith(self.source)):
             return None
-        return ValueError(f"{self._at(self.param.layer[li])}{text}")
+        return type(e)(f"{self._at(self.param.layer[li])}{text}")
 
     def forward_layer(self, li: int):
         """Forward one layer (reshaping it first if its bottoms changed shape)."""
@@ -641,7 +643,7 @@ class Net:
             if self.forward_listener is not None:  # ps/ hook
                 self.forward_listener(li)
             return layer.forward(bottom, top)
-        except ValueError as e:
+        except (ValueError, RuntimeError) as e:
             located = self._located(e, li)
             if located is None:
                 raise

@@ -69,6 +69,7 @@ class DataTransformer:
                 raise ValueError(f"{where}: mean_file {path} holds a blob of shape {mean.shape}, "
                                  "expected (1, C, H, W)")
             self.mean = mean.astype(self.dtype)
+            self.mean_file = param.mean_file
         elif len(param.mean_value):
             self.mean_values = np.asarray(param.mean_value, dtype=self.dtype)
         if param.force_color and param.force_gray:
@@ -90,12 +91,17 @@ class DataTransformer:
         if crop and (h < crop or w < crop):
             raise ValueError(f"{self.where}: crop_size {crop} is larger than the image "
                              f"({h} x {w})")
+        # Caffe CHECKs the mean against the datum at the first Transform, in the prefetch
+        # thread; the layers call output_shape at setup, so a wrong mean fails there
+        self._check_mean(c, h, w)
         return (c, crop, crop) if crop else (c, h, w)
 
     def _check_mean(self, c, h, w):
         if self.mean is not None and self.mean.shape != (c, h, w):
-            raise ValueError(f"{self.where}: the mean image has shape {self.mean.shape} but the "
-                             f"images have shape {(c, h, w)}")
+            where = f"{self.where}: " if self.where else ""
+            raise ValueError(f"{where}the mean image has shape {self.mean.shape} (mean_file "
+                             f"{self.mean_file!r}) but the images have shape {(c, h, w)}; the "
+                             "mean must have the images' shape, before any crop")
         if self.mean_values is not None and self.mean_values.size not in (1, c):
             raise ValueError(f"{self.where}: specify either 1 mean_value or as many as channels: "
                              f"{c} (got {self.mean_values.size})")

@@ -241,7 +241,10 @@ class _Prefetcher:
                     raise RuntimeError(f"{self._name}: the prefetch thread is not running")
         if isinstance(item, BaseException):
             self._full.put(item)  # every later call fails the same way
-            raise RuntimeError(f"{self._name}: loading a batch failed: {item}") from item
+            text = str(item)
+            if text.startswith(f"{self._name}: "):   # the loader named the layer already
+                text = text[len(self._name) + 2:]
+            raise RuntimeError(f"{self._name}: loading a batch failed: {text}") from item
         return item
 
     def give_back(self, batch: _Batch):

@@ -394,7 +394,7 @@ def test_errors_name_the_layer_and_the_file(images, tmp_path):
         make_layer(image_text(str(missing), root=root)).setup([], tops())
     missing.write_text("c0.png 0\ngone.png 1\n")
     layer, t = setup_layer(image_text(str(missing), batch=2, root=root))
-    with pytest.raises(RuntimeError, match=r"loading a batch failed: layer 'data' \(ImageData\)"
+    with pytest.raises(RuntimeError, match=r"^layer 'data' \(ImageData\): loading a batch failed"
                                            r": image \(listed in .*missing\.txt\) .*gone\.png"):
         layer.forward([], t)
     layer.close()

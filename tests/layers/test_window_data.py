@@ -367,8 +367,9 @@ def test_errors_name_the_layer_and_the_file(dataset, tmp_path):
     # images and windows are read when a batch is loaded: the error names both files
     bad.write_text("# 0\ngone.png 3 12 16 2\n1 0.9 0 0 3 3\n0 0.1 0 0 3 3\n")
     layer, t = setup(wtext(str(bad), root))
-    with pytest.raises(RuntimeError, match=where + r"could not open or find image "
-                                           r"'.*gone\.png' \(listed in window file .*bad\.txt\)"):
+    with pytest.raises(RuntimeError, match=where + r"loading a batch failed: could not open or "
+                                           r"find image '.*gone\.png' \(listed in window file "
+                                           r".*bad\.txt\)"):
         layer.forward([], t)
     layer.close()
     bad.write_text("# 0\nim0.png 3 12 16 2\n1 0.9 0 0 3 3\n0 0.1 10 0 16 3\n")

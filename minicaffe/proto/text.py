@@ -218,6 +218,30 @@ def _fork_layer_hint(text, line, field):
     return None
 
 
+def _brace_hint(text, detail, line):
+    """For a missing or extra brace, the usual slip in a hand-edited net, a hint naming the
+    layer block that is not closed; else None. Protobuf's parser reports it where it notices,
+    which is the next block ("LayerParameter has no field named layer") or the end of the
+    file ('Expected "}"'), not where the brace is missing."""
+    inside = '"layer" inside a layer block' if line is not None else ""
+    if (re.search(r'(LayerParameter" has no field named "layers?"'
+                  r'|V1LayerParameter" has no field named "layers?")', detail)
+            or 'Expected "}"' in detail):
+        blocks = [b for b in layer_blocks(text) if line is None or b["line"] <= line]
+        # the scan counts braces: a block that swallowed the next one has no end before it
+        open_ = [b for b in blocks if b["end"] is None or (line is not None and b["end"] > line)]
+        unclosed = open_[-1] if open_ else None
+        if unclosed is None:
+            return None
+        what = f'layer {unclosed["name"]!r}' if unclosed["name"] else "the layer"
+        where = inside if detail.startswith("Message") else "the end of the file"
+        return (f'{where}: the block of {what} that opens at line {unclosed["line"]} is '
+                'missing its closing "}"')
+    if "Expected identifier or number, got }" in detail:
+        return 'a "}" with no block open: one "}" too many here, or a "{" missing before it'
+    return None
+
+
 def parse_text(text, message_cls, filename="<string>"):
     """Parse prototxt ``text`` into a new ``message_cls``; raise PrototxtError on bad input.
 
@@ -234,9 +258,9 @@ def parse_text(text, message_cls, filename="<string>"):
         detail = _POSITION_PREFIX.sub("", str(e))
         lines = text.splitlines()
         source_line = lines[line - 1] if line is not None and 0 < line <= len(lines) else ""
-        hint = None
+        hint = _brace_hint(text, detail, line)
         match = _NO_FIELD.search(detail)
-        if match and match.group(1) == "LayerParameter" and line is not None:
+        if not hint and match and match.group(1) == "LayerParameter" and line is not None:
             hint = _fork_layer_hint(text, line, match.group(2))
         hint = hint or _hint(detail, source_line[:max((column or 1) - 1, 0)])
         if hint:

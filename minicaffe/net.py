@@ -630,7 +630,10 @@ class Net:
         if (type(e) not in (ValueError, RuntimeError) or not self.source
                 or text.startswith(self.source)):
             return None
-        return type(e)(f"{self._at(self.param.layer[li])}{text}")
+        lp = self.param.layer[li]
+        if f"'{lp.name}'" not in text:    # a Python layer's own words: say which layer
+            text = f"layer {lp.name!r} (type {lp.type}): {text}"
+        return type(e)(f"{self._at(lp)}{text}")
 
     def forward_layer(self, li: int):
         """Forward one layer (reshaping it first if its bottoms changed shape)."""

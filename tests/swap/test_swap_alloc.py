@@ -398,7 +398,13 @@ def test_late_copies_expose_a_missing_wait(make_solver, monkeypatch, missing):
             if op.kind == kind:
                 ex._waits[i] = ()
     with np.errstate(all="ignore"):
-        s.step(3)
+        try:
+            s.step(3)
+        except ValueError as e:
+            # a label read before its copy holds the poison (NaN), which the loss layer's
+            # label check refuses: the missing wait is exposed as well
+            assert "is out of range" in str(e), e
+            return
     ex.streams.synchronize()
     assert not same(params_of(s), params_of(ref))
 

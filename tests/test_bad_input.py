@@ -84,6 +84,8 @@ NETS = [
      "net", ["n.prototxt:5:", "layer 'c'", "num_output"]),
     ("label out of range", net(label=7), "forward",
      ["n.prototxt:7:", "layer 'loss'", "label 7", "'label'", "0 to 2"]),
+    ("label NaN", net(label="nan"), "forward",
+     ["n.prototxt:7:", "layer 'loss'", "label nan", "'label'"]),
     ("Data source missing", net(head=data_head(src="nodb")), "net",
      ["n.prototxt:2:", "layer 'data'", "'nodb' not found"]),
     ("Data source empty", net(head=data_head(src="empty")), "net",

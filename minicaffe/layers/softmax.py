@@ -169,7 +169,8 @@ def check_label_range(layer, blob, label, classes: int, ignore_label):
     if ignore_label is not None:
         bad &= label != ignore_label
     if bad.any():
-        value = int(label[bad].flat[0])
+        raw = blob.data.reshape(label.shape)[bad].flat[0]     # NaN shows as nan, not as -2^63
+        value = int(raw) if np.isfinite(raw) and raw == int(raw) else raw
         ignore = f" or ignore_label {ignore_label}" if ignore_label is not None else ""
         raise ValueError(
             f"layer {layer.name!r} of type {layer.type}: label {value} in bottom {blob.name!r} "

@@ -121,7 +121,7 @@ COPY_SLOWDOWN_LIMIT = copy_slowdown_limit()
 # add at most this share to its steps' compute: with the copies at most COPY_SLOWDOWN_LIMIT,
 # the plan stays within issue 5's 3 % of `none`.  VGG-16 on an H200 with the cuDNN workspace
 # fit off (session 31): the paper's rule reached 262 recomputing conv1_1, conv2_1 and conv3_1
-# (22.2 ms of compute) and ran 1.052 of `none`; conv1_1 alone costs 1.6 % and holds to 220.
+# (22.2 ms of compute) and ran 1.052 of `none`; conv1_1 alone costs 1.7 % and holds to 220.
 # $MINICAFFE_RECOMPUTE_COST_LIMIT (a fraction, read at import) overrides it.
 ENV_RECOMPUTE_COST_LIMIT = "MINICAFFE_RECOMPUTE_COST_LIMIT"
 

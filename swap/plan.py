@@ -343,9 +343,14 @@ def _place_returns(gmap: GMAP, intervals, pending, budget, policy) -> list:
     return out
 
 
-def _layout(intervals, sizes, n_steps) -> list[int]:
+def _layout(intervals, sizes, n_steps, lead: int = 0) -> list[int]:
     """Offsets of the intervals: resident ones packed at the bottom, then the others greedy by
     size (largest first, each at the lowest offset free over its whole lifetime).
+
+    lead: a prefetch's region is placed as if it began ``lead`` steps before the step that
+    issues it, so that it does not share memory with what those steps release: the copy can
+    then start before them instead of after the last of them (the region is still only
+    allocated at its own step; eq. (4)'s usage does not change, the arena may grow).
 
     The allocations and lifetimes are known in advance, so this offline placement (as in
     TensorFlow Lite's "greedy by size" planner) wastes far less to fragmentation than an
@@ -368,8 +373,10 @@ def _layout(intervals, sizes, n_steps) -> list[int]:
     p_size = np.empty(m, dtype=np.int64)
     placed = 0
     for i in dynamic:
-        bid, start, end, _, _ = intervals[i]
+        bid, start, end, how, _ = intervals[i]
         end = n_steps - 1 if end is None else end
+        if lead and how == PREFETCH:
+            start = max(0, start - lead)
         size = sizes[bid]
         pos = base
         if placed:
@@ -387,8 +394,9 @@ def _layout(intervals, sizes, n_steps) -> list[int]:
 
 
 def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded, *, uses=None,
-              recompute=None, recomputed=frozenset()) -> Plan:
-    """Ops in timeline order, with offsets (best fit), dependencies and host regions.
+              recompute=None, recomputed=frozenset(), lead: int = 0) -> Plan:
+    """Ops in timeline order, with offsets (best fit, :func:`_layout` with ``lead``),
+    dependencies and host regions.
 
     uses: {buffer: steps} replacing ``Buffer.uses`` where recomputations read or write a buffer
     (the step a prefetch serves is its buffer's next use).  recompute: {step: forward steps}
@@ -399,7 +407,7 @@ def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded, *, use
     recompute = recompute or {}
     n = gmap.n_steps
     intervals = list(intervals)
-    layout = _layout(intervals, sizes, n)
+    layout = _layout(intervals, sizes, n, lead)
     by_start = {}
     by_end = {}
     by_off = {}             # step -> intervals offloaded after it
@@ -542,21 +550,22 @@ def plan_resident(gmap: GMAP, budget: int | None = None, pinned=frozenset()) -> 
 
 
 def plan_naive(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
-               strategy: str = "naive", hold=None, recompute=None) -> Plan:
+               strategy: str = "naive", hold=None, recompute=None, lead: int = 0) -> Plan:
     """Offload every feature map but the pinned ones; prefetch as early as memory allows.
 
     hold: {buffer: step} keeps offloaded regions reserved until after that step (dynamic).
     recompute: a :class:`RecomputePolicy` (dynamic): its buffers are dropped after forward and
-    rebuilt by RECOMPUTE ops instead of being offloaded or kept."""
+    rebuilt by RECOMPUTE ops instead of being offloaded or kept.  lead: prefetch regions are
+    placed clear of what the ``lead`` steps before them release (:func:`_layout`)."""
     rebuilt = recompute.recomputed if recompute is not None else frozenset()
     swap = set(gmap.feature_maps()) - set(pinned) - rebuilt
     base, pending = _base_intervals(gmap, swap, hold, recompute)
 
     def assemble(intervals):
         if recompute is None:
-            return _assemble(strategy, gmap, intervals, budget, pinned, swap)
+            return _assemble(strategy, gmap, intervals, budget, pinned, swap, lead=lead)
         return _assemble(strategy, gmap, intervals, budget, pinned, swap, uses=recompute.uses,
-                         recompute=recompute.schedule(), recomputed=rebuilt)
+                         recompute=recompute.schedule(), recomputed=rebuilt, lead=lead)
 
     jit = assemble(_place_returns(gmap, base, pending, None, "jit"))
     if not _fits(jit, budget):
@@ -908,7 +917,7 @@ def plan_recompute(gmap: GMAP, budget: int | None = None, pinned=frozenset()) ->
 
 # --- dynamic strategy (swap/planner, swap/tuner) (begin)
 def plan_dynamic(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
-                 hold=None, recompute=None) -> Plan:
+                 hold=None, recompute=None, lead: int = 0) -> Plan:
     """AccUDNN's dynamic strategy: ``naive`` with the feature maps in ``pinned`` kept on the
     device (never offloaded).  The pinned set comes from :func:`swap.planner.choose_pins`
     (constraint (6)) and the minibatch from :func:`swap.tuner.tune` (Algorithm 2); this
@@ -920,8 +929,12 @@ def plan_dynamic(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
 
     recompute: optional :class:`RecomputePolicy` from :func:`dynamic_recompute`: the forward
     groups it names are run again in backward instead of keeping or offloading what they
-    write (the buffers then are neither pinned nor offloaded)."""
-    return plan_naive(gmap, budget, pinned, strategy="dynamic", hold=hold, recompute=recompute)
+    write (the buffers then are neither pinned nor offloaded).
+
+    lead: each prefetch's region is laid out clear of what the ``lead`` steps before it
+    release, so that its copy need not wait for them (:func:`_layout`)."""
+    return plan_naive(gmap, budget, pinned, strategy="dynamic", hold=hold, recompute=recompute,
+                      lead=lead)
 # --- dynamic strategy (end)
 
 

@@ -948,24 +948,51 @@ def spare_pins(sk: Sketch, budget: int | None, margin: float = FILL_MARGIN) -> l
     return out
 
 
+PREFETCH_LEADS = (1, 2, 4)   # steps a prefetch's region is laid out ahead (swap.plan._layout)
+
+
 def _executable(gmap, budget, times, pcie, pins, recompute=None) -> DynamicPlan:
-    """The executable plan of ``pins`` (with region holds where they fit and stall least)."""
+    """The executable plan of ``pins``: with region holds where they fit, else without; where
+    the replay of both stalls, also with each prefetch's region laid out clear of what the
+    steps before it release (``lead`` of :data:`PREFETCH_LEADS`, :func:`swap.plan._layout`).
+    The first stall-free one is kept, else the one that stalls least (the earlier on a tie).
+
+    Why the lead: the layout places a prefetch's region where it is free from the step that
+    issues the prefetch, often over a workspace or a gradient that the step before releases,
+    and the copy then waits for that release.  VGG-16 on call v's profile (H200, session 31) at
+    216 with conv1_1 recomputed: pool3's prefetch shared conv4_2's workspace, started when
+    conv4_2's backward ended, and conv4_1's backward waited 3.0 ms for it, where counting bytes
+    had found room for it earlier."""
     best = None
-    hold = hold_steps(pins.sketch, pins.readiness)
-    if hold:
+
+    def consider(**options) -> bool:
+        nonlocal best
         try:
-            held = make_plan(gmap, "dynamic", budget, pins.pinned, hold=hold,
-                             recompute=recompute)
+            plan = make_plan(gmap, "dynamic", budget, pins.pinned, recompute=recompute,
+                             **options)
         except BudgetError:
-            held = None
-        if held is not None and (budget is None or held.arena_bytes <= budget):
-            best = DynamicPlan(plan=held, timeline=simulate(held, times, pcie), pins=pins)
-            if best.timeline.feasible():
-                return best
+            return False
+        if budget is not None and plan.arena_bytes > budget:
+            return False
+        cand = DynamicPlan(plan=plan, timeline=simulate(plan, times, pcie), pins=pins)
+        if best is None or cand.timeline.total_stall < best.timeline.total_stall:
+            best = cand
+        return cand.timeline.feasible()
+
+    hold = hold_steps(pins.sketch, pins.readiness)
+    if hold and consider(hold=hold):
+        return best
     plain = make_plan(gmap, "dynamic", budget, pins.pinned, recompute=recompute)
     cand = DynamicPlan(plan=plain, timeline=simulate(plain, times, pcie), pins=pins)
     if best is None or cand.timeline.total_stall < best.timeline.total_stall:
         best = cand
+    if cand.timeline.feasible() or not plain.offloaded:
+        return best
+    for lead in PREFETCH_LEADS:
+        if hold and consider(hold=hold, lead=lead):
+            return best
+        if consider(lead=lead):
+            return best
     return best
 
 

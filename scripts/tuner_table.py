@@ -567,11 +567,12 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     if isinstance(recompute, str):          # "auto": the layers the tuner chose, after it
         out["recompute"] = [recompute, *dec.recompute]
     g = ex.gmap
+    g_dec = td.gmap if td.gmap is not None else g       # what the decision was made on
     model, pcie = profile_models(td.profile, g, granularity)
     if td.model is not None:           # under --cuda-graph: scaled by the calibration
         model = td.model
     t0 = time.perf_counter()
-    again = tune(g, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
+    again = tune(g_dec, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
                  scratch=td.scratch, recompute=recompute)
     t_decide = time.perf_counter() - t0
     replay = _replay_saved_gmap(td, granularity, search, recompute, log)
@@ -580,7 +581,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     paper = dec
     auto = isinstance(recompute, str)  # "auto": the paper's rule may keep another set of layers
     if auto or (dec.k_largest and dec.k_largest != dec.k_star):
-        paper = tune(g, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
+        paper = tune(g_dec, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
                      scratch=td.scratch, objective="largest", recompute=recompute)
     net.executor = None
     _free(ex)

@@ -1,0 +1,133 @@
+"""What the tuner asks of the executable plan's replay (swap.tuner._replay_ok), and the prefetch
+lead of the layout (swap.plan._layout, swap.planner._executable) that lets a prefetch start
+before the steps just ahead of it release their memory.
+
+The figures come from session 31's VGG-16 profile (one H200, CUDNN, the workspace fit off, its
+saved GMAP) and from session 32's GoogLeNet run on the H200 (docs/RESULTS.md)."""
+import gzip
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from swap import planner, tuner
+from swap.plan import ALLOCATE, PREFETCH, _layout, make_plan
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VGG16_H200_PROFILE = os.path.join(REPO, "docs", "results", "tuner_s31", "v",
+                                  "vgg16_profile.json.gz")
+
+
+def test_layout_lead_keeps_a_prefetch_clear_of_what_the_step_before_releases():
+    # A lives over steps 0-4, B over 0-1; C is prefetched before step 2 and lives to 4.
+    sizes = [100, 100, 100]
+    intervals = [(0, 0, 4, ALLOCATE, False), (1, 0, 1, ALLOCATE, False),
+                 (2, 2, 4, PREFETCH, False)]
+    assert _layout(intervals, sizes, 5) == [0, 100, 100]        # C over B's region
+    assert _layout(intervals, sizes, 5, lead=1) == [0, 100, 200]  # clear of B
+    # a lead never moves what is not a prefetch
+    plain = [(0, 0, 4, ALLOCATE, False), (1, 0, 1, ALLOCATE, False),
+             (2, 2, 4, ALLOCATE, False)]
+    assert _layout(plain, sizes, 5, lead=3) == _layout(plain, sizes, 5)
+
+
+def _timeline(stall_ms, copies_ms, compute_ms):
+    return SimpleNamespace(timeline=SimpleNamespace(
+        total_stall=stall_ms / 1e3, interference=copies_ms / 1e3, t_model=compute_ms / 1e3))
+
+
+def test_replay_counts_its_stall_with_the_copies_against_the_copy_limit():
+    limited = SimpleNamespace(max_slowdown=0.01)
+    # GoogLeNet at 496 on the H200: 1.6 ms of stall and 0.9 ms of copies (1.3 %), measured
+    # 1.037 of `none`; each alone was within its bound
+    assert not tuner._replay_ok(limited, _timeline(1.573, 0.866, 188.161), tol=0.01)
+    # GoogLeNet at 472: no stall, 0.7 ms of copies, measured 1.006
+    assert tuner._replay_ok(limited, _timeline(0.0, 0.672, 179.046), tol=0.01)
+    # without a copy limit only the stall is bounded, by tol
+    free = SimpleNamespace(max_slowdown=None)
+    assert tuner._replay_ok(free, _timeline(1.573, 0.866, 188.161), tol=0.01)
+    assert not tuner._replay_ok(free, _timeline(2.0, 0.0, 188.0), tol=0.01)
+    assert not tuner._replay_ok(limited, _timeline(1.0, 0.0, 188.0), tol=0.001)
+
+
+@pytest.fixture(scope="module")
+def vgg16_h200(tmp_path_factory):
+    from swap.gmap import gmap_from_dict
+    from swap.profiler import Profile, ScratchModel
+    path = tmp_path_factory.mktemp("vgg16") / "vgg16_profile.json"
+    with gzip.open(VGG16_H200_PROFILE, "rb") as src:
+        path.write_bytes(src.read())
+    p = Profile.load(path)
+    g = gmap_from_dict(p.meta["gmap"])
+    model, pcie = tuner.profile_models(p, g, "segment")
+    budget = (12 << 30) - int(p.meta.get("test_net_bytes") or 0)
+    return g, model, pcie, ScratchModel.from_profile(p), budget
+
+
+def test_vgg16_pool3_prefetch_waits_for_a_workspace_without_the_lead(vgg16_h200, monkeypatch):
+    """At 216 with conv1_1 recomputed, counting bytes finds room for pool3's prefetch early,
+    but the layout without a lead puts it over conv4_2's workspace: the copy starts when
+    conv4_2's backward ends and conv4_1's backward waits 3 ms for it.  With the lead the
+    executable plan does not stall."""
+    g, model, pcie, scratch, budget = vgg16_h200
+    s = tuner.Search(g, budget, model, pcie, scratch=scratch, recompute=("conv1_1",))
+    k = 216
+    res = s.result(k)
+    assert res.feasible and res.readiness.total_stall == 0
+    gk, times, plan_budget = s.gmap.at(k), s.times(k), s.plan_budget_at(k)
+    with monkeypatch.context() as m:
+        m.setattr(planner, "PREFETCH_LEADS", ())
+        plain = planner.make_dynamic_plan(gk, plan_budget, times, pcie, pins=res)
+    tl, plan = plain.timeline, plain.plan
+    late = tl.violations()
+    assert [gk.steps[j].name for j in late] == ["conv4_1"] and tl.total_stall > 2e-3
+    prefetch = next(i for i in plan.needs[late[0]] if plan.ops[i].kind == PREFETCH)
+    assert gk.buffers[plan.ops[prefetch].buffer].name == "data:pool3"
+    waited = {gk.buffers[plan.ops[d].buffer].name for d in plan.ops[prefetch].after}
+    assert "scratch:conv4_2/workspace" in waited
+    dyn = planner.make_dynamic_plan(gk, plan_budget, times, pcie, pins=res)
+    assert dyn.timeline.feasible() and dyn.plan.arena_bytes <= plan_budget
+    assert dyn.plan.offloaded == plan.offloaded
+    assert "data:pool3" in {gk.buffers[b].name for b in dyn.plan.offloaded}
+
+
+def test_vgg16_paper_rule_keeps_220_with_the_lead_and_loses_it_without(vgg16_h200,
+                                                                      monkeypatch):
+    """The paper's rule with conv1_1 recomputed: 220 with a stall-free replay.  Without the
+    lead the plans at 216-220 stall 3 ms, which with their copies adds 1.2 % to the compute,
+    over the 1 % copy limit, so the tuner goes down to 212."""
+    g, model, pcie, scratch, budget = vgg16_h200
+    kw = dict(method="bisect", objective="largest", recompute=("conv1_1",), scratch=scratch)
+    assert tuner.COPY_SLOWDOWN_LIMIT == 0.01
+    dec = tuner.tune(g, budget, model, pcie, **kw)
+    assert dec.k_star == 220 and dec.dynamic.timeline.total_stall == 0
+    monkeypatch.setattr(planner, "PREFETCH_LEADS", ())
+    low = tuner.tune(g, budget, model, pcie, **kw)
+    assert low.k_star == 212 and low.dynamic.timeline.total_stall == 0
+
+
+@pytest.mark.parametrize("lead", [1, 2, 4])
+def test_plans_with_a_lead_keep_every_invariant(lead):
+    """The lead moves prefetch regions only: the plan keeps every invariant of a plan, its
+    eq. (4) usage is the plan's without the lead, and no prefetch waits on a region released
+    within the ``lead`` steps before it."""
+    from minicaffe.net import TRAIN, Net
+    from minicaffe.rng import set_random_seed
+    from swap.gmap import build_gmap
+    from swap.plan import RELEASE
+    from swap_nets import net_param
+    from test_swap_plan import check_consistent
+    set_random_seed(1)
+    g = build_gmap(Net(net_param("resnet", 4), TRAIN, mode="CPU"))
+    base = make_plan(g, "dynamic", None)
+    plan = make_plan(g, "dynamic", None, lead=lead)
+    check_consistent(plan)
+    assert plan.offloaded and plan.usage == base.usage and plan.peak == base.peak
+    for op in plan.ops:
+        if op.kind == PREFETCH:
+            for d in op.after:
+                if plan.ops[d].kind == RELEASE:
+                    assert plan.ops[d].step < op.step - lead, (op, plan.ops[d])
+    # without the lead some prefetch does take a region released just before it
+    assert any(base.ops[d].kind == RELEASE and base.ops[d].step >= op.step - lead
+               for op in base.ops if op.kind == PREFETCH for d in op.after)

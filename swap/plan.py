@@ -116,7 +116,8 @@ class Plan:
     host_bytes: pinned host memory for the offloaded buffers.  offloaded: ids of the buffers it
     swaps out.  recomputed: ids of the buffers it drops after forward and rebuilds by RECOMPUTE
     ops.  needs[j]: indices of the PREFETCH ops that step j's computation (or a RECOMPUTE op
-    before it) waits on.
+    before it) waits on.  lead: the steps each prefetch's region was laid out ahead of its
+    own (:func:`_layout`; 0: none).
     """
     strategy: str
     gmap: GMAP
@@ -130,6 +131,7 @@ class Plan:
     offloaded: frozenset = frozenset()
     needs: tuple = field(default=(), repr=False)
     recomputed: frozenset = frozenset()
+    lead: int = 0
 
     @property
     def k(self) -> int:
@@ -498,7 +500,8 @@ def _assemble(strategy, gmap: GMAP, intervals, budget, pinned, offloaded, *, use
                 usage=tuple(int(u) for u in usage), setup_bytes=int(setup),
                 arena_bytes=int(arena.high_water), host_bytes=int(host_total),
                 pinned=frozenset(pinned), offloaded=frozenset(offloaded),
-                needs=tuple(tuple(x) for x in needs), recomputed=frozenset(recomputed))
+                needs=tuple(tuple(x) for x in needs), recomputed=frozenset(recomputed),
+                lead=int(lead))
 
 
 def _fits(plan: Plan, budget) -> bool:

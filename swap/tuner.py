@@ -537,6 +537,9 @@ class Decision:
              "is allocated for the whole iteration but the layers' scratch, around its steps "
              "(Caffe's plan, which holds every workspace at once, does not fit the budget)"),
         ]
+        if p.lead:
+            lines.append(f"prefetch regions laid out {p.lead} step{'s' * (p.lead > 1)} ahead "
+                         "of the steps that issue them (the layout without it stalls)")
         if p.recomputed:
             rc = [i for i, op in enumerate(p.ops) if op.kind == RECOMPUTE]
             t_rc = float(sum(tl.op_end[i] - tl.op_start[i] for i in rc))
@@ -1409,19 +1412,29 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
     set_batch_size(net, dec.k_star)
     net.reshape()
     g = build_gmap(net, solver_type=solver.type)
-    names = set(dec.pinned_names())
-    pinned = frozenset(b.id for b in g.buffers if b.name in names)
-    if dec.plan.strategy in RESIDENT_PLANS:  # nothing to swap (planner.resident)
-        plan = make_plan(g, dec.plan.strategy, plan_budget, pinned)
-    else:
-        hold = _hold_by_name(dec, g)
-        rec = dynamic_recompute(g, dec.recompute, pinned)
-        plan = make_plan(g, "dynamic", plan_budget, pinned, hold=hold, recompute=rec)
-        if plan.arena_bytes > plan_budget:
-            plan = make_plan(g, "dynamic", plan_budget, pinned, recompute=rec)
+    plan = decided_plan(g, dec, plan_budget)
     ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, scratch=scratch)
     net.executor = ex
     return ex
+
+
+def decided_plan(g: GMAP, dec: Decision, plan_budget: int):
+    """The decision's plan made again on ``g``, the net at k* built where it runs: its pins,
+    region holds, recomputations and prefetch lead (:attr:`swap.plan.Plan.lead`), laid out
+    within ``plan_budget``; the holds, then the lead, are dropped if the layout does not fit."""
+    names = set(dec.pinned_names())
+    pinned = frozenset(b.id for b in g.buffers if b.name in names)
+    if dec.plan.strategy in RESIDENT_PLANS:  # nothing to swap (planner.resident)
+        return make_plan(g, dec.plan.strategy, plan_budget, pinned)
+    hold = _hold_by_name(dec, g)
+    rec = dynamic_recompute(g, dec.recompute, pinned)
+    lead = dec.plan.lead
+    plan = make_plan(g, "dynamic", plan_budget, pinned, hold=hold, recompute=rec, lead=lead)
+    if plan.arena_bytes > plan_budget and hold:
+        plan = make_plan(g, "dynamic", plan_budget, pinned, recompute=rec, lead=lead)
+    if plan.arena_bytes > plan_budget and lead:
+        plan = make_plan(g, "dynamic", plan_budget, pinned, recompute=rec)
+    return plan
 
 
 def _hold_by_name(dec: Decision, g: GMAP) -> dict:
@@ -1442,7 +1455,7 @@ def _hold_by_name(dec: Decision, g: GMAP) -> dict:
 
 __all__ = ["METHODS", "Evaluation", "Search", "linear_search", "bisect_search", "Decision",
            "tune", "plan_at", "DEFAULT_DEVICE", "device_models", "profile_models",
-           "TrainingDecision", "train_dynamic", "install_decision", "with_gmap",
+           "TrainingDecision", "train_dynamic", "install_decision", "decided_plan", "with_gmap",
            "ENV_COPY_SLOWDOWN_LIMIT",
            "copy_slowdown_limit", "COPY_SLOWDOWN_LIMIT",
            "ENV_RECOMPUTE_COST_LIMIT", "recompute_cost_limit", "RECOMPUTE_COST_LIMIT"]

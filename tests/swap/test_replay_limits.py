@@ -100,10 +100,11 @@ def test_vgg16_paper_rule_keeps_220_with_the_lead_and_loses_it_without(vgg16_h20
     kw = dict(method="bisect", objective="largest", recompute=("conv1_1",), scratch=scratch)
     assert tuner.COPY_SLOWDOWN_LIMIT == 0.01
     dec = tuner.tune(g, budget, model, pcie, **kw)
-    assert dec.k_star == 220 and dec.dynamic.timeline.total_stall == 0
+    assert dec.k_star == 220 and dec.dynamic.timeline.total_stall == 0 and dec.plan.lead >= 1
+    assert "prefetch regions laid out" in dec.describe()
     monkeypatch.setattr(planner, "PREFETCH_LEADS", ())
     low = tuner.tune(g, budget, model, pcie, **kw)
-    assert low.k_star == 212 and low.dynamic.timeline.total_stall == 0
+    assert low.k_star == 212 and low.dynamic.timeline.total_stall == 0 and low.plan.lead == 0
 
 
 @pytest.mark.parametrize("lead", [1, 2, 4])
@@ -131,3 +132,30 @@ def test_plans_with_a_lead_keep_every_invariant(lead):
     # without the lead some prefetch does take a region released just before it
     assert any(base.ops[d].kind == RELEASE and base.ops[d].step >= op.step - lead
                for op in base.ops if op.kind == PREFETCH for d in op.after)
+
+
+def test_the_installed_plan_keeps_the_decisions_lead():
+    """install_decision makes the decided plan again on the net it runs (swap.tuner.decided_plan):
+    with the decision's prefetch lead, it is the decided plan op for op, offsets included;
+    without it the prefetch regions would be laid out as the replay did not predict."""
+    import dataclasses
+
+    from minicaffe.net import TRAIN, Net
+    from minicaffe.rng import set_random_seed
+    from swap.gmap import build_gmap
+    from swap.plan import min_budget
+    from swap_nets import net_param
+    set_random_seed(1)
+    g = build_gmap(Net(net_param("resnet", 4), TRAIN, mode="CPU"))
+    model, pcie = tuner.device_models()
+    budget = int(1.3 * min_budget(g, "dynamic"))
+    dec = tuner.plan_at(g, 4, budget, model, pcie, fill=False)
+    assert dec.plan.offloaded and dec.plan.lead == 0
+    pinned = frozenset(b for b in dec.plan.pinned)
+    ahead = make_plan(g, "dynamic", 4 * budget, pinned, lead=2)
+    assert ahead.lead == 2
+    led = dataclasses.replace(dec, dynamic=dataclasses.replace(dec.dynamic, plan=ahead))
+    again = tuner.decided_plan(g, led, 4 * budget)
+    assert again.lead == 2 and again.ops == ahead.ops
+    plain = make_plan(g, "dynamic", 4 * budget, pinned)
+    assert [op.offset for op in plain.ops] != [op.offset for op in ahead.ops]

@@ -2024,7 +2024,8 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
             trace: str | None = None, poison: bool = False, pinned=frozenset(),
             scratch: int | None = None, strict: bool | None = None, measure: int = 1,
             nvtx: bool | None = None, test_nets=None, lowering: str | None = None,
-            fast: bool = True, workspace_budget: int | None = None, recompute=()) -> Executor:
+            fast: bool = True, workspace_budget: int | None = None, recompute=(),
+            lead: int = 0) -> Executor:
     """Plan ``strategy`` for a Solver's train net (or a Net) and make it run under the plan.
 
     Builds the GMAP at the net's minibatch, the plan, and an Executor, and sets
@@ -2039,8 +2040,12 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     the algorithms a budgeted plan chose.  ``pinned``: buffer ids of the GMAP built here, or
     "all" for every feature map (nothing swapped: the dynamic plan where all of them fit).
     ``recompute``: with ``dynamic``, names of forward layers whose groups the plan rebuilds in
-    backward (:func:`swap.plan.dynamic_recompute`).  The other options are the Executor's.
+    backward (:func:`swap.plan.dynamic_recompute`).  ``lead``: with ``dynamic``, each
+    prefetch's region laid out that many steps ahead (:func:`swap.plan._layout`).  The other
+    options are the Executor's.
     """
+    if lead and strategy != "dynamic":
+        raise ValueError(f"lead {lead}: a prefetch lead is for the dynamic plan, not {strategy!r}")
     if recompute and strategy != "dynamic":
         raise ValueError(f"recompute {', '.join(recompute)}: layers are chosen for the dynamic "
                          f"plan; strategy {strategy!r} decides its own (use --swap recompute "
@@ -2072,7 +2077,7 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
         if pinned != "all":
             raise ValueError(f"pinned: buffer ids or 'all', not {pinned!r}")
         pinned = frozenset(g.feature_maps())
-    options = {}
+    options = {"lead": int(lead)} if lead else {}
     if recompute:
         from .plan import dynamic_recompute
         options["recompute"] = dynamic_recompute(g, recompute, pinned)

@@ -8,6 +8,7 @@ import gzip
 import os
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from swap import planner, tuner
@@ -159,3 +160,59 @@ def test_the_installed_plan_keeps_the_decisions_lead():
     assert again.lead == 2 and again.ops == ahead.ops
     plain = make_plan(g, "dynamic", 4 * budget, pinned)
     assert [op.offset for op in plain.ops] != [op.offset for op in ahead.ops]
+
+
+def _vgg_like_solver(mode="CPU"):
+    from minicaffe.proto import caffe_pb2, parse_text
+    from minicaffe.rng import set_random_seed
+    from minicaffe.testing import sgd_solver
+    from test_dynamic_recompute import text          # tests/swap/test_dynamic_recompute.py
+    set_random_seed(3)
+    return sgd_solver(parse_text(text(), caffe_pb2.NetParameter), mode=mode)
+
+
+@pytest.mark.parametrize("lead", [1, 4])
+def test_training_under_a_lead_layout_is_bit_identical_to_none(lead):
+    """12 iterations with every fresh or released region poisoned with NaN under the dynamic
+    plan laid out with a prefetch lead: the parameters, history and losses of the plain run.
+    A prefetch whose region the lead moved but whose waits did not follow would read NaN."""
+    from minicaffe.testing import train_steps
+    from test_dynamic_recompute import same
+    base = train_steps(_vgg_like_solver(), 12)
+    params, history, losses, ex = train_steps(_vgg_like_solver(), 12, "dynamic", None,
+                                              "chunked", lead=lead)
+    assert ex.plan.lead == lead and ex.plan.offloaded
+    assert same(params, base[0]) and same(history, base[1]) and losses == base[2]
+    with pytest.raises(ValueError, match="for the dynamic plan"):
+        train_steps(_vgg_like_solver(), 1, "naive", None, "chunked", lead=lead)
+
+
+@pytest.mark.gpu
+def test_gpu_training_under_a_lead_layout_matches_the_plain_layout(cp, monkeypatch):
+    """GPU: the dynamic plan with prefetch regions laid out 2 steps ahead, poisoned, with long
+    kernels queued on every stream: the parameters and losses of the same plan laid out
+    without the lead, bit for bit."""
+    from swap import runtime
+    from test_dynamic_recompute import same
+    from test_swap_gpu import Spinner, _with_spins        # tests/swap/test_swap_gpu.py
+    monkeypatch.setenv("MINICAFFE_DETERMINISTIC", "1")
+
+    def run(lead):
+        s = _vgg_like_solver("GPU")
+        ex = runtime.install(s, "dynamic", None, scratch=64 << 20, poison=True,
+                             lowering="chunked", lead=lead)
+        assert ex.plan.offloaded and ex.plan.lead == lead
+        _with_spins(s, ex, Spinner(cp))
+        losses = []
+        for _ in range(4):
+            s.step(1)
+            losses.append(float(s._losses[-1]))
+        params = [np.asarray(cp.asnumpy(p.data)) for p in s.net.learnable_params]
+        runtime.close_all()
+        return params, losses
+
+    try:
+        ref, got = run(0), run(2)
+        assert same(got[0], ref[0]) and got[1] == ref[1] and np.isfinite(got[1]).all()
+    finally:
+        runtime.close_all()

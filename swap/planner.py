@@ -965,14 +965,19 @@ def _executable(gmap, budget, times, pcie, pins, recompute=None) -> DynamicPlan:
     had found room for it earlier."""
     best = None
 
-    def consider(**options) -> bool:
-        nonlocal best
+    def made(**options):
+        """The dynamic plan with ``options``, or None where its layout exceeds the budget."""
         try:
             plan = make_plan(gmap, "dynamic", budget, pins.pinned, recompute=recompute,
                              **options)
         except BudgetError:
-            return False
-        if budget is not None and plan.arena_bytes > budget:
+            return None
+        return plan if budget is None or plan.arena_bytes <= budget else None
+
+    def stall_free(plan) -> bool:
+        """Replay ``plan``, keep it if it stalls least so far; whether it does not stall."""
+        nonlocal best
+        if plan is None:
             return False
         cand = DynamicPlan(plan=plan, timeline=simulate(plan, times, pcie), pins=pins)
         if best is None or cand.timeline.total_stall < best.timeline.total_stall:
@@ -980,18 +985,16 @@ def _executable(gmap, budget, times, pcie, pins, recompute=None) -> DynamicPlan:
         return cand.timeline.feasible()
 
     hold = hold_steps(pins.sketch, pins.readiness)
-    if hold and consider(hold=hold):
+    if hold and stall_free(made(hold=hold)):
         return best
+    # without holds: the naive plan's BudgetError (not even it fits) goes to the caller
     plain = make_plan(gmap, "dynamic", budget, pins.pinned, recompute=recompute)
-    cand = DynamicPlan(plan=plain, timeline=simulate(plain, times, pcie), pins=pins)
-    if best is None or cand.timeline.total_stall < best.timeline.total_stall:
-        best = cand
-    if cand.timeline.feasible() or not plain.offloaded:
+    if stall_free(plain) or not plain.offloaded:
         return best
     for lead in PREFETCH_LEADS:
-        if hold and consider(hold=hold, lead=lead):
+        if hold and stall_free(made(hold=hold, lead=lead)):
             return best
-        if consider(lead=lead):
+        if stall_free(made(lead=lead)):
             return best
     return best
 

@@ -212,7 +212,7 @@ def test_gpu_dynamic_with_recomputed_convolutions_trains_like_none(engine, cp, m
     chunks and the cuDNN workspaces, so the reference runs under the same budget; on the CPU
     the plan matches `none` itself.)"""
     from swap import runtime
-    from test_swap_gpu import Spinner, _with_spins        # tests/swap/test_swap_gpu.py
+    from test_swap_gpu import spun_steps                 # tests/swap/test_swap_gpu.py
     monkeypatch.setenv("MINICAFFE_DETERMINISTIC", "1")
     layers = ("conv1_1", "conv2")
     g = gmap()
@@ -229,12 +229,7 @@ def test_gpu_dynamic_with_recomputed_convolutions_trains_like_none(engine, cp, m
         ex = runtime.install(s, "dynamic", budget, scratch=64 << 20, poison=True,
                              lowering="chunked", recompute=recompute)
         assert len(ex.plan.recomputations()) == 2 * len(recompute) and ex.plan.offloaded
-        _with_spins(s, ex, Spinner(cp))
-        losses = []
-        for _ in range(4):
-            s.step(1)
-            losses.append(float(s._losses[-1]))
-        params = [np.asarray(cp.asnumpy(p.data)) for p in s.net.learnable_params]
+        params, losses = spun_steps(s, ex, cp)
         runtime.close_all()
         return params, losses
 

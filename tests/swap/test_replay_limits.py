@@ -194,7 +194,7 @@ def test_gpu_training_under_a_lead_layout_matches_the_plain_layout(cp, monkeypat
     without the lead, bit for bit."""
     from swap import runtime
     from test_dynamic_recompute import same
-    from test_swap_gpu import Spinner, _with_spins        # tests/swap/test_swap_gpu.py
+    from test_swap_gpu import spun_steps                 # tests/swap/test_swap_gpu.py
     monkeypatch.setenv("MINICAFFE_DETERMINISTIC", "1")
 
     def run(lead):
@@ -202,12 +202,7 @@ def test_gpu_training_under_a_lead_layout_matches_the_plain_layout(cp, monkeypat
         ex = runtime.install(s, "dynamic", None, scratch=64 << 20, poison=True,
                              lowering="chunked", lead=lead)
         assert ex.plan.offloaded and ex.plan.lead == lead
-        _with_spins(s, ex, Spinner(cp))
-        losses = []
-        for _ in range(4):
-            s.step(1)
-            losses.append(float(s._losses[-1]))
-        params = [np.asarray(cp.asnumpy(p.data)) for p in s.net.learnable_params]
+        params, losses = spun_steps(s, ex, cp)
         runtime.close_all()
         return params, losses
 

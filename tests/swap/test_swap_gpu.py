@@ -236,6 +236,17 @@ class Spinner:
             self.kernel((1,), (1,), (np.int64(int(ms * self.cycles_per_ms)),))
 
 
+def spun_steps(s, ex, cp, iters: int = 4):
+    """``iters`` steps of solver ``s`` under executor ``ex`` with long kernels queued on every
+    stream (:func:`_with_spins`): host copies of the learnable parameters, and the losses."""
+    _with_spins(s, ex, Spinner(cp))
+    losses = []
+    for _ in range(iters):
+        s.step(1)
+        losses.append(float(s._losses[-1]))
+    return [np.asarray(cp.asnumpy(p.data)) for p in s.net.learnable_params], losses
+
+
 def _with_spins(s, ex, spin, compute_ms=0.5, copy_ms=3.0, start_ms=20.0):
     """Delay every step (compute), every copy (its own stream) and every iteration's start,
     so that an early reuse, release or read of a region meets the wrong data."""

@@ -1004,8 +1004,9 @@ def _budget_error(strategy, gmap, budget, pinned, plan) -> BudgetError:
     at = "setup" if j == SETUP else str(gmap.steps[j])
     msg = (f"budget {fmt_bytes(budget)} is too small for swap strategy {strategy!r} on net "
            f"{gmap.net_name!r} at minibatch {gmap.k}: its peak is {fmt_bytes(plan.peak)} at {at} "
-           f"(eq. 4), and its arena needs {fmt_bytes(need)}. The smallest budget that works is "
-           f"{fmt_bytes(need)} ({need} bytes); ")
+           f"(eq. 4), and its arena needs {fmt_bytes(plan.arena_bytes)}. The smallest budget "
+           f"that works is {fmt_bytes(need)} ({need} bytes), laid out with no region holds and "
+           f"no prefetch lead; ")
     if kmax:
         msg += f"the largest minibatch that fits {fmt_bytes(budget)} is {kmax}."
     else:

@@ -1429,12 +1429,18 @@ def decided_plan(g: GMAP, dec: Decision, plan_budget: int):
     hold = _hold_by_name(dec, g)
     rec = dynamic_recompute(g, dec.recompute, pinned)
     lead = dec.plan.lead
-    plan = make_plan(g, "dynamic", plan_budget, pinned, hold=hold, recompute=rec, lead=lead)
-    if plan.arena_bytes > plan_budget and hold:
-        plan = make_plan(g, "dynamic", plan_budget, pinned, recompute=rec, lead=lead)
-    if plan.arena_bytes > plan_budget and lead:
-        plan = make_plan(g, "dynamic", plan_budget, pinned, recompute=rec)
-    return plan
+    tries = [dict(hold=hold, lead=lead)] if hold else []
+    tries += [dict(lead=lead)] if lead else []
+    for options in tries:
+        # a layout that exceeds the budget either raises (not even its just-in-time timing
+        # fits) or comes back larger than the budget: either way, the next options
+        try:
+            plan = make_plan(g, "dynamic", plan_budget, pinned, recompute=rec, **options)
+        except BudgetError:
+            continue
+        if plan.arena_bytes <= plan_budget:
+            return plan
+    return make_plan(g, "dynamic", plan_budget, pinned, recompute=rec)
 
 
 def _hold_by_name(dec: Decision, g: GMAP) -> dict:

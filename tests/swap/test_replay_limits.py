@@ -162,6 +162,38 @@ def test_the_installed_plan_keeps_the_decisions_lead():
     assert [op.offset for op in plain.ops] != [op.offset for op in ahead.ops]
 
 
+def test_the_installed_plan_drops_a_lead_whose_layout_does_not_fit(monkeypatch):
+    """On the net built where it runs, the decided lead's layout may not fit the budget at all
+    (the live cuDNN workspaces differ from the profile's): make_plan then raises rather than
+    returning a larger arena.  GoogLeNet at 515 on the H200 (session 33) stopped the run that
+    way; decided_plan must fall back to the plain layout instead."""
+    import dataclasses
+
+    from minicaffe.net import TRAIN, Net
+    from minicaffe.rng import set_random_seed
+    from swap.gmap import build_gmap
+    from swap.plan import BudgetError, min_budget
+    from swap_nets import net_param
+    set_random_seed(1)
+    g = build_gmap(Net(net_param("resnet", 4), TRAIN, mode="CPU"))
+    model, pcie = tuner.device_models()
+    budget = int(1.3 * min_budget(g, "dynamic"))
+    dec = tuner.plan_at(g, 4, budget, model, pcie, fill=False)
+    pinned = frozenset(dec.plan.pinned)
+    led = dataclasses.replace(dec, dynamic=dataclasses.replace(
+        dec.dynamic, plan=make_plan(g, "dynamic", budget, pinned, lead=2)))
+    real = tuner.make_plan
+
+    def no_lead_fits(gmap, strategy, b, pins, **options):
+        if options.get("lead"):
+            raise BudgetError("the lead's layout does not fit", budget=b)
+        return real(gmap, strategy, b, pins, **options)
+
+    monkeypatch.setattr(tuner, "make_plan", no_lead_fits)
+    again = tuner.decided_plan(g, led, budget)
+    assert again.lead == 0 and again.ops == make_plan(g, "dynamic", budget, pinned).ops
+
+
 def _vgg_like_solver(mode="CPU"):
     from minicaffe.proto import caffe_pb2, parse_text
     from minicaffe.rng import set_random_seed

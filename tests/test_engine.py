@@ -308,6 +308,19 @@ def test_workspace_bound_per_image(monkeypatch):
     assert ops.workspace_cap_under_budget(12 << 30) == 3 << 30           # a quarter
     assert ops.workspace_cap_under_budget(64 << 30) == 4 << 30           # at most 4 GiB
     assert ops.workspace_cap_under_budget(128 << 20) == 64 << 20         # at least 64 MiB
+
+
+def test_workspace_cap_from_the_environment(monkeypatch):
+    from minicaffe.cudnn import ops
+    monkeypatch.setenv(ops.ENV_WORKSPACE_CAP, "1.5G")
+    assert ops.workspace_cap_under_budget(12 << 30) == 3 << 29           # the variable wins
+    monkeypatch.setenv(ops.ENV_WORKSPACE_CAP, "8G")
+    assert ops.workspace_cap_under_budget(12 << 30) == 4 << 30           # still at most 4 GiB
+    monkeypatch.setenv(ops.ENV_WORKSPACE_CAP, "1M")
+    assert ops.workspace_cap_under_budget(12 << 30) == 64 << 20          # still at least 64 MiB
+    monkeypatch.setenv(ops.ENV_WORKSPACE_CAP, "lots")
+    with pytest.raises(ValueError, match="MINICAFFE_CUDNN_WORKSPACE_CAP"):
+        ops.workspace_cap_under_budget(12 << 30)
     # k images: k x 8 MiB, at least 64 MiB, at most the cap
     assert ops.workspace_limit_at(3 << 30, 8 << 20, 100) == 800 << 20
     assert ops.workspace_limit_at(3 << 30, 8 << 20, 2) == 64 << 20

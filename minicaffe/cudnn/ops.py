@@ -106,6 +106,8 @@ MIN_BUDGET_WORKSPACE_LIMIT = 64 << 20
 DEFAULT_WORKSPACE_PER_IMAGE = 8 << 20
 ENV_WORKSPACE_LIMIT = "MINICAFFE_CUDNN_WORKSPACE_LIMIT"
 ENV_WORKSPACE_PER_IMAGE = "MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE"
+# the most workspace one call gets under a bound per image (default: a quarter of the budget)
+ENV_WORKSPACE_CAP = "MINICAFFE_CUDNN_WORKSPACE_CAP"
 # 0: a convolution under a bound per image runs on the whole minibatch even past the cap
 ENV_CHUNKS = "MINICAFFE_CUDNN_CHUNKS"
 # 0: every convolution under a bound per image gets the budget's bytes per image, not those
@@ -773,9 +775,16 @@ def workspace_per_image_under_budget(budget: int | None) -> int:
 
 
 def workspace_cap_under_budget(budget: int) -> int:
-    """The most workspace a bound per image gives one call inside ``budget``: a quarter of it
-    (at least 64 MiB, at most :data:`DEFAULT_WORKSPACE_LIMIT`)."""
-    share = int(budget) // BUDGET_WORKSPACE_CAP_SHARE
+    """The most workspace a bound per image gives one call inside ``budget``:
+    ``$MINICAFFE_CUDNN_WORKSPACE_CAP`` when set, else a quarter of the budget; at least
+    64 MiB, at most :data:`DEFAULT_WORKSPACE_LIMIT`.
+
+    A convolution whose fastest algorithms need more than the cap over its minibatch runs in
+    chunks (:func:`workspace_chunks`), so a lower cap trades the scratch the plan must place
+    for more, smaller calls: VGG-16's conv1_2 to conv3_3 under the workspace fit reach the
+    3 GiB cap of a 12 GiB budget at k = 221 (session 33), where the fit off holds 0.25 to
+    1.2 GiB for them."""
+    share = env_bytes(ENV_WORKSPACE_CAP, int(budget) // BUDGET_WORKSPACE_CAP_SHARE)
     return max(MIN_BUDGET_WORKSPACE_LIMIT, min(DEFAULT_WORKSPACE_LIMIT, share))
 
 

@@ -303,10 +303,17 @@ def _offload_fraction(plan) -> float:
 
 
 def _measure_dynamic(solver, dec, budget, plan_budget, reserve, iters, warmup, gpu,
-                     transients=None):
-    """Install the decision's plan and time it; predicted beside measured."""
+                     transients=None, model=None, pcie=None):
+    """Install the decision's plan and time it; predicted beside measured.  Where the
+    decided plan does not fit the net as built here, the plan at its k is decided again
+    (swap.tuner.install_decision) and that one is timed and predicted, recorded as
+    ``replanned_live``."""
     from swap.tuner import install_decision
-    ex = install_decision(solver, dec, budget, plan_budget - (reserve or 0), scratch=reserve)
+    ex = install_decision(solver, dec, budget, plan_budget - (reserve or 0), scratch=reserve,
+                          model=model, pcie=pcie,
+                          log=lambda m: print(m, flush=True))
+    replanned = ex.decision is not dec
+    dec = ex.decision
     try:
         ms, times = _timed(solver, iters, warmup, gpu)
         m = _mem(ex)
@@ -329,7 +336,7 @@ def _measure_dynamic(solver, dec, budget, plan_budget, reserve, iters, warmup, g
                 "budget": int(budget), "reserve": int(reserve or 0),
                 "offload_bytes": int(off), "host_bytes": int(p.host_bytes),
                 "offload_fraction": _offload_fraction(p), "pinned": len(p.pinned),
-                "stall_free": bool(dec.stall_free), **m}
+                "stall_free": bool(dec.stall_free), "replanned_live": replanned, **m}
     finally:
         solver.net.executor = None
         _free(ex)
@@ -352,13 +359,14 @@ def dynamic_point(solver, dec, g, k, td, model, pcie, budget, iters, warmup, gpu
         try:
             return _measure_dynamic(solver, d, budget, td.plan_budget,
                                     S(k) if S is not None else None, iters, warmup, gpu,
-                                    transients=S.expected if S is not None else None)
+                                    transients=S.expected if S is not None else None,
+                                    model=model, pcie=pcie)
         except ScratchOverflow as e:
             _close(solver.net)
             S.add(k, int(e.peak or e.scratch or 0) * 1.25)
             d = plan_at(g, k, td.plan_budget, model, pcie, scratch=S, recompute=rc)
             r = _measure_dynamic(solver, d, budget, td.plan_budget, S(k), iters, warmup, gpu,
-                                 transients=S.expected)
+                                 transients=S.expected, model=model, pcie=pcie)
             r["replanned"] = f"after {type(e).__name__}: {str(e)[:160]}"
             return r
     except Exception as e:            # recorded, the other points still run

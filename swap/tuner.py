@@ -1026,7 +1026,8 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
     dec = plan_at(gmap, k, plan_budget, model, pcie, scratch=scratch)
     reserve = 0 if scratch is None else scratch(k)
     ex = install_decision(solver, dec, budget, int(plan_budget) - reserve,
-                          scratch=None if scratch is None else reserve)
+                          scratch=None if scratch is None else reserve, model=model, pcie=pcie,
+                          log=say)
     ex.use_graph()
     xp = solver.net.xp
 
@@ -1369,7 +1370,9 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         + (" (same number of images)" if keep_epochs and k_star != k_base else ""))
     # ---- stage 3: train the rest under the plan
     ex = install_decision(solver, dec, budget, base - reserve_at(k_star),
-                          scratch=None if scratch is None else reserve_at(k_star), trace=trace)
+                          scratch=None if scratch is None else reserve_at(k_star), trace=trace,
+                          model=model, pcie=pcie, log=say)
+    dec = ex.decision
     say(f"AccUDNN stage 3: training from iteration {solver.iter} at minibatch {k_star} under the "
         f"dynamic plan"
         + (f" with a scratch reserve of {fmt_bytes(reserve_at(k_star))}"
@@ -1398,11 +1401,21 @@ def with_gmap(profile, gmap: GMAP, k_max: int, solver_type: str, test_net_bytes:
 
 
 def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
-                     scratch: int | None = None, trace: str | None = None):
+                     scratch: int | None = None, trace: str | None = None,
+                     model: ComputeModel | None = None, pcie: PCIeModel | None = None,
+                     log=None):
     """Resize the solver's net to the decision's k and run it under the decided dynamic plan
     (its pins, region holds and recomputations, laid out within ``plan_budget``) in an arena
     of ``budget`` with a scratch reserve of ``scratch`` bytes; returns the Executor
-    (``net.executor``)."""
+    (``net.executor``), whose ``decision`` is the Decision it runs.
+
+    The decision was made on the profile's GMAP; the net built here at k* searches its cuDNN
+    algorithms at k* itself, and a workspace may come out larger than the profile's samples
+    said (VGG-16 at 183 under a 1.5 GiB workspace cap, H200, session 33: the decided pins
+    needed 12.06 GiB of an 11.94 GiB plan budget).  Where the decided plan does not fit the
+    net as built, and ``model`` and ``pcie`` are given, the plan at k* is decided again on
+    this GMAP (:func:`plan_at`: the pins chosen for the sizes found here), and that is logged
+    and installed; without them, or where not even that fits, the BudgetError stands."""
     from .profiler import set_batch_size
     from .runtime import Executor, set_lowering
     net = solver.net
@@ -1412,8 +1425,22 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
     set_batch_size(net, dec.k_star)
     net.reshape()
     g = build_gmap(net, solver_type=solver.type)
-    plan = decided_plan(g, dec, plan_budget)
+    try:
+        plan = decided_plan(g, dec, plan_budget)
+    except BudgetError as e:
+        if model is None or pcie is None:
+            raise
+        if log is not None:
+            log(f"AccUDNN: the decided plan at k* = {dec.k_star} does not fit the net as built "
+                f"here ({e}); deciding the plan at {dec.k_star} again on this net's sizes")
+        again = plan_at(g, dec.k_star, plan_budget, model, pcie, rule=dec.rule,
+                        delta=dec.delta, recompute=dec.recompute)
+        # the search's findings stand (k*, k_max, k_base, its evaluations); the plan is new
+        dec = replace(dec, dynamic=again.dynamic, stall_free=again.stall_free,
+                      recompute=again.recompute)
+        plan = dec.plan
     ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, scratch=scratch)
+    ex.decision = dec
     net.executor = ex
     return ex
 

@@ -909,6 +909,35 @@ def test_a_decision_that_keeps_everything_but_the_scratch_installs_and_trains(ma
                for a, b in zip(s.net.learnable_params, ref.net.learnable_params))
 
 
+def test_a_decided_plan_that_does_not_fit_the_live_net_is_decided_again(make_solver,
+                                                                          monkeypatch):
+    """The net built where the decision runs may need more than the profile's GMAP said (its
+    cuDNN workspaces are searched at k* there: VGG-16 at 183 on the H200, session 33, 12.06
+    against 11.94 GiB).  install_decision with the models decides the plan at k* again on the
+    live GMAP, logs it and trains with it; without them the BudgetError stands."""
+    from swap import tuner
+    from swap.plan import BudgetError
+    s = make_solver("resnet")
+    g = build_gmap(s.net, solver_type=s.type)
+    budget = int(1.3 * min_budget(g, "dynamic"))
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9, both=1.8e9)
+    d = plan_at(g, 4, budget, model, pcie, fill=False)
+
+    def too_big(g, dec, plan_budget):
+        raise BudgetError("the decided pins need more here", budget=plan_budget)
+    monkeypatch.setattr(tuner, "decided_plan", too_big)
+    with pytest.raises(BudgetError, match="the decided pins"):
+        tuner.install_decision(s, d, budget, budget)
+    said = []
+    ex = tuner.install_decision(s, d, budget, budget, model=model, pcie=pcie, log=said.append)
+    assert "does not fit the net as built here" in said[0]
+    assert ex.decision is not d and ex.decision.k_star == d.k_star == 4
+    assert ex.decision.k_base == d.k_base and ex.decision.evaluations == d.evaluations
+    assert ex.plan is ex.decision.plan and ex.plan.arena_bytes <= budget
+    s.step(2)
+    assert all(np.isfinite(p.data).all() for p in s.net.learnable_params)
+
+
 def test_copy_slowdown_limit_reads_the_environment(monkeypatch):
     """``$MINICAFFE_COPY_SLOWDOWN_LIMIT`` sets the copies' share a stall-free k may add; a
     value that is not a fraction in [0, 1) names the variable."""

@@ -86,6 +86,7 @@ def test_vgg16_pool3_prefetch_waits_for_a_workspace_without_the_lead(vgg16_h200,
     assert gk.buffers[plan.ops[prefetch].buffer].name == "data:pool3"
     waited = {gk.buffers[plan.ops[d].buffer].name for d in plan.ops[prefetch].after}
     assert "scratch:conv4_2/workspace" in waited
+    assert tl.region_wait > 2e-3          # the wait the lead exists for, seen by the replay
     dyn = planner.make_dynamic_plan(gk, plan_budget, times, pcie, pins=res)
     assert dyn.timeline.feasible() and dyn.plan.arena_bytes <= plan_budget
     assert dyn.plan.offloaded == plan.offloaded
@@ -106,6 +107,36 @@ def test_vgg16_paper_rule_keeps_220_with_the_lead_and_loses_it_without(vgg16_h20
     monkeypatch.setattr(planner, "PREFETCH_LEADS", ())
     low = tuner.tune(g, budget, model, pcie, **kw)
     assert low.k_star == 212 and low.dynamic.timeline.total_stall == 0 and low.plan.lead == 0
+
+
+def test_no_lead_is_tried_where_no_op_waited_on_a_region(vgg16_h200, monkeypatch):
+    """The lead layouts are tried only for a replay in which some op waited on a region still
+    in use (Timeline.region_wait): without such a wait the replay is as early as the link and
+    the compute allow, and another layout could only add waits.  VGG-16 at 176 over a link
+    at an eighth of its speed stalls, with allocations waiting on offloaded regions: the
+    leads are tried; the same replays with their region waits taken away: none is."""
+    import dataclasses
+    g, model, pcie, scratch, budget = vgg16_h200
+    s = tuner.Search(g, budget, model, pcie, scratch=scratch)
+    k = 176
+    res = s.result(k)
+    gk, times, plan_budget = s.gmap.at(k), s.times(k), s.plan_budget_at(k)
+    slow = dataclasses.replace(pcie, h2d=pcie.h2d / 8, d2h=pcie.d2h / 8, both=None)
+    tried = []
+    real_plan, real_simulate = planner.make_plan, planner.simulate
+
+    def counting(*a, **kw):
+        tried.append(kw.get("lead", 0))
+        return real_plan(*a, **kw)
+    monkeypatch.setattr(planner, "make_plan", counting)
+    dyn = planner.make_dynamic_plan(gk, plan_budget, times, slow, pins=res, fill=False)
+    assert dyn.timeline.total_stall > 0 and dyn.timeline.region_wait > 0
+    assert set(tried) == {0, *planner.PREFETCH_LEADS}
+    tried.clear()
+    monkeypatch.setattr(planner, "simulate", lambda *a: dataclasses.replace(
+        real_simulate(*a), region_wait=0.0))
+    dyn = planner.make_dynamic_plan(gk, plan_budget, times, slow, pins=res, fill=False)
+    assert dyn.timeline.total_stall > 0 and set(tried) == {0}
 
 
 @pytest.mark.parametrize("lead", [1, 2, 4])

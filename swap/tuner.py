@@ -1355,6 +1355,12 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     else:
         dec = plan_at(g0, batch or k_base, base, model, pcie, rule=rule, delta=delta,
                       scratch=scratch, fill=fill, recompute=recompute)
+    # the plan is installed on the net built at k* before the learning rate is set: where the
+    # decided plan does not fit that net, install_decision may lower k*
+    ex = install_decision(solver, dec, budget, base - reserve_at(dec.k_star),
+                          scratch=None if scratch is None else reserve_at(dec.k_star),
+                          trace=trace, model=model, pcie=pcie, log=say)
+    dec = ex.decision
     k_star = dec.k_star
     base_lr = float(solver.param.base_lr)
     lr = base_lr if k_star == k_base else scale_lr(base_lr, k_star, k_base, lr_rule, convexity)
@@ -1369,10 +1375,6 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         + f"); training to iteration {max_iter}"
         + (" (same number of images)" if keep_epochs and k_star != k_base else ""))
     # ---- stage 3: train the rest under the plan
-    ex = install_decision(solver, dec, budget, base - reserve_at(k_star),
-                          scratch=None if scratch is None else reserve_at(k_star), trace=trace,
-                          model=model, pcie=pcie, log=say)
-    dec = ex.decision
     say(f"AccUDNN stage 3: training from iteration {solver.iter} at minibatch {k_star} under the "
         f"dynamic plan"
         + (f" with a scratch reserve of {fmt_bytes(reserve_at(k_star))}"
@@ -1400,6 +1402,9 @@ def with_gmap(profile, gmap: GMAP, k_max: int, solver_type: str, test_net_bytes:
         "host_budget": None if host_budget is None else int(host_budget)})
 
 
+MAX_LIVE_RETRIES = 16   # minibatches install_decision tries below k* on the live net
+
+
 def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
                      scratch: int | None = None, trace: str | None = None,
                      model: ComputeModel | None = None, pcie: PCIeModel | None = None,
@@ -1415,7 +1420,11 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
     needed 12.06 GiB of an 11.94 GiB plan budget).  Where the decided plan does not fit the
     net as built, and ``model`` and ``pcie`` are given, the plan at k* is decided again on
     this GMAP (:func:`plan_at`: the pins chosen for the sizes found here), and that is logged
-    and installed; without them, or where not even that fits, the BudgetError stands."""
+    and installed.  Where not even the plan that offloads every feature map fits at k*
+    (VGG-16 at 183 again: the largest k that fits the live net was 180), k goes down to the
+    largest the BudgetError names, the net is built there, and so on
+    (:data:`MAX_LIVE_RETRIES` times at most); the executor's ``decision`` then has the
+    smaller k*.  Without the models the BudgetError stands."""
     from .profiler import set_batch_size
     from .runtime import Executor, set_lowering
     net = solver.net
@@ -1430,14 +1439,33 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
     except BudgetError as e:
         if model is None or pcie is None:
             raise
-        if log is not None:
-            log(f"AccUDNN: the decided plan at k* = {dec.k_star} does not fit the net as built "
-                f"here ({e}); deciding the plan at {dec.k_star} again on this net's sizes")
-        again = plan_at(g, dec.k_star, plan_budget, model, pcie, rule=dec.rule,
-                        delta=dec.delta, recompute=dec.recompute)
-        # the search's findings stand (k*, k_max, k_base, its evaluations); the plan is new
-        dec = replace(dec, dynamic=again.dynamic, stall_free=again.stall_free,
-                      recompute=again.recompute)
+        say = log if log is not None else (lambda msg: None)
+        say(f"AccUDNN: the decided plan at k* = {dec.k_star} does not fit the net as built "
+            f"here ({e}); deciding the plan at {dec.k_star} again on this net's sizes")
+        k = dec.k_star
+        for _ in range(MAX_LIVE_RETRIES):
+            try:
+                again = plan_at(g, k, plan_budget, model, pcie, rule=dec.rule,
+                                delta=dec.delta, recompute=dec.recompute)
+                break
+            except BudgetError as e2:
+                lower = k - 1 if e2.max_k is None else min(k - 1, int(e2.max_k))
+                if lower < 1:
+                    raise
+                say(f"AccUDNN: not even the plan that offloads every feature map fits at "
+                    f"{k} on this net ({e2}); trying minibatch {lower}")
+                k = lower
+                set_batch_size(net, k)
+                net.reshape()
+                g = build_gmap(net, solver_type=solver.type)
+        else:
+            raise BudgetError(f"no minibatch from {dec.k_star} down to {k} fits "
+                              f"{fmt_bytes(plan_budget)} on the net as built here",
+                              budget=plan_budget)
+        # the search's findings stand (k_max, k_base, its evaluations); the plan is new, and
+        # so is k* where the net built here needs a smaller one
+        dec = replace(dec, k_star=k, dynamic=again.dynamic, stall_free=again.stall_free,
+                      recompute=again.recompute, overhead=again.overhead, host=again.host)
         plan = dec.plan
     ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, scratch=scratch)
     ex.decision = dec

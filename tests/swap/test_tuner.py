@@ -938,6 +938,42 @@ def test_a_decided_plan_that_does_not_fit_the_live_net_is_decided_again(make_sol
     assert all(np.isfinite(p.data).all() for p in s.net.learnable_params)
 
 
+def test_a_k_star_that_does_not_fit_the_live_net_goes_down(make_solver, monkeypatch):
+    """Where not even the plan that offloads everything fits the live net at k* (VGG-16 at
+    183 under a 1.5 GiB workspace cap, H200, session 33: the largest that fit was 180),
+    install_decision builds the net at the largest k the BudgetError names and installs the
+    plan there; the executor's decision has that k*, and the net trains at it."""
+    from swap import tuner
+    from swap.plan import BudgetError
+    s = make_solver("resnet")
+    g = build_gmap(s.net, solver_type=s.type)
+    budget = int(1.3 * min_budget(g, "dynamic"))
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9, both=1.8e9)
+    d = plan_at(g, 4, budget, model, pcie, fill=False)
+    real = tuner.plan_at
+
+    def live(gmap, k, *a, **kw):
+        if k > 3:
+            raise BudgetError(f"{k} does not fit here", budget=budget, max_k=3)
+        return real(gmap, k, *a, **kw)
+
+    def too_big(g, dec, plan_budget):
+        raise BudgetError("the decided pins need more here", budget=plan_budget)
+    monkeypatch.setattr(tuner, "decided_plan", too_big)
+    monkeypatch.setattr(tuner, "plan_at", live)
+    said = []
+    ex = tuner.install_decision(s, d, budget, budget, model=model, pcie=pcie, log=said.append)
+    assert ex.decision.k_star == 3 and ex.plan.k == 3 and ex.decision.k_max == d.k_max
+    assert any("trying minibatch 3" in m for m in said)
+    assert s.net.blobs["data"].shape[0] == 3
+    s.step(1)
+    monkeypatch.setattr(tuner, "plan_at", lambda gmap, k, *a, **kw: (_ for _ in ()).throw(
+        BudgetError("nothing fits", budget=budget, max_k=0)))
+    with pytest.raises(BudgetError, match="nothing fits"):
+        tuner.install_decision(make_solver("resnet"), d, budget, budget, model=model,
+                               pcie=pcie)
+
+
 def test_copy_slowdown_limit_reads_the_environment(monkeypatch):
     """``$MINICAFFE_COPY_SLOWDOWN_LIMIT`` sets the copies' share a stall-free k may add; a
     value that is not a fraction in [0, 1) names the variable."""

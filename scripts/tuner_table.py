@@ -775,7 +775,21 @@ def _child(args, extra, gpu_id, timeout, tag, script=__file__):
             err.strip().splitlines()[-4:])
     res = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode != 0 or not res:
-        return None, " | ".join((p.stderr or p.stdout).strip().splitlines()[-6:])
+        why = " | ".join((p.stderr or p.stdout).strip().splitlines()[-6:])
+        # the whole of the child's output, its log and traceback, beside the tables: six
+        # lines of a traceback do not say which stage failed
+        out_dir = getattr(args, "out", None)
+        if out_dir:
+            name = "".join(c if c.isalnum() else "_" for c in tag).strip("_")
+            path = os.path.join(out_dir, f"failed_{name}.log")
+            try:
+                os.makedirs(out_dir, exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(p.stdout + "\n--- stderr ---\n" + p.stderr)
+                why = f"(whole output: {path}) {why}"
+            except OSError:
+                pass
+        return None, why
     print(f"{tag}: done in {time.time() - t0:.0f}s", flush=True)
     return json.loads(res[0][len("RESULT "):]), None
 

@@ -1359,7 +1359,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     # decided plan does not fit that net, install_decision may lower k*
     ex = install_decision(solver, dec, budget, base - reserve_at(dec.k_star),
                           scratch=None if scratch is None else reserve_at(dec.k_star),
-                          trace=trace, model=model, pcie=pcie, log=say)
+                          trace=trace, model=model, pcie=pcie, log=say,
+                          lower_k=auto_batch)
     dec = ex.decision
     k_star = dec.k_star
     base_lr = float(solver.param.base_lr)
@@ -1408,7 +1409,7 @@ MAX_LIVE_RETRIES = 16   # minibatches install_decision tries below k* on the liv
 def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
                      scratch: int | None = None, trace: str | None = None,
                      model: ComputeModel | None = None, pcie: PCIeModel | None = None,
-                     log=None):
+                     log=None, lower_k: bool = True):
     """Resize the solver's net to the decision's k and run it under the decided dynamic plan
     (its pins, region holds and recomputations, laid out within ``plan_budget``) in an arena
     of ``budget`` with a scratch reserve of ``scratch`` bytes; returns the Executor
@@ -1424,7 +1425,8 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
     (VGG-16 at 183 again: the largest k that fits the live net was 180), k goes down to the
     largest the BudgetError names, the net is built there, and so on
     (:data:`MAX_LIVE_RETRIES` times at most); the executor's ``decision`` then has the
-    smaller k*.  Without the models the BudgetError stands."""
+    smaller k*.  Without the models, or with ``lower_k`` False (a minibatch the user fixed,
+    ``--batch k``) where k would have to go down, the BudgetError stands."""
     from .profiler import set_batch_size
     from .runtime import Executor, set_lowering
     net = solver.net
@@ -1450,7 +1452,7 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
                 break
             except BudgetError as e2:
                 lower = k - 1 if e2.max_k is None else min(k - 1, int(e2.max_k))
-                if lower < 1:
+                if lower < 1 or not lower_k:
                     raise
                 say(f"AccUDNN: not even the plan that offloads every feature map fits at "
                     f"{k} on this net ({e2}); trying minibatch {lower}")

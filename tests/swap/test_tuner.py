@@ -967,6 +967,9 @@ def test_a_k_star_that_does_not_fit_the_live_net_goes_down(make_solver, monkeypa
     assert any("trying minibatch 3" in m for m in said)
     assert s.net.blobs["data"].shape[0] == 3
     s.step(1)
+    with pytest.raises(BudgetError, match="4 does not fit here"):      # --batch 4: stays 4
+        tuner.install_decision(make_solver("resnet"), d, budget, budget, model=model,
+                               pcie=pcie, lower_k=False)
     monkeypatch.setattr(tuner, "plan_at", lambda gmap, k, *a, **kw: (_ for _ in ()).throw(
         BudgetError("nothing fits", budget=budget, max_k=0)))
     with pytest.raises(BudgetError, match="nothing fits"):

@@ -1433,9 +1433,13 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
     if getattr(net, "executor", None) is not None:
         net.executor.close()
     set_lowering(net, "chunked", budget)   # as profiled and planned (train_dynamic)
-    set_batch_size(net, dec.k_star)
-    net.reshape()
-    g = build_gmap(net, solver_type=solver.type)
+
+    def built_at(k: int) -> GMAP:
+        set_batch_size(net, k)
+        net.reshape()
+        return build_gmap(net, solver_type=solver.type)
+
+    g = built_at(dec.k_star)
     try:
         plan = decided_plan(g, dec, plan_budget)
     except BudgetError as e:
@@ -1444,35 +1448,42 @@ def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,
         say = log if log is not None else (lambda msg: None)
         say(f"AccUDNN: the decided plan at k* = {dec.k_star} does not fit the net as built "
             f"here ({e}); deciding the plan at {dec.k_star} again on this net's sizes")
-        k = dec.k_star
-        for _ in range(MAX_LIVE_RETRIES):
-            try:
-                again = plan_at(g, k, plan_budget, model, pcie, rule=dec.rule,
-                                delta=dec.delta, recompute=dec.recompute)
-                break
-            except BudgetError as e2:
-                lower = k - 1 if e2.max_k is None else min(k - 1, int(e2.max_k))
-                if lower < 1 or not lower_k:
-                    raise
-                say(f"AccUDNN: not even the plan that offloads every feature map fits at "
-                    f"{k} on this net ({e2}); trying minibatch {lower}")
-                k = lower
-                set_batch_size(net, k)
-                net.reshape()
-                g = build_gmap(net, solver_type=solver.type)
-        else:
-            raise BudgetError(f"no minibatch from {dec.k_star} down to {k} fits "
-                              f"{fmt_bytes(plan_budget)} on the net as built here",
-                              budget=plan_budget)
-        # the search's findings stand (k_max, k_base, its evaluations); the plan is new, and
-        # so is k* where the net built here needs a smaller one
-        dec = replace(dec, k_star=k, dynamic=again.dynamic, stall_free=again.stall_free,
-                      recompute=again.recompute, overhead=again.overhead, host=again.host)
+        dec = _decided_on_live(g, dec, plan_budget, model, pcie, built_at,
+                               say if lower_k else None)
         plan = dec.plan
     ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, scratch=scratch)
     ex.decision = dec
     net.executor = ex
     return ex
+
+
+def _decided_on_live(g: GMAP, dec: Decision, plan_budget: int, model, pcie, built_at,
+                     lowering) -> Decision:
+    """install_decision's fallback: ``dec`` with the plan decided again (:func:`plan_at`) on
+    ``g``, the live net's GMAP at k*; where not even the all-offload plan fits there, at the
+    largest smaller k the BudgetError names, the net built there by ``built_at(k)`` (at most
+    :data:`MAX_LIVE_RETRIES` times).  ``lowering``: a log for each lower k, or None where k
+    must not go down (the BudgetError then stands).  The search's findings stand (k_max,
+    k_base, its evaluations); the plan, and k* where it went down, are new."""
+    k = tried = dec.k_star
+    for _ in range(MAX_LIVE_RETRIES):
+        tried = k
+        try:
+            again = plan_at(g, k, plan_budget, model, pcie, rule=dec.rule, delta=dec.delta,
+                            recompute=dec.recompute)
+            return replace(dec, k_star=k, dynamic=again.dynamic, stall_free=again.stall_free,
+                           recompute=again.recompute, overhead=again.overhead,
+                           host=again.host)
+        except BudgetError as e:
+            lower = k - 1 if e.max_k is None else min(k - 1, int(e.max_k))
+            if lower < 1 or lowering is None:
+                raise
+            lowering(f"AccUDNN: not even the plan that offloads every feature map fits at {k} "
+                     f"on this net ({e}); trying minibatch {lower}")
+            k = lower
+            g = built_at(k)
+    raise BudgetError(f"no minibatch from {dec.k_star} down to {tried} fits "
+                      f"{fmt_bytes(plan_budget)} on the net as built here", budget=plan_budget)
 
 
 def decided_plan(g: GMAP, dec: Decision, plan_budget: int):

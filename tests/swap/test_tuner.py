@@ -909,6 +909,15 @@ def test_a_decision_that_keeps_everything_but_the_scratch_installs_and_trains(ma
                for a, b in zip(s.net.learnable_params, ref.net.learnable_params))
 
 
+def _resnet_decision_at_4(make_solver):
+    """(solver, budget, model, pcie, decision at k = 4) for the live-net tests."""
+    s = make_solver("resnet")
+    g = build_gmap(s.net, solver_type=s.type)
+    budget = int(1.3 * min_budget(g, "dynamic"))
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9, both=1.8e9)
+    return s, budget, model, pcie, plan_at(g, 4, budget, model, pcie, fill=False)
+
+
 def test_a_decided_plan_that_does_not_fit_the_live_net_is_decided_again(make_solver,
                                                                           monkeypatch):
     """The net built where the decision runs may need more than the profile's GMAP said (its
@@ -917,11 +926,7 @@ def test_a_decided_plan_that_does_not_fit_the_live_net_is_decided_again(make_sol
     live GMAP, logs it and trains with it; without them the BudgetError stands."""
     from swap import tuner
     from swap.plan import BudgetError
-    s = make_solver("resnet")
-    g = build_gmap(s.net, solver_type=s.type)
-    budget = int(1.3 * min_budget(g, "dynamic"))
-    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9, both=1.8e9)
-    d = plan_at(g, 4, budget, model, pcie, fill=False)
+    s, budget, model, pcie, d = _resnet_decision_at_4(make_solver)
 
     def too_big(g, dec, plan_budget):
         raise BudgetError("the decided pins need more here", budget=plan_budget)
@@ -945,11 +950,7 @@ def test_a_k_star_that_does_not_fit_the_live_net_goes_down(make_solver, monkeypa
     plan there; the executor's decision has that k*, and the net trains at it."""
     from swap import tuner
     from swap.plan import BudgetError
-    s = make_solver("resnet")
-    g = build_gmap(s.net, solver_type=s.type)
-    budget = int(1.3 * min_budget(g, "dynamic"))
-    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9, both=1.8e9)
-    d = plan_at(g, 4, budget, model, pcie, fill=False)
+    s, budget, model, pcie, d = _resnet_decision_at_4(make_solver)
     real = tuner.plan_at
 
     def live(gmap, k, *a, **kw):

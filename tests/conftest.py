@@ -1,5 +1,16 @@
 """Shared fixtures: the `gpu` marker skips cleanly where no CUDA device answers."""
-import numpy as np
+import os
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One BLAS thread per pytest-xdist worker (set before NumPy loads OpenBLAS): with one
+    # worker per core, each worker's own BLAS threads oversubscribe the cores, and OpenBLAS's
+    # threads spin while they wait.  On a 2-core machine, tests/scripts/test_table3.py and
+    # tests/swap/test_tuner_table.py with -n 2 took 312 s with OpenBLAS's default and 97 s
+    # with one thread (session 33).  The processes the tests start inherit it.
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
 import pytest
 
 from minicaffe.backend import gpu_available

@@ -694,7 +694,8 @@ class Timeline:
     op_end: np.ndarray = field(repr=False)
     # seconds ops started later than their stream allowed because their region was still in
     # use (a prefetch after the link was free, an allocation after the previous step): the
-    # only way the layout (the offsets) enters the timeline; 0 means no layout can do better
+    # only way the layout (the offsets) enters the timeline; 0 means no other layout of the
+    # same ops at the same steps can do better
     region_wait: float = 0.0
 
     @property
@@ -1003,7 +1004,6 @@ def _executable(gmap, budget, times, pcie, pins, recompute=None) -> DynamicPlan:
         return best
     # A lead only moves regions, and a region moves the timeline only where an op waited on
     # it; a replay with no such wait is already as early as any layout of its ops can make it
-    # (session 33: this skips most of the lead layouts the small test nets tried)
     for lead in PREFETCH_LEADS:
         if hold and waited.get("hold") and stall_free(made(hold=hold, lead=lead)):
             return best

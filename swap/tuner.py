@@ -769,11 +769,17 @@ def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeMode
     (:func:`swap.planner.make_dynamic_plan`); ``recompute``: as :func:`tune` (``"auto"``:
     the fewest of :func:`recompute_sets` whose plan at k has no stall, else the fastest)."""
     if _is_auto(recompute):
-        return _auto_pick([(names, plan_at(gmap, k, budget, model, pcie, rule=rule,
-                                           delta=delta, scratch=scratch, fill=fill,
-                                           recompute=names))
-                           for names in recompute_sets(gmap, model)], "throughput", 0.0,
-                          fewest_stall_free=True)
+        tried, refused = [], None
+        for names in recompute_sets(gmap, model):
+            try:        # a set whose plan does not fit k is left out; the others still count
+                tried.append((names, plan_at(gmap, k, budget, model, pcie, rule=rule,
+                                             delta=delta, scratch=scratch, fill=fill,
+                                             recompute=names)))
+            except BudgetError as e:
+                refused = refused or e
+        if not tried:
+            raise refused
+        return _auto_pick(tried, "throughput", 0.0, fewest_stall_free=True)
     from .profiler import max_batch_scratch
     search = Search(gmap, int(budget), model, pcie, rule=rule, prune=False, scratch=scratch,
                     fill=fill, recompute=recompute, max_slowdown=None, max_recompute=None)

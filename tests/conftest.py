@@ -78,3 +78,38 @@ def recording_net():
     """A net-like object: two recording convolutions around a layer without a workspace."""
     import types
     return types.SimpleNamespace(layers=[_RecordingConv(), object(), _RecordingConv()])
+
+
+@pytest.fixture(scope="session")
+def tuner_quick_run(tmp_path_factory):
+    """The folder of one ``scripts/tuner_table.py --quick`` run (about 45 s on a 2-core CPU),
+    shared by the tests that read its tables or reuse the profile it saves; they only read it.
+
+    Under pytest-xdist the first worker to ask runs it and the others wait on a lock file in
+    the session's common temporary folder, then read the same run (three tests had each run
+    it before: 2 x 45 s of the suite's time)."""
+    import fcntl
+    import json
+    import subprocess
+    import sys
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent                      # the folder every worker's own one is in
+    out = root / "tuner_quick_run"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(root / "tuner_quick_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            done = root / "tuner_quick_run.json"
+            if not done.exists():
+                proc = subprocess.run([sys.executable, os.path.join(repo, "scripts",
+                                                                    "tuner_table.py"),
+                                       "--quick", "--out", str(out)],
+                                      capture_output=True, text=True, timeout=600, cwd=repo)
+                done.write_text(json.dumps({"returncode": proc.returncode,
+                                            "output": proc.stdout + proc.stderr}))
+            run = json.loads(done.read_text())
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    assert run["returncode"] == 0, run["output"]
+    return out

@@ -35,7 +35,7 @@ def reference_params(solver_path):
 
 
 def run_ps(procs, tmp_path, name, k, world_size, shards, max_iter=10, snapshot=0, resume=None,
-           timeout=10.0, extra=()):
+           timeout=30.0, extra=()):
     """Servers and API workers to completion; returns rank 0's final parameters."""
     solver = write_solver(tmp_path, name, INPUT_NET, k=k, max_iter=max_iter, snapshot=snapshot)
     servers = []

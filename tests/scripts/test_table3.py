@@ -61,14 +61,10 @@ def test_the_table_carries_the_papers_figures(tmp_path):
     assert float(row["img_s_gain"]) == pytest.approx(1.5)
 
 
-def test_a_saved_profile_is_reused(tmp_path):
+def test_a_saved_profile_is_reused(tmp_path, tuner_quick_run):
     """--profiles: the tuner decides from a profile that tuner_table.py saved, without
     profiling again, and the JSON says which profile it reused."""
-    prof = tmp_path / "tuner_run"
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "tuner_table.py"),
-                           "--quick", "--out", str(prof)], capture_output=True, text=True,
-                          timeout=900, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    prof = tuner_quick_run                      # `tuner_table.py --quick --out prof`
     saved = prof / "tuner" / "cifar10_quick_profile.json"
     assert saved.exists()
     out = tmp_path / "t3"

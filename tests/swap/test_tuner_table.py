@@ -10,14 +10,11 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_tuner_table_quick(tmp_path):
+def test_tuner_table_quick(tuner_quick_run):
     if REPO not in sys.path:
         sys.path.insert(0, REPO)
     from scripts.tuner_table import MAX_ROUNDS, ROUND_SPREAD, _spread
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "tuner_table.py"),
-                           "--quick", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tmp_path = tuner_quick_run                  # `tuner_table.py --quick --out tmp_path`
     r = json.load(open(tmp_path / "tuner" / "cifar10_quick.json"))
     t = r["tuner"]
     # the tuner's k* lies within its k_max, and the decision alone gives the same k* again
@@ -103,14 +100,11 @@ def test_table1_redrawn_from_saved_tables_later_rows_win(tmp_path):
     assert (out / "table1.png").stat().st_size > 0
 
 
-def test_tuner_table_reuses_a_saved_profile(tmp_path):
+def test_tuner_table_reuses_a_saved_profile(tmp_path, tuner_quick_run):
     """--profiles: the tuner decides from the profile a first run saved, without profiling,
     and the second run's JSON points at it instead of writing a new one."""
-    first = tmp_path / "first"
+    first = tuner_quick_run                     # `tuner_table.py --quick --out first`
     script = os.path.join(REPO, "scripts", "tuner_table.py")
-    proc = subprocess.run([sys.executable, script, "--quick", "--no-torch", "--out", str(first)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     k_star = json.load(open(first / "tuner" / "cifar10_quick.json"))["tuner"]["k_star"]
     second = tmp_path / "second"
     fewer = ["--iters", "2", "--warmup", "1", "--no-stall-max-rounds", "2"]   # the reuse only
@@ -120,7 +114,7 @@ def test_tuner_table_reuses_a_saved_profile(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     r = json.load(open(second / "tuner" / "cifar10_quick.json"))
     assert r["profile_reused"] is True
-    assert r["profile"].endswith("first/tuner/cifar10_quick_profile.json")
+    assert r["profile"].endswith("tuner_quick_run/tuner/cifar10_quick_profile.json")
     assert not (second / "tuner" / "cifar10_quick_profile.json").exists()
     assert any("reusing the saved profile" in ln for ln in r["tuner"]["log"])
     # --recompute NET=auto reaches the tuner as "auto"; the row names what it chose

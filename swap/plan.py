@@ -428,6 +428,16 @@ def _layout(intervals, sizes, n_steps, lead: int = 0, fit: int | None = None,
             base += sizes[bid]
         else:
             dynamic.append(i)
+    # no layout is smaller than the most bytes live at one step: once an order reaches that,
+    # or where even that exceeds ``fit``, the other orders cannot do better
+    live = np.zeros(n_steps + 1, dtype=np.int64)
+    for i in dynamic:
+        bid, start, end, how, _ = intervals[i]
+        if lead and how == PREFETCH:
+            start = max(0, start - lead)
+        live[start] += sizes[bid]
+        live[(n_steps - 1 if end is None else end) + 1] -= sizes[bid]
+    floor = base + (int(np.cumsum(live[:n_steps]).max()) if n_steps else 0)
     best, best_extent = None, None
     for name in (LAYOUT_ORDERS if orders is None else orders):
         trial = list(offsets)
@@ -435,7 +445,7 @@ def _layout(intervals, sizes, n_steps, lead: int = 0, fit: int | None = None,
                                  intervals, sizes, n_steps, lead, base, trial)
         if best is None or extent < best_extent:
             best, best_extent = trial, extent
-        if fit is not None and best_extent <= fit:
+        if best_extent <= floor or (fit is not None and (best_extent <= fit or floor > fit)):
             break
     return best
 

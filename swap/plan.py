@@ -348,8 +348,9 @@ def _place_returns(gmap: GMAP, intervals, pending, budget, policy) -> list:
 # The orders :func:`_layout` places the intervals in, first to last: the first whose extent fits
 # the budget is kept (without a budget: the smallest extent).  Greedy by size is TensorFlow
 # Lite's; by area (bytes x steps) puts the long-lived large regions low first, which VGG-16's
-# plans at k = 221 under a 1.5 GiB workspace cap needed (12.09 GiB greedy by size, 11.91 by
-# area, against an eq. (4) peak of 11.88); by lifetime and by start are further fallbacks.
+# plans at k = 221 under a 1.5 GiB workspace cap needed (recomputing nothing: 12.09 GiB greedy
+# by size, 11.79 by area, against an eq. (4) peak of 11.71; recomputing conv1_1 and conv2_1:
+# 12.80 against 11.65, fitted exactly); by lifetime and by start are further fallbacks.
 LAYOUT_ORDERS = ("size", "area", "lifetime", "start")
 
 

@@ -55,18 +55,23 @@ def test_replay_counts_its_stall_with_the_copies_against_the_copy_limit():
     assert not tuner._replay_ok(limited, _timeline(1.0, 0.0, 188.0), tol=0.001)
 
 
-@pytest.fixture(scope="module")
-def vgg16_h200(tmp_path_factory):
+def _saved_profile(gz, folder):
+    """(GMAP, model, PCIe model, scratch model, 12 GiB less the test nets) of a gzipped profile."""
     from swap.gmap import gmap_from_dict
     from swap.profiler import Profile, ScratchModel
-    path = tmp_path_factory.mktemp("vgg16") / "vgg16_profile.json"
-    with gzip.open(VGG16_H200_PROFILE, "rb") as src:
+    path = folder / "profile.json"
+    with gzip.open(gz, "rb") as src:
         path.write_bytes(src.read())
     p = Profile.load(path)
     g = gmap_from_dict(p.meta["gmap"])
     model, pcie = tuner.profile_models(p, g, "segment")
     budget = (12 << 30) - int(p.meta.get("test_net_bytes") or 0)
     return g, model, pcie, ScratchModel.from_profile(p), budget
+
+
+@pytest.fixture(scope="module")
+def vgg16_h200(tmp_path_factory):
+    return _saved_profile(VGG16_H200_PROFILE, tmp_path_factory.mktemp("vgg16"))
 
 
 def test_vgg16_pool3_prefetch_waits_for_a_workspace_without_the_lead(vgg16_h200, monkeypatch):
@@ -344,16 +349,7 @@ def test_every_order_lays_out_a_valid_layout_no_larger_than_greedy_by_size():
 @pytest.fixture(scope="module")
 def vgg16_c15(tmp_path_factory):
     """Session 34's VGG-16 profile under a 1.5 GiB workspace cap (one H200, CUDNN, the fit on)."""
-    from swap.gmap import gmap_from_dict
-    from swap.profiler import Profile, ScratchModel
-    path = tmp_path_factory.mktemp("vgg16_c15") / "vgg16_profile.json"
-    with gzip.open(VGG16_C15_PROFILE, "rb") as src:
-        path.write_bytes(src.read())
-    p = Profile.load(path)
-    g = gmap_from_dict(p.meta["gmap"])
-    model, pcie = tuner.profile_models(p, g, "segment")
-    budget = (12 << 30) - int(p.meta.get("test_net_bytes") or 0)
-    return g, model, pcie, ScratchModel.from_profile(p), budget
+    return _saved_profile(VGG16_C15_PROFILE, tmp_path_factory.mktemp("vgg16_c15"))
 
 
 def test_vgg16_at_221_fits_12_gib_only_in_another_order(vgg16_c15, monkeypatch):

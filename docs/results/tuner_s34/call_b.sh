@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 34, call b: the GPU tests after the layout orders (swap.plan.LAYOUT_ORDERS), then
 # VGG-16 at a fixed k = 221 (2.40x k_none) under the 1.5 GiB workspace cap, on call a's profile:
-# `--swap dynamic --batch 221 --recompute auto` (a plan that greedy by size could not lay out in
-# 12 GiB) against every map kept at 221 outside the budget, twice each, alternating.
+# `--swap dynamic --batch 221 --recompute auto` (which stopped before plan_at left out the sets
+# that do not fit) against every map kept at 221 outside the budget, twice each, alternating.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1 || exit 1
 export PYTHONPATH=/tmp/site

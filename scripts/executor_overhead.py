@@ -382,7 +382,7 @@ def conv_algorithms(net) -> dict:
                 (b - a, layer.channels) + tuple(layer.in_hw), tuple(layer.blobs[0].shape),
                 layer.pad, layer.stride, layer.dilation, layer.group, layer.dtype, tf32=o.tf32,
                 deterministic=o.deterministic, find=o.find,
-                workspace_limit=layer._workspace_limit_at(b - a))
+                workspace_limit=layer._call_limit(layer.num, b - a))
             for d, c in choices.items():
                 count[d][c.name] += 1
                 search_ms[d] += max(c.time_ms, 0.0)

@@ -420,8 +420,10 @@ def test_workspace_model_asks_the_choice_at_each_shape(monkeypatch):
     assert per(20) == 1280 and calls == [((20, 4, 4, 4), 64 << 20)]
     assert per(200) == 200 << 20 and calls[-1] == ((200, 4, 4, 4), 200 << 20)
     # past the cap (256 images) the minibatch runs in chunks (4 of 250), each asked under
-    # its own limit; without chunks, the whole minibatch under the cap
-    assert per(1000) == 250 << 20 and calls[-1] == ((250, 4, 4, 4), 250 << 20)
+    # the cap (a chunk's algorithms need not be linear in its images); without chunks, the
+    # whole minibatch under the cap
+    assert per(1000) == 256 << 20 and calls[-1] == ((250, 4, 4, 4), 256 << 20)
+    assert layer._call_limit(1000, 250) == 256 << 20 and layer._call_limit(200, 200) == 200 << 20
     layer._cudnn = dataclasses.replace(layer._cudnn, chunks=False)
     assert layer.workspace_model()(1000) == 256 << 20
     assert calls[-1] == ((1000, 4, 4, 4), 256 << 20)

@@ -677,8 +677,8 @@ class ConvolutionLayer(Layer):
                 {"workspace": ws.data if ws.data_storage.external and ws.nbytes else None,
                  "tf32": o.tf32,
                  "deterministic": o.deterministic, "find": o.find,
-                 "workspace_limit": self._workspace_limit_at(self.num if num is None
-                                                             else num)})
+                 "workspace_limit": self._call_limit(self.num,
+                                                     self.num if num is None else num)})
 
     def _chunks_at(self, num: int, options=None) -> tuple:
         """((start, stop), ...): the images of each cuDNN call on a minibatch of ``num``
@@ -689,6 +689,23 @@ class ConvolutionLayer(Layer):
         if not getattr(o, "chunks", False):
             return ((0, int(num)),)
         return cudnn_ops.workspace_chunks(num, o.workspace_limit, self._bytes_per_image(o))
+
+    def _call_limit(self, num: int, size: int, options=None) -> int:
+        """The workspace limit of one call on ``size`` images of a minibatch of ``num``: the
+        bound at ``size`` (:meth:`_workspace_limit_at`) where the minibatch runs in one call,
+        the cap itself where it runs in chunks (:meth:`_chunks_at`).
+
+        The chunks hold the cap over the bytes per image, but the fastest algorithm's
+        workspace is not linear in its images: VGG-16's conv2_2 under WINOGRAD_NONFUSED needs
+        27.6 MiB per image at 32 and 64 images and 30.1 at 44 (H200, session 34, call e).  So
+        its chunks of 44 at k = 221, bounded to 44 x 27.7 MiB, fell back to FFT_TILING, 30 %
+        slower; conv3_2 and conv3_3 likewise (14 ms of a 306 ms iteration).  A minibatch past
+        the cap would have had the cap in one call; each of its chunks gets it too.  The
+        chunks of one call share one workspace, so the layer still holds at most the cap."""
+        o = self._cudnn if options is None else options
+        if len(self._chunks_at(num, o)) > 1:
+            return int(o.workspace_limit)
+        return self._workspace_limit_at(size, o)
 
     def _workspace_limit_at(self, num: int, options=None) -> int:
         """The workspace limit of a call on ``num`` images under ``options`` (default the
@@ -788,7 +805,10 @@ class ConvolutionLayer(Layer):
         def limit_at(num):          # the options as they are now, not at a later call
             return self._workspace_limit_at(num, o)
 
-        def one(size: int) -> int:   # the workspace of one call on ``size`` images
+        def cap(num):               # every chunk of a chunked minibatch (:meth:`_call_limit`)
+            return int(o.workspace_limit)
+
+        def one(size: int, limit_at) -> int:   # the workspace of one call on ``size`` images
             try:
                 ws = cudnn_ops.conv_workspace_estimate(
                     (size,) + geometry, w_shape, *conv, dtype, tf32=o.tf32,
@@ -810,7 +830,9 @@ class ConvolutionLayer(Layer):
                 return cache[num]
             searches = cudnn_ops.algo_cache_info()["searches"]
             # the calls of a chunked minibatch share the one workspace, of the largest need
-            need = max(one(size) for size in {b - a for a, b in self._chunks_at(num, o)})
+            chunks = self._chunks_at(num, o)
+            limits = cap if len(chunks) > 1 else limit_at
+            need = max(one(size, limits) for size in {b - a for a, b in chunks})
             if cudnn_ops.algo_cache_info()["searches"] != searches:
                 # the search's temporary operands go back to the device, not to CuPy's pool
                 import cupy
@@ -838,7 +860,7 @@ class ConvolutionLayer(Layer):
                         (size, self.channels) + self.in_hw, self.blobs[0].shape, self.pad,
                         self.stride, self.dilation, self.group, self.dtype, tf32=o.tf32,
                         deterministic=o.deterministic, find=o.find,
-                        workspace_limit=self._workspace_limit_at(size))
+                        workspace_limit=self._call_limit(self.num, size))
                     need = max(need, max(ws.values()))
             except cudnn_lib.CudnnUnsupported as e:
                 engines.fall_back(self, f"cuDNN cannot run this convolution: {e}")

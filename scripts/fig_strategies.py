@@ -406,9 +406,9 @@ def _run(cmd, timeout):
     print(f"{shlex.join(cmd[1:])}: {time.time() - t0:.0f}s", flush=True)
 
 
-def run_quick(work: str) -> tuple[list[str], str]:
+def run_quick(work: str, tuner: bool = True) -> tuple[list[str], str]:
     """The CPU sources of --quick under ``work``, named as in docs/results: (swap CSVs, tuner
-    directory)."""
+    directory); ``tuner`` False: no tuner_table.py run (``--tuner-dir`` names one)."""
     os.makedirs(work, exist_ok=True)
     sb = os.path.join(REPO, "scripts", "swap_budgets.py")
     swap = os.path.join(work, "swap_budgets.csv")
@@ -417,8 +417,9 @@ def run_quick(work: str) -> tuple[list[str], str]:
           "--md", swap[:-4] + ".md"], 300)
     _run([sys.executable, sb, "--quick", "--strategies", "none", "--lowering", "caffe",
           "--csv", caffe, "--md", caffe[:-4] + ".md"], 300)
-    _run([sys.executable, os.path.join(REPO, "scripts", "tuner_table.py"), "--quick",
-          "--out", work], 600)
+    if tuner:
+        _run([sys.executable, os.path.join(REPO, "scripts", "tuner_table.py"), "--quick",
+              "--out", work], 600)
     return [swap, caffe], os.path.join(work, "tuner")
 
 
@@ -445,7 +446,8 @@ def main(argv=None) -> int:
                          "docs/results/swap_budgets.csv,docs/results/"
                          "swap_budgets_none_caffe_lowering.csv)")
     ap.add_argument("--tuner-dir", default=None,
-                    help="the tuner's JSONs (default docs/results/tuner)")
+                    help="the tuner's JSONs (default docs/results/tuner; with --quick, a "
+                         "tuner_table.py --quick run's, instead of running one)")
     ap.add_argument("--quick", action="store_true",
                     help="run swap_budgets.py and tuner_table.py --quick on the CPU first and "
                          "draw from their files (the test)")
@@ -459,7 +461,7 @@ def main(argv=None) -> int:
     nets = parse_nets(args.nets or (QUICK_NETS if args.quick else NETS))
     if args.quick:
         work = args.work or tempfile.mkdtemp(prefix="fig_strategies_")
-        swap_csvs, tuner_dir = run_quick(work)
+        swap_csvs, tuner_dir = run_quick(work, tuner=args.tuner_dir is None)
     else:
         swap_csvs = [os.path.join(RESULTS, "swap_budgets.csv"),
                      os.path.join(RESULTS, "swap_budgets_none_caffe_lowering.csv")]

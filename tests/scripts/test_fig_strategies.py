@@ -22,18 +22,23 @@ def _csv(path):
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
+def quick(tmp_path_factory, tuner_quick_run):
+    """fig_strategies.py --quick, its tuner rows from the suite's shared tuner_table.py --quick
+    run (``--tuner-dir``); returns (out, work, rows, stdout, tuner dir)."""
     out = tmp_path_factory.mktemp("fig_strategies")
     work = out / "src"
+    tuner = tuner_quick_run / "tuner"
     proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "fig_strategies.py"),
-                           "--quick", "--out-dir", str(out), "--work", str(work)],
+                           "--quick", "--out-dir", str(out), "--work", str(work),
+                           "--tuner-dir", str(tuner)],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out, work, _csv(out / "fig_strategies_quick.csv"), proc.stdout
+    assert not (work / "tuner").exists()                  # no tuner_table.py run of its own
+    return out, work, _csv(out / "fig_strategies_quick.csv"), proc.stdout, tuner
 
 
 def test_swap_rows_equal_their_source_rows(quick):
-    _, work, rows, _ = quick
+    _, work, rows, _, _ = quick
     assert [(r["net"], r["paper_batch"], r["strategy"]) for r in rows] == [
         ("cifar10_quick", "4", k) for k in KEYS]
     chunked = _csv(work / "swap_budgets.csv")
@@ -60,8 +65,8 @@ def test_swap_rows_equal_their_source_rows(quick):
 
 
 def test_dynamic_row_is_the_json_point_nearest_the_batch(quick):
-    _, work, rows, _ = quick
-    path = work / "tuner" / "cifar10_quick.json"
+    _, work, rows, _, tuner = quick
+    path = tuner / "cifar10_quick.json"
     doc = json.loads(path.read_text())
     measured = [(i, d) for i, d in enumerate(doc["dynamic"]) if "error" not in d]
     assert measured
@@ -80,7 +85,7 @@ def test_dynamic_row_is_the_json_point_nearest_the_batch(quick):
 
 
 def test_markdown_and_plot(quick):
-    out, work, rows, stdout = quick
+    out, work, rows, stdout, tuner = quick
     md = (out / "fig_strategies_quick.md").read_text()
     assert "`python3 scripts/fig_strategies.py --quick --out-dir " in md
     assert "dynamic is measured at the tuner's k, not at the paper's batch" in md
@@ -92,9 +97,9 @@ def test_markdown_and_plot(quick):
         row = next(ln for ln in md.splitlines() if ln.startswith(line))
         assert (f"| {hw} | {float(r['ms_per_iter']):.1f} | {float(r['ms_per_image']):.3f} | "
                 f"CPU | {r['date']} | `{r['source']}` {r['locator']} |") in row
-    for name in ("swap_budgets.csv", "swap_budgets_none_caffe_lowering.csv",
-                 "tuner/cifar10_quick.json"):
-        assert f"- `{work / name}`: CPU, " in md
+    for path in (work / "swap_budgets.csv", work / "swap_budgets_none_caffe_lowering.csv",
+                 tuner / "cifar10_quick.json"):
+        assert f"- `{path}`: CPU, " in md
     png = (out / "fig_strategies_quick.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     assert "ms/image" in stdout

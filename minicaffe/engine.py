@@ -243,7 +243,7 @@ class CudnnOptions:
         (:func:`minicaffe.cudnn.ops.workspace_limit_at`).
     chunks: with a bound per image, a convolution on more images than the limit gives at
         its per-image bytes runs in chunks (:func:`minicaffe.cudnn.ops.workspace_chunks`;
-        ``$MINICAFFE_CUDNN_CHUNKS=0`` turns it off).
+        ``$MINICAFFE_CUDNN_CHUNKS=0`` turns it off), each chunk with the whole limit.
     fit_fastest: with a bound per image, timed search and chunks, each convolution's bytes
         per image are at least what its own fastest algorithms need (timed on
         :data:`~minicaffe.cudnn.ops.FIT_PROBE_IMAGES` images within the cap,

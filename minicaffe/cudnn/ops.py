@@ -807,7 +807,8 @@ def workspace_chunks(num: int, limit: int, per_image: int) -> tuple:
     fastest algorithm needs more falls back to a slower one: AlexNet inside 12 GiB ran at 7305
     images/s at k = 1533, against 11263 at 1152 (H200, session 16).  Cut into chunks of at
     most ``limit // per_image`` images (as even as they come: at most two sizes), each call
-    gets ``per_image`` bytes per image again, in one workspace of at most ``limit``.  The
+    has at least ``per_image`` bytes per image again, in one workspace of at most ``limit``
+    (the layer gives every chunk ``limit`` itself: ``Convolution._call_limit``).  The
     weight and bias gradients accumulate over the chunks (cuDNN's beta = 1), so the results
     are the whole call's up to the order of the sums.  One chunk, the whole minibatch, where
     the bound is fixed (``per_image`` 0) or the minibatch fits."""

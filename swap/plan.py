@@ -1066,19 +1066,69 @@ def max_batch(gmap: GMAP, strategy: str, budget: int, pinned=frozenset(),
 
 
 def _budget_error(strategy, gmap, budget, pinned, plan) -> BudgetError:
-    from .memory import fmt_bytes
-    need = min_budget(gmap, strategy, pinned)
-    kmax = max_batch(gmap, strategy, budget, pinned)
-    j = plan.peak_step
-    at = "setup" if j == SETUP else str(gmap.steps[j])
-    msg = (f"budget {fmt_bytes(budget)} is too small for swap strategy {strategy!r} on net "
-           f"{gmap.net_name!r} at minibatch {gmap.k}: its peak is {fmt_bytes(plan.peak)} at {at} "
-           f"(eq. 4), and its arena needs {fmt_bytes(plan.arena_bytes)}. The smallest budget "
-           f"that works is {fmt_bytes(need)} ({need} bytes), laid out with no region holds and "
-           f"no prefetch lead; ")
-    if kmax:
-        msg += f"the largest minibatch that fits {fmt_bytes(budget)} is {kmax}."
-    else:
-        msg += f"not even minibatch 1 fits {fmt_bytes(budget)}."
-    return BudgetError(msg, budget=budget, min_budget=need, max_k=kmax, strategy=strategy,
-                       k=gmap.k)
+    return _PlanBudgetError(strategy, gmap, budget, pinned, plan)
+
+
+class _PlanBudgetError(BudgetError):
+    """The :class:`BudgetError` of a plan that does not fit: its smallest budget and the largest
+    minibatch that fits (a plan and a search of plans) are worked out when first read, with the
+    message.  The searches over k catch most such errors unread: three of the tuner's tests
+    spent a third of their time on the messages of the k they probed (session 34)."""
+
+    _UNSET = object()
+
+    def __init__(self, strategy, gmap, budget, pinned, plan):
+        ValueError.__init__(self)
+        self.budget, self.strategy, self.k = budget, strategy, gmap.k
+        self._of = (gmap, pinned, plan)
+        self._need = self._kmax = self._msg = self._UNSET
+
+    @property
+    def min_budget(self):
+        if self._need is self._UNSET:
+            gmap, pinned, _ = self._of
+            self._need = min_budget(gmap, self.strategy, pinned)
+        return self._need
+
+    @property
+    def max_k(self):
+        if self._kmax is self._UNSET:
+            gmap, pinned, _ = self._of
+            self._kmax = max_batch(gmap, self.strategy, self.budget, pinned)
+        return self._kmax
+
+    def __str__(self):
+        if self._msg is self._UNSET:
+            from .memory import fmt_bytes
+            gmap, _, plan = self._of
+            budget, need, kmax = self.budget, self.min_budget, self.max_k
+            j = plan.peak_step
+            at = "setup" if j == SETUP else str(gmap.steps[j])
+            msg = (f"budget {fmt_bytes(budget)} is too small for swap strategy "
+                   f"{self.strategy!r} on net {gmap.net_name!r} at minibatch {gmap.k}: its peak "
+                   f"is {fmt_bytes(plan.peak)} at {at} (eq. 4), and its arena needs "
+                   f"{fmt_bytes(plan.arena_bytes)}. The smallest budget that works is "
+                   f"{fmt_bytes(need)} ({need} bytes), laid out with no region holds and no "
+                   f"prefetch lead; ")
+            if kmax:
+                msg += f"the largest minibatch that fits {fmt_bytes(budget)} is {kmax}."
+            else:
+                msg += f"not even minibatch 1 fits {fmt_bytes(budget)}."
+            self._msg = msg
+            self.args = (msg,)
+        return self._msg
+
+    def __repr__(self):
+        return f"BudgetError({str(self)!r})"
+
+    def __reduce__(self):             # pickled (another process) as the plain error it reads as
+        return (_plain_budget_error, (str(self), self.budget, self.min_budget, self.max_k,
+                                      self.strategy, self.k))
+
+
+_PlanBudgetError.__name__ = _PlanBudgetError.__qualname__ = "BudgetError"   # as it reads
+
+
+def _plain_budget_error(message, budget, need, kmax, strategy, k) -> BudgetError:
+    return BudgetError(message, budget=budget, min_budget=need, max_k=kmax, strategy=strategy,
+                       k=k)

@@ -291,6 +291,33 @@ def test_budget_error_names_the_smallest_budget_and_largest_batch(gmaps):
         make_plan(g, "checkpoint")
 
 
+def test_budget_error_works_out_its_figures_when_read(gmaps, monkeypatch):
+    """A plan's budget error searches for the smallest budget and the largest minibatch only
+    when they (or the message) are read: a search over k catches most of them unread.  Read,
+    they are those of an eager search; pickled, it is a plain BudgetError with the same
+    message and figures; its type reads as BudgetError."""
+    import pickle
+
+    import swap.plan as plan_mod
+    g = gmaps["lenet"]
+    need = min_budget(g, "naive")
+    searched = []
+    real = plan_mod.max_batch
+    monkeypatch.setattr(plan_mod, "max_batch", lambda *a, **k: searched.append(a) or real(*a, **k))
+    with pytest.raises(BudgetError) as e:
+        make_plan(g, "naive", need - 1)
+    assert searched == []                                   # nothing worked out yet
+    err = e.value
+    assert err.max_k == real(g, "naive", need - 1) and len(searched) == 1
+    assert err.min_budget == need and err.budget == need - 1 and err.k == g.k
+    msg = str(err)
+    assert f"({need} bytes)" in msg and f"is {err.max_k}" in msg and len(searched) == 1
+    assert err.args == (msg,) and type(err).__name__ == "BudgetError" and msg in repr(err)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is BudgetError and str(back) == msg
+    assert (back.max_k, back.min_budget, back.budget) == (err.max_k, need, need - 1)
+
+
 def test_plan_describe_and_breakdown(gmaps):
     g = gmaps["lenet"]
     plan = plan_naive(g)

@@ -72,6 +72,7 @@ CAFFE engine for good, at reshape.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -802,12 +803,6 @@ class ConvolutionLayer(Layer):
         dtype = self.dtype
         cache: dict = {}
 
-        def limit_at(num):          # the options as they are now, not at a later call
-            return self._workspace_limit_at(num, o)
-
-        def cap(num):               # every chunk of a chunked minibatch (:meth:`_call_limit`)
-            return int(o.workspace_limit)
-
         def one(size: int, limit_at) -> int:   # the workspace of one call on ``size`` images
             try:
                 ws = cudnn_ops.conv_workspace_estimate(
@@ -830,9 +825,10 @@ class ConvolutionLayer(Layer):
                 return cache[num]
             searches = cudnn_ops.algo_cache_info()["searches"]
             # the calls of a chunked minibatch share the one workspace, of the largest need
-            chunks = self._chunks_at(num, o)
-            limits = cap if len(chunks) > 1 else limit_at
-            need = max(one(size, limits) for size in {b - a for a, b in chunks})
+            # each call's limit as the calls of this minibatch get it (:meth:`_call_limit`),
+            # under the options as they are now, not at a later call
+            limit_at = functools.partial(self._call_limit, num, options=o)
+            need = max(one(size, limit_at) for size in {b - a for a, b in self._chunks_at(num, o)})
             if cudnn_ops.algo_cache_info()["searches"] != searches:
                 # the search's temporary operands go back to the device, not to CuPy's pool
                 import cupy

@@ -52,7 +52,7 @@ from minicaffe.log import log
 from . import protocol as P
 from .overlap import DEFAULT_BUCKET_MB, backward_order, make_buckets, overlap_default
 from .protocol import Op, ProtocolError
-from .transport import CurveServer, dealer, poll_until, router
+from .transport import CurveServer, dealer, poll_until, router, send
 from .worker import DataParallel, PSError
 
 
@@ -169,7 +169,7 @@ class Rendezvous:
 
     def _send(self, frames, rid=None):
         try:
-            self.sock.send_multipart(([rid] if rid is not None else []) + frames, copy=False)
+            send(self.sock, frames, rid)
         except self.zmq.ZMQError as e:
             raise PSError(f"rendezvous {self.endpoint}: cannot send: {e}") from None
 
@@ -215,8 +215,7 @@ class Rendezvous:
         for r, rid in targets:
             try:
                 frames = P.encode_text(Op.ABORT, -1, self.rank, -1, reason)
-                self.sock.send_multipart(([rid] if rid else []) + frames,
-                                         flags=self.zmq.NOBLOCK)
+                send(self.sock, frames, rid or None, flags=self.zmq.NOBLOCK)
             except Exception:
                 pass
 

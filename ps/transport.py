@@ -20,8 +20,10 @@ Kept apart from the protocol (what bytes mean) and from the server and worker
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import time
 
 import zmq
@@ -205,11 +207,37 @@ def dealer(ctx, endpoint: str, *, max_frame_bytes: int, send_timeout_s: float, c
     return (sock, monitor) if monitor_events else sock
 
 
-def send(sock, frames, routing_id: bytes | None = None):
-    """Send one message without copying its buffers (raises zmq.Again on timeout)."""
+_HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGTERM and SIGINT in this thread while a message's frames leave.
+
+    ``send_multipart`` sends frame after frame from Python; a handler that raises
+    between two frames (the server's SIGTERM handler does) leaves a half-sent
+    message, and ZeroMQ appends the next send (the server's ABORT) to it: the peer
+    gets one malformed message instead of the ABORT.  Blocked, a signal waits in the
+    kernel until the message is whole; ``pthread_sigmask`` runs the handlers of any
+    signal that came before the block before it returns, so none runs inside it.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def send(sock, frames, routing_id: bytes | None = None, flags: int = 0):
+    """Send one message without copying its buffers (raises zmq.Again on timeout),
+    whole: SIGTERM/SIGINT wait until its last frame has left."""
     if routing_id is not None:
         frames = [routing_id] + list(frames)
-    sock.send_multipart(frames, copy=False)
+    with _signals_held():
+        sock.send_multipart(frames, flags=flags, copy=False)
 
 
 # ----------------------------------------------------------- link emulation

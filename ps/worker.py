@@ -85,7 +85,7 @@ from .protocol import Op, ProtocolError
 from .rounds import RoundThread
 from .sharding import assign_buckets, assign_shards, bucket_cap, shard_bytes
 from .shm import WorkerSegments
-from .transport import LinkModel, SendFailed, context, dealer, poll_until
+from .transport import LinkModel, SendFailed, context, dealer, poll_until, send
 
 
 class PSError(RuntimeError):
@@ -229,7 +229,7 @@ class ParameterClient:
 
     def _send_one(self, s, frames):
         try:
-            self.socks[s].send_multipart(frames, copy=False)
+            send(self.socks[s], frames)
         except self._zmq.Again:
             raise PSError(f"{self.name(s)}: sending timed out after {self.config.timeout:g} s "
                           "(server down?)") from None
@@ -455,8 +455,8 @@ class ParameterClient:
         """Tell every shard this worker gives up (best effort, never raises)."""
         for s, sock in enumerate(self.socks):
             try:
-                sock.send_multipart(P.encode_text(Op.ABORT, iteration, self.config.rank, s, reason),
-                                    flags=self._zmq.NOBLOCK)
+                send(sock, P.encode_text(Op.ABORT, iteration, self.config.rank, s, reason),
+                     flags=self._zmq.NOBLOCK)
             except Exception:
                 pass
 

@@ -123,7 +123,7 @@ def test_link_model_sends_each_message_at_its_arrival_time():
     class Sock:
         sent = []
 
-        def send_multipart(self, frames, copy=True):
+        def send_multipart(self, frames, flags=0, copy=True):
             Sock.sent.append((clock.t, len(frames)))
 
     big = P.encode(Op.PUSH, 0, 0, 0, [(0, np.zeros(250_000, np.float32))])   # ~1 MB
@@ -155,7 +155,7 @@ def test_send_all_reads_the_clock_once_before_it_sleeps():
     link = LinkModel(gbps=8.0, latency_ms=1.0, clock=ticking, sleep=sleep)
 
     class Sock:
-        def send_multipart(self, frames, copy=True):
+        def send_multipart(self, frames, flags=0, copy=True):
             pass
     small = P.encode(Op.PUSH, 0, 0, 1, [(1, np.zeros(1, np.float32))])
     for _ in range(3):
@@ -175,7 +175,7 @@ def test_send_all_tries_every_message_and_names_each_link_that_failed(gbps):
         def __init__(self, name, error=None):
             self.name, self.error = name, error
 
-        def send_multipart(self, frames, copy=True):
+        def send_multipart(self, frames, flags=0, copy=True):
             if self.error is not None:
                 raise self.error
             sent.append(self.name)

@@ -1,5 +1,6 @@
 """ps.transport: the ZeroMQ context's I/O threads."""
 import os
+import signal
 
 import pytest
 import zmq
@@ -29,3 +30,46 @@ def test_io_threads_from_the_environment(monkeypatch):
         monkeypatch.setenv(transport.ENV_IO_THREADS, bad)
         with pytest.raises(ValueError, match=why):
             transport.io_threads(1)
+
+
+class _Stop(BaseException):
+    pass
+
+
+class _KilledBetweenFrames:
+    """A socket whose send_multipart sends itself SIGTERM after the first frame,
+    as the server's handler may fire while a reply is half sent."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def send_multipart(self, frames, flags=0, copy=True):
+        for i, f in enumerate(frames):
+            more = zmq.SNDMORE if i + 1 < len(frames) else 0
+            self.sock.send(f, flags | more, copy=copy)
+            if i == 0:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_during_a_send_waits_until_the_message_is_whole():
+    def handler(signum, frame):
+        raise _Stop()
+
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        port = a.bind_to_random_port("tcp://127.0.0.1")
+        b.connect(f"tcp://127.0.0.1:{port}")
+        with pytest.raises(_Stop):
+            transport.send(_KilledBetweenFrames(a), [b"header", b"payload"])
+        transport.send(a, [b"abort"])   # what the server sends next
+        assert b.poll(5000)
+        assert b.recv_multipart() == [b"header", b"payload"]
+        assert b.poll(5000)
+        assert b.recv_multipart() == [b"abort"]
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        a.close(linger=0)
+        b.close(linger=0)
+        ctx.term()

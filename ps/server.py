@@ -55,7 +55,8 @@ from minicaffe.proto import caffe_pb2
 from . import protocol as P
 from .protocol import Op, ProtocolError
 from .shm import Segment, check_name
-from .transport import CurveServer, LinkModel, SendFailed, context, poll_until, router, send
+from .transport import (CurveServer, LinkModel, SendFailed, context, poll_until, router, send,
+                        whole_messages)
 from .update import ShardSolver, read_shard_state, update_fields
 
 
@@ -656,14 +657,15 @@ def _ranks(ranks) -> str:
 
 def _install_termination_handler():
     """SIGTERM/SIGINT end the shard through its failure path (the workers are
-    told); returns a function restoring the previous handlers."""
+    told), once a message being sent has left whole; returns a function restoring the
+    previous handlers."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def handler(signum, frame):
         raise _Terminated(signum)
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, whole_messages(handler)) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def restore():
         for s, h in old.items():

@@ -20,10 +20,9 @@ Kept apart from the protocol (what bytes mean) and from the server and worker
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
+import threading
 import time
 
 import zmq
@@ -207,37 +206,48 @@ def dealer(ctx, endpoint: str, *, max_frame_bytes: int, send_timeout_s: float, c
     return (sock, monitor) if monitor_events else sock
 
 
-_HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+class _Sends:
+    """How deep the main thread is in :func:`send`, and a signal handler held until it is out."""
+    depth = 0
+    held = None
 
 
-@contextlib.contextmanager
-def _signals_held():
-    """Hold SIGTERM and SIGINT in this thread while a message's frames leave.
+def whole_messages(handler):
+    """``handler`` as a signal handler that waits while the main thread is inside :func:`send`.
 
-    ``send_multipart`` sends frame after frame from Python; a handler that raises
-    between two frames (the server's SIGTERM handler does) leaves a half-sent
-    message, and ZeroMQ appends the next send (the server's ABORT) to it: the peer
-    gets one malformed message instead of the ABORT.  Blocked, a signal waits in the
-    kernel until the message is whole; ``pthread_sigmask`` runs the handlers of any
-    signal that came before the block before it returns, so none runs inside it.
+    ``send_multipart`` sends frame after frame from Python.  A handler that raises between
+    two frames (the server's and the worker's SIGTERM handlers do) leaves a half-sent message,
+    and ZeroMQ appends the next send of the socket (the ABORT that follows) to it: the peer reads
+    one malformed message instead of the ABORT.  Python runs every handler in the main thread,
+    whichever thread the kernel gave the signal to (ZeroMQ's I/O threads take it too), so a
+    signal mask cannot hold it back; this wrapper holds the call until the message is whole.
     """
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    def held_while_sending(signum, frame):
+        if _Sends.depth:
+            _Sends.held = (handler, signum, frame)
+        else:
+            handler(signum, frame)
+    return held_while_sending
 
 
 def send(sock, frames, routing_id: bytes | None = None, flags: int = 0):
-    """Send one message without copying its buffers (raises zmq.Again on timeout),
-    whole: SIGTERM/SIGINT wait until its last frame has left."""
+    """Send one message without copying its buffers (raises zmq.Again on timeout), whole:
+    a handler made by :func:`whole_messages` runs after its last frame."""
     if routing_id is not None:
         frames = [routing_id] + list(frames)
-    with _signals_held():
+    if threading.current_thread() is not threading.main_thread():
+        sock.send_multipart(frames, flags=flags, copy=False)   # handlers never run here
+        return
+    _Sends.depth += 1
+    try:
         sock.send_multipart(frames, flags=flags, copy=False)
+    finally:
+        _Sends.depth -= 1
+        held = _Sends.held if _Sends.depth == 0 else None
+        if held is not None:
+            _Sends.held = None
+            handler, signum, frame = held
+            handler(signum, frame)
 
 
 # ----------------------------------------------------------- link emulation

@@ -85,7 +85,7 @@ from .protocol import Op, ProtocolError
 from .rounds import RoundThread
 from .sharding import assign_buckets, assign_shards, bucket_cap, shard_bytes
 from .shm import WorkerSegments
-from .transport import LinkModel, SendFailed, context, dealer, poll_until, send
+from .transport import LinkModel, SendFailed, context, dealer, poll_until, send, whole_messages
 
 
 class PSError(RuntimeError):
@@ -792,7 +792,7 @@ class DataParallel:
         """Caffe's Solver::Solve, data-parallel: restore, join, train, leave."""
         s = self.solver
         main = threading.current_thread() is threading.main_thread()
-        old = signal.signal(signal.SIGTERM, _terminate) if main else None
+        old = signal.signal(signal.SIGTERM, whole_messages(_terminate)) if main else None
         try:
             if resume_file:
                 s._log(f"Restoring previous solver status from {resume_file}")

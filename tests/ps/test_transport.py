@@ -1,6 +1,8 @@
 """ps.transport: the ZeroMQ context's I/O threads."""
 import os
 import signal
+import threading
+import time
 
 import pytest
 import zmq
@@ -32,13 +34,13 @@ def test_io_threads_from_the_environment(monkeypatch):
             transport.io_threads(1)
 
 
-class _Stop(BaseException):
-    pass
 
-
-class _KilledBetweenFrames:
-    """A socket whose send_multipart sends itself SIGTERM after the first frame,
-    as the server's handler may fire while a reply is half sent."""
+class _SignalledBetweenFrames:
+    """A socket whose send_multipart gets SIGTERM after the first frame, as a shard or a
+    worker may while a message is half sent.  The kernel gives a process's signal to any
+    thread that does not block it (ZeroMQ's I/O threads too), and Python runs the handler in
+    the main thread: here another thread takes it, and the send goes on once the handler has
+    run (or after 5 s)."""
 
     def __init__(self, sock):
         self.sock = sock
@@ -48,28 +50,49 @@ class _KilledBetweenFrames:
             more = zmq.SNDMORE if i + 1 < len(frames) else 0
             self.sock.send(f, flags | more, copy=copy)
             if i == 0:
-                os.kill(os.getpid(), signal.SIGTERM)
+                self._signal_from_another_thread()
+
+    @staticmethod
+    def _signal_from_another_thread():
+        stop = threading.Event()
+        taker = threading.Thread(target=stop.wait, args=(10,))
+        taker.start()
+        try:
+            signal.pthread_kill(taker.ident, signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while transport._Sends.held is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+        finally:
+            stop.set()
+            taker.join()
 
 
-def test_a_signal_during_a_send_waits_until_the_message_is_whole():
-    def handler(signum, frame):
-        raise _Stop()
+def test_a_shard_terminated_during_a_send_sends_the_message_whole_first():
+    from ps.server import _install_termination_handler, _Terminated
 
+    assert threading.current_thread() is threading.main_thread()
     ctx = zmq.Context()
     a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    old = signal.signal(signal.SIGTERM, handler)
+    restore = _install_termination_handler()
     try:
         port = a.bind_to_random_port("tcp://127.0.0.1")
         b.connect(f"tcp://127.0.0.1:{port}")
-        with pytest.raises(_Stop):
-            transport.send(_KilledBetweenFrames(a), [b"header", b"payload"])
-        transport.send(a, [b"abort"])   # what the server sends next
+        with pytest.raises(_Terminated):
+            transport.send(_SignalledBetweenFrames(a), [b"header", b"payload"])
+        transport.send(a, [b"abort"])   # what the shard sends next
         assert b.poll(5000)
         assert b.recv_multipart() == [b"header", b"payload"]
         assert b.poll(5000)
         assert b.recv_multipart() == [b"abort"]
     finally:
-        signal.signal(signal.SIGTERM, old)
+        restore()
         a.close(linger=0)
         b.close(linger=0)
         ctx.term()
+
+
+def test_a_handler_outside_a_send_runs_at_once():
+    calls = []
+    handler = transport.whole_messages(lambda signum, frame: calls.append(signum))
+    handler(signal.SIGTERM, None)
+    assert calls == [signal.SIGTERM]

@@ -30,11 +30,11 @@ def zoo(*parts):
 
 
 # ------------------------------------------------------------------------------ helpers
-def check_shapes(net, source, phase, given=None, input_shapes=None):
+def check_shapes(net, source, phase, given=None, input_shapes=None, stages=()):
     """Every blob and param of ``net`` has the shape Caffe gives it; returns Caffe's shapes.
     Split blobs (Caffe's own insertions) have their source's shape."""
     param = upgrade_net(read_net_param(source) if isinstance(source, str) else source)
-    blobs, params = caffe_shapes(param, phase, given, input_shapes)
+    blobs, params = caffe_shapes(param, phase, given, input_shapes, stages)
     assert {n: tuple(net.blobs[n].data.shape) for n in blobs} == blobs
     for layer, name in zip(net.layers, net.layer_names):
         if layer.type == "Split":

@@ -186,6 +186,34 @@ def _crop(lp, bottoms):
     return [tuple(bottoms[0][:axis]) + tuple(bottoms[1][axis:])], []
 
 
+def _embed(lp, bottom):
+    """EmbedLayer: top = bottom's shape + (num_output,); weight (input_dim, num_output),
+    bias (num_output,)."""
+    ep = lp.embed_param
+    params = [(ep.input_dim, ep.num_output)] + ([(ep.num_output,)] if ep.bias_term else [])
+    return [tuple(bottom) + (ep.num_output,)], params
+
+
+def _recurrent(lp, bottoms):
+    """RecurrentLayer: top (T, N, num_output); the params are the unrolled net's, in its
+    layer order (LSTMLayer/RNNLayer::FillUnrolledNet): LSTM W_xc (4H, D), b_c (4H,),
+    [W_xc_static (4H, D_static)], W_hc (4H, H); RNN W_xh (H, D), b_h (H,), [W_xh_static
+    (H, D_static)], W_hh (H, H), W_ho (H, H), b_o (H,).  D counts x's axes from 2 on,
+    D_static x_static's from 1 on; exposed h_T (and c_T) are (1, N, H)."""
+    rp = lp.recurrent_param
+    h, lstm = rp.num_output, lp.type == "LSTM"
+    g = 4 * h if lstm else h
+    x = bottoms[0]
+    params = [(g, _count(x, 2)), (g,)]
+    exposed = (2 if lstm else 1) if rp.expose_hidden else 0   # h_0 (and c_0) bottoms
+    if len(bottoms) > 2 + exposed:
+        params.append((g, _count(bottoms[2], 1)))
+    params.append((g, h))
+    if lp.type == "RNN":
+        params += [(h, h), (h,)]
+    return [(x[0], x[1], h)] + [(1, x[1], h)] * (len(lp.top) - 1), params   # h_T, c_T
+
+
 def _eltwise(lp, bottoms):
     assert all(b == bottoms[0] for b in bottoms), (lp.name, bottoms)
     return [bottoms[0]], []
@@ -224,11 +252,12 @@ _SAME_SHAPE = {"ReLU", "Sigmoid", "TanH", "Dropout", "LRN", "Softmax", "Power", 
                "ELU", "Exp", "Log", "Threshold", "Clip", "Swish", "MVN", "Split"}
 _ONE_BOTTOM = {"Convolution": _conv, "Deconvolution": _deconv, "Pooling": _pool,
                "InnerProduct": _inner_product, "BatchNorm": _batch_norm, "PReLU": _prelu,
-               "Flatten": _flatten, "Reshape": _reshape, "Slice": _slice}
+               "Flatten": _flatten, "Reshape": _reshape, "Slice": _slice,
+               "Embed": _embed}
 _ALL_BOTTOMS = {"Concat": _concat, "Eltwise": _eltwise, "Scale": _scale, "Bias": _bias,
                 "Crop": _crop, "Input": _input, "DummyData": _dummy, "SoftmaxWithLoss": _loss,
                 "EuclideanLoss": _loss, "SigmoidCrossEntropyLoss": _loss,
-                "Accuracy": _accuracy}
+                "Accuracy": _accuracy, "LSTM": _recurrent, "RNN": _recurrent}
 
 
 def _admits(state, lp):
@@ -244,13 +273,14 @@ def _admits(state, lp):
     return not any(meets(r) for r in lp.exclude)
 
 
-def caffe_shapes(net_param, phase, given=None, input_shapes=None):
-    """({blob: shape}, {layer: [param shapes]}) of an upgraded NetParameter in ``phase``.
+def caffe_shapes(net_param, phase, given=None, input_shapes=None, stages=()):
+    """({blob: shape}, {layer: [param shapes]}) of an upgraded NetParameter in ``phase``
+    (and ``stages``).
 
     ``given`` maps a layer name to its tops' shapes where the shape comes from data
     (Data, HDF5Data, ImageData, Python layers); ``input_shapes`` overrides Input layers'
     tops by blob name (a net reshaped after setup)."""
-    state = caffe_pb2.NetState(phase=phase)
+    state = caffe_pb2.NetState(phase=phase, stage=list(stages))
     given, input_shapes = given or {}, input_shapes or {}
     blobs, params = {}, {}
     for lp in net_param.layer:

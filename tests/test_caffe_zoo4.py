@@ -1,0 +1,294 @@
+"""A fourth sweep of public prototxt files (tests/data/zoo4/README.md lists them).
+
+As in tests/test_caffe_zoo3.py: each net is built in the phase its file is for, with small
+stand-in data of the file's shape; every blob's and param's shape is checked against
+Caffe's rules (``caffe_shapes`` in tests/zoo3_nets.py, written from Caffe's layer sources);
+one forward (and on train nets one backward) runs; weights go through a ``.caffemodel``
+into a fresh net with the same outputs.  Files from Caffe forks are refused with the
+file's line and the foreign field named.
+"""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import minicaffe as caffe
+from minicaffe.proto import PrototxtError, caffe_pb2, read_net_param, write_binary, write_text
+
+from test_caffe_zoo3 import check_shapes, deploy_check, randomize, round_trip
+
+ZOO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "zoo4")
+
+
+def zoo(*parts):
+    return os.path.join(ZOO, *parts)
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def write_mean(path, shape, rng):
+    mean = caffe_pb2.BlobProto(num=1, channels=shape[0], height=shape[1], width=shape[2])
+    mean.data.extend((rng.random(int(np.prod(shape))) * 100).astype(np.float32))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_binary(mean, path)
+
+
+def write_lmdb(path, n, shape, rng):
+    from minicaffe.io import LMDBWriter, array_to_datum
+    with LMDBWriter(path) as w:
+        for i in range(n):
+            img = rng.integers(0, 256, shape).astype(np.uint8)
+            w.put(f"{i:08d}", array_to_datum(img, int(i % 10)).SerializeToString())
+
+
+# ------------------------------------------------------- the 2013 V0 CaffeNet deploy
+def test_v0_caffenet_deploy(tmp_path):
+    """BVLC's models/imagenet.prototxt of 2013: V0 layers (``layers { layer { type: "conv"
+    kernelsize ... } }``) and ``input_dim``.  Caffe upgrades it (UpgradeV0Net); no layer
+    names a filler, so every param is Caffe's default constant 0 and prob is uniform."""
+    path = zoo("caffe_models", "imagenet_v0.prototxt")
+    net = caffe.Net(path, caffe.TEST)
+    blobs, params = check_shapes(net, path, caffe.TEST)
+    assert [net.layers[i].type for i in range(6)] == ["Input", "Convolution", "ReLU", "Pooling",
+                                                      "LRN", "Convolution"]
+    assert blobs["conv1"] == (10, 96, 55, 55) and blobs["pool5"] == (10, 256, 6, 6)
+    assert params["conv2"] == [(256, 48, 5, 5), (256,)] and params["fc6"] == [(4096, 9216), (4096,)]
+    assert all(not np.any(p.data) for ps in net.params.values() for p in ps)
+    out = net.forward()
+    np.testing.assert_allclose(out["prob"], 1e-3, rtol=1e-6)
+    lrn = net.layer_dict["norm1"].param.lrn_param
+    assert (lrn.local_size, lrn.alpha, lrn.beta) == (5, np.float32(1e-4), 0.75)
+    assert net.layer_dict["drop6"].param.dropout_param.dropout_ratio == 0.5
+    net.blobs["data"].reshape(1, 3, 227, 227)
+    net.reshape()
+    randomize(net)
+    assert np.isfinite(net.forward()["prob"]).all()
+
+
+# ------------------------------------------------- coco_caption's LRCN word-to-preds deploy
+def lstm_step(x, s, W_x, b, W_s, H):
+    """One LSTM step from a zero state (Caffe's LSTMUnit with c_{t-1} = 0): gates in the
+    order i, f, o, g; c = i * g; h = o * tanh(c)."""
+    gates = x @ W_x.T + b + s @ W_s.T
+    i, o, g = sigmoid(gates[:, :H]), sigmoid(gates[:, 2 * H:3 * H]), np.tanh(gates[:, 3 * H:])
+    return o * np.tanh(i * g)
+
+
+def test_lrcn_word_to_preds_deploy(tmp_path):
+    """examples/coco_caption/lrcn_word_to_preds.deploy.prototxt (Donahue et al.'s LRCN
+    captioner): three ``input``/``input_shape`` pairs, an Embed of word indices, two LSTMs
+    (the second with the image features as its static input), an InnerProduct and a
+    Softmax on axis 2.  One time step of 1000 streams, from a zero state."""
+    path = zoo("caffe_examples", "lrcn_word_to_preds.deploy.prototxt")
+    net = caffe.Net(path, caffe.TEST)
+    blobs, params = check_shapes(net, path, caffe.TEST)
+    assert net.inputs == ["cont_sentence", "input_sentence", "image_features"]
+    assert blobs["embedded_input_sentence"] == (1, 1000, 1000)
+    assert blobs["probs"] == (1, 1000, 8801)
+    assert params["embedding"] == [(8801, 1000)]
+    assert params["lstm2"] == [(4000, 1000), (4000,), (4000, 1000), (4000, 1000)]
+    randomize(net)
+    rng = np.random.default_rng(2)
+    words = rng.integers(0, 8801, (1, 1000)).astype(np.float32)
+    feats = rng.standard_normal((1000, 1000)).astype(np.float32)
+    arrays = {"cont_sentence": np.zeros((1, 1000), np.float32), "input_sentence": words,
+              "image_features": feats}
+    for k, v in arrays.items():
+        net.blobs[k].data[...] = v
+    out = net.forward()
+    np.testing.assert_allclose(out["probs"].sum(axis=2), 1, rtol=1e-5)
+    (W_e,), (W1, b1, _), (W2, b2, W2s, _) = ([p.data.astype(np.float64) for p in net.params[k]]
+                                           for k in ("embedding", "lstm1", "lstm2"))
+    x = W_e[words[0].astype(int)]
+    h1 = lstm_step(x, np.zeros((1000, 1)), W1, b1, np.zeros((4000, 1)), 1000)
+    h2 = lstm_step(h1, feats.astype(np.float64), W2, b2, W2s, 1000)
+    np.testing.assert_allclose(net.blobs["lstm2"].data[0], h2, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------- flickr_style fine-tuning (V1, ImageData)
+def flickr_layout(root, rng, n=4):
+    """The files the train_val reads, relative to the Caffe root: two image lists, images
+    of any size (resized to 256x256), and the ImageNet mean (3, 256, 256)."""
+    from PIL import Image
+    os.makedirs(root / "data" / "flickr_style" / "images")
+    for split in ("train", "test"):
+        lines = []
+        for i in range(n):
+            name = f"data/flickr_style/images/{split}{i}.jpg"
+            h, w = rng.integers(200, 320, 2)
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / name)
+            lines.append(f"{name} {(3 * i) % 20}\n")
+        (root / "data" / "flickr_style" / f"{split}.txt").write_text("".join(lines))
+    write_mean(str(root / "data" / "ilsvrc12" / "imagenet_mean.binaryproto"), (3, 256, 256), rng)
+
+
+def test_flickr_style_v1_train_val_and_solver(tmp_path, monkeypatch):
+    """models/finetune_flickr_style (2014): a V1 CaffeNet whose IMAGE_DATA layers resize
+    to 256x256 and crop 227, ``blobs_lr``/``weight_decay`` (10 and 20 on the new
+    fc8_flickr), and a SOFTMAX_LOSS without a top.  Its solver (SGD, step policy) makes
+    one step: each param's diff is then base_lr * lr_mult * (gradient + weight_decay *
+    decay_mult * weight), the momentum history being zero."""
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    flickr_layout(tmp_path, rng)
+    os.makedirs("models/finetune_flickr_style")
+    src = "models/finetune_flickr_style/train_val.prototxt"
+    shutil.copy(zoo("caffe_models", "finetune_flickr_style_train_val_v1.prototxt"), src)
+    shutil.copy(zoo("caffe_models", "finetune_flickr_style_solver.prototxt"), "solver.prototxt")
+    param = read_net_param(src)
+    assert [(l.name, l.type) for l in param.layer][:2] == [("data", "ImageData")] * 2
+    given = {"data": [(50, 3, 227, 227), (50,)]}
+    for phase in (caffe.TRAIN, caffe.TEST):
+        net = caffe.Net(src, phase)
+        blobs, params = check_shapes(net, src, phase, given=given)
+        assert blobs["pool5"] == (50, 256, 6, 6) and blobs["fc8_flickr"] == (50, 20)
+        assert params["fc8_flickr"] == [(20, 4096), (20,)]
+        assert ("accuracy" in blobs) == (phase == caffe.TEST)
+    specs = dict(zip(net.layer_names, net.param_specs))
+    assert [(p.lr_mult, p.decay_mult) for p in specs["fc8_flickr"]] == [(10, 1), (20, 0)]
+    assert [(p.lr_mult, p.decay_mult) for p in specs["conv1"]] == [(1, 1), (2, 0)]
+
+    # the solver's nets at batch 2 (the images above), one SGD step
+    for layer in param.layer[:2]:
+        layer.image_data_param.batch_size = 2
+    write_text(param, src)
+    solver = caffe.get_solver("solver.prototxt")
+    assert solver.param.solver_mode == caffe_pb2.SolverParameter.CPU
+    solver.param.test_initialization = False        # test_iter 100 batches otherwise
+    train = solver.net
+    randomize(train, seed=4)
+    for b in train.params["fc8_flickr"]:
+        b.data[...] *= 30                            # a loss far from log(20)
+    before = {k: [p.data.copy() for p in ps] for k, ps in train.params.items()}
+    solver.step(1)
+    assert np.isfinite(train.blobs["(automatic)"].data).all()
+    for name, lr_mults in (("fc8_flickr", (10, 20)), ("conv1", (1, 2))):
+        for i, (p, old, lr) in enumerate(zip(train.params[name], before[name], lr_mults)):
+            np.testing.assert_allclose(p.data, old - p.diff, rtol=1e-6, atol=1e-9)
+    # fc8_flickr's gradient from the data it saw: the softmax loss on fc7
+    fc7 = train.blobs["fc7"].data
+    prob = train.blobs["fc8_flickr"].data
+    label = train.blobs["label"].data.astype(int)
+    w_old, b_old = before["fc8_flickr"]
+    logits = fc7 @ w_old.T + b_old
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(2), label] -= 1
+    g = p / 2
+    np.testing.assert_allclose(train.params["fc8_flickr"][1].diff, 0.001 * 20 * g.sum(0),
+                               rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(train.params["fc8_flickr"][0].diff,
+                               0.001 * 10 * (g.T @ fc7 + 0.0005 * w_old), rtol=1e-4, atol=1e-9)
+    del prob
+
+
+# --------------------------------------------------------- cifar10_full_sigmoid (train_test)
+def cifar_layout(root, rng, n_train=111, n_test=30):
+    os.makedirs(root / "examples" / "cifar10")
+    write_lmdb(str(root / "examples/cifar10/cifar10_train_lmdb"), n_train, (3, 32, 32), rng)
+    write_lmdb(str(root / "examples/cifar10/cifar10_test_lmdb"), n_test, (3, 32, 32), rng)
+    write_mean(str(root / "examples/cifar10/mean.binaryproto"), (3, 32, 32), rng)
+
+
+def test_cifar10_full_sigmoid_train_test_and_solver(tmp_path, monkeypatch):
+    """examples/cifar10/cifar10_full_sigmoid_train_test.prototxt: cifar10_full with Sigmoid
+    in place of ReLU and LRN, a TRAIN batch of 111, conv3's ``param`` after its
+    convolution_param, ip1 without weight decay.  Its solver (SGD, momentum 0.9, no
+    weight_decay) takes one step; the train LMDB holds exactly one batch, so every batch
+    is the same and the step's update is base_lr * lr_mult times the gradient of a
+    forward/backward run before it."""
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    cifar_layout(tmp_path, rng)
+    src = "examples/cifar10/cifar10_full_sigmoid_train_test.prototxt"
+    shutil.copy(zoo("caffe_examples", "cifar10_full_sigmoid_train_test.prototxt"), src)
+    shutil.copy(zoo("caffe_examples", "cifar10_full_sigmoid_solver.prototxt"), "solver.prototxt")
+    solver = caffe.get_solver("solver.prototxt")
+    train, (test,) = solver.net, solver.test_nets
+    blobs, params = check_shapes(train, src, caffe.TRAIN, given={"cifar": [(111, 3, 32, 32),
+                                                                          (111,)]})
+    assert blobs["pool1"] == (111, 32, 16, 16) and blobs["pool3"] == (111, 64, 4, 4)
+    assert params["ip1"] == [(10, 1024), (10,)]
+    check_shapes(test, src, caffe.TEST, given={"cifar": [(1000, 3, 32, 32), (1000,)]})
+    specs = dict(zip(train.layer_names, train.param_specs))
+    assert [(p.lr_mult, p.decay_mult) for p in specs["conv3"]] == [(1, 1), (1, 1)]
+    assert [(p.lr_mult, p.decay_mult) for p in specs["ip1"]] == [(1, 0), (2, 0)]
+
+    randomize(train, seed=5)
+    train.clear_param_diffs()
+    train.forward()
+    train.backward()
+    grads = {k: [p.diff.copy() for p in ps] for k, ps in train.params.items()}
+    assert all(np.abs(g).max() > 0 for gs in grads.values() for g in gs)
+    solver.param.test_initialization = False          # 10 test batches of 1000 otherwise
+    solver.step(1)
+    for name, lr_mults in (("conv1", (1, 2)), ("conv3", (1, 1)), ("ip1", (1, 2))):
+        for p, g, lr in zip(train.params[name], grads[name], lr_mults):
+            np.testing.assert_allclose(p.diff, 0.001 * lr * g, rtol=1e-5, atol=1e-12,
+                                       err_msg=name)
+
+
+def test_cifar10_sigmoid_bn_with_fork_batchnorm_fields_is_refused():
+    """The stored cifar10_full_sigmoid_train_test_bn.prototxt at ad248bd3 is a fork's: its
+    BatchNorm layers carry ``batch_norm_param { scale_filler bias_filler }`` and one
+    learned ``param``, fields BVLC's BatchNormParameter does not have."""
+    path = zoo("caffe_examples", "cifar10_full_sigmoid_train_test_bn_fork2.prototxt")
+    with pytest.raises(PrototxtError) as e:
+        caffe.Net(path, caffe.TRAIN)
+    msg = str(e.value)
+    assert f"{path}:77:5:" in msg and '"scale_filler"' in msg and "BatchNormParameter" in msg
+
+
+# ------------------------------------------------ DIGITS' all-in-one LeNet (stages)
+def test_digits_lenet_all_in_one_by_stage(tmp_path):
+    """NVIDIA DIGITS' standard-networks/caffe/lenet.prototxt: one file for train, val and
+    deploy, chosen by NetState stages (``include { stage: "train" }``, ``exclude { stage:
+    "deploy" }``).  DIGITS fills in the data sources and ip2's num_output (the class
+    count) and, for deploy, declares the "data" input; without that input the deploy
+    stage's Power layer reads a blob no layer makes, which Caffe refuses.  (DIGITS also
+    sets the LMDB backend; Caffe's default is LevelDB.)"""
+    src = zoo("digits", "lenet.prototxt")
+    param = read_net_param(src)
+    assert param.layer[9].inner_product_param.num_output == 0
+    with pytest.raises(ValueError, match=r"layer 'scale': unknown bottom blob 'data'"):
+        caffe.Net(param, caffe.TEST, stages=["deploy"])
+
+    rng = np.random.default_rng(0)
+    for layer, n in zip(param.layer[:2], (64, 30)):
+        layer.data_param.source = str(tmp_path / layer.name)
+        layer.data_param.backend = caffe_pb2.DataParameter.LMDB
+        write_lmdb(layer.data_param.source, n, (1, 28, 28), rng)
+    param.layer[9].inner_product_param.num_output = 10
+    given = {"train-data": [(64, 1, 28, 28), (64,)], "val-data": [(100, 1, 28, 28), (100,)]}
+    train = caffe.Net(param, caffe.TRAIN, stages=["train"])
+    blobs, params = check_shapes(train, param, caffe.TRAIN, given=given, stages=["train"])
+    assert train.layer_names[0] == "train-data" and "accuracy" not in blobs
+    assert blobs["pool2"] == (64, 50, 4, 4) and params["ip2"] == [(10, 500), (10,)]
+    train.forward()
+    train.backward()
+    assert 0 < train.blobs["scaled"].data.max() <= 255 * np.float32(0.0125)
+    assert np.abs(train.params["conv1"][0].diff).max() > 0
+
+    val = caffe.Net(param, caffe.TEST, stages=["val"])
+    blobs, _ = check_shapes(val, param, caffe.TEST, given=given, stages=["val"])
+    assert val.layer_names[0] == "val-data" and set(val.outputs) == {"accuracy", "loss"}
+    out = val.forward()
+    assert 0 <= out["accuracy"] <= 1
+    # without a stage, only the layers without rules (and the loss's exclude) remain: no data
+    with pytest.raises(ValueError, match=r"layer 'conv1': unknown bottom blob 'scaled'"):
+        caffe.Net(param, caffe.TEST)
+
+    param.input.append("data")
+    param.input_shape.add().dim.extend([2, 1, 28, 28])
+    path = str(tmp_path / "deploy.prototxt")
+    write_text(param, path)
+    deploy = caffe.Net(path, caffe.TEST, stages=["deploy"])
+    blobs, _ = check_shapes(deploy, path, caffe.TEST, stages=["deploy"])
+    assert deploy.outputs == ["softmax"] and blobs["softmax"] == (2, 10)
+    assert [deploy.layers[i].type for i in range(2)] == ["Input", "Power"]
+    deploy.blobs["data"].data[...] = 80
+    deploy.forward()
+    np.testing.assert_allclose(deploy.blobs["scaled"].data, 1.0, rtol=1e-6)   # 80 * 0.0125

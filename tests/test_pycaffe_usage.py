@@ -1,0 +1,598 @@
+"""pycaffe as real scripts drive it.  Each test runs, on tiny nets, the calls and data flows
+of public scripts written for BVLC Caffe (named in its docstring), and asserts what pycaffe
+does there, read from pycaffe's sources (python/caffe/pycaffe.py, _caffe.cpp, io.py,
+net_spec.py, classifier.py): types, shapes, float32, ``.data``/``.diff`` views that write
+through to the net, ``forward()``'s dict of the blobs' own arrays, ``forward_all``'s copies.
+What pycaffe's own unit tests cover is in tests/pycaffe_spec/; the API surface, group by
+group, in test_pycaffe_surface.py.
+"""
+import os
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+import minicaffe as caffe
+from minicaffe import layers as L, params as P
+from minicaffe.proto import caffe_pb2
+
+# A GoogLeNet-like deploy net in miniature: legacy ``input:`` fields, an in-place ReLU, an
+# "inception" Concat whose layer and top carry a slash, global pooling, a classifier.
+DREAM = """name: "dream"
+input: "data" input_shape { dim: 1 dim: 3 dim: 12 dim: 12 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1
+                      weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "inc/1x1" type: "Convolution" bottom: "conv1" top: "inc/1x1"
+  convolution_param { num_output: 2 kernel_size: 1 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "inc/3x3" type: "Convolution" bottom: "conv1" top: "inc/3x3"
+  convolution_param { num_output: 2 kernel_size: 3 pad: 1
+                      weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "inc/output" type: "Concat" bottom: "inc/1x1" bottom: "inc/3x3" top: "inc/output" }
+layer { name: "pool" type: "Pooling" bottom: "inc/output" top: "pool"
+  pooling_param { pool: AVE global_pooling: true } }
+layer { name: "fc" type: "InnerProduct" bottom: "pool" top: "fc"
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    caffe.set_mode_cpu()
+    return tmp_path
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    return str(path)
+
+
+def saved_weights(model, path):
+    """A .caffemodel of ``model``'s randomly filled weights (a model zoo download)."""
+    caffe.Net(model, caffe.TEST).save(str(path))
+    return str(path)
+
+
+# ---------------------------------------------------------------- deep dream
+def test_deepdream_gradient_ascent(workdir):
+    """google/deepdream dream.ipynb and the scripts made from it (a deepdream CLI that
+    adds guided dreams, kesara/deepdreamer): the deploy net patched through
+    ``caffe.io.caffe_pb2`` and ``text_format`` to force_backward, a Classifier for its
+    transformer, ``src.reshape`` of the data blob alone (forward's Layer::Reshape calls
+    shape the rest), ``forward(end=)``, ``dst.diff[:] = dst.data``, ``backward(start=)``,
+    and the image edited in place through ``src.data``."""
+    write("deploy.prototxt", DREAM)
+    weights = saved_weights("deploy.prototxt", workdir / "dream.caffemodel")
+    model = caffe.io.caffe_pb2.NetParameter()
+    text_format.Merge(open("deploy.prototxt").read(), model)
+    model.force_backward = True
+    open("tmp.prototxt", "w").write(str(model))
+    net = caffe.Classifier("tmp.prototxt", weights, mean=np.float32([104.0, 116.0, 122.0]),
+                           channel_swap=(2, 1, 0))
+    # io.Transformer.set_mean: a per-channel mean becomes (C, 1, 1)
+    assert net.transformer.mean["data"].shape == (3, 1, 1)
+
+    def preprocess(img):
+        return np.float32(np.rollaxis(img, 2)[::-1]) - net.transformer.mean["data"]
+
+    def deprocess(img):
+        return np.dstack((img + net.transformer.mean["data"])[::-1])
+
+    img = np.random.default_rng(0).uniform(0, 255, (10, 14, 3)).astype(np.float32)
+    end = "inc/output"
+    src, dst = net.blobs["data"], net.blobs[end]
+    h, w = img.shape[:2]
+    src.reshape(1, 3, h, w)                     # no net.reshape(): forward reshapes
+    src.data[0] = preprocess(img)
+    np.testing.assert_allclose(deprocess(src.data[0]), img, atol=1e-4)
+    before = src.data.copy()
+
+    ox, oy = 2, -1                              # make_step: jitter, ascend, unshift, clip
+    src.data[0] = np.roll(np.roll(src.data[0], ox, -1), oy, -2)
+    out = net.forward(end=end)
+    assert list(out) == [end] and out[end].shape == (1, 4, h, w)   # top_names[end]
+    assert dst.data.shape == (1, 4, h, w) and net.blobs["conv1"].data.shape == (1, 4, h, w)
+    dst.diff[:] = dst.data                      # objective_L2
+    grads = net.backward(start=end)
+    assert list(grads) == ["data"] and grads["data"].shape == (1, 3, h, w)
+    g = src.diff[0]
+    assert g.dtype == np.float32 and np.abs(g).mean() > 0
+    np.testing.assert_array_equal(grads["data"][0], g)
+    step = 1.5 / np.abs(g).mean() * g
+    src.data[:] += step
+    src.data[0] = np.roll(np.roll(src.data[0], -ox, -1), -oy, -2)
+    bias = net.transformer.mean["data"]
+    src.data[:] = np.clip(src.data, -bias, 255 - bias)
+    moved = src.data - before
+    assert src.data.dtype == np.float32 and np.abs(moved).max() > 0
+
+    # the L2 objective's gradient is d(0.5 |dst|^2)/d(data): check one entry numerically
+    # (in float64 arithmetic on the float32 net: a central difference over a wide step)
+    x = src.data.copy()
+
+    def energy(z):
+        src.data[...] = z
+        net.forward(end=end)
+        return 0.5 * float(np.sum(dst.data.astype(np.float64) ** 2))
+
+    energy(x)
+    dst.diff[:] = dst.data
+    net.backward(start=end)
+    analytic = float(src.diff[0, 1, 4, 5])
+    e = np.zeros_like(x)
+    e[0, 1, 4, 5] = 0.5
+    numeric = (energy(x + e) - energy(x - e)) / 1.0
+    assert analytic == pytest.approx(numeric, rel=2e-2, abs=1e-2)
+
+    # guided dream: the guide's features, then the objective written through a reshaped
+    # view of dst.diff[0]
+    src.data[...] = x
+    net.forward(end=end)
+    guide_features = dst.data[0].copy()
+    ch = guide_features.shape[0]
+    feats = dst.data[0].copy().reshape(ch, -1)
+    y = guide_features.reshape(ch, -1)
+    dst.diff[0].reshape(ch, -1)[:] = y[:, feats.T.dot(y).argmax(1)]
+    np.testing.assert_array_equal(dst.diff[0].reshape(ch, -1), y[:, feats.T.dot(y).argmax(1)])
+
+
+# ----------------------------------------------------- 01-learning-lenet
+def lenet(source, batch_size):
+    n = caffe.NetSpec()
+    n.data, n.label = L.Data(batch_size=batch_size, backend=P.Data.LMDB, source=source,
+                             transform_param=dict(scale=1. / 255), ntop=2)
+    n.conv1 = L.Convolution(n.data, kernel_size=5, num_output=4, weight_filler=dict(type="xavier"))
+    n.pool1 = L.Pooling(n.conv1, kernel_size=2, stride=2, pool=P.Pooling.MAX)
+    n.ip1 = L.InnerProduct(n.pool1, num_output=12, weight_filler=dict(type="xavier"))
+    n.relu1 = L.ReLU(n.ip1, in_place=True)
+    n.ip2 = L.InnerProduct(n.relu1, num_output=10, weight_filler=dict(type="xavier"))
+    n.loss = L.SoftmaxWithLoss(n.ip2, n.label)
+    return n.to_proto()
+
+
+def write_digits_lmdb(path, n, rng):
+    """The usual Python LMDB writer (deepdish.io's "Creating an LMDB database in Python",
+    Caffe's python-lmdb-creator notebook): array_to_datum records put under zero-padded
+    keys, and the environment left open afterwards."""
+    lmdb = pytest.importorskip("lmdb")
+    images = rng.integers(0, 256, (n, 1, 12, 12), dtype=np.uint8)
+    labels = rng.integers(0, 10, n)
+    env = lmdb.open(path, map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        for i in range(n):
+            datum = caffe.io.array_to_datum(images[i], int(labels[i]))
+            txn.put("{:08}".format(i).encode("ascii"), datum.SerializeToString())
+    return env, images, labels
+
+
+def test_learning_lenet_notebook(workdir):
+    """BVLC/caffe examples/01-learning-lenet.ipynb: LeNet written with NetSpec to a file,
+    a solver written from ``caffe_pb2.SolverParameter`` with ``str()``, ``SGDSolver``,
+    the blob and param shape listings, ``forward()`` on the train and test nets,
+    ``solver.step(1)`` with ``params['conv1'][0].diff``, and the training loop with
+    ``test_nets[0].forward(start='conv1')`` (which does not read a new batch) and the
+    argmax-against-label accuracy."""
+    rng = np.random.default_rng(1)
+    env, images, labels = write_digits_lmdb("digits_lmdb", 24, rng)
+    datum = caffe.proto.caffe_pb2.Datum()
+    with env.begin() as txn:                    # the script's own read-back
+        datum.ParseFromString(txn.get(b"00000003"))
+    assert datum.label == labels[3]
+    np.testing.assert_array_equal(caffe.io.datum_to_array(datum), images[3])
+
+    write("lenet_auto_train.prototxt", str(lenet("digits_lmdb", 8)))
+    write("lenet_auto_test.prototxt", str(lenet("digits_lmdb", 12)))
+    s = caffe_pb2.SolverParameter()
+    s.train_net = "lenet_auto_train.prototxt"
+    s.test_net.append("lenet_auto_test.prototxt")
+    s.test_interval = 500
+    s.test_iter.append(2)
+    s.base_lr = 0.01
+    s.momentum = 0.9
+    s.weight_decay = 5e-4
+    s.lr_policy = "inv"
+    s.gamma = 1e-4
+    s.power = 0.75
+    s.display = 0
+    s.max_iter = 10
+    s.snapshot = 5000
+    s.snapshot_prefix = "lenet"
+    s.solver_mode = caffe_pb2.SolverParameter.CPU
+    write("lenet_auto_solver.prototxt", str(s))
+
+    # the LMDB environment of the writer is still open in this process (as in the
+    # notebook-style scripts): Caffe's reader opens the database all the same
+    solver = caffe.SGDSolver("lenet_auto_solver.prototxt")
+    assert [(k, v.data.shape) for k, v in solver.net.blobs.items()] == [
+        ("data", (8, 1, 12, 12)), ("label", (8,)), ("conv1", (8, 4, 8, 8)),
+        ("pool1", (8, 4, 4, 4)), ("ip1", (8, 12)), ("ip2", (8, 10)), ("loss", ())]
+    assert [(k, v[0].data.shape) for k, v in solver.net.params.items()] == [
+        ("conv1", (4, 1, 5, 5)), ("ip1", (12, 64)), ("ip2", (10, 12))]
+
+    out = solver.net.forward()
+    assert list(out) == ["loss"] and out["loss"].shape == () and out["loss"].dtype == np.float32
+    solver.test_nets[0].forward()
+    data = solver.net.blobs["data"].data
+    np.testing.assert_allclose(data[:8, 0], images[:8, 0] / 255., rtol=1e-6)   # scale
+    np.testing.assert_array_equal(solver.net.blobs["label"].data[:8], labels[:8])
+    assert solver.net.blobs["label"].data.dtype == np.float32
+
+    w0 = solver.net.params["conv1"][0].data.copy()
+    solver.step(1)
+    tile = solver.net.params["conv1"][0].diff[:, 0].reshape(2, 2, 5, 5).transpose(0, 2, 1, 3)
+    assert tile.reshape(2 * 5, 2 * 5).shape == (10, 10)
+    assert np.abs(solver.net.params["conv1"][0].diff).max() > 0
+    assert not np.array_equal(solver.net.params["conv1"][0].data, w0)
+    assert solver.iter == 1
+
+    niter = 3
+    train_loss = np.zeros(niter)
+    output = np.zeros((niter, 8, 10))
+    test = solver.test_nets[0]
+    for it in range(niter):
+        solver.step(1)
+        train_loss[it] = solver.net.blobs["loss"].data
+        labels_before = test.blobs["label"].data.copy()
+        test.forward(start="conv1")
+        np.testing.assert_array_equal(test.blobs["label"].data, labels_before)
+        output[it] = test.blobs["ip2"].data[:8]
+        correct = 0
+        for _ in range(2):
+            test.forward()
+            correct += sum(test.blobs["ip2"].data.argmax(1) == test.blobs["label"].data)
+        assert 0 <= correct <= 24
+    assert np.all(train_loss > 0) and solver.iter == 4
+    # the test net shares the train net's weights (Solver::InitTestNets: ShareTrainedLayersWith)
+    np.testing.assert_array_equal(test.params["ip2"][0].data, solver.net.params["ip2"][0].data)
+    env.close()
+
+
+# ------------------------------------------------------------- brewing-logreg
+def test_brewing_logreg_hdf5(workdir):
+    """BVLC/caffe examples/brewing-logreg.ipynb: float64 features written with h5py (one
+    file plain, one gzip-compressed), HDF5Data through NetSpec, ``caffe.get_solver``,
+    ``solve()`` (snapshots at ``snapshot`` and after training), then accuracy averaged
+    over ``len(X) / test_nets[0].blobs['data'].num`` test forwards."""
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, 4)
+    y = (X[:, 0] + 0.2 * X[:, 1] > 0).astype(int)
+    os.makedirs("hdf5", exist_ok=True)
+    with h5py.File("hdf5/train.h5", "w") as f:
+        f["data"] = X
+        f["label"] = y.astype(np.float32)
+    write("hdf5/train.txt", "hdf5/train.h5\n")
+    with h5py.File("hdf5/test.h5", "w") as f:
+        f.create_dataset("data", data=X, compression="gzip", compression_opts=1)
+        f.create_dataset("label", data=y.astype(np.float32), compression="gzip",
+                         compression_opts=1)
+    write("hdf5/test.txt", "hdf5/test.h5\n")
+
+    def logreg(hdf5, batch_size):
+        n = caffe.NetSpec()
+        n.data, n.label = L.HDF5Data(batch_size=batch_size, source=hdf5, ntop=2)
+        n.ip1 = L.InnerProduct(n.data, num_output=2, weight_filler=dict(type="xavier"))
+        n.accuracy = L.Accuracy(n.ip1, n.label)
+        n.loss = L.SoftmaxWithLoss(n.ip1, n.label)
+        return n.to_proto()
+
+    write("logreg_auto_train.prototxt", str(logreg("hdf5/train.txt", 10)))
+    write("logreg_auto_test.prototxt", str(logreg("hdf5/test.txt", 10)))
+    write("solver.prototxt", 'train_net: "logreg_auto_train.prototxt"\n'
+          'test_net: "logreg_auto_test.prototxt"\ntest_iter: 6\ntest_interval: 20\n'
+          'base_lr: 0.1\nlr_policy: "step"\ngamma: 0.1\nstepsize: 30\ndisplay: 0\n'
+          'max_iter: 40\nmomentum: 0.9\nweight_decay: 0.0005\nsnapshot: 20\n'
+          'snapshot_prefix: "logreg"\nsolver_mode: CPU\n')
+    solver = caffe.get_solver("solver.prototxt")
+    solver.solve()
+    assert solver.iter == 40
+    assert {"logreg_iter_20.caffemodel", "logreg_iter_40.caffemodel",
+            "logreg_iter_40.solverstate"} <= set(os.listdir("."))
+    test = solver.test_nets[0]
+    assert test.blobs["data"].num == 10 and test.blobs["data"].data.dtype == np.float32
+    accuracy = 0
+    test_iters = int(len(X) / test.blobs["data"].num)
+    for _ in range(test_iters):
+        test.forward()
+        accuracy += test.blobs["accuracy"].data
+    accuracy /= test_iters
+    assert 0.8 < float(accuracy) <= 1.0
+    # HDF5Data casts the float64 file to the blob's float32, row by row in file order
+    np.testing.assert_allclose(test.blobs["data"].data, X[50:60].astype(np.float32))
+
+
+# -------------------------------------------------------------- net surgery
+FC = """name: "fc"
+input: "data" input_shape { dim: 2 dim: 3 dim: 6 dim: 6 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.3 }
+                      bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "fc6" type: "InnerProduct" bottom: "conv1" top: "fc6"
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.3 }
+                        bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "prob" type: "Softmax" bottom: "fc6" top: "prob" }
+"""
+FULL_CONV = """name: "full_conv"
+input: "data" input_shape { dim: 2 dim: 3 dim: 8 dim: 8 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "fc6-conv" type: "Convolution" bottom: "conv1" top: "fc6-conv"
+  convolution_param { num_output: 5 kernel_size: 4 } }
+layer { name: "prob" type: "Softmax" bottom: "fc6-conv" top: "prob" }
+"""
+
+
+def test_net_surgery_makes_a_classifier_fully_convolutional(workdir):
+    """BVLC/caffe examples/net_surgery.ipynb: the params of two nets held as (weights,
+    biases) tuples of ``.data`` arrays, the fully connected weights copied into the
+    convolution's with ``.flat`` assignment (shapes (5, 64) and (5, 4, 4, 4)), biases
+    with ``[...]``, ``save``, and ``forward_all`` on the bigger input: each output
+    location is the classifier applied to one window."""
+    write("fc.prototxt", FC)
+    write("full_conv.prototxt", FULL_CONV)
+    weights = saved_weights("fc.prototxt", workdir / "fc.caffemodel")
+    net = caffe.Net("fc.prototxt", weights, caffe.TEST)
+    params = ["fc6"]
+    fc_params = {pr: (net.params[pr][0].data, net.params[pr][1].data) for pr in params}
+    assert fc_params["fc6"][0].shape == (5, 64) and fc_params["fc6"][1].shape == (5,)
+    net_full_conv = caffe.Net("full_conv.prototxt", weights, caffe.TEST)   # conv1 by name
+    params_full_conv = ["fc6-conv"]
+    conv_params = {pr: (net_full_conv.params[pr][0].data, net_full_conv.params[pr][1].data)
+                   for pr in params_full_conv}
+    assert conv_params["fc6-conv"][0].shape == (5, 4, 4, 4)
+    for pr, pr_conv in zip(params, params_full_conv):
+        conv_params[pr_conv][0].flat = fc_params[pr][0].flat   # flat unrolled arrays
+        conv_params[pr_conv][1][...] = fc_params[pr][1]
+    np.testing.assert_array_equal(net_full_conv.params["fc6-conv"][0].data.reshape(5, 64),
+                                  net.params["fc6"][0].data)
+    net_full_conv.save("full_conv.caffemodel")
+
+    reloaded = caffe.Net("full_conv.prototxt", "full_conv.caffemodel", caffe.TEST)
+    image = np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    out = reloaded.forward_all(data=np.asarray([image[0]] * 2))
+    assert out["prob"].shape == (2, 5, 3, 3) and out["prob"].dtype == np.float32
+    # the location (i, j) of the fully convolutional output is the classifier on the
+    # 6 x 6 window at (i, j)
+    for i, j in [(0, 0), (2, 1)]:
+        window = net.forward(data=np.repeat(image[:, :, i:i + 6, j:j + 6], 2, axis=0))
+        np.testing.assert_allclose(out["prob"][0, :, i, j], window["prob"][0], rtol=1e-5,
+                                   atol=1e-6)
+    assert out["prob"][0].argmax(axis=0).shape == (3, 3)
+
+
+SEG = """name: "seg"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 6 dim: 6 } } }
+layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 1 dim: 1 dim: 6 dim: 6 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 stride: 2
+                      weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "score" type: "Convolution" bottom: "conv1" top: "score_fr"
+  convolution_param { num_output: 3 kernel_size: 1 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "upscore" type: "Deconvolution" bottom: "score_fr" top: "upscore"
+  param { lr_mult: 0 }
+  convolution_param { num_output: 3 kernel_size: 4 stride: 2 pad: 1 bias_term: false } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "upscore" bottom: "label" top: "loss"
+  loss_param { normalize: false } }
+"""
+
+
+def test_fcn_surgery_transplant_and_bilinear_interp(workdir):
+    """shelhamer/fcn.berkeleyvision.org surgery.py and solve.py: ``solver.net.copy_from``,
+    ``interp`` (``params[l][0].data[range(m), range(k), :, :] = filt`` on the layers
+    whose name holds 'up'), ``transplant`` (every param copied by ``.flat``, a missing
+    layer dropped), ``params[layer][0].num``, and the test net shared with the train net
+    before scoring (score.py: ``share_with``, ``blobs[layer].channels``,
+    ``data[0].argmax(0)``, ``blobs['loss'].data.flat[0]``)."""
+    write("train.prototxt", SEG)
+    write("solver.prototxt", 'train_net: "train.prototxt"\ntest_net: "train.prototxt"\n'
+          'test_iter: 1\ntest_interval: 1000\nbase_lr: 1e-3\nlr_policy: "fixed"\n'
+          'momentum: 0.9\ndisplay: 0\nsnapshot_prefix: "fcn"\nsolver_mode: CPU\n')
+    weights = saved_weights("train.prototxt", workdir / "base.caffemodel")
+    base = caffe.Net("train.prototxt", weights, caffe.TEST)
+    solver = caffe.SGDSolver("solver.prototxt")
+    solver.net.copy_from(weights)
+    np.testing.assert_array_equal(solver.net.params["conv1"][0].data, base.params["conv1"][0].data)
+
+    def upsample_filt(size):
+        factor = (size + 1) // 2
+        center = factor - 1 if size % 2 == 1 else factor - 0.5
+        og = np.ogrid[:size, :size]
+        return (1 - abs(og[0] - center) / factor) * (1 - abs(og[1] - center) / factor)
+
+    interp_layers = [k for k in solver.net.params.keys() if "up" in k]
+    assert interp_layers == ["upscore"]
+    for layer in interp_layers:
+        m, k, h, w = solver.net.params[layer][0].data.shape
+        assert (m, k, h, w) == (3, 3, 4, 4)
+        solver.net.params[layer][0].data[range(m), range(k), :, :] = upsample_filt(h)
+    up = solver.net.params["upscore"][0].data
+    np.testing.assert_allclose(up[1, 1], upsample_filt(4))
+    assert up[0, 1].sum() == 0 and up.dtype == np.float32
+
+    # transplant into a net with one layer renamed: copied, coerced by .flat, dropped
+    other = caffe.Net(caffe_pb2.NetParameter.FromString(
+        text_format.Parse(SEG.replace('name: "score"', 'name: "score_new"'),
+                          caffe_pb2.NetParameter()).SerializeToString()), caffe.TEST)
+    dropped = []
+    for p in solver.net.params:
+        if p not in other.params:
+            dropped.append(p)
+            continue
+        for i in range(len(solver.net.params[p])):
+            other.params[p][i].data.flat = solver.net.params[p][i].data.flat
+    assert dropped == ["score"]
+    np.testing.assert_array_equal(other.params["upscore"][0].data, up)
+    assert solver.net.params["score"][0].num == 3
+
+    image = np.random.default_rng(3).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    label = np.random.default_rng(4).integers(0, 3, (1, 1, 6, 6)).astype(np.float32)
+    solver.net.blobs["data"].data[...] = image
+    solver.net.blobs["label"].data[...] = label
+    solver.step(2)
+    np.testing.assert_array_equal(solver.net.params["upscore"][0].data, up)   # lr_mult 0
+    test = solver.test_nets[0]
+    test.share_with(solver.net)
+    test.blobs["data"].data[...] = image
+    test.blobs["label"].data[...] = label
+    test.forward()
+    n_cl = test.blobs["upscore"].channels
+    pred = test.blobs["upscore"].data[0].argmax(0)
+    assert n_cl == 3 and pred.shape == (6, 6)
+    hist = np.bincount(n_cl * test.blobs["label"].data[0, 0].flatten().astype(int)
+                       + pred.flatten(), minlength=n_cl ** 2).reshape(n_cl, n_cl)
+    assert hist.sum() == 36
+    loss = test.blobs["loss"].data.flat[0]
+    assert isinstance(loss, np.float32) and loss > 0
+
+
+# ---------------------------------------------------------------- Python layers
+PYLAYERS = '''
+import numpy as np
+import caffe
+
+
+class EuclideanLossLayer(caffe.Layer):
+    """BVLC/caffe examples/pycaffe/layers/pyloss.py"""
+
+    def setup(self, bottom, top):
+        if len(bottom) != 2:
+            raise Exception("Need two inputs to compute distance.")
+
+    def reshape(self, bottom, top):
+        if bottom[0].count != bottom[1].count:
+            raise Exception("Inputs must have the same dimension.")
+        self.diff = np.zeros_like(bottom[0].data, dtype=np.float32)
+        top[0].reshape(1)
+
+    def forward(self, bottom, top):
+        self.diff[...] = bottom[0].data - bottom[1].data
+        top[0].data[...] = np.sum(self.diff ** 2) / bottom[0].num / 2.
+
+    def backward(self, top, propagate_down, bottom):
+        for i in range(2):
+            if not propagate_down[i]:
+                continue
+            sign = 1 if i == 0 else -1
+            bottom[i].diff[...] = sign * self.diff / bottom[i].num
+
+
+class MultilabelDataLayerSync(caffe.Layer):
+    """pascal_multilabel_datalayers.py's PascalMultilabelDataLayerSync, images made up"""
+
+    def setup(self, bottom, top):
+        self.top_names = ["data", "label"]
+        params = eval(self.param_str)
+        assert "split" in params.keys()
+        self.batch_size = params["batch_size"]
+        self.im_shape = params["im_shape"]
+        self.seen_phase = self.phase
+        self.rng = np.random.RandomState(0 if params["split"] == "train" else 1)
+        top[0].reshape(self.batch_size, 3, self.im_shape[0], self.im_shape[1])
+        top[1].reshape(self.batch_size, 4)
+
+    def forward(self, bottom, top):
+        for itt in range(self.batch_size):
+            im = self.rng.rand(3, *self.im_shape)
+            multilabel = (im.mean(axis=(1, 2))[[0, 1, 2, 0]] > 0.5).astype(np.float32)
+            top[0].data[itt, ...] = im
+            top[1].data[itt, ...] = multilabel
+
+    def reshape(self, bottom, top):
+        pass
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+'''
+
+
+@pytest.fixture
+def pylayers(workdir, monkeypatch):
+    name = "usage_pylayers_%d" % os.getpid()
+    write(workdir / (name + ".py"), PYLAYERS)
+    monkeypatch.syspath_prepend(str(workdir))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_pascal_multilabel_with_python_layers(pylayers):
+    """BVLC/caffe examples/pascal-multilabel-with-datalayer.ipynb with its
+    pascal_multilabel_datalayers.py, and examples/pycaffe/layers/pyloss.py: a Python
+    data layer (``param_str=str(dict)``, ``eval(self.param_str)``, ``self.top_names``
+    set on the instance), a Python loss layer with ``loss_weight``, NetSpec files from
+    ``tempfile``, ``SGDSolver``, ``test_nets[0].share_with(solver.net)``, then the
+    layer objects read back through ``net.layers``."""
+    def net(split):
+        n = caffe.NetSpec()
+        n.data, n.label = L.Python(module=pylayers, layer="MultilabelDataLayerSync", ntop=2,
+                                   param_str=str(dict(split=split, batch_size=4,
+                                                      im_shape=[5, 5])))
+        n.fc = L.InnerProduct(n.data, num_output=4, weight_filler=dict(type="gaussian", std=0.1))
+        n.loss = L.SigmoidCrossEntropyLoss(n.fc, n.label)
+        n.euclid = L.Python(n.fc, n.label, module=pylayers, layer="EuclideanLossLayer",
+                            loss_weight=1)
+        return str(n.to_proto())
+
+    with tempfile.NamedTemporaryFile(mode="w", suffix=".prototxt", delete=False, dir=".") as f:
+        f.write(net("train"))
+        train_file = f.name
+    write("valnet.prototxt", net("val"))
+    write("solver.prototxt", 'train_net: "%s"\ntest_net: "valnet.prototxt"\ntest_iter: 1\n'
+          'test_interval: 1000\nbase_lr: 0.01\nlr_policy: "fixed"\nmomentum: 0.9\n'
+          'display: 0\nsnapshot_prefix: "ml"\nsolver_mode: CPU\n' % train_file)
+    solver = caffe.SGDSolver("solver.prototxt")
+    solver.test_nets[0].share_with(solver.net)
+    data_layer = solver.net.layers[0]
+    assert data_layer.top_names == ["data", "label"] and data_layer.batch_size == 4
+    assert (data_layer.seen_phase, solver.test_nets[0].layers[0].seen_phase) == (0, 1)
+    assert type(data_layer.seen_phase) is int                 # PythonLayer: static_cast<int>
+    assert solver.net.blob_loss_weights["euclid"] == 1.0 and solver.net.outputs == ["euclid", "loss"]
+
+    losses = []
+    for _ in range(6):
+        solver.step(1)
+        losses.append(float(solver.net.blobs["euclid"].data[0]))
+    assert solver.net.blobs["euclid"].data.shape == (1,)
+    assert losses[-1] < losses[0]
+
+    # the Python loss's value and gradient against the arithmetic of pyloss.py
+    net = solver.net
+    out = net.forward()
+    fc, label = net.blobs["fc"].data, net.blobs["label"].data
+    assert out["euclid"][0] == pytest.approx(np.sum((fc - label) ** 2) / 4 / 2., rel=1e-5)
+    net.backward()
+    np.testing.assert_allclose(net.blobs["fc"].diff,
+                               (fc - label) / 4                  # euclid, weight 1
+                               + (1 / (1 + np.exp(-fc)) - label) / 4,   # sigmoid CE / N
+                               rtol=1e-4, atol=1e-6)
+    # shared weights: the test net computes with the trained parameters
+    np.testing.assert_array_equal(solver.test_nets[0].params["fc"][0].data,
+                                  net.params["fc"][0].data)
+    os.unlink(train_file)
+
+
+def test_a_data_layer_reads_an_lmdb_that_the_script_holds_open(workdir):
+    """Caffe's C++ reader opens a database that the script still holds open with the lmdb
+    package (a writer never closed), where py-lmdb >= 2 refuses a second environment on
+    the same files; the script's environment keeps working beside the net's reader."""
+    rng = np.random.default_rng(5)
+    env, images, labels = write_digits_lmdb("held_lmdb", 6, rng)
+    text = ('name: "d" layer { name: "d" type: "Data" top: "data" top: "label" '
+            'data_param { source: "held_lmdb" backend: LMDB batch_size: 4 } }')
+    net = caffe.Net(write("d.prototxt", text), caffe.TEST)
+    net.forward()
+    np.testing.assert_array_equal(net.blobs["data"].data, images[:4])
+    np.testing.assert_array_equal(net.blobs["label"].data, labels[:4])
+    net.forward()                               # records 4, 5, then wraps to 0, 1
+    np.testing.assert_array_equal(net.blobs["data"].data, images[[4, 5, 0, 1]])
+    with env.begin(write=True) as txn:          # the script goes on writing
+        txn.put(b"extra", b"1")
+    del net
+    with env.begin() as txn:
+        assert txn.get(b"extra") == b"1" and txn.stat()["entries"] == 7
+    env.close()

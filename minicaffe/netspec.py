@@ -188,6 +188,9 @@ class Top:
     def _to_proto(self, layers, names, autonames):
         return self.fn._to_proto(layers, names, autonames)
 
+    def _update(self, params: dict):
+        self.fn._update(params)
+
     def __repr__(self):
         return f"<Top {self.n} of L.{self.fn.type_name}>"
 
@@ -217,11 +220,14 @@ class Function:
 
     def _params_proto(self) -> caffe_pb2.LayerParameter:
         """A LayerParameter holding only this layer's keyword params (see the module doc)."""
+        return self._params_with(self.params)
+
+    def _params_with(self, params: dict) -> caffe_pb2.LayerParameter:
         layer = caffe_pb2.LayerParameter()
         stem = _PARAM_NAMES.get(self.type_name)
         type_param = getattr(layer, stem + "_param") if stem else None
         where = f"L.{self.type_name}"
-        for key, value in self.params.items():
+        for key, value in params.items():
             if key.endswith("param"):
                 target = layer
             elif type_param is not None and key in type_param.DESCRIPTOR.fields_by_name:
@@ -232,6 +238,14 @@ class Function:
                 raise _unknown_keyword(self.type_name, key, type_param)
             assign_proto(target, key, value, where)
         return layer
+
+    def _update(self, params: dict):
+        """pycaffe's ``Function._update``: merge ``params`` into the layer's keyword
+        params (a key given again replaces the old value), routed and checked anew."""
+        merged = dict(self.params)
+        merged.update(params)
+        self._params = self._params_with(merged)
+        self.params = merged
 
     def _get_top_name(self, top, names, autonames):
         if top not in names:
@@ -312,6 +326,9 @@ class NetSpec:
     def __getitem__(self, name):
         return self.tops[name]
 
+    def __delitem__(self, name):
+        del self.tops[name]
+
     def __contains__(self, name):
         return name in self.tops
 
@@ -320,6 +337,11 @@ class NetSpec:
 
     def vals(self):
         return list(self.tops.values())
+
+    def update(self, name, params: dict):
+        """pycaffe's ``NetSpec.update``: merge ``params`` into the keyword params of the
+        layer that made top ``name`` (``n.update("conv1", dict(num_output=64))``)."""
+        self.tops[name]._update(params)
 
     def to_proto(self) -> caffe_pb2.NetParameter:
         names = {top: name for name, top in self.tops.items()}

@@ -596,3 +596,41 @@ def test_a_data_layer_reads_an_lmdb_that_the_script_holds_open(workdir):
     with env.begin() as txn:
         assert txn.get(b"extra") == b"1" and txn.stat()["entries"] == 7
     env.close()
+
+
+# ------------------------------------------------------------------- NetSpec
+def test_netspec_update_and_delitem_as_pycaffes(workdir):
+    """pycaffe's net_spec.py: ``NetSpec.update(name, params)`` merges keyword params into
+    the layer that made top ``name`` (``Top._update`` -> ``Function._update``: a dict
+    update, a key given again replaces its value), and ``del n[name]`` forgets a top (a
+    deploy net made from the train spec: the layers that only fed the deleted tops are
+    not emitted)."""
+    n = caffe.NetSpec()
+    n.data, n.label = L.DummyData(shape=[dict(dim=[2, 3, 5, 5]), dict(dim=[2])], ntop=2)
+    n.conv1 = L.Convolution(n.data, kernel_size=3, num_output=4)
+    n.relu1 = L.ReLU(n.conv1, in_place=True)
+    n.score = L.InnerProduct(n.relu1, num_output=3)
+    n.loss = L.SoftmaxWithLoss(n.score, n.label)
+    n.silence = L.Silence(n.label, ntop=0)
+    n.update("conv1", dict(num_output=8, weight_filler=dict(type="xavier")))
+    n.update("relu1", {"negative_slope": 0.1})          # through the in-place top
+    n.update("silence", {"propagate_down": [False]})    # a Function (ntop=0) itself
+    proto = n.to_proto()
+    layers = {l.name: l for l in proto.layer}
+    conv = layers["conv1"].convolution_param
+    assert (conv.num_output, list(conv.kernel_size), conv.weight_filler.type) == (8, [3], "xavier")
+    assert layers["relu1"].relu_param.negative_slope == pytest.approx(0.1)
+    assert list(layers["silence"].propagate_down) == [False]
+    with pytest.raises(KeyError):
+        n.update("nope", dict(num_output=1))
+
+    del n["loss"]
+    del n["silence"]
+    assert "loss" not in n.keys() and len(n.vals()) == 5
+    names = [l.name for l in n.to_proto().layer]
+    assert names == ["data", "conv1", "relu1", "score"]
+    with pytest.raises(KeyError):
+        del n["loss"]
+    net = caffe.Net(write("deploy.prototxt", str(n.to_proto())), caffe.TEST)
+    assert net.params["conv1"][0].data.shape == (8, 3, 3, 3)
+    assert net.outputs == ["label", "score"]

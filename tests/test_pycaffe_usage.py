@@ -634,3 +634,278 @@ def test_netspec_update_and_delitem_as_pycaffes(workdir):
     net = caffe.Net(write("deploy.prototxt", str(n.to_proto())), caffe.TEST)
     assert net.params["conv1"][0].data.shape == (8, 3, 3, 3)
     assert net.outputs == ["label", "score"]
+
+
+# -------------------------------------------------------- 00-classification
+def test_classification_notebook(workdir):
+    """BVLC/caffe examples/00-classification.ipynb: ``Net(model_def, model_weights,
+    caffe.TEST)``, a per-channel mean from ``np.load(...).mean(1).mean(1)``, the
+    Transformer (transpose, mean, raw scale 255, RGB -> BGR), the data blob reshaped to a
+    batch of 5 and written by broadcasting one image, ``forward()``'s output dict, the
+    shape listings of ``net.blobs`` and ``net.params``, and feature views of filters and
+    activations."""
+    write("deploy.prototxt", DREAM)
+    weights = saved_weights("deploy.prototxt", workdir / "w.caffemodel")
+    net = caffe.Net("deploy.prototxt", weights, caffe.TEST)
+    rng = np.random.default_rng(6)
+    np.save("mean.npy", rng.uniform(90, 130, (3, 16, 16)))
+    mu = np.load("mean.npy").mean(1).mean(1)
+    transformer = caffe.io.Transformer({"data": net.blobs["data"].data.shape})
+    transformer.set_transpose("data", (2, 0, 1))
+    transformer.set_mean("data", mu)
+    transformer.set_raw_scale("data", 255)
+    transformer.set_channel_swap("data", (2, 1, 0))
+    net.blobs["data"].reshape(5, 3, 12, 12)
+    image = rng.uniform(0, 1, (12, 12, 3)).astype(np.float32)
+    transformed_image = transformer.preprocess("data", image)
+    assert transformed_image.shape == (3, 12, 12) and transformed_image.dtype == np.float32
+    np.testing.assert_allclose(
+        transformed_image, image.transpose(2, 0, 1)[[2, 1, 0]] * 255 - mu[:, None, None],
+        rtol=1e-5, atol=1e-3)
+    net.blobs["data"].data[...] = transformed_image
+    output = net.forward()
+    output_prob = output["prob"][0]
+    assert output["prob"].shape == (5, 5) and output_prob.dtype == np.float32
+    assert output_prob.sum() == pytest.approx(1.0, rel=1e-5)
+    np.testing.assert_allclose(output["prob"], np.tile(output_prob, (5, 1)), rtol=1e-6)
+    top_inds = output_prob.argsort()[::-1][:5]
+    assert sorted(top_inds) == list(range(5))
+    # forward()'s arrays are the blobs' own (pycaffe: {out: self.blobs[out].data})
+    assert np.shares_memory(output["prob"], net.blobs["prob"].data)
+
+    shapes = [(name, blob.data.shape) for name, blob in net.blobs.items()]
+    assert shapes[0] == ("data", (5, 3, 12, 12)) and shapes[-1] == ("prob", (5, 5))
+    assert ("inc/output", (5, 4, 12, 12)) in shapes
+    assert [(name, param[0].data.shape, param[1].data.shape)
+            for name, param in net.params.items()] == [
+        ("conv1", (4, 3, 3, 3), (4,)), ("inc/1x1", (2, 4, 1, 1), (2,)),
+        ("inc/3x3", (2, 4, 3, 3), (2,)), ("fc", (5, 4), (5,))]
+    filters = net.params["conv1"][0].data
+    assert filters.transpose(0, 2, 3, 1).shape == (4, 3, 3, 3)
+    feat = net.blobs["conv1"].data[0, :3]
+    assert feat.shape == (3, 12, 12) and np.all(feat >= 0)       # after the in-place ReLU
+    feat = net.blobs["fc"].data[0]
+    assert feat.flat[feat.flat > 0].ndim == 1
+    # a second image: net.reshape() back to one image, then forward(start=...)
+    net.blobs["data"].reshape(1, 3, 12, 12)
+    net.reshape()
+    assert net.blobs["prob"].data.shape == (1, 5)
+    net.blobs["data"].data[0, ...] = transformed_image
+    probs = net.forward(start="conv1")["prob"][0]
+    np.testing.assert_allclose(probs, output_prob, rtol=1e-5)
+
+
+# ---------------------------------------------------------- 02-fine-tuning
+def style_net(source, train=True, learn_all=False, num_classes=3):
+    """02-fine-tuning.ipynb's caffenet()/style_net(), cut down: ImageData with a mean
+    file, crop and mirror; frozen or learned params; the classifier under its own name."""
+    weight_param = dict(lr_mult=1, decay_mult=1)
+    bias_param = dict(lr_mult=2, decay_mult=0)
+    learned_param = [weight_param, bias_param]
+    frozen_param = [dict(lr_mult=0)] * 2
+    param = learned_param if learn_all else frozen_param
+    n = caffe.NetSpec()
+    transform_param = dict(mirror=train, crop_size=6, mean_file="mean.binaryproto")
+    n.data, n.label = L.ImageData(transform_param=transform_param, source=source,
+                                  batch_size=4, new_height=8, new_width=8, ntop=2)
+    n.conv1 = L.Convolution(n.data, kernel_size=3, num_output=4, param=param,
+                            weight_filler=dict(type="gaussian", std=0.1),
+                            bias_filler=dict(type="constant", value=0.1))
+    n.relu1 = L.ReLU(n.conv1, in_place=True)
+    n.fc7 = L.InnerProduct(n.relu1, num_output=6, param=param,
+                           weight_filler=dict(type="gaussian", std=0.1))
+    n.relu7 = L.ReLU(n.fc7, in_place=True)
+    n.drop7 = L.Dropout(n.relu7, in_place=True)
+    fc8 = L.InnerProduct(n.drop7, num_output=num_classes, param=learned_param,
+                         weight_filler=dict(type="gaussian", std=0.1))
+    n.__setattr__("fc8_flickr", fc8)
+    if not train:
+        n.probs = L.Softmax(fc8)
+    n.loss = L.SoftmaxWithLoss(fc8, n.label)
+    n.acc = L.Accuracy(fc8, n.label)
+    with tempfile.NamedTemporaryFile(mode="w", suffix=".prototxt", delete=False, dir=".") as f:
+        f.write(str(n.to_proto()))
+        return f.name
+
+
+def test_fine_tuning_notebook(workdir):
+    """BVLC/caffe examples/02-fine-tuning.ipynb: nets written to temporary files, a
+    solver made from ``caffe_pb2.SolverParameter`` (``random_seed = 0xCAFFE``,
+    ``test_iter.append``, ``solver_mode``), ``get_solver``, ``solver.net.copy_from``
+    of pretrained weights, the side-by-side training loop keeping ``.data.copy()`` of
+    loss and accuracy, frozen layers (``lr_mult: 0``) left as loaded, ``net.save``, and
+    the test net built from the saved weights, scored with ``forward()['acc']``."""
+    from PIL import Image
+    rng = np.random.default_rng(7)
+    os.makedirs("images", exist_ok=True)
+    lines = []
+    for i in range(8):
+        name = "images/%d.png" % i
+        Image.fromarray(rng.integers(0, 256, (10, 9, 3), dtype=np.uint8)).save(name)
+        lines.append("%s %d" % (name, i % 3))
+    write("train.txt", "\n".join(lines) + "\n")
+    mean = caffe.io.array_to_blobproto(np.full((1, 3, 8, 8), 120, np.float32))
+    with open("mean.binaryproto", "wb") as f:
+        f.write(mean.SerializeToString())
+
+    pretrained = saved_weights(style_net("train.txt", train=False), workdir / "pre.caffemodel")
+    s = caffe_pb2.SolverParameter()
+    s.train_net = style_net("train.txt", train=True)
+    s.test_net.append(style_net("train.txt", train=False))
+    s.test_interval = 1000
+    s.test_iter.append(2)
+    s.iter_size = 1
+    s.max_iter = 100
+    s.type = "SGD"
+    s.base_lr = 0.001
+    s.lr_policy = "step"
+    s.gamma = 0.1
+    s.stepsize = 20
+    s.momentum = 0.9
+    s.weight_decay = 5e-4
+    s.display = 0
+    s.snapshot = 1000
+    s.snapshot_prefix = "finetune_flickr_style"
+    s.solver_mode = caffe_pb2.SolverParameter.CPU
+    s.random_seed = 0xCAFFE
+    solver_file = write("solver.prototxt", str(s))
+    solver = caffe.get_solver(solver_file)
+    solver.net.copy_from(pretrained)
+    scratch = caffe.get_solver(solver_file)
+    frozen = solver.net.params["conv1"][0].data.copy()
+    pre = caffe.Net(style_net("train.txt", train=False), pretrained, caffe.TEST)
+    np.testing.assert_array_equal(frozen, pre.params["conv1"][0].data)
+
+    blobs = ("loss", "acc")
+    loss = {name: np.zeros(3) for name in ("pretrained", "scratch")}
+    acc = {name: np.zeros(3) for name in ("pretrained", "scratch")}
+    for it in range(3):
+        for name, s_ in (("pretrained", solver), ("scratch", scratch)):
+            s_.step(1)
+            loss[name][it], acc[name][it] = (s_.net.blobs[b].data.copy() for b in blobs)
+    assert np.all(loss["pretrained"] > 0) and np.all((acc["scratch"] >= 0) & (acc["scratch"] <= 1))
+    np.testing.assert_array_equal(solver.net.params["conv1"][0].data, frozen)   # lr_mult 0
+    assert not np.array_equal(solver.net.params["fc8_flickr"][0].data,
+                              pre.params["fc8_flickr"][0].data)
+    assert solver.net.blobs["data"].data.shape == (4, 3, 6, 6)
+    assert solver.net.blobs["label"].data.tolist() == [0, 1, 2, 0]   # ImageData, no shuffle
+
+    solver.net.save("weights.pretrained.caffemodel")
+    test_net = caffe.Net(style_net("train.txt", train=False), "weights.pretrained.caffemodel",
+                         caffe.TEST)
+    np.testing.assert_array_equal(test_net.params["fc8_flickr"][0].data,
+                                  solver.net.params["fc8_flickr"][0].data)
+    accuracy = 0
+    for _ in range(2):
+        accuracy += test_net.forward()["acc"]
+    assert 0 <= accuracy / 2 <= 1
+    assert test_net.blobs["probs"].data.shape == (4, 3)
+    assert test_net.blobs["data"].data.dtype == np.float32
+
+
+# ------------------------------------------- siamese, features, caffemodel files
+SIAMESE = """name: "mnist_siamese"
+input: "data"
+input_dim: 4
+input_dim: 1
+input_dim: 6
+input_dim: 6
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  param { name: "conv1_w" lr_mult: 1 } param { name: "conv1_b" lr_mult: 2 }
+  convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "xavier" }
+                      bias_filler { type: "constant" } } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1"
+  inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "feat" type: "InnerProduct" bottom: "ip1" top: "feat"
+  inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+"""
+
+
+def test_siamese_features_with_forward_all(workdir):
+    """BVLC/caffe examples/siamese/mnist_siamese.ipynb and the usual feature extraction
+    loops: a deploy net with legacy ``input_dim`` fields, ``forward_all(data=...)`` over
+    more images than the batch (float64 in, scaled by 0.00390625; the last batch padded),
+    ``out['feat']``; ``forward(blobs=[...])`` for an inner layer; per-batch ``.copy()``
+    of a blob, because forward's arrays are the blobs' own and the next pass overwrites
+    them, while forward_all's are copies."""
+    write("deploy.prototxt", SIAMESE)
+    weights = saved_weights("deploy.prototxt", workdir / "siamese.caffemodel")
+    net = caffe.Net("deploy.prototxt", weights, caffe.TEST)
+    assert net.inputs == ["data"] and net._layer_names[0] == "input"   # UpgradeNetInput
+    raw = np.random.default_rng(8).integers(0, 256, (10, 36)).astype(np.float64)
+    caffe_in = raw.reshape(10, 1, 6, 6) * 0.00390625
+    out = net.forward_all(data=caffe_in)
+    feat = out["feat"]
+    assert list(out) == ["feat"] and feat.shape == (10, 2) and feat.dtype == np.float32
+    assert not np.shares_memory(feat, net.blobs["feat"].data)
+
+    feats = []
+    for start in range(0, 10, 4):               # the script's own batching, last one short
+        batch = caffe_in[start:start + 4]
+        net.blobs["data"].reshape(*batch.shape)
+        net.blobs["data"].data[...] = batch
+        outs = net.forward(blobs=["ip1"])
+        assert sorted(outs) == ["feat", "ip1"]
+        assert outs["ip1"].shape == (len(batch), 5)
+        assert np.shares_memory(outs["feat"], net.blobs["feat"].data)
+        feats.append(net.blobs["feat"].data.copy())
+    np.testing.assert_allclose(np.concatenate(feats), feat, rtol=1e-5, atol=1e-6)
+
+
+def test_caffemodel_read_with_caffe_pb2(workdir):
+    """Weight converters and inspectors (caffemodel -> NumPy): the saved file parsed as
+    ``caffe_pb2.NetParameter``, each layer's ``blobs`` through ``caffe.io.blobproto_to_array``;
+    Caffe's Net::ToProto writes every layer (the upgraded Input layer and inserted Splits
+    too) with its phase, and blobs with ``shape``, not the legacy 4-d fields."""
+    write("deploy.prototxt", SIAMESE + 'layer { name: "ip1b" type: "InnerProduct" bottom: "ip1" '
+          'top: "ip1b" inner_product_param { num_output: 2 bias_term: false } }\n')
+    net = caffe.Net("deploy.prototxt", caffe.TEST)
+    net.save("w.caffemodel")
+    net_param = caffe.proto.caffe_pb2.NetParameter()
+    with open("w.caffemodel", "rb") as f:
+        net_param.ParseFromString(f.read())
+    assert [l.name for l in net_param.layer] == net._layer_names
+    assert "ip1_relu1_0_split" in net._layer_names
+    assert all(l.phase == caffe.TEST for l in net_param.layer)
+    params = {layer.name: [caffe.io.blobproto_to_array(b) for b in layer.blobs]
+              for layer in net_param.layer if len(layer.blobs)}
+    assert list(params) == list(net.params)
+    for name, arrays in params.items():
+        assert [a.shape for a in arrays] == [b.data.shape for b in net.params[name]]
+        for a, b in zip(arrays, net.params[name]):
+            np.testing.assert_array_equal(a, b.data)
+    blob = net_param.layer[1].blobs[0]
+    assert not blob.HasField("num") and list(blob.shape.dim) == [3, 1, 3, 3]
+
+
+LEVELS = """name: "staged"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 3 } }
+layer { name: "deploy_prob" type: "Softmax" bottom: "ip" top: "prob"
+  include { stage: "deploy" } }
+layer { name: "deep" type: "ReLU" bottom: "ip" top: "deep" include { min_level: 1 } }
+layer { name: "train_only" type: "Sigmoid" bottom: "ip" top: "sig" include { phase: TRAIN } }
+"""
+
+
+def test_net_constructor_forms(workdir):
+    """The forms scripts call: ``Net(model, weights, phase)`` (legacy, positional),
+    ``Net(model, phase, weights=...)``, ``Net(network_file=..., phase=..., weights=...)``
+    and ``Net(model, phase, level=, stages=)`` with NetStateRules (pycaffe's Net_Init:
+    ``stages`` a list of strings)."""
+    model = write("staged.prototxt", LEVELS)
+    weights = saved_weights(model, workdir / "s.caffemodel")
+    nets = [caffe.Net(model, weights, caffe.TEST),
+            caffe.Net(model, caffe.TEST, weights=weights),
+            caffe.Net(network_file=model, phase=caffe.TEST, weights=weights)]
+    for n in nets:
+        np.testing.assert_array_equal(n.params["ip"][0].data, nets[0].params["ip"][0].data)
+        assert n.outputs == ["ip"]
+    assert caffe.Net(model, caffe.TRAIN).outputs == ["sig"]
+    assert caffe.Net(model, caffe.TEST, stages=["deploy"]).outputs == ["prob"]
+    assert caffe.Net(model, caffe.TEST, level=1).outputs == ["deep"]
+    assert caffe.Net(model, caffe.TEST, level=1, stages=["deploy"]).outputs == ["deep", "prob"]

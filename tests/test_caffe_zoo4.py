@@ -140,37 +140,37 @@ def test_flickr_style_v1_train_val_and_solver(tmp_path, monkeypatch):
     shutil.copy(zoo("caffe_models", "finetune_flickr_style_solver.prototxt"), "solver.prototxt")
     param = read_net_param(src)
     assert [(l.name, l.type) for l in param.layer][:2] == [("data", "ImageData")] * 2
-    given = {"data": [(50, 3, 227, 227), (50,)]}
-    for phase in (caffe.TRAIN, caffe.TEST):
-        net = caffe.Net(src, phase)
-        blobs, params = check_shapes(net, src, phase, given=given)
-        assert blobs["pool5"] == (50, 256, 6, 6) and blobs["fc8_flickr"] == (50, 20)
-        assert params["fc8_flickr"] == [(20, 4096), (20,)]
-        assert ("accuracy" in blobs) == (phase == caffe.TEST)
+    param.layer[0].data_param.prefetch = 0        # no 4 batches of 50 loaded ahead
+    net = caffe.Net(param, caffe.TRAIN)
+    blobs, params = check_shapes(net, src, caffe.TRAIN, given={"data": [(50, 3, 227, 227),
+                                                                        (50,)]})
+    assert blobs["pool5"] == (50, 256, 6, 6) and blobs["fc8_flickr"] == (50, 20)
+    assert params["fc8_flickr"] == [(20, 4096), (20,)] and "accuracy" not in blobs
     specs = dict(zip(net.layer_names, net.param_specs))
     assert [(p.lr_mult, p.decay_mult) for p in specs["fc8_flickr"]] == [(10, 1), (20, 0)]
     assert [(p.lr_mult, p.decay_mult) for p in specs["conv1"]] == [(1, 1), (2, 0)]
+    del net
 
     # the solver's nets at batch 2 (the images above), one SGD step
+    param.layer[0].ClearField("data_param")
     for layer in param.layer[:2]:
         layer.image_data_param.batch_size = 2
     write_text(param, src)
     solver = caffe.get_solver("solver.prototxt")
     assert solver.param.solver_mode == caffe_pb2.SolverParameter.CPU
+    (test,) = solver.test_nets
+    blobs, _ = check_shapes(test, src, caffe.TEST, given={"data": [(2, 3, 227, 227), (2,)]})
+    assert blobs["accuracy"] == ()
     solver.param.test_initialization = False        # test_iter 100 batches otherwise
     train = solver.net
-    randomize(train, seed=4)
-    for b in train.params["fc8_flickr"]:
-        b.data[...] *= 30                            # a loss far from log(20)
     before = {k: [p.data.copy() for p in ps] for k, ps in train.params.items()}
     solver.step(1)
     assert np.isfinite(train.blobs["(automatic)"].data).all()
-    for name, lr_mults in (("fc8_flickr", (10, 20)), ("conv1", (1, 2))):
-        for i, (p, old, lr) in enumerate(zip(train.params[name], before[name], lr_mults)):
+    for name in ("fc8_flickr", "conv1"):
+        for p, old in zip(train.params[name], before[name]):
             np.testing.assert_allclose(p.data, old - p.diff, rtol=1e-6, atol=1e-9)
     # fc8_flickr's gradient from the data it saw: the softmax loss on fc7
     fc7 = train.blobs["fc7"].data
-    prob = train.blobs["fc8_flickr"].data
     label = train.blobs["label"].data.astype(int)
     w_old, b_old = before["fc8_flickr"]
     logits = fc7 @ w_old.T + b_old
@@ -182,7 +182,6 @@ def test_flickr_style_v1_train_val_and_solver(tmp_path, monkeypatch):
                                rtol=1e-4, atol=1e-9)
     np.testing.assert_allclose(train.params["fc8_flickr"][0].diff,
                                0.001 * 10 * (g.T @ fc7 + 0.0005 * w_old), rtol=1e-4, atol=1e-9)
-    del prob
 
 
 # --------------------------------------------------------- cifar10_full_sigmoid (train_test)
@@ -292,3 +291,49 @@ def test_digits_lenet_all_in_one_by_stage(tmp_path):
     deploy.blobs["data"].data[...] = 80
     deploy.forward()
     np.testing.assert_allclose(deploy.blobs["scaled"].data, 1.0, rtol=1e-6)   # 80 * 0.0125
+
+
+# ------------------------------------------- R-CNN fine-tuning on PASCAL (WindowData)
+def test_pascal_finetune_window_data_train_and_test(tmp_path, monkeypatch):
+    """examples/finetune_pascal_detection/pascal_finetune_trainval_test.prototxt: CaffeNet
+    fed by WindowData (R-CNN's warped windows: context_pad 16, crop 227, fg_fraction 0.25,
+    fg/bg thresholds 0.5) with a 21-way fc8_pascal.  At the file's batch of 128 a TRAIN
+    batch holds 96 background windows (label 0) then 32 foreground ones; run at a stand-in
+    batch of 4 (3 + 1), forward and backward."""
+    from PIL import Image
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    src = "pascal_finetune_trainval_test.prototxt"
+    shutil.copy(zoo("caffe_examples", src), src)
+    os.makedirs("examples/finetune_pascal_detection")
+    write_mean("data/ilsvrc12/imagenet_mean.binaryproto", (3, 256, 256), rng)
+    for split in ("trainval", "test"):
+        records = []
+        for i in range(2):
+            name = f"{split}{i}.jpg"
+            Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8)).save(name)
+            # class overlap x1 y1 x2 y2: one foreground, one background, one in between
+            records.append(f"# {i}\n{name}\n3\n240\n320\n3\n{7 + i} 0.8 40 30 200 180\n"
+                           "5 0.1 100 60 300 220\n3 0.45 10 10 120 90\n")
+        with open(f"examples/finetune_pascal_detection/window_file_2007_{split}.txt", "w") as f:
+            f.write("".join(records))
+    param = read_net_param(src)
+    assert [l.type for l in param.layer[:2]] == ["WindowData"] * 2
+    for layer in param.layer[:2]:
+        layer.window_data_param.batch_size = 4
+    given = {"data": [(4, 3, 227, 227), (4,)]}
+    train = caffe.Net(param, caffe.TRAIN)
+    blobs, params = check_shapes(train, param, caffe.TRAIN, given=given)
+    assert blobs["pool5"] == (4, 256, 6, 6) and params["fc8_pascal"] == [(21, 4096), (21,)]
+    specs = dict(zip(train.layer_names, train.param_specs))
+    assert [(p.lr_mult, p.decay_mult) for p in specs["fc8_pascal"]] == [(10, 1), (20, 0)]
+    train.forward()
+    np.testing.assert_array_equal(train.blobs["label"].data[:3], 0)     # background first
+    assert train.blobs["label"].data[3] in (7, 8)
+    assert np.isfinite(train.blobs["(automatic)"].data).all()
+    train.backward()
+    assert np.abs(train.params["conv1"][0].diff).max() > 0
+    test = caffe.Net(param, caffe.TEST)
+    check_shapes(test, param, caffe.TEST, given=given)
+    out = test.forward()
+    assert 0 <= out["accuracy"] <= 1

@@ -909,3 +909,50 @@ def test_net_constructor_forms(workdir):
     assert caffe.Net(model, caffe.TEST, stages=["deploy"]).outputs == ["prob"]
     assert caffe.Net(model, caffe.TEST, level=1).outputs == ["deep"]
     assert caffe.Net(model, caffe.TEST, level=1, stages=["deploy"]).outputs == ["deep", "prob"]
+
+
+# ------------------------------------------------------------ Fast R-CNN's im_detect
+RCNN = """name: "rcnn"
+input: "data" input_shape { dim: 1 dim: 3 dim: 8 dim: 8 }
+input: "rois" input_shape { dim: 1 dim: 5 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 2 kernel_size: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "fc" type: "InnerProduct" bottom: "rois" top: "fc"
+  inner_product_param { num_output: 6 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "cls_score" type: "InnerProduct" bottom: "fc" top: "cls_score"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "bbox_pred" type: "InnerProduct" bottom: "fc" top: "bbox_pred"
+  inner_product_param { num_output: 12 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "cls_prob" type: "Softmax" bottom: "cls_score" top: "cls_prob" }
+"""
+
+
+def test_fast_rcnn_im_detect(workdir):
+    """rbgirshick/py-faster-rcnn lib/fast_rcnn/test.py ``im_detect``: each input blob
+    reshaped to its own batch (``reshape(*(blobs[k].shape))``; 1 image, R rois), then
+    ``forward(**forward_kwargs)`` with float32 arrays, ``blobs_out['cls_prob']`` and
+    ``['bbox_pred']``, ``net.blobs['cls_score'].data`` and ``'im_info' in net.blobs``;
+    a second image with another roi count reshapes again."""
+    net = caffe.Net(write("test.prototxt", RCNN), caffe.TEST)
+    rng = np.random.default_rng(9)
+    for n_rois, size in [(7, (9, 11)), (3, (8, 8))]:
+        blobs = {"data": rng.standard_normal((1, 3) + size),
+                 "rois": np.c_[np.zeros(n_rois), rng.uniform(0, 8, (n_rois, 4))]}
+        net.blobs["data"].reshape(*(blobs["data"].shape))
+        net.blobs["rois"].reshape(*(blobs["rois"].shape))
+        assert "im_info" not in net.blobs
+        forward_kwargs = {"data": blobs["data"].astype(np.float32, copy=False),
+                          "rois": blobs["rois"].astype(np.float32, copy=False)}
+        blobs_out = net.forward(**forward_kwargs)
+        assert sorted(blobs_out) == ["bbox_pred", "cls_prob", "conv1"]
+        scores = blobs_out["cls_prob"]
+        assert scores.shape == (n_rois, 3) and blobs_out["bbox_pred"].shape == (n_rois, 12)
+        np.testing.assert_allclose(scores.sum(1), 1, rtol=1e-5)
+        raw = net.blobs["cls_score"].data
+        np.testing.assert_allclose(scores, np.exp(raw) / np.exp(raw).sum(1, keepdims=True),
+                                   rtol=1e-5)
+        assert blobs_out["conv1"].shape == (1, 2, size[0] - 2, size[1] - 2)
+        np.testing.assert_array_equal(net.blobs["rois"].data, forward_kwargs["rois"])
+    with pytest.raises(Exception, match="Input is not batch sized"):
+        net.forward(data=np.zeros((2, 3, 8, 8), np.float32),
+                    rois=np.zeros((3, 5), np.float32))

@@ -57,13 +57,12 @@ def test_v0_caffenet_deploy(tmp_path):
     assert blobs["conv1"] == (10, 96, 55, 55) and blobs["pool5"] == (10, 256, 6, 6)
     assert params["conv2"] == [(256, 48, 5, 5), (256,)] and params["fc6"] == [(4096, 9216), (4096,)]
     assert all(not np.any(p.data) for ps in net.params.values() for p in ps)
-    out = net.forward()
-    np.testing.assert_allclose(out["prob"], 1e-3, rtol=1e-6)
     lrn = net.layer_dict["norm1"].param.lrn_param
     assert (lrn.local_size, lrn.alpha, lrn.beta) == (5, np.float32(1e-4), 0.75)
     assert net.layer_dict["drop6"].param.dropout_param.dropout_ratio == 0.5
     net.blobs["data"].reshape(1, 3, 227, 227)
-    net.reshape()
+    out = net.forward()
+    np.testing.assert_allclose(out["prob"], 1e-3, rtol=1e-6)
     randomize(net)
     assert np.isfinite(net.forward()["prob"]).all()
 
@@ -337,3 +336,85 @@ def test_pascal_finetune_window_data_train_and_test(tmp_path, monkeypatch):
     check_shapes(test, param, caffe.TEST, given=given)
     out = test.forward()
     assert 0 <= out["accuracy"] <= 1
+
+
+# ------------------------------------------------ coco_caption's LRCN train net (stages)
+def lrcn_layout(root, rng, streams, steps=20):
+    """Per split: an image list (one image per stream) and an HDF5 chunk of sentences,
+    (steps, streams) each, padded with -1 targets after each sentence's end."""
+    import h5py
+    from PIL import Image
+    for split in ("train", "val"):
+        d = root / "examples/coco_caption/h5_data/buffer_100" / f"{split}_aligned_20_batches"
+        os.makedirs(d)
+        lines = []
+        for i in range(streams):
+            Image.fromarray(rng.integers(0, 256, (260, 300, 3), dtype=np.uint8)).save(d / f"{i}.png")
+            lines.append(f"{d / f'{i}.png'} 0\n")
+        (d / "image_list.with_dummy_labels.txt").write_text("".join(lines))
+        words = rng.integers(1, 8801, (steps, streams)).astype(np.float32)
+        cont = np.ones((steps, streams), np.float32)
+        cont[0] = 0                                         # every stream starts a sentence
+        target = np.concatenate([words[1:], np.zeros((1, streams), np.float32)])
+        target[steps - 5:, 0] = -1                          # stream 0's sentence ended
+        with h5py.File(d / "chunk0.h5", "w") as f:
+            f["cont_sentence"], f["input_sentence"], f["target_sentence"] = cont, words, target
+        (d / "hdf5_chunk_list.txt").write_text(f"{d / 'chunk0.h5'}\n")
+
+
+def test_lrcn_caffenet_to_lstm_by_stage(tmp_path, monkeypatch):
+    """examples/coco_caption/lrcn.prototxt: CaffeNet into one or two LSTMs over 20 time
+    steps of 100 streams, each layer chosen by NetState stages: "freeze-convnet" picks
+    CaffeNet layers with lr_mult 0 and no fillers (Caffe's default constant 0),
+    "factored"/"unfactored" where the image enters (the LSTM's static input), and
+    "2-layer" (an include rule with two stages needs both: the unfactored lstm2 is out).
+    The loss is SoftmaxWithLoss over axis 2 with ignore_label -1 and loss_weight 20.
+    Run with 2 streams, factored, two layers, the CaffeNet frozen."""
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    lrcn_layout(tmp_path, rng, streams=2)
+    param = read_net_param(zoo("caffe_examples", "lrcn.prototxt"))
+    for layer in param.layer:
+        if layer.type == "ImageData":
+            layer.image_data_param.batch_size = 2          # the stand-in's 2 streams
+    given = {("data", "ImageData"): [(2, 3, 227, 227), (2,)],
+             ("data", "HDF5Data"): [(20, 2)] * 3}
+
+    factored = ["freeze-convnet", "factored", "2-layer"]
+    net = caffe.Net(param, caffe.TRAIN, stages=factored)
+    blobs, params = check_shapes(net, param, caffe.TRAIN, given=given, stages=factored)
+    assert blobs["fc8"] == (2, 1000) and blobs["lstm2"] == (20, 2, 1000)
+    assert blobs["predict"] == (20, 2, 8801) and blobs["cross_entropy_loss"] == ()
+    assert params["lstm1"] == [(4000, 1000), (4000,), (4000, 1000)]             # no static
+    assert params["lstm2"] == [(4000, 1000), (4000,), (4000, 1000), (4000, 1000)]
+    assert net.bottom_names["predict"] == ["lstm2"] and "silence" in net.layer_dict
+    specs = dict(zip(net.layer_names, net.param_specs))
+    assert [p.lr_mult for p in specs["conv1"]] == [0, 0]
+    assert not np.any(net.params["conv1"][0].data)       # the frozen copy names no filler
+    frozen = [n for n, ps in zip(net.layer_names, net.param_specs) if ps and ps[0].lr_mult == 0]
+    assert frozen == ["conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7"]
+    for name in frozen:                                   # weights ~ N(0, 1/fan_in), float32
+        w = net.params[name][0].data
+        w[...] = rng.standard_normal(w.shape, dtype=np.float32) / np.sqrt(w[0].size)
+    net.forward()
+    net.backward()
+    predict = net.blobs["predict"].data.astype(np.float64)
+    target = net.blobs["target_sentence"].data
+    assert (target == -1).sum() == 5
+    logp = predict - predict.max(2, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(2, keepdims=True))
+    keep = target != -1
+    picked = np.take_along_axis(logp, np.where(keep, target, 0).astype(int)[..., None], 2)[..., 0]
+    expected = -picked[keep].sum() / keep.sum()          # VALID normalization
+    np.testing.assert_allclose(net.blobs["cross_entropy_loss"].data, expected, rtol=1e-5)
+    assert not np.any(net.params["conv1"][0].diff)       # lr_mult 0: no gradient
+    assert np.abs(net.params["lstm2"][2].diff).max() > 0  # the static input's weights
+
+    test_stages = ["test-on-val", "freeze-convnet", "factored", "2-layer"]
+    test = caffe.Net(param, caffe.TEST, stages=test_stages)
+    check_shapes(test, param, caffe.TEST, given=given, stages=test_stages)
+    out = test.forward()
+    predicted = test.blobs["predict"].data.argmax(2)
+    target = test.blobs["target_sentence"].data
+    keep = target != -1
+    np.testing.assert_allclose(out["accuracy"], (predicted == target)[keep].mean(), rtol=1e-6)

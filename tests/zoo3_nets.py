@@ -277,9 +277,10 @@ def caffe_shapes(net_param, phase, given=None, input_shapes=None, stages=()):
     """({blob: shape}, {layer: [param shapes]}) of an upgraded NetParameter in ``phase``
     (and ``stages``).
 
-    ``given`` maps a layer name to its tops' shapes where the shape comes from data
-    (Data, HDF5Data, ImageData, Python layers); ``input_shapes`` overrides Input layers'
-    tops by blob name (a net reshaped after setup)."""
+    ``given`` maps a layer name (or, where two data layers share a name, a (name, type)
+    pair) to its tops' shapes where the shape comes from data (Data, HDF5Data,
+    ImageData, Python layers); ``input_shapes`` overrides Input layers' tops by blob name
+    (a net reshaped after setup)."""
     state = caffe_pb2.NetState(phase=phase, stage=list(stages))
     given, input_shapes = given or {}, input_shapes or {}
     blobs, params = {}, {}
@@ -287,8 +288,8 @@ def caffe_shapes(net_param, phase, given=None, input_shapes=None, stages=()):
         if not _admits(state, lp):
             continue
         bottoms = [blobs[b] for b in lp.bottom]
-        if lp.name in given:
-            tops, ps = given[lp.name], []
+        if (lp.name, lp.type) in given or lp.name in given:
+            tops, ps = given.get((lp.name, lp.type), given.get(lp.name)), []
         elif lp.type in _SAME_SHAPE:
             tops, ps = [bottoms[0]] * len(lp.top), []
         elif lp.type in _ONE_BOTTOM:

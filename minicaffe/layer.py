@@ -132,6 +132,11 @@ class Layer:
     # before layer_setup, as Caffe's Layer constructor puts them (Python layers, whose
     # setup may look); else they replace, after layer_setup, the values it filled.
     definition_blobs_first = False
+    # The net reshapes a layer before its forward only when the bottoms' shapes changed (a
+    # built-in layer's reshape is a function of those shapes and its params).  A layer
+    # whose reshape may depend on its own state (a Python layer) sets this and reshapes
+    # itself at every forward, as Caffe's Layer::Forward does for every layer.
+    reshapes_in_forward = False
     # Declared liveness of backward (see module doc). ALL = every bottom.
     backward_reads_bottom = ALL
     backward_reads_top: tuple = ()

@@ -641,7 +641,8 @@ class Net:
         shapes = tuple(b.shape for b in bottom)
         try:
             if shapes != self._shapes_seen[li]:
-                layer.reshape(bottom, top)
+                if not layer.reshapes_in_forward:   # else its forward reshapes it
+                    layer.reshape(bottom, top)
                 self._shapes_seen[li] = shapes
             if self.forward_listener is not None:  # ps/ hook
                 self.forward_listener(li)

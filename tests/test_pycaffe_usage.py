@@ -956,3 +956,55 @@ def test_fast_rcnn_im_detect(workdir):
     with pytest.raises(Exception, match="Input is not batch sized"):
         net.forward(data=np.zeros((2, 3, 8, 8), np.float32),
                     rois=np.zeros((3, 5), np.float32))
+
+
+COUNTING = '''
+import caffe
+
+
+class Counting(caffe.Layer):
+    """A data layer that loads its next batch in reshape (the batch's shape decides the
+    top's), and copies it out in forward."""
+
+    def setup(self, bottom, top):
+        self.calls = []
+        self.batch = -1
+
+    def reshape(self, bottom, top):
+        self.calls.append("reshape")
+        self.batch += 1
+        top[0].reshape(1 + self.batch % 2, 3)
+
+    def forward(self, bottom, top):
+        self.calls.append("forward")
+        top[0].data[...] = self.batch
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+'''
+
+
+def test_a_python_layer_reshapes_at_every_forward_as_caffe(workdir, monkeypatch):
+    """Caffe calls a layer's Reshape in Layer::SetUp, in Net::Reshape (pycaffe's
+    ``net.reshape()``) and first thing in every Layer::Forward: a Python layer whose
+    reshape has side effects (loads the next batch) sees each of those calls, also the
+    forward right after a set-up or a ``net.reshape()``."""
+    name = "usage_counting_%d" % os.getpid()
+    write(workdir / (name + ".py"), COUNTING)
+    monkeypatch.syspath_prepend(str(workdir))
+    net = caffe.Net(write("c.prototxt", 'name: "c" layer { name: "c" type: "Python" top: "x" '
+                          'python_param { module: "%s" layer: "Counting" } }' % name),
+                    caffe.TRAIN)
+    layer = net.layers[0]
+    assert layer.calls == ["reshape"]                     # Layer::SetUp
+    net.forward()
+    assert layer.calls == ["reshape", "reshape", "forward"]
+    assert net.blobs["x"].data.tolist() == [[1, 1, 1], [1, 1, 1]]   # batch 1, shape (2, 3)
+    net.forward()
+    assert net.blobs["x"].data.tolist() == [[2, 2, 2]]
+    del layer.calls[:]
+    net.reshape()                                         # Net::Reshape, then Forward
+    net.forward()
+    assert layer.calls == ["reshape", "reshape", "forward"]
+    assert net.blobs["x"].data.tolist() == [[4, 4, 4]]
+    sys.modules.pop(name, None)

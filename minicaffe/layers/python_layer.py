@@ -30,8 +30,9 @@ same way) and drives it through Caffe's contract:
   ``caffe.TEST`` 1) on the instance, then calls its ``setup(bottom, top)``; the net then
   calls ``reshape`` and sets the loss weights (Caffe's ``Layer::SetUp``);
 * ``forward`` calls the instance's ``reshape`` and then its ``forward`` each time (Caffe's
-  ``Layer::Forward`` reshapes before every ``Forward_cpu``), unless the net has just
-  reshaped it; ``backward`` calls ``backward(top, propagate_down, bottom)``, only when the
+  ``Layer::Forward`` reshapes before every ``Forward_cpu``), also right after a set-up or a
+  ``net.reshape()`` that called ``reshape`` already, as Caffe does (a ``reshape`` that loads
+  the next batch sees the calls that Caffe makes); ``backward`` calls ``backward(top, propagate_down, bottom)``, only when the
   net needs this layer's backward.  The loss of a top with a ``loss_weight`` is computed
   here from the top's data, as for every layer: a Python loss layer writes its loss into
   its top and gets ``loss_weight: 1`` in the prototxt (Caffe's PythonLayer is no loss
@@ -139,6 +140,9 @@ class PythonLayer(Layer):
     # Caffe's Layer constructor fills blobs_ from LayerParameter.blobs before the user's
     # setup runs.
     definition_blobs_first = True
+    # Caffe's Layer::Forward calls Reshape first, every time: the user's reshape may
+    # depend on the layer's own state, so the net leaves the reshaping to forward_impl
+    reshapes_in_forward = True
 
     def __init__(self, param, xp=np, dtype=np.float32):
         super().__init__(param, xp=xp, dtype=dtype)
@@ -181,7 +185,6 @@ class PythonLayer(Layer):
         self.blobs = user.blobs
         self._defines = {m: getattr(cls, m) is not getattr(Layer, m) for m in _METHODS}
         self._num_top = 0
-        self._reshaped = False   # the net reshaped since the last forward
 
     # ------------------------------------------------------------ calling the user
     def _call(self, fn, method: str, *args):
@@ -218,15 +221,14 @@ class PythonLayer(Layer):
 
     def reshape(self, bottom, top):
         self._call(self._user("reshape"), "reshape", bottom, top)
-        self._reshaped = True
 
     # ----------------------------------------------------- forward/backward
     def forward_impl(self, bottom, top):
-        # Caffe's Layer::Forward reshapes before every Forward_cpu: a layer whose top shape
-        # follows its own state (a Python data layer) may change it here
-        if not self._reshaped:
-            self._call(self._user("reshape"), "reshape", bottom, top)
-        self._reshaped = False
+        # Caffe's Layer::Forward reshapes before every Forward_cpu, even right after the
+        # net's set-up or Reshape did: a layer whose top shape follows its own state (a
+        # Python data layer) may change it here, and a reshape with side effects (one
+        # that loads the next batch) runs as often as in Caffe
+        self._call(self._user("reshape"), "reshape", bottom, top)
         self._call(self._user("forward"), "forward", bottom, top)
 
     def backward_impl(self, top, propagate_down, bottom):

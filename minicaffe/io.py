@@ -1091,16 +1091,24 @@ class Transformer:
         return caffe_in
 
     def deprocess(self, in_, data) -> np.ndarray:
-        """Undo :meth:`preprocess` (but the resize): (1, K, H, W) or (K, H, W) -> (H, W, K)."""
+        """Undo :meth:`preprocess` (but the resize): (1, K, H, W) or (K, H, W) -> (H, W, K).
+
+        pycaffe squeezes every axis of length 1 first (``data.copy().squeeze()``), so that
+        without a transpose, channel swap or mean a one-channel (1, 1, H, W) gives (H, W),
+        as here.  With one of those, pycaffe fails on a squeezed one-channel image (the
+        axes no longer match); here only leading batch axes of length 1 go, and the
+        result keeps its channel axis: (H, W, 1)."""
         self._check_input(in_)
         decaf_in = np.array(data, dtype=np.float32)
-        while decaf_in.ndim > 3 and decaf_in.shape[0] == 1:
-            decaf_in = decaf_in[0]
         transpose = self.transpose.get(in_)
         channel_swap = self.channel_swap.get(in_)
         raw_scale = self.raw_scale.get(in_)
         mean = self.mean.get(in_)
         input_scale = self.input_scale.get(in_)
+        if transpose is None and channel_swap is None and mean is None:
+            decaf_in = decaf_in.squeeze()
+        while decaf_in.ndim > 3 and decaf_in.shape[0] == 1:
+            decaf_in = decaf_in[0]
         if input_scale is not None:
             decaf_in /= input_scale
         if mean is not None:

@@ -1008,3 +1008,18 @@ def test_a_python_layer_reshapes_at_every_forward_as_caffe(workdir, monkeypatch)
     assert layer.calls == ["reshape", "reshape", "forward"]
     assert net.blobs["x"].data.tolist() == [[4, 4, 4]]
     sys.modules.pop(name, None)
+
+
+def test_deprocess_of_a_one_channel_input_as_pycaffe():
+    """An MNIST visualisation: ``imshow(transformer.deprocess('data', blob.data[0]))`` with a
+    Transformer that only scales.  pycaffe's deprocess squeezes the data first
+    (``data.copy().squeeze()``): (1, 28, 28) comes back (28, 28), what imshow takes."""
+    t = caffe.io.Transformer({"data": (64, 1, 28, 28)})
+    t.set_input_scale("data", 0.00390625)
+    t.set_raw_scale("data", 255)
+    data = np.random.default_rng(10).uniform(0, 1, (64, 1, 28, 28)).astype(np.float32)
+    out = t.deprocess("data", data[0])
+    assert out.shape == (28, 28) and out.dtype == np.float32
+    np.testing.assert_allclose(out, data[0, 0] / 0.00390625 / 255, rtol=1e-6)
+    assert t.deprocess("data", data[:1]).shape == (28, 28)
+    assert t.deprocess("data", data[:2]).shape == (2, 28, 28)

@@ -418,3 +418,72 @@ def test_lrcn_caffenet_to_lstm_by_stage(tmp_path, monkeypatch):
     target = test.blobs["target_sentence"].data
     keep = target != -1
     np.testing.assert_allclose(out["accuracy"], (predicted == target)[keep].mean(), rtol=1e-6)
+
+
+# --------------------------------------------- LeNet (V1) with the Adam and RMSProp solvers
+def lenet_gradients(net):
+    """Every param's gradient on the (only) training batch, at the current weights."""
+    net.clear_param_diffs()
+    net.forward()
+    net.backward()
+    return {k: [p.diff.astype(np.float64) for p in ps] for k, ps in net.params.items()}
+
+
+@pytest.mark.parametrize("solver_file", ["lenet_solver_adam.prototxt",
+                                         "lenet_solver_rmsprop.prototxt"])
+def test_lenet_v1_with_adam_and_rmsprop_solvers(solver_file, tmp_path, monkeypatch):
+    """examples/mnist: the 2014 V1 lenet_train_test.prototxt (``blobs_lr`` 1 and 2, no
+    ``weight_decay``: decay_mult 1) under lenet_solver_adam.prototxt (``solver_type: ADAM``,
+    momentum2 0.999, lr_policy fixed) and lenet_solver_rmsprop.prototxt (``type:
+    "RMSProp"``, rms_decay 0.98, lr_policy inv, weight_decay 5e-4).  The train LMDB holds
+    one batch of 64, so each step's gradient can be taken first; two steps must move every
+    param as AdamSolver / RMSPropSolver::ComputeUpdateValue do, after L2 regularization."""
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    os.makedirs("examples/mnist")
+    write_lmdb("examples/mnist/mnist_train_lmdb", 64, (1, 28, 28), rng)
+    write_lmdb("examples/mnist/mnist_test_lmdb", 10, (1, 28, 28), rng)
+    shutil.copy(zoo("mnist", "lenet_train_test_v1.prototxt"),
+                "examples/mnist/lenet_train_test.prototxt")
+    shutil.copy(zoo("mnist", solver_file), "solver.prototxt")
+    solver = caffe.get_solver("solver.prototxt")
+    p = solver.param
+    train = solver.net
+    check_shapes(train, "examples/mnist/lenet_train_test.prototxt", caffe.TRAIN,
+                 given={"mnist": [(64, 1, 28, 28), (64,)]})
+    specs = dict(zip(train.layer_names, train.param_specs))
+    assert [(s.lr_mult, s.decay_mult) for s in specs["ip1"]] == [(1, 1), (2, 1)]
+    adam = solver_file == "lenet_solver_adam.prototxt"
+    assert p.type == ("Adam" if adam else "RMSProp")
+    p.test_initialization = False                      # 100 test batches otherwise
+
+    state = {k: [np.zeros(b.data.shape) for b in ps] for k, ps in train.params.items()}
+    second = {k: [np.zeros(b.data.shape) for b in ps] for k, ps in train.params.items()}
+    for it in range(2):
+        grads = lenet_gradients(train)
+        old = {k: [b.data.astype(np.float64) for b in ps] for k, ps in train.params.items()}
+        solver.step(1)
+        if adam:                                       # fixed rate, no weight decay
+            rate = p.base_lr
+            correction = np.sqrt(1 - np.float32(p.momentum2) ** (it + 1)) / (
+                1 - np.float32(p.momentum) ** (it + 1))
+        else:                                          # inv: base (1 + gamma it)^-power
+            rate = p.base_lr * (1 + p.gamma * it) ** -p.power
+        for name, blobs in train.params.items():
+            for i, b in enumerate(blobs):
+                lr = (1, 2)[i]
+                g = grads[name][i] + p.weight_decay * old[name][i]       # decay_mult 1
+                if adam:
+                    m, v = state[name][i], second[name][i]
+                    m[...] = p.momentum * m + (1 - p.momentum) * g
+                    v[...] = p.momentum2 * v + (1 - p.momentum2) * g * g
+                    update = rate * lr * correction * m / (np.sqrt(v) + p.delta)
+                else:
+                    h = state[name][i]
+                    h[...] = p.rms_decay * h + (1 - p.rms_decay) * g * g
+                    update = rate * lr * g / (np.sqrt(h) + p.delta)
+                # atol: where g is near 0, float32's g + decay * w differs from this float64
+                np.testing.assert_allclose(b.diff, update, rtol=2e-4, atol=1e-4 * rate,
+                                           err_msg=f"{name}[{i}] step {it}")
+                np.testing.assert_allclose(b.data, old[name][i] - b.diff, rtol=1e-6, atol=1e-9)
+    assert solver.iter == 2

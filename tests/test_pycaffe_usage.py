@@ -1023,3 +1023,58 @@ def test_deprocess_of_a_one_channel_input_as_pycaffe():
     np.testing.assert_allclose(out, data[0, 0] / 0.00390625 / 255, rtol=1e-6)
     assert t.deprocess("data", data[:1]).shape == (28, 28)
     assert t.deprocess("data", data[:2]).shape == (2, 28, 28)
+
+
+CONV = """name: "convolution"
+layer { name: "input" type: "Input" top: "data"
+  input_param { shape: { dim: 1 dim: 1 dim: 100 dim: 100 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 3 kernel_size: 5 stride: 1
+    weight_filler { type: "gaussian" std: 0.01 } bias_filler { type: "constant" value: 0 } } }
+"""
+
+
+def test_net_surgery_designer_filters(workdir):
+    """BVLC/caffe examples/net_surgery.ipynb, "designer filters" (its net_surgery/conv.prototxt):
+    a grey image from ``load_image(color=False)``, the data blob reshaped to it, a view
+    ``conv0 = net.blobs['conv'].data[0, 0]`` held across forwards (it sees the new output),
+    a bias and hand-made Gaussian and Sobel filters written through ``net.params``, and
+    ``net.save``."""
+    from PIL import Image
+    rng = np.random.default_rng(11)
+    Image.fromarray(rng.integers(0, 256, (24, 30), dtype=np.uint8)).save("cat_gray.png")
+    net = caffe.Net(write("conv.prototxt", CONV), caffe.TEST)
+    assert list(net.blobs.keys()) == ["data", "conv"] and list(net.params.keys()) == ["conv"]
+    im = np.array(caffe.io.load_image("cat_gray.png", color=False)).squeeze()
+    assert im.shape == (24, 30) and im.dtype == np.float32
+    im_input = im[np.newaxis, np.newaxis, :, :]
+    net.blobs["data"].reshape(*im_input.shape)
+    net.blobs["data"].data[...] = im_input
+    net.forward()
+    conv0 = net.blobs["conv"].data[0, 0]
+    pre = float(conv0.mean())
+    net.params["conv"][1].data[0] = 1.
+    net.forward()
+    assert float(conv0.mean()) == pytest.approx(pre + 1, abs=1e-5)   # the held view
+
+    ksize = net.params["conv"][0].data.shape[2:]
+    sigma = 1.
+    y, x = np.mgrid[-ksize[0] // 2 + 1:ksize[0] // 2 + 1, -ksize[1] // 2 + 1:ksize[1] // 2 + 1]
+    g = np.exp(-((x ** 2 + y ** 2) / (2.0 * sigma ** 2)))
+    gaussian = (g / g.sum()).astype(np.float32)
+    net.params["conv"][0].data[0] = gaussian
+    net.params["conv"][0].data[1:] = 0.
+    sobel = np.array((-1, -2, -1, 0, 0, 0, 1, 2, 1), dtype=np.float32).reshape((3, 3))
+    net.params["conv"][0].data[1, 0, 1:-1, 1:-1] = sobel
+    net.params["conv"][0].data[2, 0, 1:-1, 1:-1] = sobel.T
+    net.params["conv"][1].data[...] = 0
+    net.forward()
+    out = net.blobs["conv"].data
+    assert out.shape == (1, 3, 20, 26)
+    window = im[3:8, 4:9]                                  # output (3, 4): rows 3..7, cols 4..8
+    assert out[0, 0, 3, 4] == pytest.approx(float((window * gaussian).sum()), rel=1e-5)
+    assert out[0, 1, 3, 4] == pytest.approx(float((window[1:-1, 1:-1] * sobel).sum()),
+                                            rel=1e-4, abs=1e-5)
+    net.save("conv.caffemodel")
+    again = caffe.Net("conv.prototxt", "conv.caffemodel", caffe.TEST)
+    np.testing.assert_array_equal(again.params["conv"][0].data[1, 0, 1:-1, 1:-1], sobel)

@@ -739,9 +739,10 @@ def test_fine_tuning_notebook(workdir):
     rng = np.random.default_rng(7)
     os.makedirs("images", exist_ok=True)
     lines = []
+    colors = rng.integers(0, 256, (8, 3))          # one RGB colour per image
     for i in range(8):
         name = "images/%d.png" % i
-        Image.fromarray(rng.integers(0, 256, (10, 9, 3), dtype=np.uint8)).save(name)
+        Image.fromarray(np.tile(colors[i].astype(np.uint8), (10, 9, 1))).save(name)
         lines.append("%s %d" % (name, i % 3))
     write("train.txt", "\n".join(lines) + "\n")
     mean = caffe.io.array_to_blobproto(np.full((1, 3, 8, 8), 120, np.float32))
@@ -800,7 +801,10 @@ def test_fine_tuning_notebook(workdir):
         accuracy += test_net.forward()["acc"]
     assert 0 <= accuracy / 2 <= 1
     assert test_net.blobs["probs"].data.shape == (4, 3)
-    assert test_net.blobs["data"].data.dtype == np.float32
+    # ImageData reads BGR (OpenCV), resizes, crops 6 x 6, subtracts the mean file's crop
+    data = test_net.blobs["data"].data
+    assert data.dtype == np.float32 and data.shape == (4, 3, 6, 6)
+    np.testing.assert_allclose(data[:, :, 2, 3], colors[4:8, ::-1] - 120.0, atol=1e-4)
 
 
 # ------------------------------------------- siamese, features, caffemodel files

@@ -487,3 +487,66 @@ def test_lenet_v1_with_adam_and_rmsprop_solvers(solver_file, tmp_path, monkeypat
                                            err_msg=f"{name}[{i}] step {it}")
                 np.testing.assert_allclose(b.data, old[name][i] - b.diff, rtol=1e-6, atol=1e-9)
     assert solver.iter == 2
+
+
+# ------------------------------- the MNIST autoencoder with the Nesterov and AdaGrad solvers
+@pytest.mark.parametrize("solver_file", ["mnist_autoencoder_solver_nesterov.prototxt",
+                                         "mnist_autoencoder_solver_adagrad.prototxt"])
+def test_mnist_autoencoder_with_nesterov_and_adagrad_solvers(solver_file, tmp_path, monkeypatch):
+    """examples/mnist/mnist_autoencoder.prototxt (sparse gaussian fillers, Sigmoid, a
+    SigmoidCrossEntropyLoss and an EuclideanLoss of loss_weight 0 sharing the layer name
+    "loss") under its Nesterov (``solver_type: NESTEROV``, step policy) and AdaGrad solver
+    files, whose two ``test_state`` stages choose the data layer of each test net.  Two
+    steps must move every param as NesterovSolver / AdaGradSolver::ComputeUpdateValue do;
+    the loss is Caffe's (SigmoidCrossEntropyLoss normalizes by the batch by default)."""
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(1)
+    os.makedirs("examples/mnist")
+    write_lmdb("examples/mnist/mnist_train_lmdb", 100, (1, 28, 28), rng)
+    write_lmdb("examples/mnist/mnist_test_lmdb", 10, (1, 28, 28), rng)
+    src = "examples/mnist/mnist_autoencoder.prototxt"
+    shutil.copy(zoo("mnist", "mnist_autoencoder.prototxt"), src)
+    shutil.copy(zoo("mnist", solver_file), "solver.prototxt")
+    solver = caffe.get_solver("solver.prototxt")
+    p, train = solver.param, solver.net
+    nesterov = "nesterov" in solver_file
+    assert p.type == ("Nesterov" if nesterov else "AdaGrad")
+    assert list(p.test_iter) == [500, 100] and len(solver.test_nets) == 2
+    for tn, stage, lmdb in zip(solver.test_nets, ("test-on-train", "test-on-test"),
+                               ("mnist_train_lmdb", "mnist_test_lmdb")):
+        assert tn.layers[0].param.data_param.source.endswith(lmdb)
+        check_shapes(tn, src, caffe.TEST, given={"data": [(100, 1, 28, 28)]}, stages=[stage])
+    blobs, params = check_shapes(train, src, caffe.TRAIN, given={"data": [(100, 1, 28, 28)]})
+    assert blobs["flatdata"] == (100, 784) and params["decode1"] == [(784, 1000), (784,)]
+    # GaussianFiller with sparse 15: each weight kept with probability 15 / num_output,
+    # about 15 per input column: encode1 (1000, 784) about 784 * 15 = 11760 of 784000
+    w = train.params["encode1"][0].data
+    assert abs(np.count_nonzero(w) - 11760) < 600 and 0.9 < w[w != 0].std() < 1.1
+    p.test_initialization = False                      # 500 + 100 test batches otherwise
+
+    hist = {k: [np.zeros(b.data.shape) for b in ps] for k, ps in train.params.items()}
+    for it in range(2):
+        grads = lenet_gradients(train)
+        x = train.blobs["decode1"].data.astype(np.float64)
+        t = train.blobs["flatdata"].data.astype(np.float64)
+        ce = -(x * (t - (x >= 0)) - np.log1p(np.exp(x - 2 * x * (x >= 0)))).sum() / 100
+        np.testing.assert_allclose(train.blobs["cross_entropy_loss"].data, ce, rtol=1e-5)
+        old = {k: [b.data.astype(np.float64) for b in ps] for k, ps in train.params.items()}
+        solver.step(1)
+        rate = p.base_lr                               # step policy, stepsize 10000: base_lr
+        for name, blobs in train.params.items():
+            for i, b in enumerate(blobs):
+                g = grads[name][i] + p.weight_decay * (1, 0)[i] * old[name][i]  # decay_mult
+                h = hist[name][i]
+                if nesterov:
+                    h_old = h.copy()
+                    h[...] = p.momentum * h + rate * g
+                    update = (1 + p.momentum) * h - p.momentum * h_old
+                else:
+                    h += g * g
+                    update = rate * g / (np.sqrt(h) + p.delta)
+                np.testing.assert_allclose(b.diff, update, rtol=2e-4, atol=1e-4 * rate,
+                                           err_msg=f"{name}[{i}] step {it}")
+                np.testing.assert_allclose(b.data, old[name][i] - b.diff, rtol=1e-6, atol=1e-9)
+    out = solver.test_nets[1].forward()
+    assert set(out) == {"cross_entropy_loss", "l2_error"}

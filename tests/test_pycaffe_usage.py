@@ -1082,3 +1082,56 @@ def test_net_surgery_designer_filters(workdir):
     net.save("conv.caffemodel")
     again = caffe.Net("conv.prototxt", "conv.caffemodel", caffe.TEST)
     np.testing.assert_array_equal(again.params["conv"][0].data[1, 0, 1:-1, 1:-1], sobel)
+
+
+CHAIN = """name: "chain" force_backward: true
+input: "data" input_shape { dim: 1 dim: 4 }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 1 }
+                        bias_filler { type: "gaussian" std: 1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "relu2" type: "ReLU" bottom: "ip2" top: "ip2" }
+"""
+
+
+def test_style_transfer_layer_by_layer_backward(workdir):
+    """fzliu/style-transfer style.py: ``forward(end=net.params.keys()[-1])``, then for the
+    param layers from the top down: ``grad = net.blobs[layer].diff[0]`` (a view),
+    ``grad += ...`` (the layer's content or style gradient), and
+    ``net.backward(start=layer, end=next_layer)``, which runs both ends (Net::BackwardFromTo
+    is inclusive); the last chunk goes to the input (``end=None``).  Checked against the
+    arithmetic of InnerProduct and the in-place ReLU."""
+    net = caffe.Net(write("chain.prototxt", CHAIN), caffe.TEST)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal(4).astype(np.float32)
+    net.blobs["data"].data[0] = x
+    layers = list(net.params.keys())
+    assert layers == ["ip1", "ip2"]
+    net.forward(end=layers[-1])
+    h1 = net.blobs["ip1"].data[0].copy()                   # after relu1 (in place)
+    injected = {"ip2": rng.standard_normal(2).astype(np.float32),
+                "ip1": rng.standard_normal(3).astype(np.float32)}
+    net.blobs[layers[-1]].diff[:] = 0
+    layers.reverse()
+    for i, layer in enumerate(layers):
+        next_layer = None if i == len(layers) - 1 else layers[i + 1]
+        grad = net.blobs[layer].diff[0]
+        grad += injected[layer]
+        out = net.backward(start=layer, end=next_layer)
+        if next_layer is None:
+            grad = net.blobs["data"].diff[0]
+            assert list(out) == ["data"]
+        else:
+            grad = net.blobs[next_layer].diff[0]
+            assert list(out) == ["data"]                    # the bottoms of layer 'ip1'
+    w1, w2 = net.params["ip1"][0].data, net.params["ip2"][0].data
+    d_ip1 = (w2.T @ injected["ip2"]) * (h1 > 0) + injected["ip1"]
+    np.testing.assert_allclose(grad, w1.T @ d_ip1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(net.blobs["ip1"].diff[0], d_ip1, rtol=1e-5, atol=1e-6)
+    # ip1 ran in both chunks: its weight diff holds two accumulated gradients
+    # (Layer::Backward accumulates param diffs; the first chunk's top diff lacked injected)
+    first = np.outer((w2.T @ injected["ip2"]) * (h1 > 0), x)
+    np.testing.assert_allclose(net.params["ip1"][0].diff, first + np.outer(d_ip1, x),
+                               rtol=1e-5, atol=1e-5)

@@ -1135,3 +1135,26 @@ def test_style_transfer_layer_by_layer_backward(workdir):
     first = np.outer((w2.T @ injected["ip2"]) * (h1 > 0), x)
     np.testing.assert_allclose(net.params["ip1"][0].diff, first + np.outer(d_ip1, x),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_python_layers_attributes_set_through_net_layers(pylayers):
+    """pycaffe's ``net.layers[i]`` of a Python layer is the user's instance itself, so a
+    script that sets one of the layer's attributes through the net (here the batch
+    size and the random state of the PASCAL data layer) changes what the layer then
+    does; its methods and values read back the same way."""
+    n = caffe.NetSpec()
+    n.data, n.label = L.Python(module=pylayers, layer="MultilabelDataLayerSync", ntop=2,
+                               param_str=str(dict(split="train", batch_size=4, im_shape=[3, 3])))
+    net = caffe.Net(write("ml.prototxt", str(n.to_proto())), caffe.TRAIN)
+    layer = net.layers[0]
+    assert layer.batch_size == 4 and layer.top_names == ["data", "label"]
+    layer.batch_size = 2                     # only the first two rows are written now
+    layer.rng = np.random.RandomState(5)
+    net.blobs["data"].data[...] = -1
+    net.forward()
+    data = net.blobs["data"].data
+    assert layer.batch_size == 2 and np.all(data[2:] == -1) and np.all(data[:2] >= 0)
+    np.testing.assert_allclose(data[0], np.random.RandomState(5).rand(3, 3, 3), rtol=1e-6)
+    layer.extra_flag = True                  # a new attribute reads back
+    assert layer.extra_flag is True
+    assert layer.name == "data" and layer.type == "Python"

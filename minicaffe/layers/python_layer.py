@@ -123,8 +123,10 @@ class PythonLayer(Layer):
 
     ``user_layer`` is the user's instance, what pycaffe's ``net.layers[i]`` returns for a
     Python layer: any attribute this wrapper does not have is the user's, so
-    ``solver.net.layers[0].set_roidb(roidb)`` (py-faster-rcnn's pattern) works as in pycaffe.
-    ``blobs`` is the user's ``self.blobs`` (one list).
+    ``solver.net.layers[0].set_roidb(roidb)`` (py-faster-rcnn's pattern) works as in pycaffe,
+    and assigning one of the user's own attributes through the net
+    (``net.layers[0].batch_size = 16``) sets it on the user's instance, which pycaffe's
+    ``net.layers[0]`` is.  ``blobs`` is the user's ``self.blobs`` (one list).
     """
 
     def __getattr__(self, name):
@@ -134,6 +136,15 @@ class PythonLayer(Layer):
         if user is None or name.startswith("__"):
             raise AttributeError(name)
         return getattr(user, name)
+
+    def __setattr__(self, name, value):
+        # an attribute the user's instance holds and the wrapper does not (those are read
+        # from the user's, above) is the user's to change; the rest is the wrapper's
+        user = self.__dict__.get("user_layer")
+        if user is not None and name not in self.__dict__ and name in vars(user):
+            setattr(user, name, value)
+        else:
+            object.__setattr__(self, name, value)
 
     type = "Python"
     # Any number of bottoms and tops (Caffe's PythonLayer constrains neither).

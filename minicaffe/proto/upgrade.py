@@ -225,12 +225,24 @@ def _upgrade_input(net):
     has_dim = len(net.input_dim) > 0
     # An input without shape or dims is a legacy .caffemodel: dropping the field is enough.
     if has_shape or has_dim:
-        if has_shape and len(net.input_shape) != n:
+        # Caffe reads input_shape(i), or input_dim(4i) to input_dim(4i + 3), for each input i
+        # and checks no count: too few read past the end (undefined behaviour, refused here),
+        # surplus ones are never read (ignored, with a warning).
+        if has_shape and len(net.input_shape) < n:
             raise ValueError(f"the net declares {n} input(s) but {len(net.input_shape)} "
                              f"input_shape(s); give exactly one input_shape per input")
-        if not has_shape and len(net.input_dim) != 4 * n:
+        if not has_shape and len(net.input_dim) < 4 * n:
             raise ValueError(f"the net declares {n} input(s) but {len(net.input_dim)} input_dim "
                              f"values; give four per input (num, channels, height, width)")
+        if has_shape and len(net.input_shape) > n:
+            logger.warning("net declares %d input(s) and %d input_shape(s); the last %d are "
+                           "ignored, as Caffe ignores them", n, len(net.input_shape),
+                           len(net.input_shape) - n)
+        if not has_shape and len(net.input_dim) > 4 * n:
+            logger.warning("net declares %d input(s) and %d input_dim values; Caffe takes four "
+                           "per input, the last %d (%s) are ignored", n, len(net.input_dim),
+                           len(net.input_dim) - 4 * n,
+                           " ".join(str(d) for d in net.input_dim[4 * n:]))
         if has_shape and has_dim:
             logger.warning("net declares both input_shape and input_dim; using input_shape, "
                            "as Caffe does")

@@ -595,6 +595,28 @@ def test_legacy_input_with_wrong_dim_count_is_an_error():
         upgrade_net(net)
 
 
+def test_legacy_input_surplus_dims_and_shapes_are_ignored_as_caffe_does(caplog):
+    """UpgradeNetInput reads input_dim(4i) .. input_dim(4i + 3), or input_shape(i), for each
+    input i and checks no count: a fifth input_dim (a 5-d blob meant, say) or a second
+    input_shape for one input is never read, and the net builds with the first four."""
+    net = parse_text('input: "data" input_dim: 1 input_dim: 3 input_dim: 16 input_dim: 8 '
+                     'input_dim: 8 layer { name: "r" type: "ReLU" bottom: "data" top: "r" }',
+                     caffe_pb2.NetParameter)
+    with caplog.at_level("WARNING"):
+        up = upgrade_net(net)
+    assert [list(s.dim) for s in up.layer[0].input_param.shape] == [[1, 3, 16, 8]]
+    assert "the last 1 (8) are ignored" in caplog.text
+    net = parse_text('input: "data" input_shape { dim: 2 dim: 5 } input_shape { dim: 7 }',
+                     caffe_pb2.NetParameter)
+    up = upgrade_net(net)
+    assert list(up.layer[0].top) == ["data"]
+    assert [list(s.dim) for s in up.layer[0].input_param.shape] == [[2, 5]]
+    # too few: Caffe would read past the end of the repeated field; refused
+    net = parse_text('input: "a" input: "b" input_shape { dim: 1 }', caffe_pb2.NetParameter)
+    with pytest.raises(ValueError, match="exactly one input_shape per input"):
+        upgrade_net(net)
+
+
 def test_legacy_input_without_shape_is_dropped():
     net = parse_text('input: "data" layer { name: "r" type: "ReLU" }', caffe_pb2.NetParameter)
     up = upgrade_net(net)

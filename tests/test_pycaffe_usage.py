@@ -113,8 +113,9 @@ def test_deepdream_gradient_ascent(workdir):
     moved = src.data - before
     assert src.data.dtype == np.float32 and np.abs(moved).max() > 0
 
-    # the L2 objective's gradient is d(0.5 |dst|^2)/d(data): check one entry numerically
-    # (in float64 arithmetic on the float32 net: a central difference over a wide step)
+    # src.diff is the gradient of the L2 objective 0.5 |dst|^2 with respect to the image:
+    # checked along its own direction u by a central difference (the net is piecewise
+    # linear; a step of 0.5 along a unit vector moves each pixel by about 0.02)
     x = src.data.copy()
 
     def energy(z):
@@ -125,11 +126,10 @@ def test_deepdream_gradient_ascent(workdir):
     energy(x)
     dst.diff[:] = dst.data
     net.backward(start=end)
-    analytic = float(src.diff[0, 1, 4, 5])
-    e = np.zeros_like(x)
-    e[0, 1, 4, 5] = 0.5
-    numeric = (energy(x + e) - energy(x - e)) / 1.0
-    assert analytic == pytest.approx(numeric, rel=2e-2, abs=1e-2)
+    g = src.diff.astype(np.float64)
+    u = g / np.linalg.norm(g)
+    numeric = (energy(x + 0.5 * u) - energy(x - 0.5 * u)) / 1.0
+    assert numeric == pytest.approx(np.linalg.norm(g), rel=1e-3)
 
     # guided dream: the guide's features, then the objective written through a reshaped
     # view of dst.diff[0]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import io as _pyio
+import itertools
 import os
 import shutil
 import threading
@@ -356,38 +357,41 @@ def _acquire_read_env(path) -> _SharedEnv:
         return shared
 
 
-def _open_read_env(lmdb, key: str):
-    """A read-only, lock-free environment on the database folder ``key``.
+_READER_IDS = itertools.count()
 
-    The script itself may still hold that database open: it wrote it with the lmdb
-    package (``env = lmdb.open(...)``, then ``txn.put(...)`` of ``array_to_datum``
-    records) and never closed ``env``.  Caffe's C++ reader opens such a database all the
-    same; recent lmdb packages (py-lmdb >= 2) refuse a second environment on the same
-    files in one process ("already open in this process"), a guard against two
+
+def _open_read_env(lmdb, key: str):
+    """A read-only, lock-free environment on the database folder ``key``, invisible to the
+    lmdb package's "already open in this process" guard.
+
+    The script itself may hold that database open with the lmdb package, before the net
+    reads it (it wrote the records with ``array_to_datum`` and never closed ``env``) or
+    after (it reads the labels back while the net runs).  Caffe's C++ reader is unknown to
+    the Python package, so both work with Caffe; recent lmdb packages (py-lmdb >= 2)
+    refuse a second environment on the same files in one process, a guard against two
     environments sharing the POSIX locks of the lock file.  Ours takes no locks
-    (``lock=False``: it never opens the lock file), so that hazard does not apply, and
-    the open is retried with the package's file identity (``lmdb._envid.env_keys``)
-    answering a key of this environment alone.  Without a writer it reads what the
-    script committed; a write that the script makes while the net reads is not seen
+    (``lock=False``: it never opens the lock file), so that hazard does not apply: it is
+    opened with the package's file identity (``lmdb._envid.env_keys``) answering a key
+    of this environment alone, so that it neither meets the script's environment nor
+    keeps the script from opening its own.  Without a writer it reads what the script
+    committed; a write that the script makes while the net reads is not seen
     consistently, as with any lock-free reader."""
     def open_env():
         return lmdb.open(key, readonly=True, lock=False, readahead=False, subdir=True,
                          max_readers=512)
     try:
+        envid = importlib.import_module(lmdb.__name__ + "._envid")
+    except ImportError:                  # an lmdb package without that guard
+        envid = None
+    if not callable(getattr(envid, "env_keys", None)):
         return open_env()
-    except lmdb.Error as e:
-        try:
-            envid = importlib.import_module(lmdb.__name__ + "._envid")
-        except ImportError:
-            envid = None
-        if "already open" not in str(e) or not callable(getattr(envid, "env_keys", None)):
-            raise
-        shared_keys = envid.env_keys
-        envid.env_keys = lambda path, subdir: (("minicaffe-lock-free-reader", key, id(e)),)
-        try:
-            return open_env()
-        finally:
-            envid.env_keys = shared_keys
+    own_key = ("minicaffe-lock-free-reader", key, next(_READER_IDS))
+    shared_keys = envid.env_keys
+    envid.env_keys = lambda path, subdir: (own_key,)
+    try:
+        return open_env()
+    finally:
+        envid.env_keys = shared_keys
 
 
 def _release_read_env(shared: _SharedEnv, registry=None):

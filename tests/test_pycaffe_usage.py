@@ -601,6 +601,30 @@ def test_a_data_layer_reads_an_lmdb_that_the_script_holds_open(workdir):
     env.close()
 
 
+def test_a_script_opens_an_lmdb_that_a_net_is_reading(workdir):
+    """The other order: a net reads the database, then the script opens it with the lmdb
+    package to read the labels back (an evaluation loop), as it can beside Caffe's C++
+    reader; the net's reader must not hold the package's "already open" guard."""
+    lmdb = pytest.importorskip("lmdb")
+    env, images, labels = write_digits_lmdb("eval_lmdb", 8, np.random.default_rng(13))
+    env.close()
+    text = ('name: "d" layer { name: "d" type: "Data" top: "data" top: "label" '
+            'data_param { source: "eval_lmdb" backend: LMDB batch_size: 4 } }')
+    net = caffe.Net(write("d.prototxt", text), caffe.TEST)
+    env = lmdb.open("eval_lmdb", readonly=True)
+    truth = []
+    with env.begin() as txn:
+        for _, value in txn.cursor():
+            datum = caffe.proto.caffe_pb2.Datum()
+            datum.ParseFromString(value)
+            truth.append(datum.label)
+    for batch in range(2):
+        net.forward()
+        np.testing.assert_array_equal(net.blobs["label"].data, truth[4 * batch:4 * batch + 4])
+    assert truth == labels.tolist()
+    env.close()
+
+
 # ------------------------------------------------------------------- NetSpec
 def test_netspec_update_and_delitem_as_pycaffes(workdir):
     """pycaffe's net_spec.py: ``NetSpec.update(name, params)`` merges keyword params into

@@ -378,23 +378,33 @@ class Net:
                     self.blobs[name] = blob
                     tops.append(blob)
                     tnames.append(name)
+            # The ParamSpecs as the file gives them: a layer's setup may add its own (BatchNorm
+            # adds lr_mult 0 for its statistics) to its copy of the LayerParameter only.
+            file_specs = [caffe_pb2.ParamSpec() for _ in lp.param]
+            for copy, spec in zip(file_specs, lp.param):
+                copy.CopyFrom(spec)
             # Layers whose top count is free (e.g. data layers) see the tops given.
             try:
                 layer.setup(bottoms, tops)
             except (ValueError, IndexError, TypeError, FileNotFoundError, ImportError) as e:
                 raise self._setup_error(e, lp, bnames, bottoms, split_origin) from e
-            # parameters: ParamSpec lr_mult decides param_propagate_down
+            if len(file_specs) > len(layer.blobs):
+                raise ValueError(
+                    f"{where}layer {lp.name!r}: {len(file_specs)} param specs given but the "
+                    f"layer has {len(layer.blobs)} parameter blobs")
+            # Caffe's Net::Init decides param_propagate_down, and whether the layer needs
+            # backward, from the file's ParamSpecs (a missing one has lr_mult 1), while
+            # AppendParam takes each param's lr_mult and decay_mult, which the solver uses,
+            # from the layer's own copy.  So a BatchNorm layer without param specs needs
+            # backward even where its bottom does not (its statistics' lr_mult is 1 here),
+            # and its tops then need backward too.
             specs = []
             for pi in range(len(layer.blobs)):
-                spec = lp.param[pi] if pi < len(lp.param) else caffe_pb2.ParamSpec()
-                specs.append(spec)
+                specs.append(lp.param[pi] if pi < len(lp.param) else caffe_pb2.ParamSpec())
+                spec = file_specs[pi] if pi < len(file_specs) else caffe_pb2.ParamSpec()
                 p_need = spec.lr_mult != 0
                 layer.param_propagate_down[pi] = p_need
                 need_backward |= p_need
-            if len(lp.param) > len(layer.blobs):
-                raise ValueError(
-                    f"{where}layer {lp.name!r}: {len(lp.param)} param specs given but the layer "
-                    f"has {len(layer.blobs)} parameter blobs")
             self.param_specs.append(specs)
             for name in tnames:
                 self.blob_need_backward[name] = need_backward

@@ -176,6 +176,46 @@ def test_bottom_need_backward_tricky():
     assert net.bottom_need_backward == [[], [False], [False], [True, True]]
 
 
+@pytest.mark.parametrize("bn_params, needs", [("", True),
+                                               ("param { lr_mult: 0 } " * 3, False)])
+def test_batch_norm_on_the_data_needs_backward_unless_its_file_says_lr_mult_0(
+        bn_params, needs, tmp_path):
+    """Net::Init decides need_backward from the file's ParamSpecs (a missing one has
+    lr_mult 1), while BatchNormLayer::LayerSetUp gives its statistics lr_mult 0 in its own
+    copy of the LayerParameter only (which AppendParam, and so the solver, reads).  So a
+    BatchNorm on the data written without ``param`` needs backward, its top does too, and
+    its Backward_cpu, which never reads propagate_down, writes the data's diff: the
+    gradient that force_backward gives.  Written with the old three ``param { lr_mult: 0 }``
+    (UpgradeNetBatchNorm keeps them, at lr_mult 0) it needs none."""
+    text = f"""name: 'BNOnData'
+    layer {{ name: 'data' type: 'DummyData'
+      dummy_data_param {{ shape {{ dim: 4 dim: 3 }} data_filler {{ type: 'gaussian' }}
+                          shape {{ dim: 4 }} data_filler {{ type: 'constant' value: 1 }} }}
+      top: 'data' top: 'label' }}
+    layer {{ name: 'bn' type: 'BatchNorm' bottom: 'data' top: 'bn' {bn_params}}}
+    layer {{ name: 'loss' type: 'SoftmaxWithLoss' bottom: 'bn' bottom: 'label' top: 'loss' }}
+    """
+    path = tmp_path / "net.prototxt"         # read from a file: upgraded, as Caffe does
+    path.write_text(text)
+    net = Net(str(path), TRAIN, dtype=np.float64)
+    assert net.layer_need_backward == [False, needs, needs]
+    assert net.bottom_need_backward == [[], [False], [needs, False]]
+    assert net.blob_need_backward["bn"] == needs
+    assert [p.lr_mult for p in net.param_specs[1]] == [0, 0, 0]     # the solver's
+    path.write_text(text.replace("name: 'BNOnData'", "name: 'BNOnData' force_backward: true"))
+    forced = Net(str(path), TRAIN, dtype=np.float64)
+    for n in (net, forced):
+        n.blobs["data"].data[...] = np.linspace(-1, 2, 12).reshape(4, 3)
+        n.forward(start="bn")
+        n.backward()
+    assert np.abs(forced.blobs["data"].diff).max() > 0
+    if needs:
+        np.testing.assert_array_equal(net.blobs["bn"].diff, forced.blobs["bn"].diff)
+        np.testing.assert_array_equal(net.blobs["data"].diff, forced.blobs["data"].diff)
+    else:
+        assert not np.any(net.blobs["data"].diff)
+
+
 def test_loss_layer_without_top_gets_an_automatic_top():
     """A loss layer written without a top (TinyTestEuclidLossNetwork, and many V1 model-zoo
     train_val files) gets an anonymous top, as net.cpp's AutoTopBlobs does: its loss counts,

@@ -201,8 +201,9 @@ class BatchNormLayer(Layer):
         return arrays
 
     def backward_impl(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
+        # Caffe's BatchNormLayer::Backward_cpu/gpu never reads propagate_down: whenever the
+        # net runs it, the bottom diff is written, also the data's (a BatchNorm written
+        # without ``param`` needs backward even where its bottom does not: see Net._init).
         if self._fused:
             return self._backward_fused(top, bottom)
         xp = self.xp

@@ -1185,3 +1185,100 @@ def test_a_python_layers_attributes_set_through_net_layers(pylayers):
     layer.extra_flag = True                  # a new attribute reads back
     assert layer.extra_flag is True
     assert layer.name == "data" and layer.type == "Python"
+
+
+ROIDATA = '''
+import numpy as np
+import caffe
+
+
+class RoIDataLayer(caffe.Layer):
+    """py-faster-rcnn lib/roi_data_layer/layer.py, its minibatches made up: the roidb
+    comes from set_roidb, each forward reshapes every top to its blob."""
+
+    def set_roidb(self, roidb):
+        self._roidb = roidb
+        self._cur = 0
+
+    def setup(self, bottom, top):
+        self._num_classes = eval(self.param_str)["num_classes"]
+        self._name_to_top_map = {"data": 0, "rois": 1, "labels": 2}
+        top[0].reshape(1, 3, 100, 100)
+        top[1].reshape(1, 5)
+        top[2].reshape(1)
+
+    def forward(self, bottom, top):
+        entry = self._roidb[self._cur % len(self._roidb)]
+        self._cur += 1
+        blobs = {"data": entry["image"][np.newaxis], "rois": entry["rois"],
+                 "labels": entry["labels"]}
+        for blob_name, blob in blobs.items():
+            top_ind = self._name_to_top_map[blob_name]
+            top[top_ind].reshape(*(blob.shape))
+            top[top_ind].data[...] = blob.astype(np.float32, copy=False)
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+    def reshape(self, bottom, top):
+        pass
+'''
+
+FRCNN = """name: "frcnn"
+layer { name: "data" type: "Python" top: "data" top: "rois" top: "labels"
+  python_param { module: "%s" layer: "RoIDataLayer" param_str: "{'num_classes': 3}" } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 2 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "pool" type: "Pooling" bottom: "conv1" top: "pool"
+  pooling_param { pool: AVE global_pooling: true } }
+layer { name: "silence" type: "Silence" bottom: "pool" }
+layer { name: "fc" type: "InnerProduct" bottom: "rois" top: "fc"
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "cls_score" type: "InnerProduct" bottom: "fc" top: "cls_score"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss_cls" type: "SoftmaxWithLoss" bottom: "cls_score" bottom: "labels"
+  top: "loss_cls" }
+"""
+
+
+def test_fast_rcnn_training_with_a_roidb_data_layer(workdir, monkeypatch):
+    """rbgirshick/py-faster-rcnn lib/fast_rcnn/train.py with lib/roi_data_layer/layer.py:
+    ``caffe.SGDSolver``, ``solver.net.copy_from``, ``solver.net.layers[0].set_roidb``, then
+    ``solver.step(1)`` while every minibatch has its own image size and roi count (the
+    Python layer reshapes its tops in forward; the layers after it follow), and the
+    snapshot of ``net.params[...][i].data`` edited around ``net.save``."""
+    name = "usage_roidata_%d" % os.getpid()
+    write(workdir / (name + ".py"), ROIDATA)
+    monkeypatch.syspath_prepend(str(workdir))
+    write("train.prototxt", FRCNN % name)
+    write("solver.prototxt", 'train_net: "train.prototxt"\nbase_lr: 0.01\nlr_policy: "step"\n'
+          'gamma: 0.1\nstepsize: 100\ndisplay: 0\nmomentum: 0.9\nweight_decay: 0.0005\n'
+          'snapshot: 0\nsnapshot_prefix: "frcnn"\nsolver_mode: CPU\n')
+    weights = saved_weights("train.prototxt", workdir / "imagenet.caffemodel")
+    rng = np.random.default_rng(14)
+    roidb = [{"image": rng.standard_normal((3, h, w)),
+              "rois": np.c_[np.zeros(r), rng.uniform(0, 10, (r, 4))],
+              "labels": rng.integers(0, 3, r).astype(np.float64)}
+             for h, w, r in [(6, 9, 5), (8, 7, 2), (7, 7, 9)]]
+    solver = caffe.SGDSolver("solver.prototxt")
+    solver.net.copy_from(weights)
+    solver.net.layers[0].set_roidb(roidb)
+    for it in range(6):
+        solver.step(1)
+        entry = roidb[it % 3]
+        r = len(entry["rois"])
+        assert solver.net.blobs["data"].data.shape == (1,) + entry["image"].shape
+        assert solver.net.blobs["cls_score"].data.shape == (r, 3)
+        assert solver.net.blobs["conv1"].data.shape[2:] == tuple(
+            d - 2 for d in entry["image"].shape[1:])
+        assert np.isfinite(solver.net.blobs["loss_cls"].data)
+    assert solver.iter == 6 and solver.net.layers[0]._cur == 6
+
+    net = solver.net                    # SolverWrapper.snapshot: unnormalize, save, restore
+    orig_0 = net.params["cls_score"][0].data.copy()
+    net.params["cls_score"][0].data[...] = net.params["cls_score"][0].data * 2
+    net.save("frcnn_iter_6.caffemodel")
+    net.params["cls_score"][0].data[...] = orig_0
+    saved = caffe.Net("train.prototxt", "frcnn_iter_6.caffemodel", caffe.TEST)
+    np.testing.assert_allclose(saved.params["cls_score"][0].data, 2 * orig_0, rtol=1e-6)
+    sys.modules.pop(name, None)

@@ -486,6 +486,8 @@ class EuclideanLossLayer(caffe.Layer):
 class MultilabelDataLayerSync(caffe.Layer):
     """pascal_multilabel_datalayers.py's PascalMultilabelDataLayerSync, images made up"""
 
+    scale = 1.0
+
     def setup(self, bottom, top):
         self.top_names = ["data", "label"]
         params = eval(self.param_str)
@@ -501,7 +503,7 @@ class MultilabelDataLayerSync(caffe.Layer):
         for itt in range(self.batch_size):
             im = self.rng.rand(3, *self.im_shape)
             multilabel = (im.mean(axis=(1, 2))[[0, 1, 2, 0]] > 0.5).astype(np.float32)
-            top[0].data[itt, ...] = im
+            top[0].data[itt, ...] = im * self.scale
             top[1].data[itt, ...] = multilabel
 
     def reshape(self, bottom, top):
@@ -1177,11 +1179,13 @@ def test_a_python_layers_attributes_set_through_net_layers(pylayers):
     assert layer.batch_size == 4 and layer.top_names == ["data", "label"]
     layer.batch_size = 2                     # only the first two rows are written now
     layer.rng = np.random.RandomState(5)
+    layer.scale = 2.0                        # the class's attribute, now the instance's
     net.blobs["data"].data[...] = -1
     net.forward()
     data = net.blobs["data"].data
     assert layer.batch_size == 2 and np.all(data[2:] == -1) and np.all(data[:2] >= 0)
-    np.testing.assert_allclose(data[0], np.random.RandomState(5).rand(3, 3, 3), rtol=1e-6)
+    np.testing.assert_allclose(data[0], 2 * np.random.RandomState(5).rand(3, 3, 3), rtol=1e-6)
+    assert sys.modules[pylayers].MultilabelDataLayerSync.scale == 1.0
     layer.extra_flag = True                  # a new attribute reads back
     assert layer.extra_flag is True
     assert layer.name == "data" and layer.type == "Python"

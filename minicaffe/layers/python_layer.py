@@ -138,10 +138,11 @@ class PythonLayer(Layer):
         return getattr(user, name)
 
     def __setattr__(self, name, value):
-        # an attribute the user's instance holds and the wrapper does not (those are read
-        # from the user's, above) is the user's to change; the rest is the wrapper's
+        # an attribute that the user's instance or class has and the wrapper does not (those
+        # are read from the user's, above) is the user's to change; the rest is the wrapper's
         user = self.__dict__.get("user_layer")
-        if user is not None and name not in self.__dict__ and name in vars(user):
+        if (user is not None and name not in self.__dict__ and not hasattr(type(self), name)
+                and hasattr(user, name)):
             setattr(user, name, value)
         else:
             object.__setattr__(self, name, value)

@@ -235,14 +235,25 @@ class RecurrentLayer(Layer):
         return bottom_index != 1          # no gradient to the sequence indicators
 
     def backward_reads(self) -> BackwardReads:
-        ppd = self.param_propagate_down
-        b = [1]
-        if ppd and ppd[0]:
-            b.insert(0, 0)
-        if self.static_input and ppd and ppd[2]:
-            b.append(2)
+        # x and x_static for their weights' gradients, which backward always computes
+        b = (0, 1, 2) if self.static_input else (0, 1)
         saved = tuple(n for n, i in self.internals.items() if i.saved)
-        return BackwardReads(bottom=tuple(b), top=(), internals=saved)
+        return BackwardReads(bottom=b, top=(), internals=saved)
+
+    def whole_backward(self, propagate_down):
+        """What backward computes, as Caffe's RecurrentLayer::Backward_cpu, which runs the
+        whole unrolled net's backward "unconditionally, as either the inputs or the
+        parameters do need backward": every param's gradient (accumulated, also at
+        lr_mult 0, where the outer net's param_propagate_down is false) and the diffs of
+        x and x_static (the unrolled net's x_transform layers say ``propagate_down:
+        true``), whatever ``propagate_down`` says of them.  Returns the propagate_down
+        list to use; the sequence indicators never get a diff."""
+        self.check_backward(propagate_down)
+        pd = list(propagate_down)
+        pd[0] = True
+        if self.static_input:
+            pd[2] = True
+        return pd
 
     # ----------------------------------------------------------- shared pieces
     def initial_states(self, bottom):
@@ -277,25 +288,22 @@ class RecurrentLayer(Layer):
         return s2 @ self.blobs[2].data.T
 
     def input_backward(self, dgates, propagate_down, bottom):
-        """Gradients of the input transforms from the pre-activation diffs (T, N, G*H)."""
-        ppd = self.param_propagate_down
+        """Gradients of the input transforms from the pre-activation diffs (T, N, G*H); the
+        params' always, the bottoms' as ``propagate_down`` (of :meth:`whole_backward`)."""
         d2 = dgates.reshape(self.T * self.N, -1)
-        if ppd[0]:
-            x2 = bottom[0].data.reshape(self.T * self.N, self.input_dim)
-            self.blobs[0].diff[...] += d2.T @ x2
-        if ppd[1]:
-            self.blobs[1].diff[...] += d2.sum(axis=0)
+        x2 = bottom[0].data.reshape(self.T * self.N, self.input_dim)
+        self.blobs[0].diff[...] += d2.T @ x2
+        self.blobs[1].diff[...] += d2.sum(axis=0)
         if propagate_down[0]:
             self.xp.matmul(d2, self.blobs[0].data,
                            out=bottom[0].diff.reshape(self.T * self.N, self.input_dim))
-        if self.static_input and (ppd[2] or propagate_down[2]):
+        if self.static_input:
             # the T sums share one W_x_static product (Caffe's Split adds their diffs in t order)
             ds = dgates[0].copy()
             for t in range(1, self.T):
                 ds += dgates[t]
-            if ppd[2]:
-                s2 = bottom[2].data.reshape(self.N, self.static_dim)
-                self.blobs[2].diff[...] += ds.T @ s2
+            s2 = bottom[2].data.reshape(self.N, self.static_dim)
+            self.blobs[2].diff[...] += ds.T @ s2
             if propagate_down[2]:
                 self.xp.matmul(ds, self.blobs[2].data,
                                out=bottom[2].diff.reshape(self.N, self.static_dim))
@@ -370,7 +378,7 @@ class LSTMLayer(RecurrentLayer):
         self.final_states((h[T:], c[T:]), top)
 
     def backward_impl(self, top, propagate_down, bottom):
-        self.check_backward(propagate_down)
+        propagate_down = self.whole_backward(propagate_down)
         xp, T, H = self.xp, self.T, self.num_output
         h, c, gates = (self.internal(n).data for n in ("h", "c", "gates"))
         dgates = self.internal("gates_diff").data
@@ -392,8 +400,7 @@ class LSTMLayer(RecurrentLayer):
             d[:, H:2 * H] = c_term * c[t] * ct * f * (1 - f)
             d[:, 2 * H:3 * H] = dh * tanh_c * o * (1 - o)
             d[:, 3 * H:] = c_term * i * (1 - g * g)
-            if self.param_propagate_down[-1]:
-                self.blobs[-1].diff[...] += d.T @ (ct * h[t])   # transform_t: W_hc
+            self.blobs[-1].diff[...] += d.T @ (ct * h[t])       # transform_t: W_hc
             dh_next = ct * (d @ w_hc)                            # Scale backward by cont_t
         self.input_backward(dgates, propagate_down, bottom)
 
@@ -464,27 +471,23 @@ class RNNLayer(RecurrentLayer):
         self.final_states((h[T:],), top)
 
     def backward_impl(self, top, propagate_down, bottom):
-        self.check_backward(propagate_down)
+        propagate_down = self.whole_backward(propagate_down)
         xp, T = self.xp, self.T
         h, o = self.internal("h").data, self.internal("o").data
         dz_all = self.internal("h_diff").data
         cont = bottom[1].data
-        ppd = self.param_propagate_down
         w_hh, w_ho = self.blobs[-3].data, self.blobs[-2].data
         dtop = top[0].diff
         dh_next = xp.zeros_like(h[0])
         for t in range(T - 1, -1, -1):
             ct = cont[t][:, None]
             da = dtop[t] * (1 - o[t] * o[t])               # o_neuron_t (TanH)
-            if ppd[-2]:
-                self.blobs[-2].diff[...] += da.T @ h[t + 1]
-            if ppd[-1]:
-                self.blobs[-1].diff[...] += da.sum(axis=0)
+            self.blobs[-2].diff[...] += da.T @ h[t + 1]
+            self.blobs[-1].diff[...] += da.sum(axis=0)
             dh = da @ w_ho + dh_next                       # Split of h_t: W_ho_h_t, h_conted_t
             dz = dz_all[t]
             dz[...] = dh * (1 - h[t + 1] * h[t + 1])       # h_neuron_t (TanH)
-            if ppd[-3]:
-                self.blobs[-3].diff[...] += dz.T @ (ct * h[t])
+            self.blobs[-3].diff[...] += dz.T @ (ct * h[t])
             dh_next = ct * (dz @ w_hh)
         self.input_backward(dz_all, propagate_down, bottom)
 

@@ -372,11 +372,15 @@ def test_param_diffs_accumulate_and_frozen_params(kind, rng):
     for p, d in zip(layer.blobs, once):
         np.testing.assert_allclose(to_numpy(p.diff), 2 * d, rtol=1e-12)
     np.testing.assert_allclose(to_numpy(bottom[0].diff), dx)       # overwritten
+    # Caffe's RecurrentLayer::Backward_cpu runs the unrolled net's whole backward
+    # ("unconditionally"): params the outer net froze (lr_mult 0) still accumulate their
+    # gradients, and x gets its diff even where propagate_down says no
     layer.param_propagate_down = [False] * len(layer.blobs)
-    assert layer.backward_reads().bottom == (1,)
-    layer.backward(top, [True, False], bottom)
+    assert layer.backward_reads().bottom == (0, 1)
+    bottom[0].diff[...] = 0
+    layer.backward(top, [False, False], bottom)
     for p, d in zip(layer.blobs, once):
-        np.testing.assert_allclose(to_numpy(p.diff), 2 * d, rtol=1e-12)
+        np.testing.assert_allclose(to_numpy(p.diff), 3 * d, rtol=1e-12)
     np.testing.assert_allclose(to_numpy(bottom[0].diff), dx, rtol=1e-12)
 
 
@@ -610,3 +614,39 @@ def test_gpu_matches_cpu(cp, kind, static):
                     + [to_numpy(p.diff) for p in layer.blobs])
     for c, g in zip(*outs):
         assert rel_err(g, c) <= 1e-4
+
+
+def test_lstm_on_the_data_writes_the_data_diff_and_frozen_weights_get_gradients():
+    """In a net, as in Caffe: an LSTM reading the data needs backward for its weights, and
+    its backward writes the data's diff too (the unrolled net's x_transform says
+    propagate_down: true); an LSTM whose weights have lr_mult 0 but whose input needs
+    backward still accumulates their gradients (the unrolled net's layers all have
+    param_propagate_down), though the solver will not move them."""
+    from minicaffe.net import TRAIN, Net
+    from minicaffe.proto import caffe_pb2, parse_text
+
+    def net(lstm_params, before_lstm):
+        return Net(parse_text(f"""
+            input: "x" input_shape {{ dim: 3 dim: 2 dim: 4 }}
+            input: "cont" input_shape {{ dim: 3 dim: 2 }}
+            input: "y" input_shape {{ dim: 3 dim: 2 dim: 5 }}
+            {before_lstm}
+            layer {{ name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
+                     {lstm_params} recurrent_param {{ num_output: 5
+                       weight_filler {{ type: "gaussian" std: 0.5 }} }} }}
+            layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "y" top: "l" }}
+            """, caffe_pb2.NetParameter), TRAIN, dtype=np.float64)
+
+    rng = np.random.default_rng(0)
+    on_data = net("", "")
+    frozen = net("param { lr_mult: 0 } " * 3,     # an in-place Scale makes x need backward
+                 'layer { name: "s" type: "Scale" bottom: "x" top: "x" }')
+    for n in (on_data, frozen):
+        n.blobs["x"].data[...] = rng.standard_normal((3, 2, 4))
+        n.blobs["cont"].data[...] = [[0, 0], [1, 1], [1, 0]]
+        n.blobs["y"].data[...] = rng.standard_normal((3, 2, 5))
+        n.forward()
+        n.backward()
+    assert on_data.bottom_need_backward[on_data.layer_names.index("lstm")] == [False, False]
+    assert np.abs(on_data.blobs["x"].diff).max() > 0
+    assert all(np.abs(p.diff).max() > 0 for p in frozen.params["lstm"])

@@ -1286,3 +1286,36 @@ def test_fast_rcnn_training_with_a_roidb_data_layer(workdir, monkeypatch):
     saved = caffe.Net("train.prototxt", "frcnn_iter_6.caffemodel", caffe.TEST)
     np.testing.assert_allclose(saved.params["cls_score"][0].data, 2 * orig_0, rtol=1e-6)
     sys.modules.pop(name, None)
+
+
+def test_fine_tuning_dummy_data_net_and_disp_preds(workdir):
+    """02-fine-tuning.ipynb's ``imagenet_net``: ``caffenet(data=L.DummyData(shape=...))``
+    (a Top made outside the NetSpec, named by ``n.data = data``), weights by layer name,
+    then ``disp_preds``: ``net.blobs['data'].data[0, ...] = image`` and
+    ``net.forward(start='conv1')['probs'][0]``; a full ``forward()`` keeps the image too
+    (DummyDataLayer refills only non-constant fillers)."""
+    def caffenet(data, num_classes=3):
+        n = caffe.NetSpec()
+        n.data = data
+        n.conv1 = L.Convolution(n.data, kernel_size=3, num_output=2,
+                                weight_filler=dict(type="gaussian", std=0.3))
+        n.relu1 = L.ReLU(n.conv1, in_place=True)
+        fc8 = L.InnerProduct(n.relu1, num_output=num_classes,
+                             weight_filler=dict(type="gaussian", std=0.3))
+        n.__setattr__("fc8", fc8)
+        n.probs = L.Softmax(fc8)
+        return write("imagenet_net.prototxt", str(n.to_proto()))
+
+    dummy_data = L.DummyData(shape=dict(dim=[1, 3, 5, 5]))
+    filename = caffenet(data=dummy_data)
+    weights = saved_weights(filename, workdir / "caffenet.caffemodel")
+    net = caffe.Net(filename, weights, caffe.TEST)
+    assert net._layer_names == ["data", "conv1", "relu1", "fc8", "probs"]
+    image = np.random.default_rng(15).standard_normal((3, 5, 5)).astype(np.float32)
+    net.blobs["data"].data[0, ...] = image
+    probs = net.forward(start="conv1")["probs"][0]
+    top_k = (-probs).argsort()[:2]
+    assert probs.shape == (3,) and probs[top_k[0]] >= probs[top_k[1]]
+    again = net.forward()["probs"][0]
+    np.testing.assert_array_equal(net.blobs["data"].data[0], image)
+    np.testing.assert_allclose(again, probs, rtol=1e-6)

@@ -196,6 +196,14 @@ class Blob:
         return self._diff.array is not None
 
     @property
+    def diff_placeable(self) -> bool:
+        """Whether writing ``diff`` may proceed: False only where a memory plan holds the
+        diff's storage (``external``) and has not placed it, because the net asked no
+        layer for this diff.  Layers that write a diff nobody asked for, as some of
+        Caffe's do (BatchNorm, the recurrent layers), check this first."""
+        return not (self._diff.external and self._diff.array is None)
+
+    @property
     def data_storage(self) -> Storage:
         return self._data
 

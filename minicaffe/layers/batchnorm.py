@@ -203,7 +203,10 @@ class BatchNormLayer(Layer):
     def backward_impl(self, top, propagate_down, bottom):
         # Caffe's BatchNormLayer::Backward_cpu/gpu never reads propagate_down: whenever the
         # net runs it, the bottom diff is written, also the data's (a BatchNorm written
-        # without ``param`` needs backward even where its bottom does not: see Net._init).
+        # without ``param`` needs backward even where its bottom does not: see Net._init),
+        # unless a memory plan left that unasked-for diff out.
+        if not propagate_down[0] and not bottom[0].diff_placeable:
+            return
         if self._fused:
             return self._backward_fused(top, bottom)
         xp = self.xp

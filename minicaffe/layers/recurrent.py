@@ -240,19 +240,20 @@ class RecurrentLayer(Layer):
         saved = tuple(n for n, i in self.internals.items() if i.saved)
         return BackwardReads(bottom=b, top=(), internals=saved)
 
-    def whole_backward(self, propagate_down):
+    def whole_backward(self, propagate_down, bottom):
         """What backward computes, as Caffe's RecurrentLayer::Backward_cpu, which runs the
         whole unrolled net's backward "unconditionally, as either the inputs or the
         parameters do need backward": every param's gradient (accumulated, also at
         lr_mult 0, where the outer net's param_propagate_down is false) and the diffs of
         x and x_static (the unrolled net's x_transform layers say ``propagate_down:
-        true``), whatever ``propagate_down`` says of them.  Returns the propagate_down
-        list to use; the sequence indicators never get a diff."""
+        true``), whatever ``propagate_down`` says of them (unless a memory plan left such an
+        unasked-for diff out).  Returns the propagate_down list to use; the sequence
+        indicators never get a diff."""
         self.check_backward(propagate_down)
         pd = list(propagate_down)
-        pd[0] = True
+        pd[0] = pd[0] or bottom[0].diff_placeable
         if self.static_input:
-            pd[2] = True
+            pd[2] = pd[2] or bottom[2].diff_placeable
         return pd
 
     # ----------------------------------------------------------- shared pieces
@@ -378,7 +379,7 @@ class LSTMLayer(RecurrentLayer):
         self.final_states((h[T:], c[T:]), top)
 
     def backward_impl(self, top, propagate_down, bottom):
-        propagate_down = self.whole_backward(propagate_down)
+        propagate_down = self.whole_backward(propagate_down, bottom)
         xp, T, H = self.xp, self.T, self.num_output
         h, c, gates = (self.internal(n).data for n in ("h", "c", "gates"))
         dgates = self.internal("gates_diff").data
@@ -471,7 +472,7 @@ class RNNLayer(RecurrentLayer):
         self.final_states((h[T:],), top)
 
     def backward_impl(self, top, propagate_down, bottom):
-        propagate_down = self.whole_backward(propagate_down)
+        propagate_down = self.whole_backward(propagate_down, bottom)
         xp, T = self.xp, self.T
         h, o = self.internal("h").data, self.internal("o").data
         dz_all = self.internal("h_diff").data

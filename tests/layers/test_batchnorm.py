@@ -243,3 +243,19 @@ def test_gpu_matches_cpu(cp, phase, in_place):
         out.append([y, dx] + [to_numpy(b.data) for b in layer.blobs])
     for c, g in zip(*out):
         assert rel_err(g, c) <= 1e-5
+
+
+def test_backward_writes_the_bottom_diff_unasked_unless_a_plan_left_it_out(rng):
+    """BatchNormLayer::Backward_cpu never reads propagate_down: the bottom diff is written
+    also when the net did not ask for it (a BatchNorm on the data).  Where a memory plan
+    holds that diff's storage and did not place it, backward leaves it out instead."""
+    layer, bottom, top = build()
+    _, asked = run(layer, bottom, top, rng.standard_normal(SHAPE), rng.standard_normal(SHAPE))
+    assert np.abs(asked).max() > 0
+    bottom.diff[...] = 0
+    layer.backward([top], [False], [bottom])
+    np.testing.assert_array_equal(to_numpy(bottom.diff), asked)
+    bottom.diff_storage.array = None
+    bottom.diff_storage.external = True
+    layer.backward([top], [False], [bottom])          # no diff placed: nothing written
+    assert not bottom.has_diff

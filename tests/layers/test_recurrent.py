@@ -382,6 +382,11 @@ def test_param_diffs_accumulate_and_frozen_params(kind, rng):
     for p, d in zip(layer.blobs, once):
         np.testing.assert_allclose(to_numpy(p.diff), 3 * d, rtol=1e-12)
     np.testing.assert_allclose(to_numpy(bottom[0].diff), dx, rtol=1e-12)
+    # where a memory plan holds x's diff storage and did not place it, it stays out
+    bottom[0].diff_storage.array = None
+    bottom[0].diff_storage.external = True
+    layer.backward(top, [False, False], bottom)
+    assert not bottom[0].has_diff
 
 
 def test_declarations(rng):

@@ -16,9 +16,22 @@ import threading
 import time
 import types
 
-_state = {"stream": None, "quiet": False}
 # glog's severities, in order; init_log(level) hides those below it (FLAGS_minloglevel)
 LEVELS = "IWEF"
+
+
+def _env_min_level() -> int:
+    """glog's FLAGS_minloglevel from the environment, as glog reads it when Caffe's library
+    loads: scripts set ``os.environ['GLOG_minloglevel'] = '2'`` before ``import caffe`` to
+    hide its INFO and WARNING lines.  Unset or not a severity: 0 (everything)."""
+    try:
+        level = int(os.environ.get("GLOG_minloglevel", "0"))
+    except ValueError:
+        return 0
+    return min(max(level, 0), len(LEVELS) - 1)
+
+
+_state = {"stream": None, "quiet": False, "min_level": _env_min_level()}
 
 
 def set_stream(stream):
@@ -55,11 +68,15 @@ def _caller() -> str:
     return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
 
 
-def init_log(level: int = 0, stderr: bool = True):
+def init_log(level: int | None = None, stderr: bool = True):
     """pycaffe's ``caffe.init_log()``, ``init_log(level)`` and ``init_log(level, stderr)``:
     show messages of severity ``level`` and above (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL;
-    glog's FLAGS_minloglevel).  minicaffe's log always goes to its stream (stderr unless
-    set_stream chose another), so ``stderr`` is accepted and has no effect."""
+    glog's FLAGS_minloglevel).  Without a level the threshold stays (pycaffe's InitLog
+    sets no FLAGS_minloglevel: GLOG_minloglevel's, or 0).  minicaffe's log always goes to
+    its stream (stderr unless set_stream chose another), so ``stderr`` is accepted and has
+    no effect."""
+    if level is None:
+        return
     level = int(level)
     if not 0 <= level < len(LEVELS):
         raise ValueError(f"init_log: level {level} is not a glog severity (0 INFO, 1 WARNING, "

@@ -1319,3 +1319,39 @@ def test_fine_tuning_dummy_data_net_and_disp_preds(workdir):
     again = net.forward()["probs"][0]
     np.testing.assert_array_equal(net.blobs["data"].data[0], image)
     np.testing.assert_allclose(again, probs, rtol=1e-6)
+
+
+def test_glog_minloglevel_set_before_import_silences_the_log(workdir):
+    """Scripts and notebooks set ``os.environ['GLOG_minloglevel'] = '2'`` before
+    ``import caffe`` to hide Caffe's INFO and WARNING lines (glog reads it when the
+    library loads); ``caffe.init_log()`` without a level keeps that threshold."""
+    import subprocess
+    write("net.prototxt", TINY_LOSS)
+    write("solver.prototxt", 'net: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\n'
+          'display: 1\nmax_iter: 2\nsnapshot_prefix: "s"\nsnapshot_after_train: false\n')
+    code = ("import os\n"
+            "os.environ['GLOG_minloglevel'] = '%s'\n"
+            "import minicaffe, caffe\n"
+            "caffe.init_log()\n"
+            "caffe.set_mode_cpu()\n"
+            "s = caffe.SGDSolver('solver.prototxt')\n"
+            "s.solve()\n"
+            "caffe.log('from the script')\n")
+    runs = {}
+    for level in ("0", "2"):
+        r = subprocess.run([sys.executable, "-c", code % level], capture_output=True,
+                           text=True, timeout=120, cwd=str(workdir))
+        assert r.returncode == 0, r.stderr
+        runs[level] = r.stderr.splitlines()
+    assert any(line.startswith("I") and "Iteration 1" in line for line in runs["0"])
+    assert any(line.endswith("] from the script") for line in runs["0"])
+    assert not [line for line in runs["2"] if line[:1] in ("I", "W")]
+
+
+TINY_LOSS = """name: "tiny"
+layer { name: "data" type: "Input" top: "data" top: "t"
+        input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param { num_output: 2 } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "t" top: "loss" }
+"""

@@ -1355,3 +1355,142 @@ layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
         inner_product_param { num_output: 2 } }
 layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "t" top: "loss" }
 """
+
+
+# ------------------------------------------------- layer-by-layer and manual training
+MAGIC = """name: "magic"
+input: "data" input_shape { dim: 4 dim: 2 dim: 6 dim: 6 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 3 kernel_size: 3 } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "fc" type: "InnerProduct" bottom: "pool1" top: "fc"
+  inner_product_param { num_output: 2 } }
+"""
+
+
+def test_magic_init_layer_by_layer(workdir):
+    """philkr/magic_init magic_init.py (data-dependent initialisation): nets made from a
+    string through ``NamedTemporaryFile('w')``; zero-filled params found through
+    ``zip(net._layer_names, net.layers)``; each layer run alone with ``net._forward(i, i)``
+    after its bottoms were written (``1*net.blobs[t].data`` keeps copies), its weights set
+    through ``l.blobs[0].data[...]``, shapes read from ``Blob.shape``; then random top diffs
+    and ``net._backward(last_layer, 0)`` for the per-layer gradient ratios."""
+    def net_from_string(s, t=None):
+        if t is None:
+            t = caffe.TEST
+        f = tempfile.NamedTemporaryFile("w", dir=".", suffix=".prototxt")
+        f.write(s)
+        f.flush()
+        r = caffe.Net(f.name, t)
+        f.close()
+        return r
+
+    net = net_from_string(MAGIC.replace('name: "magic"', 'name: "magic" force_backward: true'))
+    rng = np.random.RandomState(16)
+    NIT = 3
+    inputs = [rng.standard_normal((4, 2, 6, 6)).astype(np.float32) for _ in range(NIT)]
+
+    def forward(i, data, output_names):
+        output = {t: [None] * NIT for t in output_names}
+        for it in range(NIT):
+            for b in data:
+                net.blobs[b].data[...] = data[b][it]
+            net._forward(i, i)
+            for t in output_names:
+                output[t][it] = 1 * net.blobs[t].data
+        return output
+
+    active = {"data": inputs}
+    for i, (n, l) in enumerate(zip(net._layer_names, net.layers)):
+        if len(l.blobs) > 0:
+            assert np.sum(np.abs(l.blobs[0].data)) <= 1e-10      # constant 0 filler
+            d = l.blobs[0].data
+            d[...] = rng.normal(0, 1, d.shape)
+            assert tuple(l.blobs[0].shape) == d.shape
+            top = forward(i, {b: active[b] for b in net.bottom_names[n]}, net.top_names[n])
+            flat = np.concatenate([t.swapaxes(0, 1).reshape(t.shape[1], -1) for t in
+                                   top[net.top_names[n][0]]], axis=1).T
+            mu, std = flat.mean(axis=0), flat.std(axis=0)
+            l.blobs[0].data[...] /= std.reshape((-1,) + (1,) * (d.ndim - 1))
+            l.blobs[1].data[...] = -mu / std
+        if n != "input":
+            active.update(forward(i, {b: active[b] for b in net.bottom_names[n]},
+                                  net.top_names[n]))
+    # the first layer's outputs are standardised per channel over the NIT batches
+    outs = []
+    for x in inputs:
+        net.blobs["data"].data[...] = x
+        net._forward(1, 1)
+        outs.append(1 * net.blobs["conv1"].data)
+    flat = np.concatenate([o.swapaxes(0, 1).reshape(3, -1) for o in outs], axis=1)
+    np.testing.assert_allclose(flat.mean(axis=1), 0, atol=1e-4)
+    np.testing.assert_allclose(flat.std(axis=1), 1, rtol=1e-3)
+    # layer-by-layer forwards agree with one whole forward
+    net.blobs["data"].data[...] = inputs[0]
+    whole = net.forward()["fc"].copy()
+    net.blobs["data"].data[...] = inputs[0]
+    for i in range(len(net.layers)):
+        net._forward(i, i)
+    np.testing.assert_allclose(net.blobs["fc"].data, whole, rtol=1e-5, atol=1e-6)
+
+    # calibrateGradientRatio: reset the diffs, random top diffs, _backward(last_layer, 0)
+    for l in net.layers:
+        for b in l.blobs:
+            b.diff[...] = 0
+    last_layer = len(net.layers) - 1
+    net.blobs["fc"].diff[...] = rng.normal(0, 1, net.blobs["fc"].shape)
+    net._backward(last_layer, 0)
+    fc_w = net.layers[last_layer].blobs[0]
+    np.testing.assert_allclose(fc_w.diff, net.blobs["fc"].diff.T @ net.blobs["pool1"].data
+                               .reshape(4, -1), rtol=1e-4, atol=1e-5)
+    ratio = {n: np.sqrt(np.mean(l.blobs[0].diff ** 2) / np.mean(l.blobs[0].data ** 2))
+             for n, l in zip(net._layer_names, net.layers) if len(l.blobs) > 0}
+    assert sorted(ratio) == ["conv1", "fc"] and all(np.isfinite(list(ratio.values())))
+
+
+def test_manual_sgd_loop_matches_the_solver(workdir):
+    """A training loop written against pycaffe alone: ``net.blobs['data'].data[...] = batch``,
+    ``net.forward()``, every param diff zeroed by hand (pycaffe's ``backward`` adds the
+    param gradients to what the diffs hold), ``net.backward()``, then
+    ``b.data[...] -= lr * b.diff`` for ``b`` in each layer's ``blobs``; the weights follow
+    the SGD solver's (momentum 0, no weight decay, fixed rate) step for step."""
+    text = TINY_LOSS.replace("inner_product_param { num_output: 2 }",
+                             'inner_product_param { num_output: 2 weight_filler { type: '
+                             '"gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } }')
+    write("net.prototxt", text)
+    write("solver.prototxt", 'net: "net.prototxt"\nbase_lr: 0.05\nlr_policy: "fixed"\n'
+          'display: 0\nmax_iter: 10\nsnapshot_prefix: "s"\nsolver_mode: CPU\n')
+    solver = caffe.SGDSolver("solver.prototxt")
+    net = caffe.Net("net.prototxt", caffe.TRAIN)
+    for name in net.params:
+        for a, b in zip(net.params[name], solver.net.params[name]):
+            a.data[...] = b.data
+    rng = np.random.default_rng(17)
+    for _ in range(4):
+        batch = rng.standard_normal((2, 3)).astype(np.float32)
+        target = rng.standard_normal((2, 2)).astype(np.float32)
+        for n_ in (net, solver.net):
+            n_.blobs["data"].data[...] = batch
+            n_.blobs["t"].data[...] = target
+        net.forward()
+        for l in net.layers:
+            for b in l.blobs:
+                b.diff[...] = 0
+        net.backward()
+        for l in net.layers:
+            for b in l.blobs:
+                b.data[...] -= 0.05 * b.diff
+        solver.step(1)
+        for name in net.params:
+            for a, b in zip(net.params[name], solver.net.params[name]):
+                np.testing.assert_allclose(a.data, b.data, rtol=1e-6, atol=1e-7)
+    # without the zeroing, a second backward adds to the diffs
+    net.forward()
+    for b in net.params["ip"]:
+        b.diff[...] = 0
+    net.backward()
+    once = net.params["ip"][0].diff.copy()
+    net.backward()
+    np.testing.assert_allclose(net.params["ip"][0].diff, 2 * once, rtol=1e-6)

@@ -379,7 +379,8 @@ class Net:
                     tops.append(blob)
                     tnames.append(name)
             # The ParamSpecs as the file gives them: a layer's setup may add its own (BatchNorm
-            # adds lr_mult 0 for its statistics) to its copy of the LayerParameter only.
+            # adds lr_mult 0 for its statistics), in Caffe to the layer's copy of the
+            # LayerParameter only; here to ``lp``, which the layer holds.
             file_specs = [caffe_pb2.ParamSpec() for _ in lp.param]
             for copy, spec in zip(file_specs, lp.param):
                 copy.CopyFrom(spec)

@@ -75,7 +75,11 @@ def _c_pow(base: float, exponent: float) -> float:
         return math.nan
     if base == 0 and exponent < 0:
         return math.inf   # C's pow(0, -y); Python's ** raises ZeroDivisionError
-    return float(base ** exponent)
+    try:
+        return float(base ** exponent)
+    except OverflowError:   # C's pow overflows to +-inf
+        return math.copysign(math.inf, base) if float(exponent).is_integer() and \
+            int(exponent) % 2 else math.inf
 
 
 def learning_rate(p, it: int, current_step: int = 0) -> float:
@@ -89,7 +93,7 @@ def learning_rate(p, it: int, current_step: int = 0) -> float:
             raise ValueError("lr_policy 'step' needs stepsize > 0")
         return base * p.gamma ** (it // p.stepsize)
     if policy == "exp":
-        return base * p.gamma ** it
+        return base * _c_pow(p.gamma, it)
     if policy == "inv":
         return base * _c_pow(1 + p.gamma * it, -p.power)
     if policy == "multistep":
@@ -97,7 +101,11 @@ def learning_rate(p, it: int, current_step: int = 0) -> float:
     if policy == "poly":
         return base * _c_pow(1.0 - it / float(p.max_iter), p.power)
     if policy == "sigmoid":
-        return base * (1.0 / (1.0 + math.exp(-p.gamma * (it - p.stepsize))))
+        try:
+            e = math.exp(-p.gamma * (it - p.stepsize))
+        except OverflowError:   # C's exp overflows to inf, and the rate to base * 1/inf = 0
+            e = math.inf
+        return base * (1.0 / (1.0 + e))
     raise ValueError(
         f"Unknown learning rate policy: {policy} (known: {', '.join(LR_POLICIES)})")
 

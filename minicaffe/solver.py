@@ -515,6 +515,9 @@ class Solver:
         p = self.param
         self._log(f"Solving {self.net.name}")
         self._log(f"Learning Rate Policy: {p.lr_policy or 'fixed'}")
+        # Solver::Solve: "Initialize to false every time we start solving." (a stop asked for
+        # in an earlier step() or solve() does not end this one)
+        self.requested_early_exit = False
         if resume_file:
             self._log(f"Restoring previous solver status from {resume_file}")
             self.restore(resume_file)

@@ -56,3 +56,98 @@ def test_exp_rate_overflowing_is_inf_as_cs_pow():
     assert learning_rate(p, 100000) == math.inf
     p.gamma = 0.99
     assert learning_rate(p, 100) == pytest.approx(0.1 * 0.99 ** 100)
+
+
+# ------------------------------------------------------------------ Solve
+def test_solve_clears_an_earlier_stop_request():
+    """solver.cpp Solve: ``requested_early_exit_ = false`` before anything else, so a stop
+    asked for earlier (a SIGINT in a pycaffe step(), or an action function) does not cut
+    this solve short: it runs its final display pass and TestAll."""
+    p = solver_param(max_iter=4, test_interval=4, test_initialization=False)
+    p.test_iter.append(1)
+    s = Solver(p, verbose=False)
+    tested = []
+    s.test = lambda i=0: tested.append(s.iter) or {}
+    s.requested_early_exit = True       # left over from an earlier stop
+    s.solve()
+    assert s.iter == 4
+    assert tested == [4]                # Solve's final TestAll at max_iter
+    assert not s.requested_early_exit
+
+
+# ------------------------------------------------------------- solver states
+KINDS = [("SGD", dict(momentum=0.9)), ("Nesterov", dict(momentum=0.9)),
+         ("AdaGrad", dict(delta=1e-8)), ("RMSProp", dict(rms_decay=0.9, delta=1e-8)),
+         ("AdaDelta", dict(momentum=0.9, delta=1e-6)),
+         ("Adam", dict(momentum=0.9, momentum2=0.999, delta=1e-8))]
+# history blobs per learnable param, as SGDSolver::PreSolve (one each) plus AdaDelta's and
+# Adam's PreSolve (a second run of them appended to history_)
+PER_PARAM = {"SGD": 1, "Nesterov": 1, "AdaGrad": 1, "RMSProp": 1, "AdaDelta": 2, "Adam": 2}
+
+
+@pytest.mark.parametrize("kind, kw", KINDS)
+def test_a_state_as_caffe_writes_it_resumes_the_same_update(tmp_path, kind, kw):
+    """A SolverState with only Caffe's fields (iter, learned_net, history, current_step; no
+    minicaffe_state), history blobs in Caffe's order (param after param, then AdaDelta's update
+    history / Adam's v after them), some with BlobProto's legacy 4-D fields as older Caffe
+    wrote them: restored, the next iterations are those of the run that never stopped
+    (SGDSolver::RestoreSolverStateFromBinaryProto)."""
+    full = Solver(solver_param(type=kind, **kw), verbose=False)
+    full.step(6)
+    part = Solver(solver_param(type=kind, **kw), verbose=False)
+    part.step(3)
+    model = str(tmp_path / "w.caffemodel")
+    part.net.save(model)
+    params = part.net.learnable_params
+    slots = part.rule.history_slots()
+    assert len(slots) == PER_PARAM[kind]
+    state = caffe_pb2.SolverState(iter=3, learned_net=model, current_step=0)
+    for slot in slots:
+        for h in slot:
+            b = state.history.add()
+            if h.ndim == 2:
+                b.num, b.channels, b.height, b.width = 1, 1, h.shape[0], h.shape[1]
+            else:
+                b.shape.dim.extend(h.shape)
+            b.data.extend(np.asarray(h, np.float32).ravel().tolist())
+    assert len(state.history) == PER_PARAM[kind] * len(params)
+    path = str(tmp_path / "caffe.solverstate")
+    write_binary(state, path)
+    resumed = Solver(solver_param(type=kind, **kw), verbose=False)
+    resumed.restore(path)
+    assert resumed.iter == 3
+    resumed.step(3)
+    for a, b in zip(full.net.learnable_params, resumed.net.learnable_params):
+        np.testing.assert_allclose(b.data, a.data, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind, kw", KINDS)
+def test_minicaffes_state_has_caffes_fields_and_history_layout(tmp_path, kind, kw):
+    """SGDSolver::SnapshotSolverStateToBinaryProto: iter, learned_net (the .caffemodel
+    written just before), current_step, then history_[i]->ToProto for every history blob:
+    ``shape`` set, float ``data`` of the param's count; AdaDelta's and Adam's second run
+    after the first. File names: SnapshotFilename = prefix + "_iter_" + iter + extension."""
+    from minicaffe.proto import read_binary
+    s = Solver(solver_param(type=kind, snapshot_prefix=str(tmp_path / "p"), **kw),
+               verbose=False)
+    s.step(2)
+    model, path = s.snapshot()
+    assert model == str(tmp_path / "p_iter_2.caffemodel")
+    assert path == str(tmp_path / "p_iter_2.solverstate")
+    st = read_binary(path, caffe_pb2.SolverState)
+    assert st.iter == 2 and st.learned_net == model and st.current_step == 0
+    params = s.net.learnable_params
+    assert len(st.history) == PER_PARAM[kind] * len(params)
+    want = [h for slot in s.rule.history_slots() for h in slot]
+    for i, b in enumerate(st.history):
+        q = params[i % len(params)]
+        assert list(b.shape.dim) == list(q.data.shape)
+        assert not (b.HasField("num") or b.HasField("channels") or b.HasField("height")
+                    or b.HasField("width"))
+        assert len(b.data) == q.data.size and not len(b.double_data)
+        np.testing.assert_array_equal(np.asarray(b.data, np.float32),
+                                      np.asarray(want[i], np.float32).ravel())
+    if kind == "Adam":    # m (momentum's running mean of diffs) first, then v (squares): v >= 0
+        n = len(params)
+        assert all((np.asarray(b.data) >= 0).all() for b in st.history[n:])
+        assert any((np.asarray(b.data) < 0).any() for b in st.history[:n])

@@ -151,3 +151,58 @@ def test_minicaffes_state_has_caffes_fields_and_history_layout(tmp_path, kind, k
         n = len(params)
         assert all((np.asarray(b.data) >= 0).all() for b in st.history[n:])
         assert any((np.asarray(b.data) < 0).any() for b in st.history[:n])
+
+
+# ------------------------------------------------------------------ display
+RANDOM_NET = NET.replace('data_filler { type: "constant" value: 0.5 }',
+                         'data_filler { type: "gaussian" std: 1 }').replace(
+    'top: "loss" }', 'top: "loss" loss_weight: 2 }').replace(
+    'bottom: "target" }', 'bottom: "target" top: "loss" loss_weight: 2 }')
+
+
+def test_display_lines_with_iter_size_and_average_loss(monkeypatch):
+    """Solver::Step: loss = sum of iter_size ForwardBackward losses / iter_size (each
+    sub-iteration draws its own batch), smoothed over the last average_loss iterations
+    (UpdateSmoothedLoss); on display iterations "Iteration N (X iter/s, Ys/D iters), loss = L",
+    then each output blob's values from the last forward, "    Train net output #k: name = v
+    (* w = w*v loss)" with w the blob's loss weight; then ApplyUpdate's "Iteration N, lr = r"."""
+    import io
+    import re
+    from minicaffe import log as mlog
+    stream = io.StringIO()
+    monkeypatch.setattr(mlog, "_state", {"stream": stream, "quiet": False})
+    p = solver_param(display=2, average_loss=2, iter_size=2, max_iter=4)
+    p.net_param.CopyFrom(parse_text(RANDOM_NET, caffe_pb2.NetParameter))
+    s = Solver(p, verbose=True)
+    assert s._output_loss_weight(s.net, "loss") == 2
+    sub, blob = [], []
+    fb = s.net.forward_backward
+
+    def record(*a, **k):
+        v = fb(*a, **k)
+        sub.append(float(v))
+        blob.append(float(s.net.blobs["loss"].data))
+        return v
+    monkeypatch.setattr(s.net, "forward_backward", record)
+    s.step(3)
+    assert len(sub) == 6 and len(set(sub)) == 6       # every sub-iteration a new batch
+    np.testing.assert_allclose(sub, [2 * b for b in blob], rtol=1e-6)   # loss_weight 2
+    per_iter = [(sub[2 * i] + sub[2 * i + 1]) / 2 for i in range(3)]
+    lines = stream.getvalue().splitlines()
+    shown = {}
+    for line in lines:
+        m = re.search(r"\] Iteration (\d+) \([^ ]+ iter/s, [^ ]+s/2 iters\), loss = ([^ ]+)", line)
+        if m:
+            shown[int(m.group(1))] = float(m.group(2))
+    assert sorted(shown) == [0, 2]
+    assert shown[0] == pytest.approx(per_iter[0], rel=1e-5)
+    assert shown[2] == pytest.approx((per_iter[1] + per_iter[2]) / 2, rel=1e-5)
+    outs = [l.split("] ", 1)[1] for l in lines if "Train net output" in l]
+    assert len(outs) == 2
+    for line, v in zip(outs, (blob[1], blob[5])):
+        m = re.fullmatch(r"    Train net output #0: loss = (\S+) \(\* 2 = (\S+) loss\)", line)
+        assert m, line
+        assert float(m.group(1)) == pytest.approx(v, rel=1e-5)
+        assert float(m.group(2)) == pytest.approx(2 * v, rel=1e-5)
+    lr = [l.split("] ", 1)[1] for l in lines if ", lr = " in l]
+    assert lr == ["Iteration 0, lr = 0.05", "Iteration 2, lr = 0.05"]

@@ -255,8 +255,17 @@ class Layer:
         self.forward_impl(bottom, top)
         loss = 0.0
         for t, w in zip(top, self.loss_weights):
-            if w != 0:
+            if w == 0:
+                continue
+            if t.diff_storage.external:
+                # a memory plan holds this diff: the loss weight it was seeded with
                 loss = loss + self.xp.sum(t.data) * w
+            else:
+                # Caffe's Layer::Forward: loss += dot(top data, top diff), the diff holding
+                # whatever is there now: the loss weight SetLossWeights wrote, or what a
+                # consumer's backward wrote over it (a loss top read by another layer, no
+                # Split between them), or zeros after a reshape grew the top
+                loss = loss + self.xp.vdot(t.data.reshape(-1), t.diff.reshape(-1))
         return loss
 
     def forward_impl(self, bottom, top):

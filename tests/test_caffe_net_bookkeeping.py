@@ -1,0 +1,67 @@
+"""Net bookkeeping checked against BVLC Caffe's src/caffe/net.cpp, layer.hpp and
+util/insert_splits.cpp: the expected values below are worked out by hand from that source
+(Layer::Forward, SetLossWeights, Net::Init's backward pruning, InsertSplits), not from
+minicaffe's output."""
+import numpy as np
+import pytest
+
+from minicaffe.net import TRAIN, Net
+from minicaffe.proto import caffe_pb2, parse_text
+
+
+def make(text, phase=TRAIN):
+    return Net(parse_text(text, caffe_pb2.NetParameter, filename="<test net>"), phase,
+               dtype=np.float64)
+
+
+# A loss layer's top (loss weight 1 from LossLayer::LayerSetUp, none in the file) read by
+# a Power layer whose own top has loss_weight 1.  InsertSplits counts only loss weights
+# written in the file, so 'l' has one reader and no Split: Power's backward writes l's diff
+# (3 * 1) over the loss weight that SetLossWeights put there.
+LOSS_TOP_READ = """force_backward: true
+layer { name: 'in' type: 'Input' top: 'a' top: 'b'
+  input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } } }
+layer { name: 'l' type: 'EuclideanLoss' bottom: 'a' bottom: 'b' top: 'l' }
+layer { name: 'p' type: 'Power' bottom: 'l' top: 'l2' power_param { scale: 3 } loss_weight: 1 }
+"""
+
+
+def test_loss_is_top_data_dot_top_diff_as_layer_forward_computes_it():
+    """Layer::Forward adds caffe_cpu_dot(top data, top diff) for each top with a loss
+    weight: the diff's current contents, not the weight given at set-up."""
+    net = make(LOSS_TOP_READ)
+    assert [n for n in net.layer_names] == ["in", "l", "p"]   # no Split for 'l'
+    a = np.arange(6.0).reshape(2, 3)
+    net.blobs["a"].data[...] = a
+    net.blobs["b"].data[...] = 0
+    # l = sum(a^2) / (2 * 2) = 55 / 4; l2 = 3 l; loss = l * 1 + l2 * 1
+    assert float(net.forward_from_to()) == pytest.approx(13.75 + 41.25)
+    net.backward_from_to()
+    # Power: l.diff = 3 * l2.diff = 3 (overwrites the weight 1); EuclideanLoss reads its
+    # weight from l.diff: a.diff = 3 * (a - b) / 2
+    assert float(net.blobs["l"].diff) == 3.0
+    np.testing.assert_allclose(net.blobs["a"].diff, 1.5 * a)
+    np.testing.assert_allclose(net.blobs["b"].diff, -1.5 * a)
+    # the next forward: dot(l, l.diff) = 13.75 * 3, plus l2 * 1
+    assert float(net.forward_from_to()) == pytest.approx(13.75 * 3 + 41.25)
+    # pycaffe's user may write the diff too (net.blobs['l'].diff[...] = 0.5)
+    net.blobs["l"].diff[...] = 0.5
+    assert float(net.forward_from_to()) == pytest.approx(13.75 * 0.5 + 41.25)
+
+
+GROWING = """
+layer { name: 'in' type: 'Input' top: 'x' input_param { shape { dim: 2 dim: 3 } } }
+layer { name: 'p' type: 'Power' bottom: 'x' top: 'p' loss_weight: 2 }
+"""
+
+
+def test_loss_weight_lost_when_the_top_grows():
+    """Blob::Reshape to a larger count allocates a new, zeroed diff: the loss weight that
+    SetLossWeights wrote is gone, so Layer::Forward's dot gives 0 for that top."""
+    net = make(GROWING)
+    net.blobs["x"].data[...] = 1.0
+    assert float(net.forward_from_to()) == pytest.approx(2.0 * 6)
+    net.blobs["x"].reshape(4, 3)
+    net.blobs["x"].data[...] = 1.0
+    assert float(net.forward_from_to()) == 0.0
+    assert not np.asarray(net.blobs["p"].diff).any()

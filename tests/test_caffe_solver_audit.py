@@ -206,3 +206,29 @@ def test_display_lines_with_iter_size_and_average_loss(monkeypatch):
         assert float(m.group(2)) == pytest.approx(2 * v, rel=1e-5)
     lr = [l.split("] ", 1)[1] for l in lines if ", lr = " in l]
     assert lr == ["Iteration 0, lr = 0.05", "Iteration 2, lr = 0.05"]
+
+
+# ---------------------------------------------------------------- snapshots
+@pytest.mark.parametrize("diff", [False, True])
+def test_binary_snapshot_diff_holds_the_last_update(tmp_path, diff):
+    """Solver::SnapshotToBinaryProto: net_->ToProto(&net_param, snapshot_diff); Step snapshots
+    after ApplyUpdate, whose Net::Update did data -= diff, so each blob's diff is the update
+    just applied (old data - new data), written only with snapshot_diff."""
+    from minicaffe.proto import read_binary
+    s = Solver(solver_param(momentum=0.9, snapshot=3, snapshot_diff=diff,
+                            snapshot_prefix=str(tmp_path / "d")), verbose=False)
+    s.step(2)
+    before = [np.array(q.data) for q in s.net.learnable_params]
+    s.step(1)                                  # iteration 2, then ++iter = 3: snapshot
+    assert os.path.exists(tmp_path / "d_iter_3.caffemodel")
+    net = read_binary(str(tmp_path / "d_iter_3.caffemodel"), caffe_pb2.NetParameter)
+    blobs = [b for layer in net.layer for b in layer.blobs]
+    assert len(blobs) == len(before)
+    for b, old, q in zip(blobs, before, s.net.learnable_params):
+        np.testing.assert_array_equal(np.asarray(b.data, np.float32).reshape(q.data.shape),
+                                      q.data)
+        if diff:
+            np.testing.assert_allclose(np.asarray(b.diff).reshape(q.data.shape),
+                                       old - q.data, rtol=1e-5, atol=1e-7)
+        else:
+            assert len(b.diff) == 0

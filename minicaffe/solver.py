@@ -443,7 +443,6 @@ class Solver:
     def step(self, iters: int):
         """Run ``iters`` iterations (Caffe's Solver::Step)."""
         p = self.param
-        start_iter = self.iter
         stop_iter = self.iter + iters
         self._losses = deque(maxlen=max(1, p.average_loss))
         timer = time.perf_counter()
@@ -475,12 +474,11 @@ class Solver:
             if display:
                 self.smoothed_loss = float(sum(float(x) for x in self._losses) / len(self._losses))
                 lapse = time.perf_counter() - timer
-                per_s = (self.iter - iter_last) / lapse if lapse > 0 else 0.0
-                done = (self.iter - start_iter) / max(1, iters)
-                eta = (stop_iter - self.iter) / per_s if per_s > 0 else float("nan")
-                self._log(f"Iteration {self.iter} ({per_s:.4g} iter/s, {lapse:.4g}s/{p.display} "
-                          f"iters), loss = {self.smoothed_loss:.6g}"
-                          + (f"  [{100 * done:.0f}%, eta {_fmt_eta(eta)}]" if iters > p.display else ""))
+                # Solver::Step: per_s = (iter_ - iterations_last_) / (lapse ? lapse : 1), both
+                # floats streamed with six significant digits; the line ends at the loss
+                per_s = (self.iter - iter_last) / (lapse if lapse else 1.0)
+                self._log(f"Iteration {self.iter} ({per_s:.6g} iter/s, {lapse:.6g}s/{p.display} "
+                          f"iters), loss = {self.smoothed_loss:.6g}")
                 timer = time.perf_counter()
                 iter_last = self.iter
                 self._log_outputs(self.net, "Train")
@@ -962,13 +960,6 @@ class _PyCallback:
 
     def on_gradients_ready(self, solver):
         self._on_gradients_ready()
-
-
-def _fmt_eta(s):
-    if not math.isfinite(s):
-        return "?"
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 # ------------------------------------------------------------- update rules

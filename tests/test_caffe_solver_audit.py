@@ -232,3 +232,27 @@ def test_binary_snapshot_diff_holds_the_last_update(tmp_path, diff):
                                        old - q.data, rtol=1e-5, atol=1e-7)
         else:
             assert len(b.diff) == 0
+
+
+def test_iteration_line_is_caffes_six_digits_and_ends_at_the_loss(monkeypatch):
+    """Solver::Step: LOG(INFO) << "Iteration " << iter_ << " (" << per_s << " iter/s, " << lapse
+    << "s/" << display << " iters), loss = " << smoothed_loss_; with per_s = (iter_ -
+    iterations_last_) / lapse, floats streamed at the default six significant digits, and
+    nothing after the loss (minicaffe printed four digits and a progress/eta suffix)."""
+    import io
+    import types
+    from minicaffe import log as mlog
+    from minicaffe import solver as msolver
+    stream = io.StringIO()
+    monkeypatch.setattr(mlog, "_state", {"stream": stream, "quiet": False})
+    clock = iter(1.2345678 * i for i in range(1000))   # every reading 1.2345678 s later
+    monkeypatch.setattr(msolver, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    s = Solver(solver_param(display=2), verbose=True)
+    s.step(5)
+    lines = [l.split("] ", 1)[1] for l in stream.getvalue().splitlines()
+             if "iter/s" in l]
+    assert len(lines) == 3
+    for line, per_s in zip(lines, ("0", "1.62", "1.62")):     # 2 / 1.2345678 = 1.62000001
+        head, loss = line.rsplit(" ", 1)
+        float(loss)
+        assert head.endswith(f" ({per_s} iter/s, 1.23457s/2 iters), loss =")

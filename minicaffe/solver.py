@@ -641,7 +641,9 @@ class Solver:
             norm = xp.sqrt(sumsq)
             # Caffe reads the norm on the host; we keep it on the device.
             factor = xp.where(norm > p.clip_gradients, p.clip_gradients / norm, 1.0)
-            if display:
+            # sgd_solver.cpp ClipGradients logs every clipping, not only on display
+            # iterations (reading the norm syncs a GPU run, as Caffe's host-side norm does)
+            if self.verbose and common.root_solver():
                 n = float(norm)
                 if n > p.clip_gradients:
                     self._log(f"Gradient clipping: scaling down gradients (L2 norm {n:.6g} > "

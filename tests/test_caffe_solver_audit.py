@@ -256,3 +256,28 @@ def test_iteration_line_is_caffes_six_digits_and_ends_at_the_loss(monkeypatch):
         head, loss = line.rsplit(" ", 1)
         float(loss)
         assert head.endswith(f" ({per_s} iter/s, 1.23457s/2 iters), loss =")
+
+
+# ------------------------------------------------------------ ClipGradients
+def test_every_clipping_is_logged_not_only_on_display_iterations(monkeypatch):
+    """sgd_solver.cpp ClipGradients: whenever the L2 norm of all learnable params' diffs
+    exceeds clip_gradients, LOG(INFO) << "Gradient clipping: scaling down gradients (L2 norm "
+    << l2norm_diff << " > " << clip_gradients << ") by scale factor " << scale_factor, on
+    every iteration (ApplyUpdate calls it unconditionally; display only gates the lr line)."""
+    import io
+    import re
+    from minicaffe import log as mlog
+    stream = io.StringIO()
+    monkeypatch.setattr(mlog, "_state", {"stream": stream, "quiet": False})
+    s = Solver(solver_param(clip_gradients=0.01, display=0), verbose=True)
+    norms = []
+    s.add_callback(lambda: None, lambda: norms.append(math.sqrt(sum(
+        float((np.asarray(q.diff, np.float64) ** 2).sum()) for q in s.net.learnable_params))))
+    s.step(3)
+    got = [re.search(r"Gradient clipping: scaling down gradients \(L2 norm (\S+) > 0\.01\) "
+                     r"by scale factor (\S+)$", l) for l in stream.getvalue().splitlines()
+           if "Gradient clipping" in l]
+    assert len(got) == 3 and all(got) and all(n > 0.01 for n in norms)
+    for m, n in zip(got, norms):
+        assert float(m.group(1)) == pytest.approx(n, rel=1e-5)
+        assert float(m.group(2)) == pytest.approx(0.01 / n, rel=1e-5)

@@ -65,3 +65,64 @@ def test_loss_weight_lost_when_the_top_grows():
     net.blobs["x"].data[...] = 1.0
     assert float(net.forward_from_to()) == 0.0
     assert not np.asarray(net.blobs["p"].diff).any()
+
+
+# 'l' carries an explicit loss_weight and is read by Power: InsertSplits counts the weight as
+# a reader, so a Split follows 'l' with loss weights [2, 0] and Power reads split top 1; the
+# loss layer's loss_weight is cleared, and LossLayer::LayerSetUp gives it the default 1 again.
+WEIGHTED_TOP_READ = """force_backward: true
+layer { name: 'in' type: 'Input' top: 'a' top: 'b'
+  input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } } }
+layer { name: 'l' type: 'EuclideanLoss' bottom: 'a' bottom: 'b' top: 'l' loss_weight: 2 }
+layer { name: 'p' type: 'Power' bottom: 'l' top: 'l2' power_param { scale: 3 } loss_weight: 1 }
+"""
+
+
+def test_loss_weighted_top_read_elsewhere_splits_and_keeps_the_loss_layers_default_weight():
+    net = make(WEIGHTED_TOP_READ)
+    assert net.layer_names == ["in", "l", "l_l_0_split", "p"]
+    assert net.layer_top_names[2] == ["l_l_0_split_0", "l_l_0_split_1"]
+    assert net.layer_bottom_names[3] == ["l_l_0_split_1"]
+    assert dict(net.blob_loss_weights) == {"a": 0, "b": 0, "l": 1, "l_l_0_split_0": 2,
+                                           "l_l_0_split_1": 0, "l2": 1}
+    assert net.outputs == ["l2", "l_l_0_split_0"]          # std::set order
+    a = np.arange(6.0).reshape(2, 3)
+    net.blobs["a"].data[...] = a
+    net.blobs["b"].data[...] = 0
+    # l = 13.75: 1 * l (the loss layer) + 2 * l (split top 0) + 1 * 3 l (Power)
+    assert float(net.forward_from_to()) == pytest.approx(13.75 + 27.5 + 41.25)
+    net.backward_from_to()
+    # Split: l.diff = split_0.diff (2) + split_1.diff (3 from Power), over the weight 1
+    assert float(net.blobs["l"].diff) == 5.0
+    np.testing.assert_allclose(net.blobs["a"].diff, 2.5 * a)
+    # next forward: the loss layer's dot(l, l.diff) reads 5
+    assert float(net.forward_from_to()) == pytest.approx(13.75 * 5 + 27.5 + 41.25)
+
+
+def test_split_of_a_weighted_top_clears_every_loss_weight_of_its_layer():
+    """InsertSplits' clear_loss_weight() drops all the layer's loss weights, so t1's weight
+    2 is lost (t1 needs no Split: the weight alone is one reader)."""
+    net = make("""force_backward: true
+    layer { name: 'in' type: 'Input' top: 'x' input_param { shape { dim: 2 dim: 4 } } }
+    layer { name: 's' type: 'Slice' bottom: 'x' top: 't0' top: 't1' slice_param { axis: 1 }
+      loss_weight: 1 loss_weight: 2 }
+    layer { name: 'p' type: 'Power' bottom: 't0' top: 'q' }""")
+    assert net.layer_names == ["in", "s", "t0_s_0_split", "p"]
+    assert dict(net.blob_loss_weights) == {"x": 0, "t0": 0, "t1": 0, "t0_s_0_split_0": 1,
+                                           "t0_s_0_split_1": 0, "q": 0}
+    x = np.arange(8.0).reshape(2, 4)
+    net.blobs["x"].data[...] = x
+    assert float(net.forward_from_to()) == pytest.approx(x[:, :2].sum())
+    net.backward_from_to()
+    np.testing.assert_array_equal(net.blobs["x"].diff, [[1, 1, 0, 0], [1, 1, 0, 0]])
+
+
+def test_in_place_layer_after_a_split_reader_is_a_second_source():
+    """A reads x, then B works on x in place: InsertSplits gives B a split top as bottom,
+    so B's top 'x' is no longer in place and AppendTop finds x made twice."""
+    with pytest.raises(ValueError, match="multiple sources"):
+        make("""
+        layer { name: 'in' type: 'Input' top: 'x' input_param { shape { dim: 2 dim: 3 } } }
+        layer { name: 'A' type: 'Power' bottom: 'x' top: 'y' }
+        layer { name: 'B' type: 'ReLU' bottom: 'x' top: 'x' }
+        layer { name: 'C' type: 'Power' bottom: 'x' top: 'z' }""")

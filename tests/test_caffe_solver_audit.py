@@ -281,3 +281,40 @@ def test_every_clipping_is_logged_not_only_on_display_iterations(monkeypatch):
     for m, n in zip(got, norms):
         assert float(m.group(1)) == pytest.approx(n, rel=1e-5)
         assert float(m.group(2)) == pytest.approx(0.01 / n, rel=1e-5)
+
+
+# --------------------------------------------------------------------- Test
+def test_test_phase_means_and_lines(monkeypatch):
+    """Solver::Test: "Iteration N, Testing net (#k)"; test_iter forwards, each output's
+    elements summed and divided by test_iter; with test_compute_loss "Test loss: " the mean
+    of the forwards' losses; then "    Test net output #i: name = mean (* w = w*mean loss)"."""
+    import io
+    import re
+    from minicaffe import log as mlog
+    stream = io.StringIO()
+    monkeypatch.setattr(mlog, "_state", {"stream": stream, "quiet": False})
+    p = solver_param(test_interval=2, test_initialization=False, test_compute_loss=True)
+    p.test_iter.append(3)
+    p.net_param.CopyFrom(parse_text(RANDOM_NET, caffe_pb2.NetParameter))
+    s = Solver(p, verbose=True)
+    tnet = s.test_nets[0]
+    losses, blob = [], []
+    fwd = tnet.forward_from_to
+
+    def record(*a, **k):
+        v = fwd(*a, **k)
+        losses.append(float(v))
+        blob.append(float(tnet.blobs["loss"].data))
+        return v
+    monkeypatch.setattr(tnet, "forward_from_to", record)
+    s.step(3)                       # tests at iteration 2 only (no test_initialization)
+    assert len(losses) == 3 and len(set(blob)) == 3
+    lines = [l.split("] ", 1)[1] for l in stream.getvalue().splitlines()]
+    i = lines.index("Iteration 2, Testing net (#0)")
+    m = re.fullmatch(r"Test loss: (\S+)", lines[i + 1])
+    assert m and float(m.group(1)) == pytest.approx(np.mean(losses), rel=1e-5)
+    np.testing.assert_allclose(losses, [2 * b for b in blob], rtol=1e-6)
+    m = re.fullmatch(r"    Test net output #0: loss = (\S+) \(\* 2 = (\S+) loss\)", lines[i + 2])
+    assert m, lines[i + 2]
+    assert float(m.group(1)) == pytest.approx(np.mean(blob), rel=1e-5)
+    assert float(m.group(2)) == pytest.approx(2 * np.mean(blob), rel=1e-5)

@@ -318,3 +318,56 @@ def test_test_phase_means_and_lines(monkeypatch):
     assert m, lines[i + 2]
     assert float(m.group(1)) == pytest.approx(np.mean(blob), rel=1e-5)
     assert float(m.group(2)) == pytest.approx(2 * np.mean(blob), rel=1e-5)
+
+
+@pytest.mark.parametrize("policy, kw, it, expected", [
+    # sgd_solver.cpp GetLearningRate at its boundaries, base_lr 0.1
+    ("step", dict(gamma=0.1, stepsize=10), 9, 0.1),
+    ("step", dict(gamma=0.1, stepsize=10), 10, 0.1 * 0.1),       # current_step = iter/stepsize
+    ("exp", dict(gamma=0.5), 0, 0.1),
+    ("inv", dict(gamma=0.5, power=2), 0, 0.1),
+    ("inv", dict(gamma=0.5, power=2), 2, 0.1 / 4),
+    ("poly", dict(power=2, max_iter=10), 10, 0.0),               # pow(1 - 10/10, 2)
+    ("poly", dict(power=1, max_iter=10), 5, 0.05),
+    ("sigmoid", dict(gamma=0.3, stepsize=7), 7, 0.05),           # 1 / (1 + exp(0))
+    ("fixed", dict(gamma=0.5, stepsize=1), 1000, 0.1),
+])
+def test_lr_policy_boundaries(policy, kw, it, expected):
+    p = caffe_pb2.SolverParameter(base_lr=0.1, lr_policy=policy, **kw)
+    assert learning_rate(p, it) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
+def test_multistep_resumes_from_a_caffe_state_at_its_current_step(tmp_path, monkeypatch):
+    """multistep: rate = base_lr * gamma^current_step_, and current_step_ advances by one when
+    iter_ >= stepvalue(current_step_), logging "MultiStep Status: Iteration N, step = k"; the
+    state's current_step (RestoreSolverStateFromBinaryProto) is where it continues."""
+    import io
+    from minicaffe import log as mlog
+    kw = dict(lr_policy="multistep", gamma=0.5, base_lr=0.1)
+    part = Solver(solver_param(**kw), verbose=False)
+    part.step(1)
+    model = str(tmp_path / "w.caffemodel")
+    part.net.save(model)
+    state = caffe_pb2.SolverState(iter=15, learned_net=model, current_step=1)
+    for h in part.rule.state_blobs():
+        b = state.history.add()
+        b.shape.dim.extend(h.shape)
+        b.data.extend(np.asarray(h, np.float32).ravel().tolist())
+    path = str(tmp_path / "s.solverstate")
+    write_binary(state, path)
+    p = solver_param(display=1, **kw)
+    p.stepvalue.extend([10, 20, 21])
+    stream = io.StringIO()
+    monkeypatch.setattr(mlog, "_state", {"stream": stream, "quiet": False})
+    s = Solver(p, verbose=True)
+    s.restore(path)
+    assert (s.iter, s.current_step) == (15, 1)
+    s.step(7)                       # iterations 15 .. 21
+    lines = [l.split("] ", 1)[1] for l in stream.getvalue().splitlines()]
+    rates = [l for l in lines if ", lr = " in l]
+    assert rates == [f"Iteration {i}, lr = {r:g}" for i, r in
+                     [(15, .05), (16, .05), (17, .05), (18, .05), (19, .05), (20, .025),
+                      (21, .0125)]]
+    assert [l for l in lines if l.startswith("MultiStep")] == [
+        "MultiStep Status: Iteration 20, step = 2", "MultiStep Status: Iteration 21, step = 3"]
+    assert s.current_step == 3

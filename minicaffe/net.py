@@ -1109,8 +1109,12 @@ class Net:
             if "data" not in f:
                 raise ValueError(f"{where}no 'data' group: not a Caffe HDF5 model")
             data = f["data"]
-            for li, name in enumerate(self.layer_names):
-                if name not in data:
+            # Caffe looks each source group up in layer_names_index_, which holds the last
+            # layer of a name (the .caffemodel path, CopyTrainedLayersFrom, fills the first)
+            index = {n: i for i, n in enumerate(self.layer_names)}
+            for name in data:
+                li = index.get(name)
+                if li is None:
                     continue
                 group, target = data[name], self.layers[li].blobs
                 if len(group) > len(target):

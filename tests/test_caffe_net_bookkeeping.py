@@ -126,3 +126,25 @@ def test_in_place_layer_after_a_split_reader_is_a_second_source():
         layer { name: 'A' type: 'Power' bottom: 'x' top: 'y' }
         layer { name: 'B' type: 'ReLU' bottom: 'x' top: 'x' }
         layer { name: 'C' type: 'Power' bottom: 'x' top: 'z' }""")
+
+
+def test_hdf5_weights_go_to_the_last_layer_of_a_name_caffemodel_to_the_first(tmp_path):
+    """CopyTrainedLayersFromHDF5 finds the target in layer_names_index_, built by a loop that
+    leaves the last layer of each name; CopyTrainedLayersFrom scans for the first."""
+    h5py = pytest.importorskip("h5py")
+    net = make("""
+    layer { name: 'in' type: 'Input' top: 'x' input_param { shape { dim: 1 dim: 2 } } }
+    layer { name: 'ip' type: 'InnerProduct' bottom: 'x' top: 'y' inner_product_param {
+      num_output: 2 weight_filler { type: 'constant' value: 0 } } }
+    layer { name: 'ip' type: 'InnerProduct' bottom: 'y' top: 'z' inner_product_param {
+      num_output: 2 weight_filler { type: 'constant' value: 0 } } }""")
+    w, b = np.arange(4.0).reshape(2, 2) + 1, np.array([5.0, 6.0])
+    path = tmp_path / "w.caffemodel.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data/ip/0", data=w)
+        f.create_dataset("data/ip/1", data=b)
+    net.copy_from(str(path))
+    first, second = net.layers[1].blobs, net.layers[2].blobs
+    assert not first[0].data.any() and not first[1].data.any()
+    np.testing.assert_array_equal(second[0].data, w)
+    np.testing.assert_array_equal(second[1].data, b)

@@ -371,3 +371,34 @@ def test_multistep_resumes_from_a_caffe_state_at_its_current_step(tmp_path, monk
     assert [l for l in lines if l.startswith("MultiStep")] == [
         "MultiStep Status: Iteration 20, step = 2", "MultiStep Status: Iteration 21, step = 3"]
     assert s.current_step == 3
+
+
+@pytest.mark.parametrize("kind, kw", [k for k in KINDS if k[0] in ("SGD", "AdaDelta", "Adam")])
+def test_an_hdf5_state_as_caffe_writes_it_resumes_the_same_update(tmp_path, kind, kw):
+    """SGDSolver::SnapshotSolverStateToHDF5's file, written here by hand with nothing of
+    minicaffe's: int datasets "iter" and "current_step", string "learned_net", group "history"
+    with datasets "0".."n-1" (2n for AdaDelta and Adam), each shaped as its blob.
+    RestoreSolverStateFromHDF5 reads it; the run continues as the one that never stopped."""
+    h5py = pytest.importorskip("h5py")
+    full = Solver(solver_param(type=kind, **kw), verbose=False)
+    full.step(5)
+    part = Solver(solver_param(type=kind, **kw), verbose=False)
+    part.step(2)
+    model = str(tmp_path / "w.caffemodel.h5")
+    part.net.save_hdf5(model)
+    blobs = part.rule.state_blobs()
+    assert len(blobs) == PER_PARAM[kind] * len(part.net.learnable_params)
+    path = str(tmp_path / "caffe.solverstate.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("iter", data=np.array([2], np.int32))
+        f.create_dataset("learned_net", data=np.bytes_(model))
+        f.create_dataset("current_step", data=np.array([0], np.int32))
+        g = f.create_group("history")
+        for i, h in enumerate(blobs):
+            g.create_dataset(str(i), data=np.asarray(h, np.float32))
+    resumed = Solver(solver_param(type=kind, **kw), verbose=False)
+    resumed.restore(path)
+    assert resumed.iter == 2
+    resumed.step(3)
+    for a, b in zip(full.net.learnable_params, resumed.net.learnable_params):
+        np.testing.assert_allclose(b.data, a.data, rtol=1e-6, atol=1e-7)

@@ -402,3 +402,45 @@ def test_an_hdf5_state_as_caffe_writes_it_resumes_the_same_update(tmp_path, kind
     resumed.step(3)
     for a, b in zip(full.net.learnable_params, resumed.net.learnable_params):
         np.testing.assert_allclose(b.data, a.data, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("snapshot, max_iter, after, fmt, want", [
+    # Step: after ++iter_, Snapshot() when iter_ % snapshot == 0; Solve: once more at the end
+    # when snapshot_after_train and the last Step did not just write it
+    (3, 7, True, "BINARYPROTO", [3, 6, 7]),
+    (3, 6, True, "BINARYPROTO", [3, 6]),
+    (3, 7, False, "BINARYPROTO", [3, 6]),
+    (0, 4, True, "BINARYPROTO", [4]),
+    (0, 4, False, "BINARYPROTO", []),
+    (2, 5, True, "HDF5", [2, 4, 5]),
+])
+def test_snapshot_schedule_and_names(tmp_path, snapshot, max_iter, after, fmt, want):
+    """SnapshotFilename: prefix + "_iter_" + iter + ".caffemodel" / ".solverstate" (HDF5:
+    ".caffemodel.h5" / ".solverstate.h5")."""
+    p = solver_param(snapshot=snapshot, max_iter=max_iter, snapshot_after_train=after,
+                     snapshot_prefix=str(tmp_path / "net"),
+                     snapshot_format=getattr(caffe_pb2.SolverParameter, fmt))
+    Solver(p, verbose=False).solve()
+    ext = ".h5" if fmt == "HDF5" else ""
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        f"net_iter_{i}.{kind}{ext}" for i in want for kind in ("caffemodel", "solverstate"))
+
+
+def test_resumed_solve_continues_the_test_and_snapshot_schedules(tmp_path):
+    """caffe train --snapshot: Restore, then Solve -> Step(max_iter - iter_): the restored
+    iter_ decides the tests (iter_ % test_interval == 0, iter_ > 0) and snapshots."""
+    p = solver_param(snapshot=4, max_iter=10, test_interval=3, snapshot_prefix=str(tmp_path / "a"))
+    p.test_iter.append(1)
+    first = Solver(p, verbose=False)
+    first.step(5)
+    _, state = first.snapshot()
+    os.remove(tmp_path / "a_iter_4.caffemodel")
+    os.remove(tmp_path / "a_iter_4.solverstate")
+    s = Solver(p, verbose=False)
+    tested = []
+    orig = s.test
+    s.test = lambda i=0: tested.append(s.iter) or orig(i)
+    s.solve(resume_file=state)
+    assert tested == [6, 9]                       # not 0: training resumed at 5
+    names = sorted(n for n in os.listdir(tmp_path) if n.endswith(".solverstate"))
+    assert names == ["a_iter_10.solverstate", "a_iter_5.solverstate", "a_iter_8.solverstate"]

@@ -1221,14 +1221,21 @@ class Net:
 
     def share_trained_layers_with(self, other: "Net"):
         """Share parameter data with ``other`` by layer name (test nets share
-        the train net's weights, as in Caffe's solver)."""
-        theirs = other.layer_dict
-        for name, layer in zip(self.layer_names, self.layers):
-            src = theirs.get(name)
-            if src is None or not layer.blobs:
+        the train net's weights, as in Caffe's solver).  As ShareTrainedLayersWith: each of
+        ``other``'s layers goes to the first layer of its name here (a later source layer of
+        that name shares over it; other layers of the name keep their own), and the numbers
+        of param blobs must agree, none included."""
+        first = {}
+        for i, n in enumerate(self.layer_names):
+            first.setdefault(n, i)
+        for name, src in zip(other.layer_names, other.layers):
+            li = first.get(name)
+            if li is None:
                 continue
+            layer = self.layers[li]
             if len(src.blobs) != len(layer.blobs):
-                raise ValueError(f"layer {name!r}: different numbers of param blobs to share")
+                raise ValueError(f"layer {name!r}: incompatible number of blobs to share "
+                                 f"(source has {len(src.blobs)}, target {len(layer.blobs)})")
             for b, s in zip(layer.blobs, src.blobs):
                 if b.shape != s.shape:
                     raise ValueError(

@@ -148,3 +148,35 @@ def test_hdf5_weights_go_to_the_last_layer_of_a_name_caffemodel_to_the_first(tmp
     assert not first[0].data.any() and not first[1].data.any()
     np.testing.assert_array_equal(second[0].data, w)
     np.testing.assert_array_equal(second[1].data, b)
+
+
+TWO_IP = """
+layer { name: 'in' type: 'Input' top: 'x' input_param { shape { dim: 1 dim: 2 } } }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'x' top: 'y' inner_product_param {
+  num_output: 2 weight_filler { type: 'constant' value: %s } } }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'y' top: 'z' inner_product_param {
+  num_output: 2 weight_filler { type: 'constant' value: %s } } }
+"""
+
+
+def test_share_trained_layers_goes_to_the_first_target_layer_of_each_source_name():
+    """ShareTrainedLayersWith walks the source's layers; each shares into the first target
+    layer of its name (so the last source 'ip' wins there) and the second target 'ip'
+    keeps its own weights."""
+    src = make(TWO_IP % (1, 2))
+    dst = make(TWO_IP % (7, 7))
+    dst.share_with(src)
+    np.testing.assert_array_equal(dst.layers[1].blobs[0].data, np.full((2, 2), 2.0))
+    np.testing.assert_array_equal(dst.layers[2].blobs[0].data, np.full((2, 2), 7.0))
+    src.layers[2].blobs[0].data[...] = 3
+    assert (dst.layers[1].blobs[0].data == 3).all()
+
+
+def test_share_trained_layers_checks_the_blob_count_even_for_a_target_without_params():
+    """CHECK_EQ(target_blobs.size(), source blobs) runs for every matched layer."""
+    src = make(TWO_IP % (1, 2))
+    dst = make("""
+    layer { name: 'in' type: 'Input' top: 'x' input_param { shape { dim: 1 dim: 2 } } }
+    layer { name: 'ip' type: 'ReLU' bottom: 'x' top: 'y' }""")
+    with pytest.raises(ValueError, match="number of blobs"):
+        dst.share_with(src)

@@ -91,13 +91,13 @@ def learning_rate(p, it: int, current_step: int = 0) -> float:
     if policy == "step":
         if p.stepsize <= 0:
             raise ValueError("lr_policy 'step' needs stepsize > 0")
-        return base * p.gamma ** (it // p.stepsize)
+        return base * _c_pow(p.gamma, it // p.stepsize)
     if policy == "exp":
         return base * _c_pow(p.gamma, it)
     if policy == "inv":
         return base * _c_pow(1 + p.gamma * it, -p.power)
     if policy == "multistep":
-        return base * p.gamma ** current_step
+        return base * _c_pow(p.gamma, current_step)
     if policy == "poly":
         return base * _c_pow(1.0 - it / float(p.max_iter), p.power)
     if policy == "sigmoid":

@@ -58,6 +58,15 @@ def test_exp_rate_overflowing_is_inf_as_cs_pow():
     assert learning_rate(p, 100) == pytest.approx(0.1 * 0.99 ** 100)
 
 
+@pytest.mark.parametrize("policy", ["step", "multistep"])
+def test_step_rates_overflowing_are_inf_as_cs_pow(policy):
+    """"step": base_lr * pow(gamma, current_step_) (current_step_ = iter / stepsize), and so
+    "multistep" at its current_step_: an overflowing pow is inf in C, not an exception."""
+    p = caffe_pb2.SolverParameter(base_lr=0.1, lr_policy=policy, gamma=10, stepsize=1)
+    assert learning_rate(p, 400, current_step=400) == math.inf
+    assert learning_rate(p, 3, current_step=3) == pytest.approx(100.0)
+
+
 # ------------------------------------------------------------------ Solve
 def test_solve_clears_an_earlier_stop_request():
     """solver.cpp Solve: ``requested_early_exit_ = false`` before anything else, so a stop

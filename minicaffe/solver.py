@@ -170,6 +170,10 @@ class Solver:
             raise ValueError(
                 f"{self.source or 'solver'}: unknown solver type {self.type!r} "
                 f"(known: {', '.join(sorted(UPDATE_RULES))})")
+        if self.param.average_loss < 1:   # Solver::Init's CHECK_GE, its message as it is
+            raise ValueError(f"{self.source or 'solver'}: average_loss should be non-negative. "
+                             f"(Caffe's Solver::Init checks average_loss >= 1; got "
+                             f"{self.param.average_loss})")
         self._check_lr_policy()
         self._check_snapshot_prefix()
         self.mode = self._choose_mode(mode)

@@ -453,3 +453,12 @@ def test_resumed_solve_continues_the_test_and_snapshot_schedules(tmp_path):
     assert tested == [6, 9]                       # not 0: training resumed at 5
     names = sorted(n for n in os.listdir(tmp_path) if n.endswith(".solverstate"))
     assert names == ["a_iter_10.solverstate", "a_iter_5.solverstate", "a_iter_8.solverstate"]
+
+
+@pytest.mark.parametrize("n", [0, -3])
+def test_average_loss_below_one_is_refused_as_solver_init_does(n):
+    """solver.cpp Init: CHECK_GE(param_.average_loss(), 1) << "average_loss should be
+    non-negative." (minicaffe took such a window as 1 and trained on)."""
+    with pytest.raises(ValueError, match="average_loss should be non-negative"):
+        Solver(solver_param(average_loss=n), verbose=False)
+    assert Solver(solver_param(average_loss=1), verbose=False).param.average_loss == 1

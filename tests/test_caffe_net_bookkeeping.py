@@ -180,3 +180,76 @@ def test_share_trained_layers_checks_the_blob_count_even_for_a_target_without_pa
     layer { name: 'ip' type: 'ReLU' bottom: 'x' top: 'y' }""")
     with pytest.raises(ValueError, match="number of blobs"):
         dst.share_with(src)
+
+
+MANY_PARAMS = """
+layer { name: 'in' type: 'Input' top: 'x' top: 'y'
+  input_param { shape { dim: 2 dim: 2 dim: 5 dim: 5 } shape { dim: 2 dim: 3 } } }
+layer { name: 'conv' type: 'Convolution' bottom: 'x' top: 'c' convolution_param {
+  num_output: 3 kernel_size: 3 weight_filler { type: 'gaussian' std: 0.5 }
+  bias_filler { type: 'gaussian' std: 0.5 } } }
+layer { name: 'bn' type: 'BatchNorm' bottom: 'c' top: 'c' }
+layer { name: 'sc' type: 'Scale' bottom: 'c' top: 'c' scale_param { bias_term: true
+  filler { type: 'gaussian' std: 0.5 } bias_filler { type: 'gaussian' std: 0.5 } } }
+layer { name: 'prelu' type: 'PReLU' bottom: 'c' top: 'c' }
+layer { name: 'deconv' type: 'Deconvolution' bottom: 'c' top: 'd' convolution_param {
+  num_output: 2 kernel_size: 2 weight_filler { type: 'gaussian' std: 0.5 }
+  bias_filler { type: 'gaussian' std: 0.5 } } }
+layer { name: 'frozen' type: 'InnerProduct' bottom: 'd' top: 'f'
+  param { lr_mult: 0 } param { lr_mult: 0 } inner_product_param { num_output: 4
+  weight_filler { type: 'gaussian' std: 0.5 } bias_filler { type: 'gaussian' std: 0.5 } } }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'f' top: 'g' inner_product_param {
+  num_output: 3 weight_filler { type: 'gaussian' std: 0.5 }
+  bias_filler { type: 'gaussian' std: 0.5 } } }
+layer { name: 'bias' type: 'Bias' bottom: 'g' top: 'g'
+  bias_param { filler { type: 'gaussian' std: 0.5 } } }
+layer { name: 'loss' type: 'EuclideanLoss' bottom: 'g' bottom: 'y' top: 'loss' }
+"""
+
+
+def test_backward_twice_accumulates_param_diffs_and_overwrites_bottom_diffs():
+    """Net::Backward zeroes nothing (ClearParamDiffs is the solver's): every layer adds its
+    param gradients to the diffs (so two backwards give twice the diff) and writes its
+    bottoms' diffs afresh.  Params with lr_mult 0 get param_propagate_down false and keep a
+    zero diff; BatchNorm's statistics get none (its Backward_cpu writes no param diff)."""
+    from minicaffe.rng import set_random_seed
+    set_random_seed(3)
+    net = make(MANY_PARAMS)
+    rng = np.random.default_rng(0)
+    net.blobs["x"].data[...] = rng.standard_normal((2, 2, 5, 5))
+    net.blobs["y"].data[...] = rng.standard_normal((2, 3))
+    net.forward_from_to()
+    net.backward_from_to()
+    params = {(n, i): np.array(b.diff) for n, bs in net.params.items() for i, b in enumerate(bs)}
+    bottoms = {n: np.array(b.diff) for n, b in net.blobs.items() if n not in ("x", "y")}
+    net.backward_from_to()
+    for (n, i), d in params.items():
+        if n in ("frozen", "bn"):
+            assert not d.any(), (n, i)
+        elif (n, i) != ("conv", 1):      # BatchNorm takes the mean out: ~0 for the bias
+            assert np.abs(d).max() > 1e-6, (n, i)
+        np.testing.assert_allclose(net.params[n][i].diff, 2 * d, rtol=1e-12, err_msg=f"{n} {i}")
+    for n, d in bottoms.items():
+        np.testing.assert_allclose(net.blobs[n].diff, d, rtol=1e-12, err_msg=n)
+
+
+def test_force_backward_turns_on_every_param_propagate_down():
+    """With force_backward Net::Init calls set_param_propagate_down(param_id, true) for every
+    param: the lr_mult 0 InnerProduct now accumulates its gradients (BatchNorm still writes
+    none), and the data gets its diff."""
+    from minicaffe.rng import set_random_seed
+    set_random_seed(3)
+    net = make("force_backward: true\n" + MANY_PARAMS)
+    assert all(all(layer.param_propagate_down) for layer in net.layers)
+    rng = np.random.default_rng(0)
+    net.blobs["x"].data[...] = rng.standard_normal((2, 2, 5, 5))
+    net.blobs["y"].data[...] = rng.standard_normal((2, 3))
+    net.forward_from_to()
+    net.backward_from_to()
+    frozen = [np.array(b.diff) for b in net.params["frozen"]]
+    assert all(np.abs(d).max() > 1e-6 for d in frozen)
+    assert not any(b.diff.any() for b in net.params["bn"])
+    assert np.abs(net.blobs["x"].diff).max() > 1e-6
+    net.backward_from_to()
+    for b, d in zip(net.params["frozen"], frozen):
+        np.testing.assert_allclose(b.diff, 2 * d, rtol=1e-12)

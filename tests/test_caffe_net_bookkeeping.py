@@ -253,3 +253,23 @@ def test_force_backward_turns_on_every_param_propagate_down():
     net.backward_from_to()
     for b, d in zip(net.params["frozen"], frozen):
         np.testing.assert_allclose(b.diff, 2 * d, rtol=1e-12)
+
+
+def test_in_place_propagate_down_false_prunes_the_layer_that_wrote_the_blob():
+    """Net::Init's pruning keys blobs_skip_backp by name: an in-place ReLU with
+    propagate_down: false puts 'c' there, and the InnerProduct whose only top is 'c' then
+    skips backward altogether (its params get no gradient), while the ReLU itself still
+    runs backward for nothing."""
+    net = make("""
+    layer { name: 'in' type: 'Input' top: 'x' top: 'y'
+      input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } } }
+    layer { name: 'ip' type: 'InnerProduct' bottom: 'x' top: 'c' inner_product_param {
+      num_output: 3 weight_filler { type: 'gaussian' std: 1 } } }
+    layer { name: 'relu' type: 'ReLU' bottom: 'c' top: 'c' propagate_down: false }
+    layer { name: 'loss' type: 'EuclideanLoss' bottom: 'c' bottom: 'y' top: 'l' }""")
+    assert net.layer_need_backward == [False, False, True, True]
+    assert net.bottom_need_backward == [[], [False], [False], [True, False]]
+    net.blobs["x"].data[...] = 1.0
+    net.forward_from_to()
+    net.backward_from_to()
+    assert not any(b.diff.any() for b in net.params["ip"])

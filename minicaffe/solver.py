@@ -348,6 +348,14 @@ class Solver:
                 f"({len(test_params)} test nets from test_net/test_net_param, {n_test} "
                 f"test_iter){how}")
         test_params = test_params + [train_param] * (n_test - len(test_params))
+        if test_params and p.test_interval <= 0:
+            # Solver::InitTestNets: CHECK_GT(param_.test_interval(), 0) once any test net is
+            # asked for (a test_iter without a test_interval)
+            raise ValueError(
+                f"{self.source or 'solver'}: Check failed: param_.test_interval() > 0 "
+                f"({p.test_interval} vs. 0): {len(test_params)} test net(s) asked for "
+                "(test_iter, test_net...) need a test_interval; remove test_iter to train "
+                "without testing")
         if len(p.test_state) and len(p.test_state) != len(test_params):
             raise ValueError(f"{self.source or 'solver'}: test_state must be given per test net")
         for i, tp in enumerate(test_params):

@@ -462,3 +462,16 @@ def test_average_loss_below_one_is_refused_as_solver_init_does(n):
     with pytest.raises(ValueError, match="average_loss should be non-negative"):
         Solver(solver_param(average_loss=n), verbose=False)
     assert Solver(solver_param(average_loss=1), verbose=False).param.average_loss == 1
+
+
+def test_test_iter_without_test_interval_is_refused_as_init_test_nets_does():
+    """solver.cpp InitTestNets: ``if (num_test_net_instances) CHECK_GT(param_.test_interval(),
+    0);`` a solver asking for a test net (test_iter with net/net_param) and giving no
+    test_interval stops; minicaffe built the test net and never tested."""
+    p = solver_param()
+    p.test_iter.append(2)
+    with pytest.raises(ValueError, match=r"test_interval\(\) > 0 \(0 vs. 0\)"):
+        Solver(p, verbose=False)
+    p.test_interval = 5
+    assert len(Solver(p, verbose=False).test_nets) == 1
+    assert Solver(solver_param(), verbose=False).test_nets == []   # no test_iter: no check

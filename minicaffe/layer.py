@@ -258,8 +258,10 @@ class Layer:
             if w == 0:
                 continue
             if t.diff_storage.external:
-                # a memory plan holds this diff: the loss weight it was seeded with
-                loss = loss + self.xp.sum(t.data) * w
+                # a memory plan holds this diff: the loss weight it was seeded with (the same
+                # dot, so that a planned pass gives the plain pass's loss bit for bit)
+                w_vec = self.xp.full(t.count, w, dtype=self.dtype)
+                loss = loss + self.xp.vdot(t.data.reshape(-1), w_vec)
             else:
                 # Caffe's Layer::Forward: loss += dot(top data, top diff), the diff holding
                 # whatever is there now: the loss weight SetLossWeights wrote, or what a

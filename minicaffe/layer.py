@@ -226,6 +226,9 @@ class Layer:
         """Caffe's SetLossWeights: each weighted top's diff holds its weight."""
         weights = list(self.param.loss_weight)
         if self.is_loss and not weights:
+            # LossLayer::LayerSetUp adds it to the layer's LayerParameter, which Net::ToProto
+            # writes (a saved .caffemodel's loss layers say loss_weight: 1)
+            self.param.loss_weight.append(1.0)
             weights = [1.0]
         if weights and len(weights) != len(top):
             raise ValueError(

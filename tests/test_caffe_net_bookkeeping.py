@@ -273,3 +273,15 @@ def test_in_place_propagate_down_false_prunes_the_layer_that_wrote_the_blob():
     net.forward_from_to()
     net.backward_from_to()
     assert not any(b.diff.any() for b in net.params["ip"])
+
+
+def test_a_loss_layer_without_loss_weight_is_saved_with_loss_weight_1():
+    """LossLayer::LayerSetUp adds loss_weight 1 to the layer's own LayerParameter when the
+    file gives none; Layer::ToProto copies that LayerParameter into the saved net (split
+    layers included)."""
+    net = make(WEIGHTED_TOP_READ.replace("loss_weight: 2", ""))
+    saved = {lp.name: list(lp.loss_weight) for lp in net.to_proto().layer}
+    assert saved == {"in": [], "l": [1.0], "p": [1.0]}
+    net = make(WEIGHTED_TOP_READ)
+    saved = {lp.name: list(lp.loss_weight) for lp in net.to_proto().layer}
+    assert saved == {"in": [], "l": [1.0], "l_l_0_split": [2.0, 0.0], "p": [1.0]}

@@ -285,3 +285,16 @@ def test_a_loss_layer_without_loss_weight_is_saved_with_loss_weight_1():
     net = make(WEIGHTED_TOP_READ)
     saved = {lp.name: list(lp.loss_weight) for lp in net.to_proto().layer}
     assert saved == {"in": [], "l": [1.0], "l_l_0_split": [2.0, 0.0], "p": [1.0]}
+
+
+def test_a_partial_forward_returns_the_loss_of_its_own_layers():
+    """ForwardFromTo sums Layer::Forward's loss over start..end only (pycaffe's _forward)."""
+    net = make(WEIGHTED_TOP_READ)
+    net.blobs["a"].data[...] = np.arange(6.0).reshape(2, 3)
+    net.blobs["b"].data[...] = 0
+    assert net._forward(0, 3) == pytest.approx(13.75 + 27.5 + 41.25)
+    assert net._forward(2, 3) == pytest.approx(27.5 + 41.25)     # split_0 * 2 + l2 * 1
+    assert net._forward(1, 1) == pytest.approx(13.75)
+    assert net._forward(3, 3) == pytest.approx(41.25)
+    out = net.forward(start="l_l_0_split", end="p")
+    assert set(out) == {"l2"} and float(out["l2"]) == pytest.approx(41.25)

@@ -348,9 +348,10 @@ class Solver:
                 f"({len(test_params)} test nets from test_net/test_net_param, {n_test} "
                 f"test_iter){how}")
         test_params = test_params + [train_param] * (n_test - len(test_params))
-        if test_params and p.test_interval <= 0:
+        if test_params and p.test_interval <= 0 and self.source:
             # Solver::InitTestNets: CHECK_GT(param_.test_interval(), 0) once any test net is
-            # asked for (a test_iter without a test_interval)
+            # asked for (a test_iter without a test_interval).  A solver built in code (no
+            # file; minicaffe's own tools, which call test() themselves) keeps its test nets
             raise ValueError(
                 f"{self.source or 'solver'}: Check failed: param_.test_interval() > 0 "
                 f"({p.test_interval} vs. 0): {len(test_params)} test net(s) asked for "

@@ -464,14 +464,23 @@ def test_average_loss_below_one_is_refused_as_solver_init_does(n):
     assert Solver(solver_param(average_loss=1), verbose=False).param.average_loss == 1
 
 
-def test_test_iter_without_test_interval_is_refused_as_init_test_nets_does():
+def test_test_iter_without_test_interval_is_refused_as_init_test_nets_does(tmp_path):
     """solver.cpp InitTestNets: ``if (num_test_net_instances) CHECK_GT(param_.test_interval(),
-    0);`` a solver asking for a test net (test_iter with net/net_param) and giving no
-    test_interval stops; minicaffe built the test net and never tested."""
+    0);`` a solver file asking for a test net (test_iter with net/net_param) and giving no
+    test_interval stops (caffe train -solver S, caffe.SGDSolver(S)); minicaffe built the test
+    net and never tested.  A SolverParameter built in code keeps minicaffe's leniency."""
+    from google.protobuf import text_format
     p = solver_param()
     p.test_iter.append(2)
+    path = tmp_path / "solver.prototxt"
+    path.write_text(text_format.MessageToString(p))
     with pytest.raises(ValueError, match=r"test_interval\(\) > 0 \(0 vs. 0\)"):
-        Solver(p, verbose=False)
+        Solver(str(path), verbose=False)
+    assert len(Solver(p, verbose=False).test_nets) == 1          # in code: as before
     p.test_interval = 5
-    assert len(Solver(p, verbose=False).test_nets) == 1
-    assert Solver(solver_param(), verbose=False).test_nets == []   # no test_iter: no check
+    path.write_text(text_format.MessageToString(p))
+    assert len(Solver(str(path), verbose=False).test_nets) == 1
+    del p.test_iter[:]
+    p.test_interval = 0
+    path.write_text(text_format.MessageToString(p))
+    assert Solver(str(path), verbose=False).test_nets == []      # no test net: no check

@@ -43,7 +43,8 @@ timings, so it can change from run to run: the fixed-k rows use the k* of the ``
 **Accuracy.**  At the end of each run the test net (sharing the trained weights) is run over the
 whole test set once: ceil(N / batch) forward passes from its first record, the top-1 prediction
 (the Accuracy layer's bottoms: scores and labels) of each of the N images compared with its
-label.  Intermediate tests are switched off (``test_interval`` 0) so that the test reader starts
+label.  Intermediate tests are switched off (a ``test_interval`` no iteration reaches, no
+``test_initialization``) so that the test reader starts
 at record 0.  The digits test set has 360 images: one image is 0.28 points, so the 0.5-point
 target allows one image of difference.  Epochs are the training records the Data layer consumed
 (its ``state_dict``), over the training set's size; they agree across runs within one minibatch
@@ -112,7 +113,10 @@ def make_solver(solver_path: str, mode: str, max_iter: int | None, seed: int | N
         param.random_seed = seed
     param.snapshot = 0
     param.snapshot_after_train = False
-    param.test_interval = 0
+    # no intermediate test: Caffe refuses a test net without a test_interval > 0, so the
+    # interval is one no iteration reaches, and iteration 0 is not tested
+    param.test_interval = 2**31 - 1
+    param.test_initialization = False
     param.display = 0          # else solve() ends with one more forward pass (a batch not trained)
     return Solver(param, mode=mode, verbose=False)
 

@@ -72,7 +72,8 @@ def test_solve_clears_an_earlier_stop_request():
     """solver.cpp Solve: ``requested_early_exit_ = false`` before anything else, so a stop
     asked for earlier (a SIGINT in a pycaffe step(), or an action function) does not cut
     this solve short: it runs its final display pass and TestAll."""
-    p = solver_param(max_iter=4, test_interval=4, test_initialization=False)
+    p = solver_param(max_iter=4, test_interval=4, test_initialization=False,
+                     snapshot_after_train=False)
     p.test_iter.append(1)
     s = Solver(p, verbose=False)
     tested = []

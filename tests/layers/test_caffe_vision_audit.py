@@ -1,0 +1,268 @@
+"""Vision layers against direct NumPy transcriptions of BVLC Caffe's CPU loops
+(src/caffe/layers/pooling_layer.cpp, lrn_layer.cpp), float64, forward and
+backward, under the less common parameters: padding with ceil rounding and the
+clipped last window, AVE's divisor, MAX ties and the mask top, FLOOR rounding,
+LRN ACROSS_CHANNELS / WITHIN_CHANNEL (k ignored by the latter)."""
+import math
+
+import numpy as np
+import pytest
+
+import minicaffe.layers  # noqa: F401  (registers the layer types)
+from minicaffe.blob import Blob
+from minicaffe.testing.gradient_check import make_blob, make_layer
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+# ---------------------------------------------------------------- Caffe loops
+def caffe_pool_shape(h, w, kh, kw, sh, sw, ph_, pw_, ceil=True):
+    rnd = math.ceil if ceil else math.floor
+    ph = int(rnd((h + 2 * ph_ - kh) / sh)) + 1
+    pw = int(rnd((w + 2 * pw_ - kw) / sw)) + 1
+    if ph_ or pw_:
+        if (ph - 1) * sh >= h + ph_:
+            ph -= 1
+        if (pw - 1) * sw >= w + pw_:
+            pw -= 1
+    return ph, pw
+
+
+def caffe_pool_forward(x, method, kh, kw, sh, sw, pad_h, pad_w, ceil=True):
+    n, c, h, w = x.shape
+    PH, PW = caffe_pool_shape(h, w, kh, kw, sh, sw, pad_h, pad_w, ceil)
+    top = np.zeros((n, c, PH, PW))
+    mask = np.full((n, c, PH, PW), -1, dtype=np.int64)
+    size = np.zeros((PH, PW))
+    for i in range(n):
+        for ch in range(c):
+            for ph in range(PH):
+                for pw in range(PW):
+                    hstart = ph * sh - pad_h
+                    wstart = pw * sw - pad_w
+                    if method == "MAX":
+                        hend = min(hstart + kh, h)
+                        wend = min(wstart + kw, w)
+                        hstart = max(hstart, 0)
+                        wstart = max(wstart, 0)
+                        t = -FLT_MAX
+                        for hh in range(hstart, hend):
+                            for ww in range(wstart, wend):
+                                if x[i, ch, hh, ww] > t:
+                                    t = x[i, ch, hh, ww]
+                                    mask[i, ch, ph, pw] = hh * w + ww
+                        top[i, ch, ph, pw] = t
+                    else:
+                        hend = min(hstart + kh, h + pad_h)
+                        wend = min(wstart + kw, w + pad_w)
+                        pool_size = (hend - hstart) * (wend - wstart)
+                        size[ph, pw] = pool_size
+                        hstart = max(hstart, 0)
+                        wstart = max(wstart, 0)
+                        hend = min(hend, h)
+                        wend = min(wend, w)
+                        s = 0.0
+                        for hh in range(hstart, hend):
+                            for ww in range(wstart, wend):
+                                s += x[i, ch, hh, ww]
+                        top[i, ch, ph, pw] = s / pool_size
+    return top, mask, size
+
+
+def caffe_pool_backward(x_shape, top_diff, method, mask, kh, kw, sh, sw, pad_h, pad_w, size):
+    n, c, h, w = x_shape
+    bd = np.zeros(x_shape)
+    PH, PW = top_diff.shape[2:]
+    for i in range(n):
+        for ch in range(c):
+            for ph in range(PH):
+                for pw in range(PW):
+                    if method == "MAX":
+                        m = mask[i, ch, ph, pw]
+                        if m >= 0:  # Caffe indexes unconditionally; -1 never occurs with pad < kernel
+                            bd[i, ch, m // w, m % w] += top_diff[i, ch, ph, pw]
+                    else:
+                        hstart = ph * sh - pad_h
+                        wstart = pw * sw - pad_w
+                        hend = min(hstart + kh, h + pad_h)
+                        wend = min(wstart + kw, w + pad_w)
+                        pool_size = (hend - hstart) * (wend - wstart)
+                        hstart, wstart = max(hstart, 0), max(wstart, 0)
+                        hend, wend = min(hend, h), min(wend, w)
+                        bd[i, ch, hstart:hend, wstart:wend] += top_diff[i, ch, ph, pw] / pool_size
+    return bd
+
+
+def run_layer(text, x, n_top=1, phase=None):
+    layer = make_layer(text, phase=phase)
+    bottom = [make_blob(x, name="in")]
+    top = [Blob(dtype=np.float64, name=f"t{i}") for i in range(n_top)]
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    return layer, bottom, top
+
+
+def backward(layer, bottom, top, top_diff):
+    top[0].diff[...] = top_diff
+    bottom[0].diff[...] = 0
+    layer.backward(top, [True], bottom)
+    return np.array(bottom[0].diff)
+
+
+# (prototxt geometry, (kh, kw, sh, sw, pad_h, pad_w), ceil, input shape)
+POOL_CASES = {
+    "k3s2p1_ceil": ("kernel_size: 3 stride: 2 pad: 1", (3, 3, 2, 2, 1, 1), True, (2, 2, 6, 7)),
+    "k2s2p1_clip": ("kernel_size: 2 stride: 2 pad: 1", (2, 2, 2, 2, 1, 1), True, (1, 2, 4, 5)),
+    "k3s3p2_clip": ("kernel_size: 3 stride: 3 pad: 2", (3, 3, 3, 3, 2, 2), True, (1, 2, 5, 7)),
+    "rect_pad_h_only": ("kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 3 pad_h: 1 pad_w: 0",
+                        (3, 2, 2, 3, 1, 0), True, (2, 1, 7, 8)),
+    "rect_pad_w_only": ("kernel_h: 2 kernel_w: 4 stride_h: 3 stride_w: 2 pad_h: 0 pad_w: 3",
+                        (2, 4, 3, 2, 0, 3), True, (1, 2, 8, 6)),
+    "k4s3p3": ("kernel_size: 4 stride: 3 pad: 3", (4, 4, 3, 3, 3, 3), True, (1, 1, 6, 5)),
+    "floor_k3s2p1": ("kernel_size: 3 stride: 2 pad: 1 round_mode: FLOOR", (3, 3, 2, 2, 1, 1),
+                     False, (2, 2, 6, 7)),
+    "floor_k2s3": ("kernel_size: 2 stride: 3 round_mode: FLOOR", (2, 2, 3, 3, 0, 0), False,
+                   (1, 2, 7, 8)),
+    "global": ("global_pooling: true", (5, 6, 1, 1, 0, 0), True, (2, 3, 5, 6)),
+}
+
+
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+@pytest.mark.parametrize("case", sorted(POOL_CASES))
+def test_pooling_matches_caffe_loops(case, method):
+    body, geom, ceil, shape = POOL_CASES[case]
+    rng = np.random.default_rng(7)
+    # few distinct values: ties inside windows, so the first-max rule is exercised
+    x = rng.integers(-3, 4, size=shape).astype(np.float64)
+    n_top = 2 if method == "MAX" else 1
+    layer, bottom, top = run_layer(
+        f'name: "p" type: "Pooling" pooling_param {{ pool: {method} {body} }}', x, n_top)
+    exp, mask, size = caffe_pool_forward(x, method, *geom, ceil=ceil)
+    assert top[0].shape == exp.shape
+    np.testing.assert_allclose(top[0].data, exp, rtol=1e-12, atol=1e-12)
+    if method == "MAX":
+        np.testing.assert_array_equal(np.asarray(top[1].data), mask)
+    td = rng.standard_normal(exp.shape)
+    got = backward(layer, bottom, top, td)
+    np.testing.assert_allclose(got, caffe_pool_backward(x.shape, td, method, mask, *geom, size),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_pooling_max_internal_mask_same_as_top_mask():
+    body, geom, ceil, shape = POOL_CASES["k3s2p1_ceil"]
+    x = np.random.default_rng(3).integers(-2, 3, size=shape).astype(np.float64)
+    layer, bottom, top = run_layer(
+        f'name: "p" type: "Pooling" pooling_param {{ pool: MAX {body} }}', x, 1)
+    exp, mask, _ = caffe_pool_forward(x, "MAX", *geom, ceil=ceil)
+    td = np.random.default_rng(4).standard_normal(exp.shape)
+    np.testing.assert_allclose(backward(layer, bottom, top, td),
+                               caffe_pool_backward(x.shape, td, "MAX", mask, *geom, None))
+
+
+def test_stochastic_test_phase_weighted_average():
+    # Caffe's StoPoolForwardTest: cumsum(x^2) / cumsum(x), starting from FLT_MIN
+    x = np.random.default_rng(5).uniform(0.1, 1.0, size=(2, 2, 5, 6))
+    layer, bottom, top = run_layer('name: "p" type: "Pooling" pooling_param { pool: STOCHASTIC '
+                                   'kernel_size: 3 stride: 2 }', x, phase=1)
+    ph, pw = caffe_pool_shape(5, 6, 3, 3, 2, 2, 0, 0)
+    exp = np.zeros((2, 2, ph, pw))
+    flt_min = float(np.finfo(np.float32).tiny)
+    for i in range(ph):
+        for j in range(pw):
+            win = x[:, :, i * 2:min(i * 2 + 3, 5), j * 2:min(j * 2 + 3, 6)]
+            exp[:, :, i, j] = (win ** 2).sum((2, 3)) / (flt_min + win.sum((2, 3)))
+    np.testing.assert_allclose(top[0].data, exp, rtol=1e-12)
+
+
+def test_stochastic_train_phase_samples_in_window():
+    x = np.random.default_rng(6).uniform(0.1, 1.0, size=(2, 2, 5, 6))
+    x[0, 0, :2, :] = 0.0  # rows no sample may come from in the first window row
+    layer, bottom, top = run_layer('name: "p" type: "Pooling" pooling_param { pool: STOCHASTIC '
+                                   'kernel_size: 3 stride: 2 }', x, phase=0)
+    assert top[0].shape == (2, 2, 2, 3)
+    for n in range(2):
+        for c in range(2):
+            for i in range(2):
+                for j in range(3):
+                    win = x[n, c, i * 2:min(i * 2 + 3, 5), j * 2:min(j * 2 + 3, 6)]
+                    v = top[0].data[n, c, i, j]
+                    assert np.any(win == v) and v > 0
+    td = np.random.default_rng(1).standard_normal(top[0].shape)
+    bd = backward(layer, bottom, top, td)
+    assert np.isclose(bd.sum(), td.sum())  # each diff goes to exactly one sampled position
+    assert np.all(bd[0, 0, :2, :] == 0)
+
+
+# ------------------------------------------------------------------------ LRN
+def caffe_lrn_across(x, size, alpha, beta, k, td):
+    n, c, h, w = x.shape
+    pre_pad = (size - 1) // 2
+    padded = np.zeros((n, c + size - 1, h, w))
+    padded[:, pre_pad:pre_pad + c] = x * x
+    scale = np.empty_like(x)
+    for ch in range(c):
+        scale[:, ch] = k + alpha / size * padded[:, ch:ch + size].sum(1)
+    top = x * scale ** -beta
+    # CrossChannelBackward_cpu
+    inverse_pre_pad = size - (size + 1) // 2
+    ratio = np.zeros((n, c + size - 1, h, w))
+    ratio[:, inverse_pre_pad:inverse_pre_pad + c] = td * top / scale
+    cache_ratio = 2.0 * alpha * beta / size
+    bd = np.empty_like(x)
+    for ch in range(c):
+        accum = ratio[:, ch:ch + size].sum(1)
+        bd[:, ch] = td[:, ch] * scale[:, ch] ** -beta - cache_ratio * x[:, ch] * accum
+    return top, bd
+
+
+def caffe_lrn_within(x, size, alpha, beta):
+    """split -> square -> AVE pool (pad (size-1)/2, stride 1) -> power(shift 1,
+    scale alpha, power -beta) -> product; k is not used."""
+    alpha, beta = float(np.float32(alpha)), float(np.float32(beta))  # float proto fields
+    pad = (size - 1) // 2
+    sq = x * x
+    pooled, _, _ = caffe_pool_forward(sq, "AVE", size, size, 1, 1, pad, pad)
+    return x * (1.0 + alpha * pooled) ** -beta
+
+
+@pytest.mark.parametrize("size,k", [(3, 1.0), (5, 2.0), (1, 0.5), (7, 1.5)])
+def test_lrn_across_channels_matches_caffe_loops(size, k):
+    rng = np.random.default_rng(size)
+    x = rng.standard_normal((2, 6, 3, 2))
+    layer, bottom, top = run_layer(f'name: "l" type: "LRN" lrn_param {{ local_size: {size} '
+                                   f'alpha: 0.7 beta: 0.6 k: {k} }}', x)
+    td = rng.standard_normal(x.shape)
+    f = lambda v: float(np.float32(v))  # noqa: E731  (LRNParameter's fields are float)
+    exp, exp_bd = caffe_lrn_across(x, size, f(0.7), f(0.6), f(k), td)
+    np.testing.assert_allclose(top[0].data, exp, rtol=1e-12)
+    np.testing.assert_allclose(backward(layer, bottom, top, td), exp_bd, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_lrn_within_channel_matches_caffe_composition(size):
+    rng = np.random.default_rng(10 + size)
+    x = rng.standard_normal((2, 2, 5, 4))
+    layer, bottom, top = run_layer(
+        f'name: "l" type: "LRN" lrn_param {{ local_size: {size} alpha: 0.9 beta: 0.7 k: 3.0 '
+        'norm_region: WITHIN_CHANNEL }', x)
+    np.testing.assert_allclose(top[0].data, caffe_lrn_within(x, size, 0.9, 0.7), rtol=1e-12)
+    # backward against the numerical derivative of the composition
+    td = rng.standard_normal(top[0].shape)
+    got = backward(layer, bottom, top, td)
+    eps = 1e-6
+    num = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        xp_, xm = x.copy(), x.copy()
+        xp_[idx] += eps
+        xm[idx] -= eps
+        num[idx] = ((caffe_lrn_within(xp_, size, 0.9, 0.7)
+                     - caffe_lrn_within(xm, size, 0.9, 0.7)) * td).sum() / (2 * eps)
+    np.testing.assert_allclose(got, num, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("region", ["ACROSS_CHANNELS", "WITHIN_CHANNEL"])
+def test_lrn_even_local_size_refused(region):
+    # lrn_layer.cpp LayerSetUp: CHECK_EQ(size_ % 2, 1) << "LRN only supports odd values..."
+    with pytest.raises(ValueError, match="odd"):
+        run_layer(f'name: "l" type: "LRN" lrn_param {{ local_size: 4 norm_region: {region} }}',
+                  np.ones((1, 6, 3, 3)))

@@ -1,0 +1,253 @@
+"""Loss, normalization and activation layers under less common parameters, against
+direct NumPy transcriptions of BVLC Caffe's layer code (src/caffe/layers/*.cpp)."""
+import numpy as np
+import pytest
+
+import minicaffe.layers  # noqa: F401  (registers the layer types)
+from minicaffe.backend import to_numpy
+from minicaffe.blob import Blob
+from minicaffe.proto import caffe_pb2
+from minicaffe.testing import make_blob, make_layer
+
+FLT_MIN = np.finfo(np.float32).tiny
+
+
+def build(text, arrays, n_top=1, phase=None, in_place=False):
+    layer = make_layer(text, phase=phase)
+    bottom = [make_blob(a, name=f"b{i}") for i, a in enumerate(arrays)]
+    top = [bottom[0]] if in_place else [Blob(dtype=np.float64, name=f"t{i}") for i in range(n_top)]
+    layer.setup(bottom, top)
+    return layer, bottom, top
+
+
+def fwd_bwd(layer, bottom, top, dy, prop=None):
+    layer.forward(bottom, top)
+    ys = [to_numpy(t.data).copy() for t in top]
+    for p in layer.blobs:
+        p.diff[...] = 0
+    for t, d in zip(top, dy):
+        t.diff[...] = d
+    layer.backward(top, prop or [True] * len(bottom), bottom)
+    return ys, [to_numpy(b.diff).copy() for b in bottom]
+
+
+# --- SoftmaxWithLoss: softmax_loss_layer.cpp ------------------------------------------------
+
+def caffe_softmax_loss(x, label, axis, ignore, mode, weight):
+    outer = int(np.prod(x.shape[:axis]))
+    c = x.shape[axis]
+    inner = int(np.prod(x.shape[axis + 1:]))
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    prob = e / e.sum(axis=axis, keepdims=True)
+    p = prob.reshape(outer, c, inner)
+    lab = label.reshape(-1)
+    loss, count = 0.0, 0
+    diff = p.copy()
+    for i in range(outer):
+        for j in range(inner):
+            lv = int(lab[i * inner + j])
+            if ignore is not None and lv == ignore:
+                diff[i, :, j] = 0
+                continue
+            loss -= np.log(max(p[i, lv, j], FLT_MIN))
+            diff[i, lv, j] -= 1
+            count += 1
+    norm = {"FULL": outer * inner, "VALID": count, "BATCH_SIZE": outer, "NONE": 1}[mode]
+    norm = max(1.0, norm)
+    return loss / norm, prob, (diff * weight / norm).reshape(x.shape)
+
+
+@pytest.mark.parametrize("mode", ["FULL", "VALID", "BATCH_SIZE", "NONE"])
+def test_softmax_loss_axis2_ignore_prob_top_loss_weight(mode):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4, 2))
+    label = rng.integers(0, 4, (2, 3, 2)).astype(float)
+    label[0, 1, 0] = label[1, 2, 1] = -1
+    text = (f'name: "l" type: "SoftmaxWithLoss" loss_weight: 2 loss_weight: 0 softmax_param '
+            f'{{ axis: 2 }} loss_param {{ ignore_label: -1 normalization: {mode} }}')
+    layer, bottom, top = build(text, [x, label], n_top=2)
+    (loss, prob), (dx, _) = fwd_bwd(layer, bottom, top, [2.0, 0.0], [True, False])
+    el, ep, edx = caffe_softmax_loss(x, label, 2, -1, mode, 2.0)
+    np.testing.assert_allclose(loss, el, rtol=1e-12)
+    np.testing.assert_allclose(prob, ep, rtol=1e-12)
+    np.testing.assert_allclose(dx, edx, rtol=1e-12, atol=1e-15)
+
+
+def test_softmax_loss_all_ignored_and_legacy_normalize_false():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 4, 2, 2))
+    label = np.full((3, 1, 2, 2), 2.0)
+    # all ignored under VALID: normalizer max(1, 0) = 1, loss 0, gradient 0
+    layer, bottom, top = build('name: "l" type: "SoftmaxWithLoss" loss_param { ignore_label: 2 }',
+                               [x, label])
+    (loss,), (dx, _) = fwd_bwd(layer, bottom, top, [1.0], [True, False])
+    assert loss == 0 and not dx.any()
+    # normalize: false (legacy) -> BATCH_SIZE; a label blob of shape (N, H*W) is accepted
+    # (only the first dimension and the count must match: LossLayer::Reshape, Reshape)
+    label = rng.integers(0, 4, (3, 4)).astype(float)
+    layer, bottom, top = build('name: "l" type: "SoftmaxWithLoss" loss_param { normalize: false }',
+                               [x, label])
+    (loss,), (dx, _) = fwd_bwd(layer, bottom, top, [1.0], [True, False])
+    el, _, edx = caffe_softmax_loss(x, label, 1, None, "BATCH_SIZE", 1.0)
+    np.testing.assert_allclose(loss, el, rtol=1e-12)
+    np.testing.assert_allclose(dx, edx, rtol=1e-12, atol=1e-15)
+
+
+# --- SigmoidCrossEntropyLoss: sigmoid_cross_entropy_loss_layer.cpp ------------------------------
+
+@pytest.mark.parametrize("norm", ["", "normalization: VALID", "normalization: FULL",
+                                  "normalize: true", "normalization: NONE"])
+def test_sigmoid_cross_entropy_ignore_and_normalization(norm):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 5)) * 3
+    t = rng.integers(0, 2, (3, 5)).astype(float)
+    t[0, 1] = t[2, 4] = t[1, 0] = -1
+    text = f'name: "l" type: "SigmoidCrossEntropyLoss" loss_param {{ ignore_label: -1 {norm} }}'
+    layer, bottom, top = build(text, [x, t])
+    (loss,), (dx, _) = fwd_bwd(layer, bottom, top, [3.0], [True, False])
+    el, valid = 0.0, 0
+    edx = 1 / (1 + np.exp(-x)) - t
+    for i in range(x.size):
+        xi, ti = x.flat[i], t.flat[i]
+        if int(ti) == -1:
+            edx.flat[i] = 0
+            continue
+        el -= xi * (ti - (xi >= 0)) - np.log(1 + np.exp(xi - 2 * xi * (xi >= 0)))
+        valid += 1
+    mode = {"": "BATCH_SIZE", "normalize: true": "VALID"}.get(norm, norm.split(": ")[-1])
+    n = max(1.0, {"FULL": 15, "VALID": valid, "BATCH_SIZE": 3, "NONE": 1}[mode])
+    np.testing.assert_allclose(loss, el / n, rtol=1e-12)
+    np.testing.assert_allclose(dx, edx * 3.0 / n, rtol=1e-12)
+
+
+# --- EuclideanLoss: euclidean_loss_layer.cpp ----------------------------------------------------
+
+def test_euclidean_divisor_is_num_and_both_bottoms_get_gradients():
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((4, 3, 2)), rng.standard_normal((4, 6))
+    layer, bottom, top = build('name: "l" type: "EuclideanLoss"', [a, b])
+    (loss,), (da, db) = fwd_bwd(layer, bottom, top, [0.5])
+    d = a - b.reshape(a.shape)
+    np.testing.assert_allclose(loss, (d ** 2).sum() / 4 / 2, rtol=1e-12)
+    np.testing.assert_allclose(da, 0.5 * d / 4, rtol=1e-12)
+    np.testing.assert_allclose(db, -0.5 * d.reshape(b.shape) / 4, rtol=1e-12)
+
+
+# --- Accuracy: accuracy_layer.cpp ---------------------------------------------------------------
+
+def test_accuracy_top2_ties_axis_ignore_per_class():
+    rng = np.random.default_rng(4)
+    # scores (outer=2, inner=3) along axis 2 of a (2, 3, C=4) blob, rounded so that ties occur
+    x = np.round(rng.uniform(0, 1, (2, 3, 4)) * 3) / 3
+    label = rng.integers(0, 4, (2, 3)).astype(float)
+    label[1, 1] = 7
+    text = 'name: "a" type: "Accuracy" accuracy_param { top_k: 2 axis: -1 ignore_label: 7 }'
+    layer, bottom, top = build(text, [x, label], n_top=2)
+    layer.forward(bottom, top)
+    acc, cnt, hits, nums = 0, 0, np.zeros(4), np.zeros(4)
+    for i in range(6):
+        row, lv = x.reshape(6, 4)[i], int(label.flat[i])
+        if lv == 7:
+            continue
+        nums[lv] += 1
+        better = -1
+        for k in range(4):
+            if better >= 2:
+                break
+            better += row[k] >= row[lv]
+        if better < 2:
+            acc += 1
+            hits[lv] += 1
+        cnt += 1
+    np.testing.assert_allclose(to_numpy(top[0].data), acc / cnt)
+    np.testing.assert_allclose(to_numpy(top[1].data), np.where(nums == 0, 0, hits / np.maximum(nums, 1)))
+
+
+# --- ArgMax: argmax_layer.cpp -------------------------------------------------------------------
+
+def caffe_argmax_rows(rows, k):
+    """std::partial_sort with std::greater<pair<value, index>>: ties -> larger index first."""
+    out = []
+    for r in rows:
+        pairs = sorted(((v, j) for j, v in enumerate(r)), reverse=True)[:k]
+        out.append(pairs)
+    return out
+
+
+@pytest.mark.parametrize("out_max_val", [False, True])
+def test_argmax_no_axis_topk_ties(out_max_val):
+    x = np.array([[[1.0, 3.0], [3.0, 2.0]], [[0.5, 0.5], [0.5, 0.1]]])  # (2, 2, 2): dim 4
+    text = f'name: "m" type: "ArgMax" argmax_param {{ top_k: 3 out_max_val: {str(out_max_val).lower()} }}'
+    layer, bottom, top = build(text, [x])
+    layer.forward(bottom, top)
+    y = to_numpy(top[0].data)
+    assert y.shape == (2, 2 if out_max_val else 1, 3)
+    for i, pairs in enumerate(caffe_argmax_rows(x.reshape(2, 4), 3)):
+        np.testing.assert_array_equal(y[i, 0], [j for _, j in pairs])
+        if out_max_val:
+            np.testing.assert_array_equal(y[i, 1], [v for v, _ in pairs])
+
+
+@pytest.mark.parametrize("out_max_val", [False, True])
+def test_argmax_axis1_topk(out_max_val):
+    rng = np.random.default_rng(5)
+    x = np.round(rng.uniform(0, 2, (2, 4, 3)))
+    text = (f'name: "m" type: "ArgMax" argmax_param {{ top_k: 2 axis: 1 '
+            f'out_max_val: {str(out_max_val).lower()} }}')
+    layer, bottom, top = build(text, [x])
+    layer.forward(bottom, top)
+    y = to_numpy(top[0].data)
+    assert y.shape == (2, 2, 3)
+    rows = np.moveaxis(x, 1, -1).reshape(6, 4)
+    for r, pairs in enumerate(caffe_argmax_rows(rows, 2)):
+        i, j = divmod(r, 3)
+        np.testing.assert_array_equal(y[i, :, j], [v if out_max_val else idx for v, idx in pairs])
+
+
+# --- BatchNorm: batch_norm_layer.cpp ------------------------------------------------------------
+
+def test_batchnorm_train_moving_average_eps_and_backward():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 2, 2, 2))
+    text = ('name: "bn" type: "BatchNorm" batch_norm_param { moving_average_fraction: 0.9 '
+            'eps: 0.001 }')
+    layer, bottom, top = build(text, [x], phase=caffe_pb2.TRAIN)
+    m0, v0 = np.array([0.3, -0.2]), np.array([1.5, 0.7])
+    layer.blobs[0].data[...] = m0
+    layer.blobs[1].data[...] = v0
+    layer.blobs[2].data[...] = 2.0
+    dy = rng.standard_normal(x.shape)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    mean = x.mean(axis=(0, 2, 3), keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=(0, 2, 3), keepdims=True)
+    std = np.sqrt(var + float(np.float32(0.001)))  # eps is a proto float
+    ey = (x - mean) / std
+    np.testing.assert_allclose(y, ey, rtol=1e-12)
+    m = x.size / 2
+    maf = float(np.float32(0.9))  # a proto float, widened to Dtype
+    np.testing.assert_allclose(to_numpy(layer.blobs[2].data), [2.0 * maf + 1])
+    np.testing.assert_allclose(to_numpy(layer.blobs[0].data), mean.ravel() + maf * m0, rtol=1e-12)
+    np.testing.assert_allclose(to_numpy(layer.blobs[1].data),
+                               m / (m - 1) * var.ravel() + maf * v0, rtol=1e-12)
+    ax = (0, 2, 3)
+    edx = (dy - dy.mean(axis=ax, keepdims=True)
+           - (dy * ey).mean(axis=ax, keepdims=True) * ey) / std
+    np.testing.assert_allclose(dx, edx, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("factor", [0.0, 4.0])
+def test_batchnorm_test_phase_global_stats_scale_factor(factor):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 2))
+    layer, bottom, top = build('name: "bn" type: "BatchNorm"', [x], phase=caffe_pb2.TEST)
+    m0, v0 = np.array([0.4, -1.0, 2.0]), np.array([2.0, 0.5, 3.0])
+    layer.blobs[0].data[...] = m0
+    layer.blobs[1].data[...] = v0
+    layer.blobs[2].data[...] = factor
+    dy = rng.standard_normal(x.shape)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    s = 0 if factor == 0 else 1 / factor
+    std = np.sqrt(s * v0 + float(np.float32(1e-5))).reshape(1, 3, 1)
+    np.testing.assert_allclose(y, (x - s * m0.reshape(1, 3, 1)) / std, rtol=1e-12)
+    np.testing.assert_allclose(dx, dy / std, rtol=1e-12)
+    np.testing.assert_allclose(to_numpy(layer.blobs[2].data), [factor])  # untouched

@@ -266,3 +266,180 @@ def test_lrn_even_local_size_refused(region):
     with pytest.raises(ValueError, match="odd"):
         run_layer(f'name: "l" type: "LRN" lrn_param {{ local_size: 4 norm_region: {region} }}',
                   np.ones((1, 6, 3, 3)))
+
+
+# ------------------------------------------------------------------------ SPP
+def caffe_spp_forward(x, height, method):
+    """spp_layer.cpp: levels l = 0..L-1 of GetPoolingParam, flattened and concatenated."""
+    n, c, h, w = x.shape
+    outs, geoms = [], []
+    for level in range(height):
+        bins = 2 ** level
+        kh, kw = math.ceil(h / bins), math.ceil(w / bins)
+        ph, pw = (kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2
+        geom = (kh, kw, kh, kw, ph, pw)
+        top, mask, size = caffe_pool_forward(x, method, *geom)
+        outs.append(top)
+        geoms.append((geom, mask, size, top.shape))
+    if height == 1:
+        return outs[0], geoms
+    return np.concatenate([o.reshape(n, -1) for o in outs], axis=1), geoms
+
+
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+@pytest.mark.parametrize("height,shape", [(1, (2, 3, 5, 4)), (2, (2, 2, 5, 7)),
+                                          (3, (1, 2, 9, 10))])
+def test_spp_matches_caffe_loops(height, shape, method):
+    rng = np.random.default_rng(height)
+    x = rng.integers(-3, 4, size=shape).astype(np.float64)
+    layer, bottom, top = run_layer(f'name: "s" type: "SPP" spp_param {{ pyramid_height: {height} '
+                                   f'pool: {method} }}', x)
+    exp, geoms = caffe_spp_forward(x, height, method)
+    assert top[0].shape == exp.shape
+    np.testing.assert_allclose(top[0].data, exp, rtol=1e-12, atol=1e-12)
+    td = rng.standard_normal(exp.shape)
+    got = backward(layer, bottom, top, td)
+    exp_bd = np.zeros(shape)
+    off = 0
+    for geom, mask, size, tshape in geoms:
+        cnt = int(np.prod(tshape[1:]))
+        tdl = td.reshape(shape[0], -1)[:, off:off + cnt].reshape(tshape)
+        off += cnt
+        exp_bd += caffe_pool_backward(shape, tdl, method, mask, *geom, size)
+    np.testing.assert_allclose(got, exp_bd, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------- Convolution
+def caffe_conv_forward(x, W, b, stride, pad, dil, group):
+    """conv_layer.cpp via im2col (im2col.cpp) + per-group gemm, 2 spatial axes."""
+    n, c, h, w = x.shape
+    o, cg, kh, kw = W.shape
+    oh = (h + 2 * pad[0] - (dil[0] * (kh - 1) + 1)) // stride[0] + 1
+    ow = (w + 2 * pad[1] - (dil[1] * (kw - 1) + 1)) // stride[1] + 1
+    og = o // group
+    top = np.zeros((n, o, oh, ow))
+    for i in range(n):
+        for g in range(group):
+            col = np.zeros((cg * kh * kw, oh * ow))
+            r = 0
+            for ch in range(cg):
+                for ki in range(kh):
+                    for kj in range(kw):
+                        for y in range(oh):
+                            for z in range(ow):
+                                hh = -pad[0] + ki * dil[0] + y * stride[0]
+                                ww = -pad[1] + kj * dil[1] + z * stride[1]
+                                if 0 <= hh < h and 0 <= ww < w:
+                                    col[r, y * ow + z] = x[i, g * cg + ch, hh, ww]
+                        r += 1
+            wg = W[g * og:(g + 1) * og].reshape(og, -1)
+            top[i, g * og:(g + 1) * og] = (wg @ col).reshape(og, oh, ow)
+        if b is not None:
+            top[i] += b[:, None, None]
+    return top
+
+
+def numeric_vjp(f, x, td, eps=1e-6):
+    g = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        a, m = x.copy(), x.copy()
+        a[idx] += eps
+        m[idx] -= eps
+        g[idx] = ((f(a) - f(m)) * td).sum() / (2 * eps)
+    return g
+
+
+CONV_CASES = {
+    "dil_pad_group_bias": ("num_output: 4 kernel_size: 3 dilation: 2 pad: 2 group: 2",
+                           (1, 1), (2, 2), (2, 2), 2, True, (2, 4, 5, 6)),
+    "rect_hw": ("num_output: 3 kernel_h: 2 kernel_w: 3 stride_h: 2 stride_w: 1 pad_h: 1 "
+                "pad_w: 2 bias_term: false", (2, 1), (1, 2), (1, 1), 1, False, (1, 2, 5, 4)),
+    "force_nd_dil_group": ("num_output: 6 kernel_size: 2 kernel_size: 3 stride: 2 stride: 1 "
+                           "pad: 1 pad: 0 dilation: 1 dilation: 2 group: 3 force_nd_im2col: true",
+                           (2, 1), (1, 0), (1, 2), 3, True, (2, 3, 5, 7)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_convolution_matches_caffe_im2col(case):
+    body, stride, pad, dil, group, bias, shape = CONV_CASES[case]
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(shape)
+    layer, bottom, top = run_layer(
+        f'name: "c" type: "Convolution" convolution_param {{ {body} '
+        'weight_filler { type: "gaussian" std: 1 } bias_filler { type: "gaussian" std: 1 } }', x)
+    W = np.array(layer.blobs[0].data)
+    b = np.array(layer.blobs[1].data) if bias else None
+    assert len(layer.blobs) == (2 if bias else 1)
+    exp = caffe_conv_forward(x, W, b, stride, pad, dil, group)
+    np.testing.assert_allclose(top[0].data, exp, rtol=1e-10, atol=1e-12)
+    td = rng.standard_normal(exp.shape)
+    for blob in layer.blobs:
+        blob.diff[...] = 0
+    got = backward(layer, bottom, top, td)
+    # the maps are linear: central differences are exact up to rounding
+    np.testing.assert_allclose(
+        got, numeric_vjp(lambda v: caffe_conv_forward(v, W, b, stride, pad, dil, group), x, td),
+        rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(
+        layer.blobs[0].diff,
+        numeric_vjp(lambda v: caffe_conv_forward(x, v, b, stride, pad, dil, group), W, td),
+        rtol=1e-6, atol=1e-8)
+    if bias:
+        np.testing.assert_allclose(layer.blobs[1].diff, td.sum((0, 2, 3)), rtol=1e-12)
+
+
+def test_convolution_axis_treats_leading_axes_as_batch():
+    # conv_layer / base_conv_layer: channel_axis_ = axis; num_ = product of axes before it
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 3, 2, 4, 5))  # axis 2: channels 2, spatial 4 x 5
+    layer, bottom, top = run_layer(
+        'name: "c" type: "Convolution" convolution_param { num_output: 3 kernel_size: 2 axis: 2 '
+        'pad: 1 stride: 2 weight_filler { type: "gaussian" std: 1 } '
+        'bias_filler { type: "gaussian" std: 1 } }', x)
+    W, b = np.array(layer.blobs[0].data), np.array(layer.blobs[1].data)
+    exp = caffe_conv_forward(x.reshape(6, 2, 4, 5), W, b, (2, 2), (1, 1), (1, 1), 1)
+    assert top[0].shape == (2, 3) + exp.shape[1:]
+    np.testing.assert_allclose(np.asarray(top[0].data).reshape(exp.shape), exp, rtol=1e-10)
+
+
+# -------------------------------------------------------------- Deconvolution
+DECONV_CASES = {
+    "stride_gt_kernel_pad": ("num_output: 2 kernel_size: 2 stride: 3 pad: 1",
+                             (3, 3), (1, 1), (1, 1), 1, (2, 3, 3, 4)),
+    "group_dil": ("num_output: 4 kernel_size: 3 stride: 2 pad: 1 dilation: 2 group: 2",
+                  (2, 2), (1, 1), (2, 2), 2, (1, 4, 3, 3)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECONV_CASES))
+def test_deconvolution_is_caffe_conv_backward(case):
+    """deconv_layer.cpp: forward = conv backward-data (col2im) of the weights, whose shape is
+    (C_in, C_out / group, kh, kw); top size stride*(H-1) + dil*(k-1) + 1 - 2*pad."""
+    body, stride, pad, dil, group, shape = DECONV_CASES[case]
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal(shape)
+    layer, bottom, top = run_layer(
+        f'name: "d" type: "Deconvolution" convolution_param {{ {body} '
+        'weight_filler { type: "gaussian" std: 1 } bias_filler { type: "gaussian" std: 1 } }', x)
+    W, b = np.array(layer.blobs[0].data), np.array(layer.blobs[1].data)
+    cin, og, kh, kw = W.shape
+    oh = stride[0] * (shape[2] - 1) + dil[0] * (kh - 1) + 1 - 2 * pad[0]
+    ow = stride[1] * (shape[3] - 1) + dil[1] * (kw - 1) + 1 - 2 * pad[1]
+    cout = og * group
+    assert top[0].shape == (shape[0], cout, oh, ow)
+    # the deconv forward is the adjoint of the conv forward (same W, no bias) from top to bottom
+    conv = lambda y: caffe_conv_forward(y, W, None, stride, pad, dil, group)  # noqa: E731
+    exp = np.zeros((shape[0], cout, oh, ow))
+    for idx in np.ndindex(exp.shape):
+        e = np.zeros(exp.shape)
+        e[idx] = 1
+        exp[idx] = (conv(e) * x).sum()
+    exp += b[None, :, None, None]
+    np.testing.assert_allclose(top[0].data, exp, rtol=1e-10, atol=1e-12)
+    td = rng.standard_normal(exp.shape)
+    for blob in layer.blobs:
+        blob.diff[...] = 0
+    np.testing.assert_allclose(backward(layer, bottom, top, td), conv(td), rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(layer.blobs[1].diff, td.sum((0, 2, 3)), rtol=1e-12)

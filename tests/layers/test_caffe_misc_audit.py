@@ -251,3 +251,116 @@ def test_batchnorm_test_phase_global_stats_scale_factor(factor):
     np.testing.assert_allclose(y, (x - s * m0.reshape(1, 3, 1)) / std, rtol=1e-12)
     np.testing.assert_allclose(dx, dy / std, rtol=1e-12)
     np.testing.assert_allclose(to_numpy(layer.blobs[2].data), [factor])  # untouched
+
+
+# --- Scale / Bias: scale_layer.cpp, bias_layer.cpp ------------------------------------------------
+
+def bshape(xshape, axis, pshape):
+    return (1,) * axis + tuple(pshape) + (1,) * (len(xshape) - axis - len(pshape))
+
+
+@pytest.mark.parametrize("params,axis,pshape", [
+    ("axis: 0 num_axes: -1", 0, (2, 3, 4)),
+    ("axis: -2 num_axes: 1", 1, (3,)),
+    ("num_axes: 0", 0, ()),
+    ("axis: 2 num_axes: -1 bias_term: true bias_filler { type: 'constant' value: 0.7 }", 2, (4,)),
+])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_scale_param_axes_bias_in_place(params, axis, pshape, in_place):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, 4))
+    layer, bottom, top = build(f'name: "s" type: "Scale" scale_param {{ {params} }}', [x],
+                               in_place=in_place)
+    assert layer.blobs[0].shape == pshape
+    s = rng.uniform(0.5, 1.5, pshape)
+    layer.blobs[0].data[...] = s
+    bias = "bias_term" in params
+    if bias:
+        np.testing.assert_array_equal(to_numpy(layer.blobs[1].data), np.full(pshape, np.float32(0.7)))
+    dy = rng.standard_normal(x.shape)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    sb = s.reshape(bshape(x.shape, axis, pshape))
+    b = float(np.float32(0.7)) if bias else 0.0
+    np.testing.assert_allclose(y, x * sb + b, rtol=1e-12)
+    np.testing.assert_allclose(dx, dy * sb, rtol=1e-12)
+    red = tuple(i for i in range(3) if not axis <= i < axis + len(pshape))
+    np.testing.assert_allclose(to_numpy(layer.blobs[0].diff), (dy * x).sum(axis=red).reshape(pshape),
+                               rtol=1e-12)
+    if bias:
+        np.testing.assert_allclose(to_numpy(layer.blobs[1].diff), dy.sum(axis=red), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["Scale", "Bias"])
+def test_scale_bias_second_bottom(kind):
+    rng = np.random.default_rng(9)
+    x, s = rng.standard_normal((2, 3, 4, 2)), rng.standard_normal((3, 4))
+    field = "scale_param" if kind == "Scale" else "bias_param"
+    layer, bottom, top = build(f'name: "s" type: "{kind}" {field} {{ axis: 1 }}', [x, s])
+    assert not layer.blobs
+    dy = rng.standard_normal(x.shape)
+    (y,), (dx, ds) = fwd_bwd(layer, bottom, top, [dy])
+    sb = s.reshape(1, 3, 4, 1)
+    if kind == "Scale":
+        np.testing.assert_allclose(y, x * sb, rtol=1e-12)
+        np.testing.assert_allclose(dx, dy * sb, rtol=1e-12)
+        np.testing.assert_allclose(ds, (dy * x).sum(axis=(0, 3)), rtol=1e-12)
+    else:
+        np.testing.assert_allclose(y, x + sb, rtol=1e-12)
+        np.testing.assert_allclose(dx, dy, rtol=1e-12)
+        np.testing.assert_allclose(ds, dy.sum(axis=(0, 3)), rtol=1e-12)
+
+
+def test_bias_param_axis_num_axes():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((2, 3, 4))
+    layer, bottom, top = build('name: "b" type: "Bias" bias_param { axis: 1 num_axes: 2 '
+                               'filler { type: "constant" value: 0.25 } }', [x])
+    assert layer.blobs[0].shape == (3, 4)
+    np.testing.assert_array_equal(to_numpy(layer.blobs[0].data), 0.25)
+    dy = rng.standard_normal(x.shape)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    np.testing.assert_allclose(y, x + 0.25)
+    np.testing.assert_allclose(to_numpy(layer.blobs[0].diff), dy.sum(axis=0), rtol=1e-12)
+
+
+# --- PReLU, ELU, ReLU: prelu_layer.cpp, elu_layer.cpp, relu_layer.cpp -----------------------------
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_prelu_channel_shared_in_place(shared):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 2, 2))
+    x[0, 0, 0, 0] = 0.0
+    text = f'name: "p" type: "PReLU" prelu_param {{ channel_shared: {str(shared).lower()} }}'
+    layer, bottom, top = build(text, [x], in_place=True)
+    # Caffe: channel_shared -> Blob(vector<int>(0)), a 0-axis scalar
+    assert layer.blobs[0].shape == (() if shared else (3,))
+    np.testing.assert_array_equal(to_numpy(layer.blobs[0].data), np.float32(0.25))
+    a = rng.uniform(0.1, 0.5, layer.blobs[0].shape)
+    layer.blobs[0].data[...] = a
+    dy = rng.standard_normal(x.shape)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    ab = a.reshape(1, -1, 1, 1) if not shared else a
+    np.testing.assert_allclose(y, np.maximum(x, 0) + ab * np.minimum(x, 0), rtol=1e-12)
+    np.testing.assert_allclose(dx, dy * ((x > 0) + ab * (x <= 0)), rtol=1e-12)
+    ga = dy * x * (x <= 0)
+    ga = ga.sum() if shared else ga.sum(axis=(0, 2, 3))
+    np.testing.assert_allclose(to_numpy(layer.blobs[0].diff).reshape(-1), np.ravel(ga), rtol=1e-12)
+
+
+def test_elu_alpha_and_relu_negative_slope():
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 4))
+    x[0, 0] = 0.0
+    dy = rng.standard_normal(x.shape)
+    layer, bottom, top = build('name: "e" type: "ELU" elu_param { alpha: 0.3 }', [x])
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    al = float(np.float32(0.3))
+    ey = np.where(x > 0, x, al * (np.exp(x) - 1))
+    np.testing.assert_allclose(y, ey, rtol=1e-12)
+    np.testing.assert_allclose(dx, np.where(x > 0, dy, dy * (ey + al)), rtol=1e-12)
+    layer, bottom, top = build('name: "r" type: "ReLU" relu_param { negative_slope: 0.2 }', [x],
+                               in_place=True)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    sl = float(np.float32(0.2))
+    np.testing.assert_allclose(y, np.maximum(x, 0) + sl * np.minimum(x, 0), rtol=1e-12)
+    np.testing.assert_allclose(dx, dy * ((x > 0) + sl * (x <= 0)), rtol=1e-12)

@@ -364,3 +364,135 @@ def test_elu_alpha_and_relu_negative_slope():
     sl = float(np.float32(0.2))
     np.testing.assert_allclose(y, np.maximum(x, 0) + sl * np.minimum(x, 0), rtol=1e-12)
     np.testing.assert_allclose(dx, dy * ((x > 0) + sl * (x <= 0)), rtol=1e-12)
+
+
+# --- Eltwise: eltwise_layer.cpp -----------------------------------------------------------------
+
+def test_eltwise_max_ties_and_backward_routing():
+    a = np.array([1.0, 2.0, 3.0, 0.0, 5.0])
+    b = np.array([1.0, 1.0, 4.0, 0.0, 5.0])
+    c = np.array([1.0, 2.0, 4.0, 2.0, 0.0])
+    layer, bottom, top = build('name: "e" type: "Eltwise" eltwise_param { operation: MAX }', [a, b, c])
+    dy = np.array([10.0, 20.0, 30.0, 40.0, 50.0])
+    (y,), dxs = fwd_bwd(layer, bottom, top, [dy])
+    # Caffe: mask = (a > b ? 0 : 1); then blob i >= 2 wins only if strictly greater
+    mask = np.where(a > b, 0, 1)
+    top_ = np.where(a > b, a, b)
+    mask = np.where(c > top_, 2, mask)
+    np.testing.assert_array_equal(y, np.maximum(np.maximum(a, b), c))
+    for i, dx in enumerate(dxs):
+        np.testing.assert_array_equal(dx, np.where(mask == i, dy, 0))
+
+
+def test_eltwise_sum_coeff_and_prod_grads():
+    rng = np.random.default_rng(13)
+    xs = [rng.standard_normal((2, 3)) for _ in range(3)]
+    xs[1][0, 0] = 0.0
+    dy = rng.standard_normal((2, 3))
+    layer, bottom, top = build('name: "e" type: "Eltwise" eltwise_param { operation: SUM '
+                               'coeff: 1 coeff: -0.5 coeff: 2 }', xs)
+    (y,), dxs = fwd_bwd(layer, bottom, top, [dy])
+    co = [1.0, -0.5, 2.0]
+    np.testing.assert_allclose(y, sum(c * x for c, x in zip(co, xs)), rtol=1e-12)
+    for c, dx in zip(co, dxs):
+        np.testing.assert_allclose(dx, c * dy, rtol=1e-12)
+    # PROD, stable_prod_grad (default): dx_i = dy * prod_{j != i} x_j, exact at a zero input
+    layer, bottom, top = build('name: "e" type: "Eltwise" eltwise_param { operation: PROD }', xs)
+    (y,), dxs = fwd_bwd(layer, bottom, top, [dy])
+    np.testing.assert_allclose(y, xs[0] * xs[1] * xs[2], rtol=1e-12)
+    for i, dx in enumerate(dxs):
+        others = np.prod([x for j, x in enumerate(xs) if j != i], axis=0)
+        np.testing.assert_allclose(dx, dy * others, rtol=1e-12)
+    # stable_prod_grad: false: dx_i = dy * top / x_i
+    xs[1][0, 0] = 0.7
+    layer, bottom, top = build('name: "e" type: "Eltwise" eltwise_param { operation: PROD '
+                               'stable_prod_grad: false }', xs)
+    (y,), dxs = fwd_bwd(layer, bottom, top, [dy])
+    for x, dx in zip(xs, dxs):
+        np.testing.assert_allclose(dx, dy * y / x, rtol=1e-12)
+
+
+# --- Concat / Slice: concat_layer.cpp, slice_layer.cpp ------------------------------------------
+
+def test_concat_dim_legacy_and_negative_axis():
+    rng = np.random.default_rng(14)
+    a, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 1))
+    for p in ("concat_dim: 2", "axis: -1"):
+        layer, bottom, top = build(f'name: "c" type: "Concat" concat_param {{ {p} }}', [a, b])
+        dy = rng.standard_normal((2, 3, 5))
+        (y,), (da, db) = fwd_bwd(layer, bottom, top, [dy])
+        np.testing.assert_array_equal(y, np.concatenate([a, b], axis=2))
+        np.testing.assert_array_equal(da, dy[..., :4])
+        np.testing.assert_array_equal(db, dy[..., 4:])
+
+
+def test_slice_points_legacy_dim_and_even_split():
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((2, 6, 3))
+    layer, bottom, top = build('name: "s" type: "Slice" slice_param { slice_dim: 1 '
+                               'slice_point: 1 slice_point: 4 }', [x], n_top=3)
+    dys = [rng.standard_normal((2, n, 3)) for n in (1, 3, 2)]
+    ys, (dx,) = fwd_bwd(layer, bottom, top, dys)
+    for y, e in zip(ys, np.split(x, [1, 4], axis=1)):
+        np.testing.assert_array_equal(y, e)
+    np.testing.assert_array_equal(dx, np.concatenate(dys, axis=1))
+    layer, bottom, top = build('name: "s" type: "Slice" slice_param { axis: -1 }', [x], n_top=3)
+    layer.forward(bottom, top)
+    for i, t in enumerate(top):
+        np.testing.assert_array_equal(to_numpy(t.data), x[..., i:i + 1])
+
+
+# --- Reduction: reduction_layer.cpp -------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["SUM", "ASUM", "SUMSQ", "MEAN"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_reduction_ops_axis_coeff(op, axis):
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((2, 3, 4))
+    text = f'name: "r" type: "Reduction" reduction_param {{ operation: {op} axis: {axis} coeff: -1.5 }}'
+    layer, bottom, top = build(text, [x])
+    ax = axis % 3
+    num, dim = int(np.prod(x.shape[:ax])), int(np.prod(x.shape[ax:]))
+    dy = rng.standard_normal(x.shape[:ax])
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    assert y.shape == x.shape[:ax]
+    xf, dyf = x.reshape(num, dim), dy.reshape(num, 1)
+    coeff = -1.5 / dim if op == "MEAN" else -1.5
+    ey = {"SUM": xf.sum(1), "ASUM": np.abs(xf).sum(1), "SUMSQ": (xf ** 2).sum(1),
+          "MEAN": xf.sum(1)}[op] * coeff
+    edx = {"SUM": np.ones_like(xf), "ASUM": np.sign(xf), "SUMSQ": 2 * xf,
+           "MEAN": np.ones_like(xf)}[op] * coeff * dyf
+    np.testing.assert_allclose(y.reshape(-1), ey, rtol=1e-12)
+    np.testing.assert_allclose(dx.reshape(num, dim), edx, rtol=1e-12)
+
+
+# --- Softmax: softmax_layer.cpp; Dropout: dropout_layer.cpp ---------------------------------------
+
+def test_softmax_axis_negative():
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((2, 3, 4))
+    layer, bottom, top = build('name: "s" type: "Softmax" softmax_param { axis: -2 }', [x])
+    dy = rng.standard_normal(x.shape)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    ey = e / e.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(y, ey, rtol=1e-12)
+    np.testing.assert_allclose(dx, (dy - (dy * ey).sum(axis=1, keepdims=True)) * ey, rtol=1e-12)
+
+
+def test_dropout_train_scale_and_test_passthrough():
+    rng = np.random.default_rng(18)
+    x = rng.uniform(1, 2, (4, 50))
+    dy = rng.standard_normal(x.shape)
+    text = 'name: "d" type: "Dropout" dropout_param { dropout_ratio: 0.3 }'
+    layer, bottom, top = build(text, [x], phase=caffe_pb2.TRAIN)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    scale = 1.0 / (1.0 - float(np.float32(0.3)))
+    mask = y != 0
+    assert 0 < mask.mean() < 1
+    np.testing.assert_allclose(y, x * mask * scale, rtol=1e-12)
+    np.testing.assert_allclose(dx, dy * mask * scale, rtol=1e-12)
+    layer, bottom, top = build(text, [x], phase=caffe_pb2.TEST)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    np.testing.assert_array_equal(y, x)
+    np.testing.assert_array_equal(dx, dy)

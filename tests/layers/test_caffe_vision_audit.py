@@ -443,3 +443,84 @@ def test_deconvolution_is_caffe_conv_backward(case):
     np.testing.assert_allclose(backward(layer, bottom, top, td), conv(td), rtol=1e-10,
                                atol=1e-12)
     np.testing.assert_allclose(layer.blobs[1].diff, td.sum((0, 2, 3)), rtol=1e-12)
+
+
+# ----------------------------------------------------------------------- Crop
+def make_two(text, a, b_shape):
+    layer = make_layer(text)
+    bottom = [make_blob(a, name="a"), make_blob(np.zeros(b_shape), name="b")]
+    top = [Blob(dtype=np.float64, name="t")]
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    return layer, bottom, top
+
+
+@pytest.mark.parametrize("param,ref_shape,window", [
+    ("axis: 1 offset: 1", (9, 2, 3, 2), (slice(None), slice(1, 3), slice(1, 4), slice(1, 3))),
+    ("axis: 1 offset: 0 offset: 2 offset: 1", (9, 3, 2, 3),
+     (slice(None), slice(0, 3), slice(2, 4), slice(1, 4))),
+    ("axis: -2 offset: 2", (9, 9, 3, 2), (slice(None), slice(None), slice(2, 5), slice(2, 4))),
+    ("axis: 0", (1, 2, 2, 2), (slice(0, 1), slice(0, 2), slice(0, 2), slice(0, 2))),
+])
+def test_crop_offsets_like_caffe(param, ref_shape, window):
+    # crop_layer.cpp: offset_size 1 -> that offset on every cropped axis, else offset(i - axis)
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((2, 4, 5, 4))
+    layer, bottom, top = make_two(f'name: "c" type: "Crop" crop_param {{ {param} }}', x, ref_shape)
+    np.testing.assert_array_equal(top[0].data, x[window])
+    td = rng.standard_normal(top[0].shape)
+    top[0].diff[...] = td
+    bottom[0].diff[...] = 7.0
+    layer.backward(top, [True, False], bottom)
+    exp = np.zeros(x.shape)
+    exp[window] = td
+    np.testing.assert_array_equal(bottom[0].diff, exp)
+
+
+# --------------------------------------------------------------------- Im2col
+def test_im2col_layer_matches_caffe_im2col():
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((2, 3, 5, 6))
+    layer, bottom, top = run_layer(
+        'name: "i" type: "Im2col" convolution_param { kernel_h: 2 kernel_w: 3 stride_h: 2 '
+        'stride_w: 1 pad_h: 1 pad_w: 2 dilation: 2 }', x)
+    # Im2col's top is the conv's column buffer: an identity conv over it reproduces it
+    C, kh, kw = 3, 2, 3
+    eye = np.eye(C * kh * kw).reshape(C * kh * kw, C, kh, kw)
+    exp = caffe_conv_forward(x, eye, None, (2, 1), (1, 2), (2, 2), 1)
+    assert top[0].shape == exp.shape
+    np.testing.assert_allclose(top[0].data, exp, rtol=0, atol=0)
+    td = rng.standard_normal(exp.shape)
+    np.testing.assert_allclose(
+        backward(layer, bottom, top, td),
+        numeric_vjp(lambda v: caffe_conv_forward(v, eye, None, (2, 1), (1, 2), (2, 2), 1), x, td),
+        rtol=1e-6, atol=1e-8)
+
+
+# ----------------------------------------------------------- Flatten / Reshape
+@pytest.mark.parametrize("param,shape", [
+    ("shape { dim: 0 dim: -1 }", (2, 12)),
+    ("shape { dim: 0 dim: 0 dim: -1 dim: 2 }", (2, 3, 2, 2)),
+    ("axis: 1 num_axes: 2 shape { dim: -1 }", (2, 12)),
+    ("axis: -1 shape { dim: 1 dim: 1 }", (2, 3, 4, 1, 1)),
+    ("axis: 0 num_axes: 1 shape { dim: 1 dim: -1 }", (1, 2, 3, 4)),
+    ("axis: 2 num_axes: 0 shape { dim: 1 }", (2, 3, 1, 4)),
+    ("axis: 1 num_axes: -1 shape { dim: 0 dim: 2 dim: -1 }", (2, 3, 2, 2)),
+])
+def test_reshape_like_caffe(param, shape):
+    # reshape_layer.cpp: start_axis = axis >= 0 ? axis : num_axes + axis + 1; 0 copies the
+    # bottom dim at start_axis + i; -1 is inferred
+    x = np.arange(24.0).reshape(2, 3, 4)
+    layer, bottom, top = run_layer(f'name: "r" type: "Reshape" reshape_param {{ {param} }}', x)
+    assert top[0].shape == shape
+    np.testing.assert_array_equal(np.asarray(top[0].data).ravel(), x.ravel())
+
+
+@pytest.mark.parametrize("param,shape", [
+    ("", (2, 60)), ("axis: 2", (2, 3, 20)), ("axis: 1 end_axis: 2", (2, 12, 5)),
+    ("axis: -3 end_axis: -2", (2, 12, 5)), ("axis: 0 end_axis: 0", (2, 3, 4, 5)),
+])
+def test_flatten_axes_like_caffe(param, shape):
+    x = np.arange(120.0).reshape(2, 3, 4, 5)
+    layer, bottom, top = run_layer(f'name: "f" type: "Flatten" flatten_param {{ {param} }}', x)
+    assert top[0].shape == shape

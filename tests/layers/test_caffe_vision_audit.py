@@ -123,6 +123,9 @@ POOL_CASES = {
                      False, (2, 2, 6, 7)),
     "floor_k2s3": ("kernel_size: 2 stride: 3 round_mode: FLOOR", (2, 2, 3, 3, 0, 0), False,
                    (1, 2, 7, 8)),
+    # pad on h only: Caffe's clip test runs on both axes, and drops w's window starting at 6
+    "clip_w_without_pad_w": ("kernel_h: 3 kernel_w: 1 stride_h: 2 stride_w: 3 pad_h: 1 pad_w: 0",
+                             (3, 1, 2, 3, 1, 0), True, (1, 2, 5, 5)),
     "global": ("global_pooling: true", (5, 6, 1, 1, 0, 0), True, (2, 3, 5, 6)),
 }
 
@@ -524,3 +527,19 @@ def test_flatten_axes_like_caffe(param, shape):
     x = np.arange(120.0).reshape(2, 3, 4, 5)
     layer, bottom, top = run_layer(f'name: "f" type: "Flatten" flatten_param {{ {param} }}', x)
     assert top[0].shape == shape
+
+
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+def test_pooling_empty_last_window_without_pad(method):
+    """No padding, so no clip: ceil leaves a last window starting past the input (kernel 1,
+    stride 3, width 5: windows at 0, 3, 6).  Caffe's loops give MAX -FLT_MAX (mask -1) and
+    AVE sum 0 over a negative pool_size (-0.0)."""
+    x = np.random.default_rng(16).standard_normal((1, 2, 5, 5))
+    geom = (1, 1, 3, 3, 0, 0)
+    layer, bottom, top = run_layer(f'name: "p" type: "Pooling" pooling_param {{ pool: {method} '
+                                   'kernel_size: 1 stride: 3 }', x, 2 if method == "MAX" else 1)
+    exp, mask, _ = caffe_pool_forward(x, method, *geom)
+    assert top[0].shape == (1, 2, 3, 3)
+    np.testing.assert_array_equal(top[0].data, exp)
+    if method == "MAX":
+        np.testing.assert_array_equal(np.asarray(top[1].data), mask)

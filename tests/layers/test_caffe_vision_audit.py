@@ -543,3 +543,64 @@ def test_pooling_empty_last_window_without_pad(method):
     np.testing.assert_array_equal(top[0].data, exp)
     if method == "MAX":
         np.testing.assert_array_equal(np.asarray(top[1].data), mask)
+
+
+def caffe_conv_nd(x, W, b, stride, pad, dil, group):
+    """im2col_nd_cpu + gemm for any number of spatial axes (direct sum per output)."""
+    n, c = x.shape[:2]
+    sp = x.shape[2:]
+    o, cg = W.shape[:2]
+    ks = W.shape[2:]
+    outs = tuple((sp[i] + 2 * pad[i] - (dil[i] * (ks[i] - 1) + 1)) // stride[i] + 1
+                 for i in range(len(sp)))
+    og = o // group
+    top = np.zeros((n, o) + outs)
+    for pos in np.ndindex(outs):
+        for kpos in np.ndindex(ks):
+            src = tuple(pos[i] * stride[i] - pad[i] + kpos[i] * dil[i] for i in range(len(sp)))
+            if all(0 <= s < d for s, d in zip(src, sp)):
+                for g in range(group):
+                    xv = x[(slice(None), slice(g * cg, (g + 1) * cg)) + src]  # (n, cg)
+                    wv = W[(slice(g * og, (g + 1) * og), slice(None)) + kpos]  # (og, cg)
+                    top[(slice(None), slice(g * og, (g + 1) * og)) + pos] += xv @ wv.T
+    if b is not None:
+        top += b.reshape((1, o) + (1,) * len(sp))
+    return top
+
+
+def test_convolution_3d_dilation_group_matches_caffe_nd():
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((2, 4, 4, 5, 3))
+    layer, bottom, top = run_layer(
+        'name: "c" type: "Convolution" convolution_param { num_output: 2 group: 2 '
+        'kernel_size: 2 kernel_size: 3 kernel_size: 1 stride: 1 stride: 2 stride: 2 '
+        'pad: 1 pad: 2 pad: 0 dilation: 2 dilation: 1 dilation: 1 '
+        'weight_filler { type: "gaussian" std: 1 } bias_filler { type: "gaussian" std: 1 } }', x)
+    W, b = np.array(layer.blobs[0].data), np.array(layer.blobs[1].data)
+    args = ((1, 2, 2), (1, 2, 0), (2, 1, 1), 2)
+    exp = caffe_conv_nd(x, W, b, *args)
+    assert top[0].shape == exp.shape
+    np.testing.assert_allclose(top[0].data, exp, rtol=1e-10, atol=1e-12)
+    td = rng.standard_normal(exp.shape)
+    for blob in layer.blobs:
+        blob.diff[...] = 0
+    got = backward(layer, bottom, top, td)
+    np.testing.assert_allclose(got, numeric_vjp(lambda v: caffe_conv_nd(v, W, None, *args), x, td),
+                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(layer.blobs[0].diff,
+                               numeric_vjp(lambda v: caffe_conv_nd(x, v, None, *args), W, td),
+                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(layer.blobs[1].diff, td.sum((0, 2, 3, 4)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("body", [
+    "pool: STOCHASTIC kernel_size: 3 pad: 1",       # padding only for AVE and MAX
+    "pool: MAX kernel_size: 2 pad: 2",              # CHECK_LT(pad_h_, kernel_h_)
+    "pool: AVE global_pooling: true stride: 2",     # global: stride 1 only
+    "pool: AVE global_pooling: true pad: 1",        # global: pad 0 only
+    "pool: MAX global_pooling: true kernel_size: 2",
+    "pool: AVE kernel_h: 2",                        # both kernel_h and kernel_w
+])
+def test_pooling_setup_checks_like_caffe(body):
+    with pytest.raises(ValueError):
+        run_layer(f'name: "p" type: "Pooling" pooling_param {{ {body} }}', np.ones((1, 1, 4, 4)))

@@ -496,3 +496,79 @@ def test_dropout_train_scale_and_test_passthrough():
     (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
     np.testing.assert_array_equal(y, x)
     np.testing.assert_array_equal(dx, dy)
+
+
+# --- more corners: Scale with a scalar / second bottom and bias, BatchNorm's explicit
+# use_global_stats, SoftmaxWithLoss's prob top in a net (loss_layer.cpp: only top 0 weighs 1) -----
+
+def test_scale_second_bottom_with_bias_term_and_scalar_scale():
+    rng = np.random.default_rng(19)
+    x, s = rng.standard_normal((2, 3, 2)), rng.standard_normal((3,))
+    text = ('name: "s" type: "Scale" scale_param { axis: 1 bias_term: true '
+            'bias_filler { type: "constant" value: -0.5 } }')
+    layer, bottom, top = build(text, [x, s])
+    assert len(layer.blobs) == 1 and layer.blobs[0].shape == (3,)  # only the bias is a param
+    dy = rng.standard_normal(x.shape)
+    (y,), (dx, ds) = fwd_bwd(layer, bottom, top, [dy])
+    np.testing.assert_allclose(y, x * s.reshape(1, 3, 1) - 0.5, rtol=1e-12)
+    np.testing.assert_allclose(ds, (dy * x).sum(axis=(0, 2)), rtol=1e-12)
+    np.testing.assert_allclose(to_numpy(layer.blobs[0].diff), dy.sum(axis=(0, 2)), rtol=1e-12)
+    # a 0-axis second bottom: Caffe uses axis_ = 0 whatever scale_param.axis says
+    layer, bottom, top = build('name: "s" type: "Scale" scale_param { axis: 2 }',
+                               [x, np.array(1.7)])
+    (y,), (dx, ds) = fwd_bwd(layer, bottom, top, [dy])
+    np.testing.assert_allclose(y, 1.7 * x, rtol=1e-12)
+    np.testing.assert_allclose(ds, (dy * x).sum(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("phase,ugs", [(caffe_pb2.TRAIN, True), (caffe_pb2.TEST, False)])
+def test_batchnorm_explicit_use_global_stats_overrides_phase(phase, ugs):
+    rng = np.random.default_rng(20)
+    x = rng.standard_normal((4, 2))
+    text = f'name: "bn" type: "BatchNorm" batch_norm_param {{ use_global_stats: {str(ugs).lower()} }}'
+    layer, bottom, top = build(text, [x], phase=phase)
+    layer.blobs[0].data[...] = [1.0, 2.0]
+    layer.blobs[1].data[...] = [4.0, 9.0]
+    layer.blobs[2].data[...] = 2.0
+    dy = rng.standard_normal(x.shape)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    eps = float(np.float32(1e-5))
+    if ugs:
+        std = np.sqrt(np.array([2.0, 4.5]) + eps)
+        np.testing.assert_allclose(y, (x - [0.5, 1.0]) / std, rtol=1e-12)
+        np.testing.assert_allclose(dx, dy / std, rtol=1e-12)
+        np.testing.assert_allclose(to_numpy(layer.blobs[2].data), [2.0])
+    else:  # batch statistics, and the moving averages update even in TEST
+        mean, var = x.mean(0), x.var(0)
+        np.testing.assert_allclose(y, (x - mean) / np.sqrt(var + eps), rtol=1e-12)
+        maf = float(np.float32(0.999))
+        np.testing.assert_allclose(to_numpy(layer.blobs[2].data), [2.0 * maf + 1], rtol=1e-12)
+        np.testing.assert_allclose(to_numpy(layer.blobs[0].data), mean + maf * np.array([1.0, 2.0]),
+                                   rtol=1e-12)
+
+
+def test_softmax_loss_prob_top_in_a_net_needs_a_loss_weight_per_top():
+    """LossLayer::LayerSetUp adds loss_weight 1 when none is given, then Layer::SetLossWeights
+    CHECKs one loss_weight per top: a (loss, prob) SoftmaxWithLoss needs ``loss_weight: 1
+    loss_weight: 0``; without it Caffe refuses the net."""
+    from minicaffe.net import Net
+    from minicaffe.proto import parse_text
+    text = """
+    force_backward: true
+    layer { name: "in" type: "Input" top: "x" top: "label"
+            input_param { shape { dim: 3 dim: 4 } shape { dim: 3 } } }
+    layer { name: "loss" type: "SoftmaxWithLoss" bottom: "x" bottom: "label" top: "loss" top: "prob"
+            %s loss_param { normalization: BATCH_SIZE } }
+    """
+    with pytest.raises(ValueError, match="loss_weight"):
+        Net(parse_text(text % "", caffe_pb2.NetParameter, filename="<t>"), caffe_pb2.TRAIN)
+    net = Net(parse_text(text % "loss_weight: 1 loss_weight: 0", caffe_pb2.NetParameter,
+                         filename="<t>"), caffe_pb2.TRAIN, dtype=np.float64)
+    rng = np.random.default_rng(21)
+    x, label = rng.standard_normal((3, 4)), np.array([0.0, 3.0, 1.0])
+    out = net.forward(x=x, label=label)
+    el, ep, edx = caffe_softmax_loss(x, label, 1, None, "BATCH_SIZE", 1.0)
+    np.testing.assert_allclose(out["loss"], el, rtol=1e-12)
+    np.testing.assert_allclose(out["prob"], ep, rtol=1e-12)
+    net.backward()
+    np.testing.assert_allclose(to_numpy(net.blobs["x"].diff), edx, rtol=1e-12)

@@ -412,6 +412,8 @@ DECONV_CASES = {
                              (3, 3), (1, 1), (1, 1), 1, (2, 3, 3, 4)),
     "group_dil": ("num_output: 4 kernel_size: 3 stride: 2 pad: 1 dilation: 2 group: 2",
                   (2, 2), (1, 1), (2, 2), 2, (1, 4, 3, 3)),
+    "rect_group3": ("num_output: 3 kernel_h: 3 kernel_w: 2 stride_h: 4 stride_w: 1 pad_h: 2 "
+                    "pad_w: 1 group: 3", (4, 1), (2, 1), (1, 1), 3, (2, 3, 2, 3)),
 }
 
 
@@ -446,6 +448,11 @@ def test_deconvolution_is_caffe_conv_backward(case):
     np.testing.assert_allclose(backward(layer, bottom, top, td), conv(td), rtol=1e-10,
                                atol=1e-12)
     np.testing.assert_allclose(layer.blobs[1].diff, td.sum((0, 2, 3)), rtol=1e-12)
+    # weight diff: <td, deconv_W(x)> = <conv_W(td), x> is linear in W
+    np.testing.assert_allclose(
+        layer.blobs[0].diff,
+        numeric_vjp(lambda v: caffe_conv_forward(td, v, None, stride, pad, dil, group), W, x),
+        rtol=1e-6, atol=1e-8)
 
 
 # ----------------------------------------------------------------------- Crop

@@ -9,7 +9,7 @@ from minicaffe.blob import Blob
 from minicaffe.proto import caffe_pb2
 from minicaffe.testing import make_blob, make_layer
 
-FLT_MIN = np.finfo(np.float32).tiny
+FLT_MIN = float(np.finfo(np.float32).tiny)  # Dtype(FLT_MIN), widened to double
 
 
 def build(text, arrays, n_top=1, phase=None, in_place=False):
@@ -572,3 +572,26 @@ def test_softmax_loss_prob_top_in_a_net_needs_a_loss_weight_per_top():
     np.testing.assert_allclose(out["prob"], ep, rtol=1e-12)
     net.backward()
     np.testing.assert_allclose(to_numpy(net.blobs["x"].diff), edx, rtol=1e-12)
+
+
+def test_softmax_loss_flt_min_clamp_in_double_and_batchnorm_single_sample():
+    # log(max(p, Dtype(FLT_MIN))): a probability below FLT_MIN gives -log(FLT_MIN) even in double
+    x = np.array([[0.0, -200.0, 1.0], [3.0, -1000.0, 0.0]])
+    lab = np.array([1.0, 1.0])
+    layer, bottom, top = build('name: "l" type: "SoftmaxWithLoss"', [x, lab])
+    (loss,), (dx, _) = fwd_bwd(layer, bottom, top, [1.0], [True, False])
+    el, _, edx = caffe_softmax_loss(x, lab, 1, None, "VALID", 1.0)
+    np.testing.assert_allclose(loss, -np.log(FLT_MIN), rtol=1e-14)
+    np.testing.assert_allclose(loss, el, rtol=1e-14)
+    np.testing.assert_allclose(dx, edx, rtol=1e-12)
+    # BatchNorm with m = N*H*W = 1: bias_correction_factor is 1 (m > 1 ? m / (m - 1) : 1)
+    x = np.array([[0.3, -2.0, 5.0]])
+    layer, bottom, top = build('name: "bn" type: "BatchNorm"', [x], phase=caffe_pb2.TRAIN)
+    for p in layer.blobs:
+        p.data[...] = 1.0
+    layer.forward(bottom, top)
+    maf = float(np.float32(0.999))
+    np.testing.assert_array_equal(to_numpy(top[0].data), 0.0)
+    np.testing.assert_allclose(to_numpy(layer.blobs[0].data), x[0] + maf, rtol=1e-12)
+    np.testing.assert_allclose(to_numpy(layer.blobs[1].data), [maf] * 3, rtol=1e-12)
+    np.testing.assert_allclose(to_numpy(layer.blobs[2].data), [maf + 1], rtol=1e-12)

@@ -595,3 +595,25 @@ def test_softmax_loss_flt_min_clamp_in_double_and_batchnorm_single_sample():
     np.testing.assert_allclose(to_numpy(layer.blobs[0].data), x[0] + maf, rtol=1e-12)
     np.testing.assert_allclose(to_numpy(layer.blobs[1].data), [maf] * 3, rtol=1e-12)
     np.testing.assert_allclose(to_numpy(layer.blobs[2].data), [maf + 1], rtol=1e-12)
+
+
+def test_batchnorm_in_place_train_backward_and_scale_bias_default_fillers():
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((3, 2, 2))
+    dy = rng.standard_normal(x.shape)
+    layer, bottom, top = build('name: "bn" type: "BatchNorm" batch_norm_param { eps: 0.01 }', [x],
+                               phase=caffe_pb2.TRAIN, in_place=True)
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    ax = (0, 2)
+    mean, var = x.mean(axis=ax, keepdims=True), x.var(axis=ax, keepdims=True)
+    std = np.sqrt(var + float(np.float32(0.01)))
+    ey = (x - mean) / std
+    np.testing.assert_allclose(y, ey, rtol=1e-12)
+    edx = (dy - dy.mean(axis=ax, keepdims=True) - (dy * ey).mean(axis=ax, keepdims=True) * ey) / std
+    np.testing.assert_allclose(dx, edx, rtol=1e-10, atol=1e-13)
+    # Scale: filler defaults to constant 1, bias_filler to constant 0; Bias: constant 0
+    layer, *_ = build('name: "s" type: "Scale" scale_param { bias_term: true }', [x])
+    np.testing.assert_array_equal(to_numpy(layer.blobs[0].data), [1.0, 1.0])
+    np.testing.assert_array_equal(to_numpy(layer.blobs[1].data), [0.0, 0.0])
+    layer, *_ = build('name: "b" type: "Bias"', [x])
+    np.testing.assert_array_equal(to_numpy(layer.blobs[0].data), [0.0, 0.0])

@@ -611,3 +611,18 @@ def test_convolution_3d_dilation_group_matches_caffe_nd():
 def test_pooling_setup_checks_like_caffe(body):
     with pytest.raises(ValueError):
         run_layer(f'name: "p" type: "Pooling" pooling_param {{ {body} }}', np.ones((1, 1, 4, 4)))
+
+
+def test_spp_stochastic_samples_even_in_a_test_net():
+    """spp_layer.cpp builds its PoolingLayers from a fresh LayerParameter (phase TRAIN), so a
+    STOCHASTIC SPP samples in a TEST net rather than taking the weighted average."""
+    x = np.random.default_rng(18).uniform(0.1, 1.0, size=(2, 3, 4, 4))
+    layer, bottom, top = run_layer('name: "s" type: "SPP" spp_param { pyramid_height: 1 '
+                                   'pool: STOCHASTIC }', x, phase=1)
+    out = np.asarray(top[0].data)
+    assert out.shape == (2, 3, 1, 1)
+    for n in range(2):
+        for c in range(3):
+            assert np.any(x[n, c] == out[n, c, 0, 0])
+    avg = (x ** 2).sum((2, 3)) / x.sum((2, 3))
+    assert not np.allclose(out[:, :, 0, 0], avg)

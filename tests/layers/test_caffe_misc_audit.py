@@ -617,3 +617,23 @@ def test_batchnorm_in_place_train_backward_and_scale_bias_default_fillers():
     np.testing.assert_array_equal(to_numpy(layer.blobs[1].data), [0.0, 0.0])
     layer, *_ = build('name: "b" type: "Bias"', [x])
     np.testing.assert_array_equal(to_numpy(layer.blobs[0].data), [0.0, 0.0])
+
+
+def test_clip_bounds_inclusive_swish_beta_threshold_strict():
+    x = np.array([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0])
+    dy = np.arange(1.0, 8.0)
+    # clip_layer.cpp: backward passes where min <= x <= max (bounds included)
+    layer, bottom, top = build('name: "c" type: "Clip" clip_param { min: -1 max: 1 }', [x])
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    np.testing.assert_array_equal(y, np.clip(x, -1, 1))
+    np.testing.assert_array_equal(dx, dy * ((x >= -1) & (x <= 1)))
+    # swish_layer.cpp: dx = dy * (beta * y + sigmoid(beta x) * (1 - beta * y))
+    layer, bottom, top = build('name: "s" type: "Swish" swish_param { beta: 1.5 }', [x])
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [dy])
+    s = 1 / (1 + np.exp(-1.5 * x))
+    np.testing.assert_allclose(y, x * s, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(dx, dy * (1.5 * y + s * (1 - 1.5 * y)), rtol=1e-12)
+    # threshold_layer.cpp: y = x > threshold (strict)
+    layer, bottom, top = build('name: "t" type: "Threshold" threshold_param { threshold: 0.5 }', [x])
+    layer.forward(bottom, top)
+    np.testing.assert_array_equal(to_numpy(top[0].data), (x > 0.5).astype(float))

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..io import blobproto_to_array, read_blobproto
 from ..layer import Layer, register_layer
 from .softmax import _Norm, _axis_dims, masked_normalizer, softmax
 
 # Caffe's kLOG_THRESHOLD (loss_layer.hpp): probabilities are clipped here before the log.
-LOG_THRESHOLD = 1e-20
+# It is declared ``const float kLOG_THRESHOLD = 1e-20`` and used as Dtype(kLOG_THRESHOLD),
+# so in double it is the float32 value widened (9.99999968e-21), not the double 1e-20.
+LOG_THRESHOLD = float(np.float32(1e-20))
 
 
 def _fail(layer, message: str):

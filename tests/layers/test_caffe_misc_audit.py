@@ -9,6 +9,7 @@ from minicaffe.blob import Blob
 from minicaffe.proto import caffe_pb2
 from minicaffe.testing import make_blob, make_layer
 
+LOG_THR = float(np.float32(1e-20))  # Dtype(kLOG_THRESHOLD), a float constant
 FLT_MIN = float(np.finfo(np.float32).tiny)  # Dtype(FLT_MIN), widened to double
 
 
@@ -637,3 +638,94 @@ def test_clip_bounds_inclusive_swish_beta_threshold_strict():
     layer, bottom, top = build('name: "t" type: "Threshold" threshold_param { threshold: 0.5 }', [x])
     layer.forward(bottom, top)
     np.testing.assert_array_equal(to_numpy(top[0].data), (x > 0.5).astype(float))
+
+
+# --- other losses: hinge_loss_layer.cpp, contrastive_loss_layer.cpp, infogain_loss_layer.cpp,
+# multinomial_logistic_loss_layer.cpp ------------------------------------------------------------
+
+@pytest.mark.parametrize("norm", ["L1", "L2"])
+def test_hinge_loss_norms(norm):
+    rng = np.random.default_rng(23)
+    x, lab = rng.standard_normal((4, 5)), np.array([0.0, 3.0, 4.0, 1.0])
+    layer, bottom, top = build(f'name: "h" type: "HingeLoss" hinge_loss_param {{ norm: {norm} }}',
+                               [x, lab])
+    (y,), (dx, _) = fwd_bwd(layer, bottom, top, [0.7], [True, False])
+    r = np.arange(4), lab.astype(int)
+    L = x.copy()
+    L[r] *= -1
+    L = np.maximum(0, 1 + L)
+    D = L.copy()
+    D[r] *= -1
+    ey = np.abs(L).sum() / 4 if norm == "L1" else (L * L).sum() / 4
+    edx = np.sign(D) * 0.7 / 4 if norm == "L1" else 2 * D * 0.7 / 4
+    np.testing.assert_allclose(y, ey, rtol=1e-12)
+    np.testing.assert_allclose(dx, edx, rtol=1e-12)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_contrastive_loss_legacy_version(legacy):
+    rng = np.random.default_rng(24)
+    a, b = rng.standard_normal((6, 3)) * 0.5, rng.standard_normal((6, 3)) * 0.5
+    sim = np.array([1.0, 0, 0, 1, 0, 0])
+    text = (f'name: "c" type: "ContrastiveLoss" contrastive_loss_param {{ margin: 1.5 '
+            f'legacy_version: {str(legacy).lower()} }}')
+    layer, bottom, top = build(text, [a, b, sim])
+    (y,), (da, db, _) = fwd_bwd(layer, bottom, top, [0.7], [True, True, False])
+    d = a - b
+    dsq = (d * d).sum(1)
+    m = float(np.float32(1.5))
+    loss = 0.0
+    for i in range(6):
+        if int(sim[i]):
+            loss += dsq[i]
+        elif legacy:
+            loss += max(m - dsq[i], 0.0)
+        else:
+            loss += max(m - np.sqrt(dsq[i]), 0.0) ** 2
+    np.testing.assert_allclose(y, loss / 6 / 2, rtol=1e-12)
+    for got, sign in ((da, 1), (db, -1)):
+        alpha = sign * 0.7 / 6
+        g = np.zeros_like(a)
+        for j in range(6):
+            if int(sim[j]):
+                g[j] = alpha * d[j]
+                continue
+            if legacy:
+                mdist, beta = m - dsq[j], -alpha
+            else:
+                dist = np.sqrt(dsq[j])
+                mdist = m - dist
+                beta = -alpha * mdist / (dist + 1e-4)
+            g[j] = beta * d[j] if mdist > 0 else 0.0
+        np.testing.assert_allclose(got, g, rtol=1e-12)
+
+
+def test_infogain_loss_axis_ignore_full_and_multinomial_logistic():
+    rng = np.random.default_rng(25)
+    x, lab, H = rng.standard_normal((2, 3, 2)), np.array([[0.0, 2], [1, 5]]), rng.uniform(0, 1, (3, 3))
+    text = ('name: "i" type: "InfogainLoss" infogain_loss_param { axis: 1 } '
+            'loss_param { ignore_label: 5 normalization: FULL }')
+    layer, bottom, top = build(text, [x, lab, H])
+    (y,), (dx, _, _) = fwd_bwd(layer, bottom, top, [0.7], [True, False, False])
+    p = np.exp(x) / np.exp(x).sum(1, keepdims=True)
+    loss, g = 0.0, np.zeros_like(x)
+    for i in range(2):
+        for j in range(2):
+            lv = int(lab[i, j])
+            if lv == 5:
+                continue
+            loss -= (H[lv] * np.log(np.maximum(p[i, :, j], LOG_THR))).sum()
+            g[i, :, j] = p[i, :, j] * H[lv].sum() - H[lv]
+    np.testing.assert_allclose(y, loss / 4, rtol=1e-12)
+    np.testing.assert_allclose(dx, g * 0.7 / 4, rtol=1e-12, atol=1e-16)
+    # MultinomialLogisticLoss: -sum log(max(p[label], Dtype(kLOG_THRESHOLD))) / num, where
+    # kLOG_THRESHOLD is `const float kLOG_THRESHOLD = 1e-20` (loss_layer.hpp): in double it
+    # is float32(1e-20) widened, 9.99999968e-21, not 1e-20
+    prob = np.array([[0.2, 0.8, 0.0], [0.5, 0.25, 0.25]])
+    lab = np.array([2.0, 1.0])
+    layer, bottom, top = build('name: "m" type: "MultinomialLogisticLoss"', [prob, lab])
+    (y,), (dp, _) = fwd_bwd(layer, bottom, top, [0.7], [True, False])
+    np.testing.assert_allclose(y, -(np.log(LOG_THR) + np.log(0.25)) / 2, rtol=1e-13)
+    edp = np.zeros_like(prob)
+    edp[0, 2], edp[1, 1] = -0.7 / 2 / LOG_THR, -0.7 / 2 / 0.25
+    np.testing.assert_allclose(dp, edp, rtol=1e-12)

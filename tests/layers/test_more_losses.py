@@ -51,12 +51,14 @@ def test_multinomial_matches_torch_nll(rng):
 
 
 def test_multinomial_clips_at_log_threshold_and_truncates_labels():
-    """kLOG_THRESHOLD = 1e-20: a zero probability costs -log(1e-20), its gradient stays finite;
-    a label 1.9 is class 1 (C's int cast)."""
+    """kLOG_THRESHOLD = 1e-20: a zero probability costs -log(thr), its gradient stays finite;
+    a label 1.9 is class 1 (C's int cast). Caffe declares ``const float kLOG_THRESHOLD``, so
+    in double thr is float32(1e-20) widened."""
+    thr = float(np.float32(1e-20))
     p = np.array([[0.5, 0.0, 0.5], [0.2, 0.3, 0.5]])
     _, loss, (dp,), _ = run(MLL, [p, [1.9, 2.0]], [True, False])
-    np.testing.assert_allclose(loss, (-np.log(1e-20) - np.log(0.5)) / 2, rtol=1e-12)
-    np.testing.assert_allclose(dp, [[0, -1 / (2 * 1e-20), 0], [0, 0, -1 / (2 * 0.5)]],
+    np.testing.assert_allclose(loss, (-np.log(thr) - np.log(0.5)) / 2, rtol=1e-12)
+    np.testing.assert_allclose(dp, [[0, -1 / (2 * thr), 0], [0, 0, -1 / (2 * 0.5)]],
                                rtol=1e-12)
 
 

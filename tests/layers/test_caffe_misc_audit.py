@@ -729,3 +729,28 @@ def test_infogain_loss_axis_ignore_full_and_multinomial_logistic():
     edp = np.zeros_like(prob)
     edp[0, 2], edp[1, 1] = -0.7 / 2 / LOG_THR, -0.7 / 2 / 0.25
     np.testing.assert_allclose(dp, edp, rtol=1e-12)
+
+
+def test_proto_float_parameters_are_widened_float32_values():
+    """Caffe's layer parameters are proto floats widened to Dtype: in double, coeff 0.1 is
+    float32(0.1); Reduction MEAN divides that coeff by dim (reduction_layer.cpp)."""
+    f = lambda v: float(np.float32(v))  # noqa: E731
+    rng = np.random.default_rng(26)
+    x, x2 = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+    layer, bottom, top = build('name: "e" type: "Eltwise" eltwise_param { coeff: 0.1 coeff: 0.7 }',
+                               [x, x2])
+    (y,), (dx, dx2) = fwd_bwd(layer, bottom, top, [np.ones((2, 3))])
+    np.testing.assert_allclose(y, f(0.1) * x + f(0.7) * x2, rtol=1e-15)
+    np.testing.assert_array_equal(dx, f(0.1))
+    np.testing.assert_array_equal(dx2, f(0.7))
+    layer, bottom, top = build('name: "r" type: "Reduction" reduction_param { operation: MEAN '
+                               'coeff: 0.3 }', [x])
+    (y,), (dx,) = fwd_bwd(layer, bottom, top, [1.0])
+    np.testing.assert_allclose(y, f(0.3) / 6 * x.sum(), rtol=1e-15)
+    np.testing.assert_allclose(dx, f(0.3) / 6, rtol=1e-15)
+    # a threshold of float32(0.3) = 0.30000001192...: 0.3000000119 is not above it
+    xx = np.array([0.3, 0.3000000119, 0.30000002])
+    layer, bottom, top = build('name: "t" type: "Threshold" threshold_param { threshold: 0.3 }',
+                               [xx])
+    layer.forward(bottom, top)
+    np.testing.assert_array_equal(to_numpy(top[0].data), [0.0, 0.0, 1.0])

@@ -453,35 +453,12 @@ def test_fcn_surgery_transplant_and_bilinear_interp(workdir):
 
 
 # ---------------------------------------------------------------- Python layers
-PYLAYERS = '''
-import numpy as np
-import caffe
-
-
-class EuclideanLossLayer(caffe.Layer):
-    """BVLC/caffe examples/pycaffe/layers/pyloss.py"""
-
-    def setup(self, bottom, top):
-        if len(bottom) != 2:
-            raise Exception("Need two inputs to compute distance.")
-
-    def reshape(self, bottom, top):
-        if bottom[0].count != bottom[1].count:
-            raise Exception("Inputs must have the same dimension.")
-        self.diff = np.zeros_like(bottom[0].data, dtype=np.float32)
-        top[0].reshape(1)
-
-    def forward(self, bottom, top):
-        self.diff[...] = bottom[0].data - bottom[1].data
-        top[0].data[...] = np.sum(self.diff ** 2) / bottom[0].num / 2.
-
-    def backward(self, top, propagate_down, bottom):
-        for i in range(2):
-            if not propagate_down[i]:
-                continue
-            sign = 1 if i == 0 else -1
-            bottom[i].diff[...] = sign * self.diff / bottom[i].num
-
+# BVLC's examples/pycaffe/layers/pyloss.py as stored for the third zoo sweep, then the
+# PASCAL multilabel data layer
+PYLOSS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "zoo3",
+                      "caffe_examples", "pyloss.py")
+with open(PYLOSS) as _f:
+    PYLAYERS = _f.read() + '''
 
 class MultilabelDataLayerSync(caffe.Layer):
     """pascal_multilabel_datalayers.py's PascalMultilabelDataLayerSync, images made up"""

@@ -365,6 +365,34 @@ def test_workspace_chunks_give_every_call_its_bytes_per_image():
         assert len(chunks) == -(-num // 384)
 
 
+def test_workspace_chunks_hold_whole_probes_where_the_probe_set_the_bytes():
+    """VGG-16's conv1_2 under a 1.5 GiB cap (H200, session 36): WINOGRAD_NONFUSED needs 55.1
+    MiB per image, sized for the images rounded up to 16; 27 images' worth fit the cap, so
+    chunks of 24-25 needed 32 images' 1764 MiB and fell back to FFT_TILING.  With chunks of
+    at most a multiple of the probe's 16 images, each rounded up still fits."""
+    from minicaffe.cudnn import ops
+    cap, per = 1536 << 20, int(55.1 * (1 << 20))
+    plain = ops.workspace_chunks(221, cap, per)
+    assert len(plain) == 9 and max(b - a for a, b in plain) == 25
+    assert -(-25 // 16) * 16 * per > cap                 # what went wrong
+    chunks = ops.workspace_chunks(221, cap, per, 16)
+    sizes = [b - a for a, b in chunks]
+    assert len(chunks) == 14 and set(sizes) == {15, 16} and sum(sizes) == 221
+    assert ops.workspace_chunks(221, cap, per, 1) == plain
+    # where a chunk holds fewer images than one probe, the multiple does not apply
+    assert ops.workspace_chunks(40, 10 * per, per, 16) == ops.workspace_chunks(40, 10 * per, per)
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        num, per = int(rng.integers(1, 3000)), int(rng.integers(1, 1 << 24))
+        cap = int(rng.integers(1, 1 << 31))
+        chunks = ops.workspace_chunks(num, cap, per, 16)
+        sizes = [b - a for a, b in chunks]
+        assert chunks[0][0] == 0 and chunks[-1][1] == num and sum(sizes) == num
+        assert max(sizes) - min(sizes) <= 1
+        if len(chunks) > 1 and cap // per >= 16:        # rounded up to whole probes, it fits
+            assert all(-(-n // 16) * 16 * per <= cap for n in sizes)
+
+
 def test_bound_workspaces_sets_each_cudnn_convolution(recording_net, monkeypatch):
     monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_LIMIT", raising=False)
     monkeypatch.delenv("MINICAFFE_CUDNN_WORKSPACE_PER_IMAGE", raising=False)

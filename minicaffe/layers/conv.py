@@ -689,7 +689,11 @@ class ConvolutionLayer(Layer):
         o = self._cudnn if options is None else options
         if not getattr(o, "chunks", False):
             return ((0, int(num)),)
-        return cudnn_ops.workspace_chunks(num, o.workspace_limit, self._bytes_per_image(o))
+        per = self._bytes_per_image(o)
+        # where the probe's need sets the bytes per image, chunks of whole probes
+        probed = per > int(o.workspace_per_image)
+        return cudnn_ops.workspace_chunks(num, o.workspace_limit, per,
+                                          cudnn_ops.FIT_PROBE_IMAGES if probed else 1)
 
     def _call_limit(self, num: int, size: int, options=None) -> int:
         """The workspace limit of one call on ``size`` images of a minibatch of ``num``: the

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import minicaffe as caffe
-from minicaffe.proto import caffe_pb2, read_net_param
+from minicaffe.proto import caffe_pb2, parse_text, read_net_param
 
 from test_caffe_zoo3 import check_shapes, randomize
 from test_caffe_zoo4 import write_lmdb
@@ -502,3 +502,17 @@ def test_hed_force_backward_trains_lr_mult_0_params():
     assert all(not np.any(net.blobs[t].diff) for t in tops[1:])
     assert np.abs(net.blobs[tops[0]].diff).max() > 0
     np.testing.assert_array_equal(net.blobs["data"].diff, net.blobs[tops[0]].diff)
+
+
+def test_shape_rules_clip_pooling_on_an_unpadded_axis():
+    """The shape rules of tests/zoo3_nets.py, used by every sweep, against Caffe's
+    PoolingLayer::Reshape: the last window that would start in the padding is dropped on
+    both axes when either axis is padded.  With pad_h 0, pad_w 1, kernel 1x3, stride 3 on
+    5x7, ceil gives 3 rows, and (3 - 1) * 3 >= 5 + 0 drops one: (2, 3), as minicaffe gives
+    (the rules used to clip only a padded axis and said (3, 3))."""
+    param = parse_text('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 '
+                       'dim: 1 dim: 5 dim: 7 } } } layer { name: "p" type: "Pooling" bottom: '
+                       '"x" top: "y" pooling_param { pool: MAX kernel_h: 1 kernel_w: 3 '
+                       'stride: 3 pad_h: 0 pad_w: 1 } }', caffe_pb2.NetParameter)
+    blobs, _ = check_shapes(caffe.Net(param, caffe.TEST), param, caffe.TEST)
+    assert blobs["y"] == (1, 1, 2, 3)

@@ -77,7 +77,8 @@ def _deconv(lp, bottom):
 
 def _pool(lp, bottom):
     """PoolingLayer::Reshape: ceil (round_mode CEIL, the default) or floor of
-    (i + 2p - k) / s, plus 1, less one where the last window would start in the padding."""
+    (i + 2p - k) / s, plus 1, less one where the last window would start in the padding;
+    Caffe checks that on both axes when either has a pad (``if (pad_h_ || pad_w_)``)."""
     pp = lp.pooling_param
     n, c, h, w = bottom
     if pp.global_pooling:
@@ -90,7 +91,7 @@ def _pool(lp, bottom):
 
     def one(i, k, s, p):
         o = int(rnd((i + 2 * p - k) / s)) + 1
-        if p and (o - 1) * s >= i + p:
+        if (ph or pw) and (o - 1) * s >= i + p:
             o -= 1
         return o
     top = (n, c, one(h, kh, sh, ph), one(w, kw, sw, pw))

@@ -282,12 +282,17 @@ def fit_curve(flops, times) -> ThroughputCurve:
     logt = np.log(t)
     xpos = x[x > 0]
 
+    has_zero = bool(np.any(x == 0))
+
     def sse_of(h):
-        if h <= 0 and np.any(x == 0):
+        # the array methods, not np.mean / np.sum: the same reductions without their
+        # wrappers' overhead (a per-step model calls this some 60 times per curve)
+        if h <= 0 and has_zero:
             return math.inf, 0.0
         r = np.log(x + h) - logt
-        logp = float(np.mean(r))
-        return float(np.sum((r - logp) ** 2)), logp
+        logp = float(r.sum()) / r.size
+        d = r - logp
+        return float((d * d).sum()), logp
 
     decade = math.log(10)
     lo = math.log(max(xpos.min(), 1.0)) - 12 * decade

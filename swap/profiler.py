@@ -860,15 +860,16 @@ def max_batch_scratch(gmap: GMAP, budget: int, scratch=None, strategy: str = "na
     bound).  The paper's k_max is bounded by the GPU alone; on a GPU with a small per-image
     footprint under a 12 GB budget, naive swapping at that k would pin more than the host has
     (ResNet-152: about 0.24 GiB per image), so k is bounded by both."""
-    from .plan import largest_k, make_plan, max_batch, min_budget
+    from .plan import largest_k, max_batch, plan_bytes_at
     if host_budget is not None:
         k_limit = min(k_limit, largest_k(
-            lambda k: make_plan(gmap.at(k), strategy, None).host_bytes <= host_budget, k_limit))
+            lambda k: plan_bytes_at(gmap, strategy, k)[1] <= host_budget, k_limit))
         if k_limit < 1:
             return 0
     if scratch is None:
         return max_batch(gmap, strategy, budget, k_limit=k_limit)
-    return largest_k(lambda k: min_budget(gmap.at(k), strategy) <= budget - scratch(k), k_limit)
+    return largest_k(lambda k: plan_bytes_at(gmap, strategy, k)[0] <= budget - scratch(k),
+                     k_limit)
 
 
 ENV_HOST_BUDGET = "MINICAFFE_HOST_BUDGET"

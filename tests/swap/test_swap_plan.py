@@ -275,6 +275,37 @@ def test_max_batch_is_the_largest_that_fits(gmaps, strategy):
     assert max_batch(g, strategy, 100) == 0
 
 
+def test_plan_bytes_at_remembers_each_k_on_the_gmap(gmaps, monkeypatch):
+    """The searches over k ask each k's plan once per GMAP (the profiler searches k_max again
+    each time its scratch model moves); the answers are the plans' own, and the GMAP's value
+    (equality, hash) does not change."""
+    import dataclasses
+    import swap.plan as plan_mod
+    g = dataclasses.replace(gmaps["resnet"])        # a copy: nothing remembered on it yet
+    h = hash(g)
+    made = []
+    real = plan_mod.make_plan
+
+    def counting(gmap, strategy, budget=None, pinned=frozenset(), **kw):
+        made.append((gmap.k, strategy))
+        return real(gmap, strategy, budget, pinned, **kw)
+
+    monkeypatch.setattr(plan_mod, "make_plan", counting)
+    for k in (1, 3, 7):
+        p = real(g.at(k), "naive", None)
+        assert plan_mod.plan_bytes_at(g, "naive", k) == (p.arena_bytes, p.host_bytes)
+    assert made == [(1, "naive"), (3, "naive"), (7, "naive")]
+    budget = 3 * min_budget(g.at(4), "naive")
+    k1 = max_batch(g, "naive", budget)
+    n = len(made)
+    assert max_batch(g, "naive", budget) == k1 and len(made) == n      # all remembered
+    assert max_batch(g, "naive", budget // 2) <= k1
+    assert plan_mod.plan_bytes_at(g, "naive", 3, frozenset(g.feature_maps())) == (
+        min_budget(g.at(3), "naive", frozenset(g.feature_maps())),
+        real(g.at(3), "naive", None, frozenset(g.feature_maps())).host_bytes)
+    assert hash(g) == h and g == gmaps["resnet"].at(g.k)
+
+
 def test_budget_error_names_the_smallest_budget_and_largest_batch(gmaps):
     g = gmaps["lenet"]
     need = min_budget(g, "naive")

@@ -1315,9 +1315,13 @@ def test_glog_minloglevel_set_before_import_silences_the_log(workdir):
             "s.solve()\n"
             "caffe.log('from the script')\n")
     runs = {}
+    # the script imports this checkout's minicaffe and caffe, installed or not
+    root = os.path.dirname(os.path.dirname(os.path.abspath(caffe.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     for level in ("0", "2"):
         r = subprocess.run([sys.executable, "-c", code % level], capture_output=True,
-                           text=True, timeout=120, cwd=str(workdir))
+                           text=True, timeout=120, cwd=str(workdir), env=env)
         assert r.returncode == 0, r.stderr
         runs[level] = r.stderr.splitlines()
     assert any(line.startswith("I") and "Iteration 1" in line for line in runs["0"])

@@ -448,6 +448,12 @@ def cmd_train(args):
     graph = True if args.cuda_graph else None  # None: $MINICAFFE_CUDA_GRAPH decides
     state = dict(level=args.level, stages=_stages(args))
     if args.solver:
+        if mode is None:
+            # caffe.cpp train: without -gpu, the GPU only where the file sets solver_mode: GPU
+            # (has_solver_mode(); the field's default is GPU, a file without it trains on CPU)
+            from .proto import read_solver_param
+            if not read_solver_param(args.solver).HasField("solver_mode"):
+                mode = "CPU"
         # caffe.cpp train: -snapshot clears the solver file's `weights`, -weights replaces them
         weights = [] if args.snapshot else (args.weights or None)
         solver = Solver(args.solver, mode=mode, device_id=dev, cuda_graph=graph,

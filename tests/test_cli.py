@@ -367,3 +367,18 @@ def test_device_query_prints_caffes_fields():
     assert all(ln[:31].rstrip().endswith(":") and ln[31] != " " for ln in lines)
     del props["deviceOverlap"]                     # CuPy has it from CUDA 9.2 on
     assert "Concurrent copy and execution: n/a" in device_query_lines(0, props)
+
+
+def test_train_runs_a_solver_without_solver_mode_on_the_cpu(net_file, tmp_path, monkeypatch,
+                                                            capsys):
+    """tools/caffe.cpp train() takes the GPU from the solver file only where the file sets
+    solver_mode: GPU (has_solver_mode()); a file that leaves it out trains on the CPU, though
+    the field's default is GPU.  Seen here on a machine that claims a GPU: such a file
+    must not try it."""
+    import minicaffe.solver
+    monkeypatch.setattr(minicaffe.solver, "gpu_available", lambda: True)
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{net_file}"\nbase_lr: 0.01\nmax_iter: 1\nlr_policy: "fixed"\n'
+                      f'display: 1\nsnapshot_prefix: "{tmp_path}/s"\n')
+    assert main(["train", "-solver", str(solver)]) == 0, capsys.readouterr().err
+    assert "Using CPU mode" in capsys.readouterr().err

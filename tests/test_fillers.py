@@ -39,6 +39,38 @@ def test_constant_fills_in_place_in_the_blobs_type():
     assert (to_numpy(blob.data) == -3).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dense_fillers_draw_in_chunks_the_values_of_one_draw(monkeypatch, dtype):
+    """uniform, gaussian, xavier and msra draw FILL_CHUNK values at a time into the blob:
+    bitwise the values one draw of the whole blob gives, with no float64 array of the
+    blob's size beside it."""
+    import tracemalloc
+    import minicaffe.fillers as fillers
+    from minicaffe.rng import host_rng
+    shape = (13, 5, 3)
+    cases = [('type: "uniform" min: -2 max: 3', lambda r: r.uniform(-2, 3, size=shape)),
+             ('type: "gaussian" mean: 1 std: 0.5', lambda r: r.normal(1, 0.5, size=shape)),
+             ('type: "xavier"', lambda r: r.uniform(-np.sqrt(0.2), np.sqrt(0.2), size=shape)),
+             ('type: "msra"', lambda r: r.normal(0, np.sqrt(2 / 15), size=shape))]
+    for chunk in (7, 1 << 22):
+        monkeypatch.setattr(fillers, "FILL_CHUNK", chunk)
+        for text, ref in cases:
+            set_random_seed(4)
+            want = ref(host_rng()).astype(dtype)
+            np.testing.assert_array_equal(filled(text, shape, dtype=dtype, seed=4), want, text)
+    monkeypatch.setattr(fillers, "FILL_CHUNK", 1 << 16)
+    blob = Blob((1000, 1000), dtype=dtype, name="w")
+    blob.data[...] = 0
+    tracemalloc.start()
+    try:
+        fill(blob, parse_text('type: "gaussian" std: 0.01', caffe_pb2.FillerParameter))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (2 << 20), peak                  # one draw of it all: 8 MB of float64
+    assert 0.009 < float(to_numpy(blob.data).std()) < 0.011
+
+
 def test_uniform():
     v = filled('type: "uniform" min: -2 max: 3', (200, 100))
     assert v.min() >= -2 and v.max() <= 3

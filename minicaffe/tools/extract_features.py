@@ -32,6 +32,7 @@ import sys
 from ..backend import gpu_available, set_device, to_numpy
 from ..io import LevelDBWriter, LMDBWriter, array_to_datum
 from ..log import log
+from . import _gflags
 
 COMMIT_EVERY = 1000        # Caffe commits each database every 1000 images
 KEY_DIGITS = 10            # caffe::format_int(index, 10)
@@ -153,7 +154,10 @@ def main(argv=None) -> int:
                     choices=["CPU", "GPU"], help="default CPU")
     ap.add_argument("device_id", metavar="DEVICE_ID", nargs="?", type=int, default=0,
                     help="the GPU with GPU (default 0)")
-    args = ap.parse_args(argv)
+    try:   # a wrong command line: the usage and status 1, as Caffe's (argc < 7: return 1)
+        args = _gflags.parse(ap, sys.argv[1:] if argv is None else list(argv), set(), set())
+    except SystemExit as e:
+        return e.code
     try:
         extract_features(args.weights, args.proto, args.blobs, args.dbs, args.num_mini_batches,
                          args.db_type, args.mode, args.device_id)

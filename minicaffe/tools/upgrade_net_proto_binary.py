@@ -17,7 +17,10 @@ from .upgrade_net_proto_text import parse_args, upgrade_net_proto
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv, "upgrade_net_proto_binary", "binary net (.caffemodel)")
+    try:
+        args = parse_args(argv, "upgrade_net_proto_binary", "binary net (.caffemodel)")
+    except SystemExit as e:          # usage (status 1, as Caffe) or --help
+        return e.code
     return upgrade_net_proto(args.input, args.output, binary=True,
                              prog="upgrade_net_proto_binary")
 

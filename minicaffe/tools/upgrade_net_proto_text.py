@@ -10,11 +10,12 @@ become ``layer { }``, data-layer transformation fields move to ``transform_param
 ``input``/``input_dim`` become an Input layer, and old BatchNorm param specs are frozen.  A
 net already in the current format is written back unchanged, with a note saying so.
 
-Exit status, as Caffe's tool: 0 when the upgraded net is written; 1 when the upgrade found
-problems (a V0 field that does not apply to its layer's type is dropped: the net is written
-anyway, as Caffe writes it) or could not be done (nothing is written: where Caffe aborts, or
-would index past a list, minicaffe names the layer and the field instead); 2 when the input
-does not parse as a NetParameter.  ``upgrade_net_proto_binary`` does the same for binary
+Exit status, as Caffe's tool: 0 when the upgraded net is written; 1 on a wrong command line
+(not IN and OUT: the usage is printed), and when the upgrade found problems (a V0 field that
+does not apply to its layer's type is dropped: the net is written anyway, as Caffe writes
+it) or could not be done (nothing is written: where Caffe aborts, or would index past a
+list, minicaffe names the layer and the field instead); 2 when the input does not parse as
+a NetParameter.  ``upgrade_net_proto_binary`` does the same for binary
 files (``.caffemodel``).
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..proto.text import read_net_param
 from ..proto.upgrade import (net_needs_batch_norm_upgrade, net_needs_data_upgrade,
                              net_needs_input_upgrade, net_needs_upgrade, net_needs_v0_upgrade,
                              net_needs_v1_upgrade, upgrade_net)
+from . import _gflags
 
 # what UpgradeNetAsNeeded says before each step it takes, as (check, the deprecated form)
 _STEPS = (
@@ -107,15 +109,20 @@ def upgrade_net_proto(in_path, out_path, binary: bool = False,
 
 
 def parse_args(argv, prog: str, what: str):
+    """IN and OUT; a wrong command line prints the usage and exits with status 1, as Caffe's
+    tools (``argc != 3``: return 1), so that 2 keeps meaning an input that does not parse."""
     ap = argparse.ArgumentParser(prog=f"python -m minicaffe.tools.{prog}",
                                  description=f"Upgrade a {what} to the current format.")
     ap.add_argument("input", metavar="IN", help=f"the {what} to upgrade")
     ap.add_argument("output", metavar="OUT", help="where to write the upgraded one")
-    return ap.parse_args(argv)
+    return _gflags.parse(ap, sys.argv[1:] if argv is None else list(argv), set(), set())
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv, "upgrade_net_proto_text", "net prototxt (V0, V1 or current)")
+    try:
+        args = parse_args(argv, "upgrade_net_proto_text", "net prototxt (V0, V1 or current)")
+    except SystemExit as e:          # usage (status 1, as Caffe) or --help
+        return e.code
     return upgrade_net_proto(args.input, args.output)
 
 

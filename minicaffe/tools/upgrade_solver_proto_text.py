@@ -10,9 +10,10 @@ becomes the ``type`` string (``"Nesterov"``).  Nets given inline are left as wri
 ``snapshot_prefix`` is not touched (Caffe's tool does neither).  A solver already in the
 current format is written back unchanged, with a note saying so.
 
-Exit status, as Caffe's tool: 0 when the solver is written; 1 when it cannot be upgraded
-(both ``solver_type`` and ``type`` given: Caffe aborts there, and nothing is written); 2 when
-the input does not parse as a SolverParameter.
+Exit status, as Caffe's tool: 0 when the solver is written; 1 on a wrong command line (the
+usage is printed) and when it cannot be upgraded (both ``solver_type`` and ``type`` given:
+Caffe aborts there, and nothing is written); 2 when the input does not parse as a
+SolverParameter.
 """
 from __future__ import annotations
 
@@ -57,7 +58,10 @@ def upgrade_solver_proto(in_path, out_path) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv, PROG, "solver prototxt")
+    try:
+        args = parse_args(argv, PROG, "solver prototxt")
+    except SystemExit as e:          # usage (status 1, as Caffe) or --help
+        return e.code
     return upgrade_solver_proto(args.input, args.output)
 
 

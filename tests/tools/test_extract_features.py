@@ -195,3 +195,10 @@ def test_module_runs_with_caffes_argument_order(trained, tmp_path):
     assert "Using CPU" in r.stderr
     assert "Extracted features of 4 query images for feature blob ip" in r.stderr
     assert len(read_db(tmp_path / "ip")) == 4
+
+
+def test_a_wrong_command_line_is_status_1(tmp_path, capsys):
+    """Caffe's extract_features: fewer than six arguments print the usage and return 1."""
+    assert ef.main(["w.caffemodel", "net.prototxt", "ip", str(tmp_path / "ip"), "1"]) == 1
+    assert "usage:" in capsys.readouterr().err
+    assert not os.listdir(tmp_path)

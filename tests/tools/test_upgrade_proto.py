@@ -225,4 +225,15 @@ def test_modules_run(tmp_path):
     assert 'type: "Nesterov"' in (tmp_path / "new").read_text()
     r = subprocess.run([sys.executable, "-m", "minicaffe.tools.upgrade_net_proto_text", old],
                        capture_output=True, text=True, cwd=REPO)
-    assert r.returncode == 2 and "OUT" in r.stderr        # usage: IN and OUT
+    assert r.returncode == 1 and "OUT" in r.stderr        # usage: IN and OUT
+
+
+@pytest.mark.parametrize("tool", [upgrade_net_proto_text, upgrade_net_proto_binary,
+                                  upgrade_solver_proto_text])
+def test_a_wrong_command_line_is_status_1_not_the_unparsable_inputs_2(tool, tmp_path, capsys):
+    """Caffe's upgrade tools: argc != 3 prints the usage and returns 1; 2 is kept for an
+    input that does not parse (argparse's own usage status was 2)."""
+    for argv in ([], [str(tmp_path / "in")], ["a", "b", "c"]):
+        assert tool.main(argv) == 1, argv
+        assert "usage:" in capsys.readouterr().err
+    assert not os.listdir(tmp_path)

@@ -462,16 +462,12 @@ def cmd_train(args):
         if mode is None:
             from .backend import gpu_available
             mode = "GPU" if gpu_available() else "CPU"
+        # -weights as the default solver's `weights`: each model goes into the train net and
+        # every test net (a test-only layer's params too), as with a solver file
         solver = Solver(default_solver_param(args, args.net), mode=mode, device_id=dev,
-                        cuda_graph=graph, **state)
+                        cuda_graph=graph, weights=args.weights or None, **state)
     log(f"Using {solver.mode} mode; net {solver.net.name!r}: {len(solver.net.layers)} layers, "
         f"{sum(p.count for p in solver.net.learnable_params):,} learnable parameters")
-    if args.weights and not args.solver:   # a solver file takes them as its `weights` above
-        for w in args.weights.split(","):
-            log(f"Finetuning from {w}")
-            solver.net.copy_from(w)
-            for n in solver.test_nets:
-                n.share_trained_layers_with(solver.net)
     executor = _install_swap(args, solver)  # --- swap/: --swap, --budget, --memory-trace
     if args.ps:  # --- data-parallel (ps/): the worker takes over the update step
         from ps.cli import wrap_solver

@@ -382,3 +382,44 @@ def test_train_runs_a_solver_without_solver_mode_on_the_cpu(net_file, tmp_path, 
                       f'display: 1\nsnapshot_prefix: "{tmp_path}/s"\n')
     assert main(["train", "-solver", str(solver)]) == 0, capsys.readouterr().err
     assert "Using CPU mode" in capsys.readouterr().err
+
+
+TEST_ONLY_PARAMS = NET + """
+layer { name: "ip_test" type: "InnerProduct" bottom: "ip" top: "ip_test"
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 1 } }
+        include { phase: TEST } }
+"""
+
+
+@pytest.mark.parametrize("with_solver_file", [True, False])
+def test_weights_reach_the_test_nets_own_layers(tmp_path, monkeypatch, with_solver_file):
+    """tools/caffe.cpp train -weights: each model is copied into the train net and into every
+    test net (CopyTrainedLayersFrom), so a layer only the TEST net has takes its weights too;
+    `train NET -weights W` (a default solver) as `train -solver S -weights W`."""
+    import numpy as np
+    from minicaffe.net import TEST, Net
+    from minicaffe.solver import Solver
+    net = tmp_path / "t.prototxt"
+    net.write_text(TEST_ONLY_PARAMS)
+    model = Net(str(net), TEST, mode="CPU")
+    for blob in model.params["ip_test"]:
+        blob.data[...] = 0.25
+    model.save(str(tmp_path / "w.caffemodel"))
+    seen = {}
+    solve = Solver.solve
+
+    def keep(self, resume_file=None):
+        seen["ip_test"] = [np.array(b.data) for b in self.test_nets[0].params["ip_test"]]
+        return solve(self, resume_file)
+    monkeypatch.setattr(Solver, "solve", keep)
+    common = ["-weights", str(tmp_path / "w.caffemodel"), "--max-iter", "1"]
+    if with_solver_file:
+        solver = tmp_path / "solver.prototxt"
+        solver.write_text(f'net: "{net}"\nbase_lr: 0.01\nlr_policy: "fixed"\nsolver_mode: CPU\n'
+                          f'snapshot_prefix: "{tmp_path}/s"\ntest_iter: 1\ntest_interval: 5\n')
+        argv = ["train", "-solver", str(solver)] + common
+    else:
+        argv = ["train", str(net), "--cpu", "--test-iter", "1", "--test-interval", "5",
+                "--snapshot-prefix", str(tmp_path / "s")] + common
+    assert main(argv) == 0
+    assert all(np.all(v == 0.25) for v in seen["ip_test"])

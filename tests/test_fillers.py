@@ -21,20 +21,25 @@ def test_constant_and_default():
     np.testing.assert_array_equal(filled("", (3,)), 0.0)  # FillerParameter default: constant 0
 
 
-def test_constant_fills_in_place_in_the_blobs_type():
-    """Caffe's ConstantFiller is caffe_set(count, Dtype(value)): the float value in the blob's
-    type, with no other array of the blob's size (FCN-8s's fc6: 103 M weights)."""
+def filled_peak(text, shape=(1000, 1000), dtype=np.float32):
+    """(the filled blob, the most host memory Python allocated while filling it)."""
     import tracemalloc
-    v = filled('type: "constant" value: 0.1', (5,), dtype=np.float32)
-    assert v.dtype == np.float32 and (v == np.float32(np.float32(0.1))).all()
-    blob = Blob((1000, 1000), dtype=np.float32, name="w")
+    blob = Blob(shape, dtype=dtype, name="w")
     blob.data[...] = 0                             # the blob's own memory, before tracing
     tracemalloc.start()
     try:
-        fill(blob, parse_text('type: "constant" value: -3', caffe_pb2.FillerParameter))
-        peak = tracemalloc.get_traced_memory()[1]
+        fill(blob, parse_text(text, caffe_pb2.FillerParameter))
+        return blob, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def test_constant_fills_in_place_in_the_blobs_type():
+    """Caffe's ConstantFiller is caffe_set(count, Dtype(value)): the float value in the blob's
+    type, with no other array of the blob's size (FCN-8s's fc6: 103 M weights)."""
+    v = filled('type: "constant" value: 0.1', (5,), dtype=np.float32)
+    assert v.dtype == np.float32 and (v == np.float32(np.float32(0.1))).all()
+    blob, peak = filled_peak('type: "constant" value: -3')
     assert peak < (1 << 20), peak                  # the blob is 4 MB; float64 beside it, 8 MB
     assert (to_numpy(blob.data) == -3).all()
 
@@ -44,7 +49,6 @@ def test_dense_fillers_draw_in_chunks_the_values_of_one_draw(monkeypatch, dtype)
     """uniform, gaussian, xavier and msra draw FILL_CHUNK values at a time into the blob:
     bitwise the values one draw of the whole blob gives, with no float64 array of the
     blob's size beside it."""
-    import tracemalloc
     import minicaffe.fillers as fillers
     from minicaffe.rng import host_rng
     shape = (13, 5, 3)
@@ -59,14 +63,7 @@ def test_dense_fillers_draw_in_chunks_the_values_of_one_draw(monkeypatch, dtype)
             want = ref(host_rng()).astype(dtype)
             np.testing.assert_array_equal(filled(text, shape, dtype=dtype, seed=4), want, text)
     monkeypatch.setattr(fillers, "FILL_CHUNK", 1 << 16)
-    blob = Blob((1000, 1000), dtype=dtype, name="w")
-    blob.data[...] = 0
-    tracemalloc.start()
-    try:
-        fill(blob, parse_text('type: "gaussian" std: 0.01', caffe_pb2.FillerParameter))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    blob, peak = filled_peak('type: "gaussian" std: 0.01', dtype=dtype)
     assert peak < (2 << 20), peak                  # one draw of it all: 8 MB of float64
     assert 0.009 < float(to_numpy(blob.data).std()) < 0.011
 

@@ -33,6 +33,7 @@ from .proto.text import layer_line
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
 ENV_FUSE_BN_SCALE = "MINICAFFE_FUSE_BN_SCALE"
+ENV_FUSE_CONV_RELU = "MINICAFFE_FUSE_CONV_RELU"
 
 
 def _is_hdf5(path) -> bool:
@@ -52,11 +53,12 @@ def _is_hdf5(path) -> bool:
         return False
 
 
-def fusion_default() -> bool:
+def fusion_default(name: str = ENV_FUSE_BN_SCALE) -> bool:
     """Whether new nets pair BatchNorm and Scale layers for the fused GPU path
-    (``$MINICAFFE_FUSE_BN_SCALE``, default on; 0/false/off/no turns it off)."""
-    return os.environ.get(ENV_FUSE_BN_SCALE, "1").strip().lower() not in ("0", "false", "off",
-                                                                          "no")
+    (``$MINICAFFE_FUSE_BN_SCALE``, default on; 0/false/off/no turns it off), or with
+    ``name`` = ``ENV_FUSE_CONV_RELU``, Convolution and in-place ReLU layers
+    (``$MINICAFFE_FUSE_CONV_RELU``)."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 # --------------------------------------------------------------- filtering
@@ -434,6 +436,8 @@ class Net:
         self._shapes_seen = [None] * len(self.layers)
         self.bn_scale_pairs: list[tuple[int, int]] = []
         self.set_bn_scale_fusion(fusion_default())
+        self.conv_relu_pairs: list[tuple[int, int]] = []
+        self.set_conv_relu_fusion(fusion_default(ENV_FUSE_CONV_RELU))
 
     def _setup_error(self, e, lp, bnames, bottoms, split_origin):
         """Layer ``lp``'s setup error ``e``, said once with the file, the layer's line, its
@@ -609,16 +613,58 @@ class Net:
         for li in sorted(changed):
             self.layers[li].reshape(self.bottom_vecs[li], self.top_vecs[li])
 
-    def _unpair_if_split(self, start: int, end: int):
+    def find_conv_relu_pairs(self) -> list[tuple[int, int]]:
+        """(Convolution index, ReLU index) of every pair whose forward can run as one: a
+        Convolution with one top, followed directly by a ReLU running in place on it.  The
+        Convolution's forward then applies the ReLU too (on a GPU with cuDNN, the bias and
+        the ReLU in one pass over the top instead of two, cuda_fused.bias_relu_forward; the
+        same values bit for bit), and the ReLU's forward does nothing.  The backward passes
+        are unchanged, and so is every step of a memory plan (the pair's forward steps run
+        in order, a recomputation reruns the in-place chain as a whole)."""
+        pairs = []
+        for i in range(len(self.layers) - 1):
+            conv, relu = self.layers[i], self.layers[i + 1]
+            if conv.type != "Convolution" or relu.type != "ReLU":
+                continue
+            top, rb, rt = self.top_vecs[i], self.bottom_vecs[i + 1], self.top_vecs[i + 1]
+            if len(top) == 1 and len(rb) == 1 and rb[0] is top[0] and rt[0] is rb[0]:
+                pairs.append((i, i + 1))
+        return pairs
+
+    def set_conv_relu_fusion(self, enabled: bool):
+        """Pair (or unpair) Convolution and in-place ReLU layers (:meth:`find_conv_relu_pairs`;
+        on by default, ``$MINICAFFE_FUSE_CONV_RELU=0`` turns it off for new nets)."""
+        for i, j in self.conv_relu_pairs:
+            self.layers[i].fused_relu = None
+            self.layers[j].fused_conv = None
+        self.conv_relu_pairs = self.find_conv_relu_pairs() if enabled else []
+        for i, j in self.conv_relu_pairs:
+            self.layers[i].fused_relu = self.layers[j]
+            self.layers[j].fused_conv = self.layers[i]
+
+    def _unpair_if_split(self, start: int, end: int, forward: bool = False):
         """A forward or backward over layers start..end (inclusive, either order) that
         runs one layer of a pair without the other cannot run it fused: unpair the net
-        (for good; logged once)."""
+        (for good; logged once).  A forward (``forward``) that shows a layer's top to a
+        callback or to debug_info between a Convolution and its ReLU unpairs those too."""
+        from .log import log
         lo, hi = min(start, end), max(start, end)
         if any((lo <= i <= hi) != (lo <= j <= hi) for i, j in self.bn_scale_pairs):
-            from .log import log
             log(f"net {self.name!r}: a partial pass over layers {lo}..{hi} splits a fused "
                 "BatchNorm+Scale pair; the pairs run unfused from now on")
             self.set_bn_scale_fusion(False)
+        if not forward or not self.conv_relu_pairs:
+            return
+        why = None
+        if any((lo <= i <= hi) != (lo <= j <= hi) for i, j in self.conv_relu_pairs):
+            why = f"a partial forward over layers {lo}..{hi} splits a Convolution+ReLU pair"
+        elif self.debug_info:
+            why = "debug_info shows each layer's top"
+        elif self._callbacks["before_forward"] or self._callbacks["after_forward"]:
+            why = "a forward callback may read each layer's top"
+        if why is not None:
+            log(f"net {self.name!r}: {why}; Convolution and ReLU layers run apart from now on")
+            self.set_conv_relu_fusion(False)
 
     # ----------------------------------------------------- forward/backward
     def reshape(self):
@@ -676,8 +722,8 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         if self.executor is not None:  # swap/ hook
             return self._executor_pass("forward", start == 0 and end == len(self.layers) - 1)
-        if self.bn_scale_pairs:
-            self._unpair_if_split(start, end)
+        if self.bn_scale_pairs or self.conv_relu_pairs:
+            self._unpair_if_split(start, end, forward=True)
         loss = 0.0
         before, after = self._callbacks["before_forward"], self._callbacks["after_forward"]
         for li in range(start, end + 1):

@@ -17,6 +17,7 @@ Scale (+bias) bwd      2: partial sums + dx, finalize (~6)      read dy, x; writ
 BatchNorm + in-place   fwd 2 (BatchNorm's and Scale's: 3)       read x twice; write y, x_norm
 Scale, paired          bwd 3: sums, finalize, apply (4)         read dy, x_norm twice; write dx
 ReLU fwd / bwd         1 / 1 (1 / 2)                            one pass each
+Conv bias + ReLU fwd   1 (2: cuDNN's AddTensor, ReLU)           one pass (read, write y)
 Eltwise SUM, 2 bottoms 1 forward, 1 backward (2 / 2)            one pass each
 Dropout TRAIN fwd/bwd  1 / 1 (~30 / 2)                          one pass each, no temporary
 SGD update, all params 1 for the whole net (7 per param)        read/write data, diff, history
@@ -543,6 +544,23 @@ __global__ void relu_forward_v(const long long n16, const T* x, T* y, const T sl
   }
 }
 
+// A convolution's top and the in-place ReLU after it, in one pass (Net's conv+ReLU
+// pairs): y = relu_value(y + bias[c], slope) on the (N, C, S) view, bias null: no sum.
+// The generic path's two passes (cuDNN's AddTensor, then relu_forward) round the same
+// sum once, so the values are the same bit for bit.
+template <typename T>
+__global__ void bias_relu_forward(T* y, const T* __restrict__ bias, const long long C,
+    const long long S, const long long m, const long long L, const int vec, const T slope) {
+  const long long c = blockIdx.y, p = blockIdx.x;
+  const T b = bias ? bias[c] : T(0);
+  channel_walk<T>(vec, C, c, S, m, L, p, [&](auto w, const long long o) {
+    constexpr int V = decltype(w)::value;
+    Lanes<T, V> r = load<T, V>(y, o);
+    for (int k = 0; k < V; ++k) r.v[k] = relu_value(bias ? add_rn(r.v[k], b) : r.v[k], slope);
+    store<T, V>(y, o, r);
+  });
+}
+
 // dx = ref > 0 ? dy : slope * dy, ref the top (slope >= 0) or bottom data;
 // dx may be dy.
 template <typename T>
@@ -739,7 +757,8 @@ __global__ void zero_multi(const long long* __restrict__ chunk_param,
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 KERNELS = ("bn_stats_partial", "bn_forward_apply", "bn_backward_partial", "bn_backward_apply",
            "bn_scale_backward_partial", "scale_forward", "scale_backward_partial", "scale_backward_finalize",
-           "relu_forward", "relu_backward", "relu_forward_v", "relu_backward_v", "eltwise_sum2",
+           "relu_forward", "relu_backward", "relu_forward_v", "relu_backward_v",
+           "bias_relu_forward", "eltwise_sum2",
            "eltwise_sum_backward2", "eltwise_sum2_v", "eltwise_sum_backward2_v",
            "dropout_forward", "dropout_backward", "sgd_update_multi", "zero_multi")
 
@@ -1073,6 +1092,20 @@ def relu_backward(ref, dy, dx, slope: float):
             return
         _fn("relu_backward", dy.dtype)(_elementwise_grid(n), (THREADS,),
                                        (_i64(n), ref, dy, dx, dy.dtype.type(slope)))
+
+
+def bias_relu_forward(y, bias, slope: float, p: int, length: int):
+    """y = ReLU(y + bias[c]) in place on an (N, C, S) view (bias None: y = ReLU(y)), one
+    pass: a convolution's top and the in-place ReLU paired with it
+    (:meth:`minicaffe.net.Net.set_conv_relu_fusion`); ``(p, length)`` from
+    :func:`channel_chunks`."""
+    n, c, s = y.shape
+    if n * s == 0:
+        return
+    _fn("bias_relu_forward", y.dtype)(
+        (p, c), (THREADS,),
+        (y, bias if bias is not None else _NULL, _i64(c), _i64(s), _i64(n * s), _i64(length),
+         _vec(s, length, y), y.dtype.type(slope)))
 
 
 # -------------------------------------------------------------- Eltwise

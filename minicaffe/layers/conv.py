@@ -82,7 +82,7 @@ from .. import engine as engines
 from ..cudnn import lib as cudnn_lib
 from ..cudnn import ops as cudnn_ops
 from ..fillers import fill
-from ..kernels import cuda_vision
+from ..kernels import cuda_fused, cuda_vision
 from ..kernels import im2col as im2col_mod
 from ..layer import BackwardReads, Layer, register_layer
 
@@ -259,6 +259,10 @@ class ConvolutionLayer(Layer):
     # strided-batched launch.  $MINICAFFE_GROUP_LOOP_MAX sets it.
     group_loop_max = int(os.environ.get("MINICAFFE_GROUP_LOOP_MAX", "4"))
     engine = engines.CAFFE
+
+    # the in-place ReLU after this layer whose forward this layer's runs (the pair's one
+    # pass on a GPU); set by Net.set_conv_relu_fusion
+    fused_relu = None
 
     def layer_setup(self, bottom, top):
         p = self.param.convolution_param
@@ -502,6 +506,11 @@ class ConvolutionLayer(Layer):
     def forward_impl(self, bottom, top):
         if self.engine == engines.CUDNN:
             return self._forward_cudnn(bottom, top)
+        self._forward_caffe(bottom, top)
+        if self.fused_relu is not None:
+            self.fused_relu.relu(top[0].data, top[0].data)
+
+    def _forward_caffe(self, bottom, top):
         xp = self.xp
         fast = cublas.enabled_for(xp)
         g, mg, kg = self.group, self.num_output // self.group, self.kdim // self.group
@@ -899,14 +908,27 @@ class ConvolutionLayer(Layer):
         calls, ws = self._bound_cudnn()
         weight = self.blobs[0].data  # (M, C/G, kh, kw)
         bias = self.blobs[1].data if self.bias_term else None
+        relu = self.fused_relu
+        # with a paired ReLU, the bias and the ReLU in one pass after the convolution
+        # (cuda_fused.bias_relu_forward) instead of cuDNN's AddTensor and the ReLU's pass
+        one_pass = (relu is not None and cuda_fused.enabled_for(self.xp, self.dtype)
+                    and cuda_fused.channel_grid_ok(self.num_output))
+        conv_bias = None if one_pass else bias
         for b_blob, t_blob in zip(bottom, top):
             x = self._images(b_blob.data)  # (N, C, H, W)
             y = t_blob.data.reshape((self.num, self.num_output) + self.out_hw)
             if len(calls) == 1:
-                calls[0][2].forward(x, weight, bias, y, ws)
-                continue
-            for a, b, conv in calls:
-                conv.forward(x[a:b], weight, bias, y[a:b], ws)
+                calls[0][2].forward(x, weight, conv_bias, y, ws)
+            else:
+                for a, b, conv in calls:
+                    conv.forward(x[a:b], weight, conv_bias, y[a:b], ws)
+            if one_pass:
+                s = self.out_spatial
+                cuda_fused.bias_relu_forward(
+                    y.reshape(self.num, self.num_output, s), bias, relu.negative_slope,
+                    *cuda_fused.channel_chunks(self.num * s, self.num_output))
+            elif relu is not None:
+                relu.relu(y, y)
 
     def _backward_cudnn(self, top, propagate_down, bottom):
         """Bias and weight diffs accumulate (cuDNN beta = 1, over the chunks too), the bottom

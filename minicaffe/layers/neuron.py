@@ -47,6 +47,10 @@ class ReLULayer(NeuronLayer):
 
     type = "ReLU"
 
+    # the Convolution whose forward runs this layer (Net.set_conv_relu_fusion): its top is
+    # this layer's bottom and top, and the pair's forward is the convolution's
+    fused_conv = None
+
     def layer_setup(self, bottom, top):
         self.negative_slope = float(self.param.relu_param.negative_slope)
         self._fused = cuda_fused.enabled_for(self.xp, self.dtype)  # decided once
@@ -60,9 +64,13 @@ class ReLULayer(NeuronLayer):
         return BackwardReads(bottom=(0,), top=())
 
     def forward_impl(self, bottom, top):
+        if self.fused_conv is not None:
+            return  # the paired Convolution's forward wrote this layer's output
+        self.relu(bottom[0].data, top[0].data)
+
+    def relu(self, x, y):
+        """y = this layer's function of x (y may be x)."""
         xp = self.xp
-        x = bottom[0].data
-        y = top[0].data
         if self._fused:
             cuda_fused.relu_forward(x, y, self.negative_slope)
         elif self.negative_slope == 0:

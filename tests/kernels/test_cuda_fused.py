@@ -1046,3 +1046,162 @@ def test_bn_scale_pair_under_a_memory_plan_is_bitwise_the_two_layers(monkeypatch
         assert a.keys() == b.keys()
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=f"iteration {it}: {key}")
+
+
+# ------------------------------------------------------- Convolution + in-place ReLU
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("slope", [0.0, 0.1])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("shape", [(3, 5, 7, 11), (2, 4, 8, 6), (1, 3, 1, 1)])
+def test_bias_relu_is_bitwise_the_bias_then_the_relu(backend, dtype, slope, with_bias, shape):
+    """One pass of bias and ReLU gives what the generic path's two give (the bias added,
+    rounded once, then the ReLU), NaN included, in one element and 16-byte units."""
+    xp = backend.xp
+    rng = np.random.default_rng(5)
+    n, c, h, w = shape
+    y0 = rng.standard_normal(shape).astype(dtype)
+    y0.flat[::7] = np.nan
+    bias = rng.standard_normal(c).astype(dtype) if with_bias else None
+    expect = y0 + bias.reshape(1, c, 1, 1) if with_bias else y0.copy()
+    expect = np.where(expect > 0, expect, expect * dtype(slope)) if slope else (
+        np.maximum(expect, 0))
+    y = xp.asarray(y0)
+    b = xp.asarray(bias) if with_bias else None
+    cuda_fused.bias_relu_forward(y.reshape(n, c, h * w), b, slope,
+                                 *cuda_fused.channel_chunks(n * h * w, c))
+    np.testing.assert_array_equal(to_numpy(y), expect)
+
+
+def conv_relu_net(relu_in_place=True, slope=0.0, bias=True, engine="CAFFE", shape=(3, 4, 9, 7),
+                  num_output=5):
+    """Input -> Convolution -> ReLU -> Convolution -> ReLU -> InnerProduct -> EuclideanLoss."""
+    n, c, h, w = shape
+    r1 = "conv1" if relu_in_place else "relu1"
+    return f'''name: "conv_relu"
+layer {{ name: "data" type: "Input" top: "data" top: "target"
+  input_param {{ shape {{ dim: {n} dim: {c} dim: {h} dim: {w} }} shape {{ dim: {n} dim: 7 }} }} }}
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param {{ num_output: {num_output} kernel_size: 3 pad: 1 engine: {engine}
+    bias_term: {str(bias).lower()}
+    weight_filler {{ type: "gaussian" std: 0.3 }} bias_filler {{ type: "uniform" min: -0.5 max: 0.5 }} }} }}
+layer {{ name: "relu1" type: "ReLU" bottom: "conv1" top: "{r1}" relu_param {{ negative_slope: {slope} }} }}
+layer {{ name: "conv2" type: "Convolution" bottom: "{r1}" top: "conv2"
+  convolution_param {{ num_output: 6 kernel_size: 3 engine: {engine}
+    weight_filler {{ type: "gaussian" std: 0.3 }} bias_filler {{ type: "uniform" min: -0.5 max: 0.5 }} }} }}
+layer {{ name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "conv2" top: "ip"
+  inner_product_param {{ num_output: 7 weight_filler {{ type: "gaussian" std: 0.2 }} }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }}
+'''
+
+
+def _run_conv_relu(xp, text, paired, dtype=F32, iters=2):
+    net = _build_pair_net(xp, text, dtype)
+    if not paired:
+        net.set_conv_relu_fusion(False)
+    states = []
+    for _ in range(iters):
+        net.clear_param_diffs()
+        net.forward_backward()
+        states.append(_state(net))
+    return net, states
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("kwargs", [{}, {"slope": 0.1}, {"bias": False}])
+def test_conv_relu_pair_is_bitwise_the_two_layers(dtype, kwargs):
+    """A Convolution paired with its in-place ReLU leaves every blob, diff and parameter as
+    the two layers run apart (NumPy: the same operations in the same order)."""
+    text = conv_relu_net(**kwargs)
+    net, paired = _run_conv_relu(np, text, True, dtype)
+    assert net.conv_relu_pairs == [(1, 2), (3, 4)]
+    assert net.layers[1].fused_relu is net.layers[2] and net.layers[2].fused_conv is net.layers[1]
+    ref, apart = _run_conv_relu(np, text, False, dtype)
+    assert ref.conv_relu_pairs == [] and ref.layers[1].fused_relu is None
+    assert ref.layers[2].fused_conv is None
+    for it, (a, b) in enumerate(zip(paired, apart)):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"iteration {it}: {key}")
+
+
+def test_conv_relu_not_paired():
+    assert _build_pair_net(np, conv_relu_net(relu_in_place=False)).conv_relu_pairs == [(3, 4)]
+    # a Deconvolution is not paired; nor is a ReLU after something else
+    text = conv_relu_net().replace('name: "conv2" type: "Convolution"',
+                                   'name: "conv2" type: "Deconvolution"')
+    assert _build_pair_net(np, text).conv_relu_pairs == [(1, 2)]
+
+
+def test_conv_relu_pairs_off_by_environment(monkeypatch):
+    monkeypatch.setenv("MINICAFFE_FUSE_CONV_RELU", "0")
+    assert _build_pair_net(np, conv_relu_net()).conv_relu_pairs == []
+    monkeypatch.setenv("MINICAFFE_FUSE_CONV_RELU", "1")
+    assert _build_pair_net(np, conv_relu_net()).conv_relu_pairs == [(1, 2), (3, 4)]
+
+
+@pytest.mark.parametrize("how", ["end", "start", "debug_info", "after_forward",
+                                 "before_forward"])
+def test_conv_relu_forward_that_shows_the_conv_top_unpairs(how):
+    """net.forward(end='conv1') shows the convolution's own top (negative values kept), as
+    do a forward callback and debug_info after the convolution: such a forward unpairs the
+    net (for good), with the two layers' results."""
+    text = conv_relu_net()
+    net = _build_pair_net(np, text)
+    ref = _build_pair_net(np, text)
+    ref.set_conv_relu_fusion(False)
+    seen, ref_seen = [], []
+    if how == "end":
+        out = net.forward(end="conv1")["conv1"].copy()
+        assert (out < 0).any() and net.conv_relu_pairs == []
+        np.testing.assert_array_equal(out, ref.forward(end="conv1")["conv1"])
+    elif how == "start":
+        net.forward()
+        ref.forward()
+        net.forward(start="relu1")
+        ref.forward(start="relu1")
+        assert net.conv_relu_pairs == []
+    elif how == "debug_info":
+        net.debug_info = ref.debug_info = True
+        net.forward()
+        ref.forward()
+        assert net.conv_relu_pairs == []
+    else:
+        for n, into in ((net, seen), (ref, ref_seen)):
+            getattr(n, how)(lambda li, n=n, into=into: into.append(n.blobs["conv1"].data.copy())
+                            if li == 1 else None)
+        net.forward()
+        ref.forward()
+        assert net.conv_relu_pairs == [] and len(seen) == 1
+        np.testing.assert_array_equal(seen[0], ref_seen[0])
+        if how == "after_forward":
+            assert (seen[0] < 0).any()
+    net.backward()
+    ref.backward()
+    for key, v in _state(net).items():
+        np.testing.assert_array_equal(v, _state(ref)[key], err_msg=key)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("kwargs", [{}, {"slope": 0.1}, {"bias": False},
+                                    {"shape": (4, 3, 16, 16), "num_output": 8}])
+def test_conv_relu_pair_on_cudnn_is_the_two_layers(dtype, kwargs, monkeypatch):
+    """cuDNN's convolution with the bias and the ReLU in one pass (bias_relu_forward, not
+    cuDNN's AddTensor and the ReLU's own pass) against the layers run apart on the GPU."""
+    import cupy
+    calls = []
+    real = cuda_fused.bias_relu_forward
+    monkeypatch.setattr(cuda_fused, "bias_relu_forward",
+                        lambda *a: calls.append(a[0].shape) or real(*a))
+    text = conv_relu_net(engine="CUDNN", **kwargs)
+    net, paired = _run_conv_relu(cupy, text, True, dtype)
+    assert net.conv_relu_pairs == [(1, 2), (3, 4)] and len(calls) == 4   # 2 pairs x 2 passes
+    calls.clear()
+    _, apart = _run_conv_relu(cupy, text, False, dtype)
+    assert calls == []
+    for it, (a, b) in enumerate(zip(paired, apart)):
+        for key in a:
+            np.testing.assert_allclose(a[key], b[key], rtol=TOL[dtype], atol=TOL[dtype],
+                                       err_msg=f"iteration {it}: {key}")

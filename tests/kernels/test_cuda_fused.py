@@ -1201,7 +1201,12 @@ def test_conv_relu_pair_on_cudnn_is_the_two_layers(dtype, kwargs, monkeypatch):
     calls.clear()
     _, apart = _run_conv_relu(cupy, text, False, dtype)
     assert calls == []
+    # the two nets search their cuDNN algorithms apart and may take different ones (GEMM,
+    # FFT, Winograd): float32 results agree to their rounding, judged against each array's
+    # largest value (session 37, H200: a weight diff of about 190 differed past 1e-5 of
+    # each element)
+    tol = {F32: 1e-4, F64: 1e-10}[dtype]
     for it, (a, b) in enumerate(zip(paired, apart)):
         for key in a:
-            np.testing.assert_allclose(a[key], b[key], rtol=TOL[dtype], atol=TOL[dtype],
-                                       err_msg=f"iteration {it}: {key}")
+            e = rel_err(a[key], b[key])
+            assert e <= tol, f"iteration {it}: {key}: relative error {e:.3g}"

@@ -12,7 +12,7 @@ timeout 150 python3 scripts/gpu_checks.py tests/test_gpu_training.py "tests/kern
 echo "gpu tests rc $? at $(( $(date +%s) - T0 )) s"; tail -4 $OUT/e/gpu_tests.txt
 for net in alexnet:256 googlenet:128; do
   n=${net%%:*}; k=${net##*:}
-  sed -e 's/type: "gaussian"/type: "constant"/' -e "0,/dim: [0-9]*/s//dim: $k/" prototxt/$n/dummy.prototxt > /tmp/$n.prototxt
+  sed -e 's/type: "gaussian"/type: "constant"/' -e "s/dim: 32$/dim: $k/" -e "s/dim: 256$/dim: $k/" prototxt/$n/dummy.prototxt > /tmp/$n.prototxt
   for r in 1 2; do
     for f in 1 0; do
       MINICAFFE_FUSE_CONV_RELU=$f timeout 60 python3 -m minicaffe train /tmp/$n.prototxt --engine CUDNN --display 1 -gpu 0 --max-iter 40 > $OUT/e/${n}_fuse${f}_$r.log 2>&1

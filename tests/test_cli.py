@@ -423,3 +423,21 @@ def test_weights_reach_the_test_nets_own_layers(tmp_path, monkeypatch, with_solv
                 "--snapshot-prefix", str(tmp_path / "s")] + common
     assert main(argv) == 0
     assert all(np.all(v == 0.25) for v in seen["ip_test"])
+
+
+def test_time_says_which_relu_layers_run_in_their_convolution(tmp_path, capsys, monkeypatch):
+    """Convolution + in-place ReLU pairs: `time` says why the ReLU's forward reads about 0,
+    and with MINICAFFE_FUSE_CONV_RELU=0 it times them apart (no such line)."""
+    f = tmp_path / "relu.prototxt"
+    f.write_text(NET.replace('layer { name: "pool"',
+                             'layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }\n'
+                             'layer { name: "pool"', 1))
+    assert 'name: "relu"' in f.read_text()
+    assert main(["time", "-model", str(f), "-iterations", "1"]) == 0
+    lines = _log_lines(capsys.readouterr().err)
+    said = [ln for ln in lines if "run in their Convolution's forward" in ln]
+    assert said == ["1 ReLU layers run in their Convolution's forward (Convolution + in-place "
+                    "ReLU pairs: relu); MINICAFFE_FUSE_CONV_RELU=0 times them apart"], lines
+    monkeypatch.setenv("MINICAFFE_FUSE_CONV_RELU", "0")
+    assert main(["time", "-model", str(f), "-iterations", "1"]) == 0
+    assert not any("Convolution's forward" in ln for ln in _log_lines(capsys.readouterr().err))

@@ -840,10 +840,12 @@ def _state(net):
     return out
 
 
-def _run_pair(xp, text, paired, dtype=F32, iters=2):
+def _run_pair(xp, text, paired, dtype=F32, iters=2, unpair="set_bn_scale_fusion"):
+    """(net, each iteration's _state) after forward and backward; ``paired`` False: the
+    net's ``unpair`` method turns that fusion off first."""
     net = _build_pair_net(xp, text, dtype)
     if not paired:
-        net.set_bn_scale_fusion(False)
+        getattr(net, unpair)(False)
     states = []
     for _ in range(iters):
         net.clear_param_diffs()
@@ -1096,16 +1098,8 @@ layer {{ name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "
 '''
 
 
-def _run_conv_relu(xp, text, paired, dtype=F32, iters=2):
-    net = _build_pair_net(xp, text, dtype)
-    if not paired:
-        net.set_conv_relu_fusion(False)
-    states = []
-    for _ in range(iters):
-        net.clear_param_diffs()
-        net.forward_backward()
-        states.append(_state(net))
-    return net, states
+def _run_conv_relu(xp, text, paired, dtype=F32):
+    return _run_pair(xp, text, paired, dtype, unpair="set_conv_relu_fusion")
 
 
 @pytest.mark.parametrize("dtype", [F32, F64])

@@ -34,6 +34,7 @@ TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
 ENV_FUSE_BN_SCALE = "MINICAFFE_FUSE_BN_SCALE"
 ENV_FUSE_CONV_RELU = "MINICAFFE_FUSE_CONV_RELU"
+ENV_FUSE_BN_RELU = "MINICAFFE_FUSE_BN_RELU"
 
 
 def _is_hdf5(path) -> bool:
@@ -435,6 +436,8 @@ class Net:
         self._share_params()
         self._shapes_seen = [None] * len(self.layers)
         self.bn_scale_pairs: list[tuple[int, int]] = []
+        self.bn_relu_links: list[tuple[int, int]] = []
+        self._bn_relu_on = fusion_default(ENV_FUSE_BN_RELU)
         self.set_bn_scale_fusion(fusion_default())
         self.conv_relu_pairs: list[tuple[int, int]] = []
         self.set_conv_relu_fusion(fusion_default(ENV_FUSE_CONV_RELU))
@@ -612,6 +615,31 @@ class Net:
             changed |= {i, j}
         for li in sorted(changed):
             self.layers[li].reshape(self.bottom_vecs[li], self.top_vecs[li])
+        self.set_bn_relu_fusion(self._bn_relu_on)
+
+    def set_bn_relu_fusion(self, enabled: bool):
+        """Link (or unlink) each ReLU that runs in place on the top of a paired Scale
+        (:meth:`set_bn_scale_fusion`) to the pair's BatchNorm, whose one forward pass then
+        applies it (``cuda_fused.bn_forward_train``'s ``relu_slope``; the values bit for bit
+        those of the ReLU run after it) while the ReLU's forward does nothing.  Backward is
+        unchanged.  On by default with the pairs; ``$MINICAFFE_FUSE_BN_RELU=0`` turns it off
+        for new nets."""
+        self._bn_relu_on = bool(enabled)
+        for i, r in self.bn_relu_links:
+            self.layers[i].fused_relu = None
+            self.layers[r].fused_into = None
+        self.bn_relu_links = []
+        if not enabled:
+            return
+        for i, j in self.bn_scale_pairs:
+            r = j + 1
+            if r >= len(self.layers) or self.layers[r].type != "ReLU":
+                continue
+            top, rb, rt = self.top_vecs[j], self.bottom_vecs[r], self.top_vecs[r]
+            if len(rb) == 1 and rb[0] is top[0] and rt[0] is rb[0]:
+                self.layers[i].fused_relu = self.layers[r]
+                self.layers[r].fused_into = self.layers[i]
+                self.bn_relu_links.append((i, r))
 
     def find_conv_relu_pairs(self) -> list[tuple[int, int]]:
         """(Convolution index, ReLU index) of every pair whose forward can run as one: a
@@ -636,11 +664,11 @@ class Net:
         on by default, ``$MINICAFFE_FUSE_CONV_RELU=0`` turns it off for new nets)."""
         for i, j in self.conv_relu_pairs:
             self.layers[i].fused_relu = None
-            self.layers[j].fused_conv = None
+            self.layers[j].fused_into = None
         self.conv_relu_pairs = self.find_conv_relu_pairs() if enabled else []
         for i, j in self.conv_relu_pairs:
             self.layers[i].fused_relu = self.layers[j]
-            self.layers[j].fused_conv = self.layers[i]
+            self.layers[j].fused_into = self.layers[i]
 
     def _unpair_if_split(self, start: int, end: int, forward: bool = False):
         """A forward or backward over layers start..end (inclusive, either order) that
@@ -653,18 +681,23 @@ class Net:
             log(f"net {self.name!r}: a partial pass over layers {lo}..{hi} splits a fused "
                 "BatchNorm+Scale pair; the pairs run unfused from now on")
             self.set_bn_scale_fusion(False)
-        if not forward or not self.conv_relu_pairs:
+        if not forward:
             return
-        why = None
-        if any((lo <= i <= hi) != (lo <= j <= hi) for i, j in self.conv_relu_pairs):
-            why = f"a partial forward over layers {lo}..{hi} splits a Convolution+ReLU pair"
-        elif self.debug_info:
-            why = "debug_info shows each layer's top"
-        elif self._callbacks["before_forward"] or self._callbacks["after_forward"]:
-            why = "a forward callback may read each layer's top"
-        if why is not None:
-            log(f"net {self.name!r}: {why}; Convolution and ReLU layers run apart from now on")
-            self.set_conv_relu_fusion(False)
+        shows = ("debug_info shows each layer's top" if self.debug_info else
+                 "a forward callback may read each layer's top"
+                 if self._callbacks["before_forward"] or self._callbacks["after_forward"]
+                 else None)
+        for links, what, unlink in (
+                (self.conv_relu_pairs, "Convolution", self.set_conv_relu_fusion),
+                (self.bn_relu_links, "BatchNorm+Scale", self.set_bn_relu_fusion)):
+            if not links:
+                continue
+            why = shows
+            if any((lo <= i <= hi) != (lo <= j <= hi) for i, j in links):
+                why = f"a partial forward over layers {lo}..{hi} splits a {what} and its ReLU"
+            if why is not None:
+                log(f"net {self.name!r}: {why}; {what} and ReLU layers run apart from now on")
+                unlink(False)
 
     # ----------------------------------------------------- forward/backward
     def reshape(self):
@@ -722,7 +755,7 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         if self.executor is not None:  # swap/ hook
             return self._executor_pass("forward", start == 0 and end == len(self.layers) - 1)
-        if self.bn_scale_pairs or self.conv_relu_pairs:
+        if self.bn_scale_pairs or self.conv_relu_pairs:     # (bn_relu_links need pairs)
             self._unpair_if_split(start, end, forward=True)
         loss = 0.0
         before, after = self._callbacks["before_forward"], self._callbacks["after_forward"]

@@ -111,6 +111,15 @@ __device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(
 __device__ __forceinline__ float sqrt_rn(float a) { return __fsqrt_rn(a); }
 __device__ __forceinline__ double sqrt_rn(double a) { return __dsqrt_rn(a); }
 
+// ReLU's function: v > 0 ? v : slope * v (slope 0: max(v, 0), NaN kept).
+template <typename T>
+__device__ __forceinline__ T relu_value(const T v, const T slope) {
+  if (v > T(0)) return v;
+  if (slope == T(0)) return (v != v) ? v : T(0);
+  return mul_rn(v, slope);
+}
+
+
 // Sum a and b over the block (blockDim.x == FUSED_THREADS) in a fixed order;
 // every thread gets the totals.  Called at most once per kernel.
 __device__ __forceinline__ void block_sum2(double& a, double& b) {
@@ -279,7 +288,7 @@ __global__ void bn_forward_apply(const T* x, T* y, T* x_norm, const long long C,
     const long long S, const long long m, const long long L, const int vec, const int P,
     const double* __restrict__ ws, const int use_global, T* mean_sum, T* var_sum, T* factor,
     const T eps, const T maf, const T correction, T* std_out, const T* __restrict__ gamma,
-    const T* __restrict__ beta) {
+    const T* __restrict__ beta, const int relu, const T slope) {
   __shared__ T s_mean, s_std;
   const long long c = blockIdx.y, p = blockIdx.x;
   if (threadIdx.x == 0) {
@@ -328,7 +337,7 @@ __global__ void bn_forward_apply(const T* x, T* y, T* x_norm, const long long C,
         t = mul_rn(t, g);
         if (beta) t = add_rn(t, b);
       }
-      out.v[k] = t;
+      out.v[k] = relu ? relu_value(t, slope) : t;
     }
     if (x_norm) store<T, V>(x_norm, o, v);
     store<T, V>(y, o, out);
@@ -521,13 +530,6 @@ __global__ void scale_backward_finalize(const double* __restrict__ ws, const lon
 
 // ----------------------------------------------------------------- ReLU
 // y = x > 0 ? x : slope * x (slope 0: max(x, 0), NaN kept); y may be x.
-template <typename T>
-__device__ __forceinline__ T relu_value(const T v, const T slope) {
-  if (v > T(0)) return v;
-  if (slope == T(0)) return (v != v) ? v : T(0);
-  return mul_rn(v, slope);
-}
-
 template <typename T>
 __global__ void relu_forward(const long long n, const T* x, T* y, const T slope) {
   CUDA_KERNEL_LOOP(i, n) y[i] = relu_value(x[i], slope);
@@ -916,12 +918,13 @@ def workspace_size(channels: int, p: int, width: int = 2) -> int:
 
 # ------------------------------------------------------------ BatchNorm
 def bn_forward_train(x, y, x_norm, ws, std, mean_sum, var_sum, factor, eps, maf, correction,
-                     p: int, length: int, gamma=None, beta=None):
+                     p: int, length: int, gamma=None, beta=None, relu_slope=None):
     """BatchNorm TRAIN forward on (N, C, S) views: y, x_norm (C-contiguous, y may
     be x), std (C,) and the running sums updated in place; ws is the float64
     workspace of :func:`workspace_size` elements.  Two launches.  With ``gamma``
     (C,) (and ``beta`` (C,) or None), y = x_norm * gamma (+ beta): a following
-    Scale layer's forward, fused."""
+    Scale layer's forward, fused; with ``relu_slope`` (a float), y is then ReLU'd with
+    that negative slope: a ReLU in place after the Scale, fused too."""
     n, c, s = x.shape
     m = n * s
     if m == 0:
@@ -934,7 +937,8 @@ def bn_forward_train(x, y, x_norm, ws, std, mean_sum, var_sum, factor, eps, maf,
         (p, c), (THREADS,),
         (x, y, x_norm if x_norm is not None else _NULL) + args
         + (_i32(p), ws, _i32(0), mean_sum, var_sum, factor, T(eps), T(maf), T(correction), std,
-           gamma if gamma is not None else _NULL, beta if beta is not None else _NULL))
+           gamma if gamma is not None else _NULL, beta if beta is not None else _NULL,
+           _i32(relu_slope is not None), T(relu_slope or 0.0)))
 
 
 def bn_forward_global(x, y, std, mean_sum, var_sum, factor, eps, p: int, length: int):
@@ -949,7 +953,7 @@ def bn_forward_global(x, y, std, mean_sum, var_sum, factor, eps, p: int, length:
         (p, c), (THREADS,),
         (x, y, _NULL, _i64(c), _i64(s), _i64(m), _i64(length), _vec(s, length, x, y), _i32(p),
          _NULL, _i32(1),
-         mean_sum, var_sum, factor, T(eps), T(0), T(0), std, _NULL, _NULL))
+         mean_sum, var_sum, factor, T(eps), T(0), T(0), std, _NULL, _NULL, _i32(0), T(0)))
 
 
 def bn_backward_train(dy, y, std, dx, ws, p: int, length: int):

@@ -86,6 +86,9 @@ class BatchNormLayer(Layer):
     # The Scale layer fused into this one (module doc), or None.
     fused_scale = None
     pair_vecs = None      # (bottom, top) while paired
+    # The ReLU in place on the paired Scale's top whose forward this one runs too
+    # (Net.set_bn_scale_fusion), or None.
+    fused_relu = None
 
     def layer_setup(self, bottom, top):
         p = self.param.batch_norm_param
@@ -242,13 +245,15 @@ class BatchNormLayer(Layer):
         mean_sum, var_sum, factor = self._statistics()    # copies when recomputing
         m = bottom[0].count // self.channels
         correction = m / (m - 1) if m > 1 else 1.0
-        gamma = beta = None
+        gamma = beta = slope = None
         if self.fused_scale is not None:  # the paired Scale's forward, in the same pass
             gamma, beta = self.fused_scale.pair_operands()
+            if self.fused_relu is not None:     # and the ReLU in place after it
+                slope = self.fused_relu.negative_slope
         cuda_fused.bn_forward_train(
             x, y, self._ncs(self.internal("x_norm").data), self.internal("fused_ws").data, std,
             mean_sum, var_sum, factor, self.eps, self.moving_average_fraction, correction, p,
-            length, gamma, beta)
+            length, gamma, beta, slope)
 
     def _backward_fused(self, top, bottom):
         """The backward above in one (global statistics) or two (TRAIN) launches; nothing

@@ -47,9 +47,10 @@ class ReLULayer(NeuronLayer):
 
     type = "ReLU"
 
-    # the Convolution whose forward runs this layer (Net.set_conv_relu_fusion): its top is
-    # this layer's bottom and top, and the pair's forward is the convolution's
-    fused_conv = None
+    # the layer whose forward runs this one (its top is this layer's bottom and top): a
+    # Convolution (Net.set_conv_relu_fusion) or a BatchNorm paired with a Scale
+    # (Net.set_bn_scale_fusion)
+    fused_into = None
 
     def layer_setup(self, bottom, top):
         self.negative_slope = float(self.param.relu_param.negative_slope)
@@ -64,8 +65,8 @@ class ReLULayer(NeuronLayer):
         return BackwardReads(bottom=(0,), top=())
 
     def forward_impl(self, bottom, top):
-        if self.fused_conv is not None:
-            return  # the paired Convolution's forward wrote this layer's output
+        if self.fused_into is not None:
+            return  # the Convolution's or BatchNorm's forward wrote this layer's output
         self.relu(bottom[0].data, top[0].data)
 
     def relu(self, x, y):

@@ -1110,10 +1110,10 @@ def test_conv_relu_pair_is_bitwise_the_two_layers(dtype, kwargs):
     text = conv_relu_net(**kwargs)
     net, paired = _run_conv_relu(np, text, True, dtype)
     assert net.conv_relu_pairs == [(1, 2), (3, 4)]
-    assert net.layers[1].fused_relu is net.layers[2] and net.layers[2].fused_conv is net.layers[1]
+    assert net.layers[1].fused_relu is net.layers[2] and net.layers[2].fused_into is net.layers[1]
     ref, apart = _run_conv_relu(np, text, False, dtype)
     assert ref.conv_relu_pairs == [] and ref.layers[1].fused_relu is None
-    assert ref.layers[2].fused_conv is None
+    assert ref.layers[2].fused_into is None
     for it, (a, b) in enumerate(zip(paired, apart)):
         assert a.keys() == b.keys()
         for key in a:
@@ -1204,3 +1204,50 @@ def test_conv_relu_pair_on_cudnn_is_the_two_layers(dtype, kwargs, monkeypatch):
         for key in a:
             e = rel_err(a[key], b[key])
             assert e <= tol, f"iteration {it}: {key}: relative error {e:.3g}"
+
+
+# ---------------------------------------------- the ReLU after a BatchNorm+Scale pair
+@with_backends
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("slope", [0.0, 0.2])
+def test_relu_after_a_pair_runs_in_the_pairs_pass(backend, dtype, slope, monkeypatch):
+    """A ReLU in place on a paired Scale's top runs in the BatchNorm's forward pass; every
+    blob, diff, parameter and statistic is bit for bit (GPU: to float rounding, as the
+    pair's own test) what the ReLU run after the pair gives."""
+    text = pair_net(shape=(3, 4, 8, 6)).replace(
+        'type: "ReLU" bottom: "conv" top: "conv" }',
+        f'type: "ReLU" bottom: "conv" top: "conv" relu_param {{ negative_slope: {slope} }} }}')
+    linked_net, linked = _run_pair(backend.xp, text, True, dtype)
+    bn = linked_net.layer_index("bn")
+    assert linked_net.bn_relu_links == [(bn, bn + 2)]
+    assert linked_net.layers[bn + 2].fused_into is linked_net.layers[bn]
+    monkeypatch.setenv("MINICAFFE_FUSE_BN_RELU", "0")
+    apart_net, apart = _run_pair(backend.xp, text, True, dtype)
+    assert apart_net.bn_scale_pairs == [(bn, bn + 1)] and apart_net.bn_relu_links == []
+    assert apart_net.layers[bn + 2].fused_into is None
+    for it, (a, b) in enumerate(zip(linked, apart)):
+        for key in a:
+            if backend.kind == "emu":
+                np.testing.assert_array_equal(a[key], b[key], err_msg=f"iteration {it}: {key}")
+            else:
+                np.testing.assert_allclose(a[key], b[key], rtol=TOL[dtype], atol=TOL[dtype],
+                                           err_msg=f"iteration {it}: {key}")
+
+
+@with_backends
+def test_a_forward_that_shows_the_scales_top_unlinks_the_relu(backend):
+    """net.forward(end='scale') shows the Scale's output before the ReLU: the ReLU is
+    unlinked for good (the BatchNorm+Scale pair stays), with the layers' results."""
+    xp = backend.xp
+    text = pair_net()
+    net = _build_pair_net(xp, text)
+    bn = net.layer_index("bn")
+    assert net.bn_relu_links == [(bn, bn + 2)]
+    out = to_numpy(net.forward(end="scale")["conv"]).copy()
+    assert (out < 0).any()
+    assert net.bn_relu_links == [] and net.bn_scale_pairs == [(bn, bn + 1)]
+    ref = _build_pair_net(xp, text)
+    ref.set_bn_relu_fusion(False)
+    np.testing.assert_array_equal(out, to_numpy(ref.forward(end="scale")["conv"]))
+    net.forward()
+    assert net.bn_relu_links == []

@@ -56,9 +56,9 @@ def _is_hdf5(path) -> bool:
 
 def fusion_default(name: str = ENV_FUSE_BN_SCALE) -> bool:
     """Whether new nets pair BatchNorm and Scale layers for the fused GPU path
-    (``$MINICAFFE_FUSE_BN_SCALE``, default on; 0/false/off/no turns it off), or with
-    ``name`` = ``ENV_FUSE_CONV_RELU``, Convolution and in-place ReLU layers
-    (``$MINICAFFE_FUSE_CONV_RELU``)."""
+    (``$MINICAFFE_FUSE_BN_SCALE``, default on; 0/false/off/no turns it off); with ``name``
+    another such variable: ``ENV_FUSE_CONV_RELU`` (Convolution and in-place ReLU pairs),
+    ``ENV_FUSE_BN_RELU`` (a ReLU joining a BatchNorm+Scale pair)."""
     return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
@@ -673,20 +673,26 @@ class Net:
     def _unpair_if_split(self, start: int, end: int, forward: bool = False):
         """A forward or backward over layers start..end (inclusive, either order) that
         runs one layer of a pair without the other cannot run it fused: unpair the net
-        (for good; logged once).  A forward (``forward``) that shows a layer's top to a
-        callback or to debug_info between a Convolution and its ReLU unpairs those too."""
+        (for good; logged once).  A forward (``forward``) that shows each layer's top, to a
+        callback or to debug_info, unpairs every pair too: a paired layer's top would show
+        its partner's work (a BatchNorm's top scaled, a Convolution's top after the ReLU)."""
         from .log import log
         lo, hi = min(start, end), max(start, end)
-        if any((lo <= i <= hi) != (lo <= j <= hi) for i, j in self.bn_scale_pairs):
-            log(f"net {self.name!r}: a partial pass over layers {lo}..{hi} splits a fused "
-                "BatchNorm+Scale pair; the pairs run unfused from now on")
-            self.set_bn_scale_fusion(False)
+        shows = None
+        if forward:
+            shows = ("debug_info shows each layer's top" if self.debug_info else
+                     "a forward callback may read each layer's top"
+                     if self._callbacks["before_forward"] or self._callbacks["after_forward"]
+                     else None)
+        if self.bn_scale_pairs:
+            why = shows
+            if any((lo <= i <= hi) != (lo <= j <= hi) for i, j in self.bn_scale_pairs):
+                why = f"a partial pass over layers {lo}..{hi} splits a fused BatchNorm+Scale pair"
+            if why is not None:
+                log(f"net {self.name!r}: {why}; the pairs run unfused from now on")
+                self.set_bn_scale_fusion(False)
         if not forward:
             return
-        shows = ("debug_info shows each layer's top" if self.debug_info else
-                 "a forward callback may read each layer's top"
-                 if self._callbacks["before_forward"] or self._callbacks["after_forward"]
-                 else None)
         for links, what, unlink in (
                 (self.conv_relu_pairs, "Convolution", self.set_conv_relu_fusion),
                 (self.bn_relu_links, "BatchNorm+Scale", self.set_bn_relu_fusion)):

@@ -1251,3 +1251,25 @@ def test_a_forward_that_shows_the_scales_top_unlinks_the_relu(backend):
     np.testing.assert_array_equal(out, to_numpy(ref.forward(end="scale")["conv"]))
     net.forward()
     assert net.bn_relu_links == []
+
+
+@with_backends
+@pytest.mark.parametrize("how", ["debug_info", "after_forward"])
+def test_a_forward_that_shows_every_top_unpairs_the_bn_scale_pairs(backend, how):
+    """debug_info and forward callbacks show each layer's top: the BatchNorm's must be its
+    own (normalized, not scaled), so such a forward runs the pairs apart, for good."""
+    xp = backend.xp
+    text = pair_net(bn_in_place=False)
+    net = _build_pair_net(xp, text)
+    assert net.bn_scale_pairs and net.bn_relu_links
+    seen = []
+    if how == "debug_info":
+        net.debug_info = True
+    else:
+        bn = net.layer_index("bn")
+        net.after_forward(lambda li: seen.append(to_numpy(net.blobs["bn"].data).copy())
+                          if li == bn else None)
+    net.forward()
+    assert net.bn_scale_pairs == [] and net.bn_relu_links == []
+    if seen:        # normalized: per-channel mean 0, not the Scale's bias
+        assert np.abs(seen[0].mean(axis=(0, 2, 3))).max() < 1e-5

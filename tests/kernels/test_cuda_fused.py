@@ -1273,3 +1273,37 @@ def test_a_forward_that_shows_every_top_unpairs_the_bn_scale_pairs(backend, how)
     assert net.bn_scale_pairs == [] and net.bn_relu_links == []
     if seen:        # normalized: per-channel mean 0, not the Scale's bias
         assert np.abs(seen[0].mean(axis=(0, 2, 3))).max() < 1e-5
+
+
+@with_backends
+@pytest.mark.parametrize("seed", range(4))
+def test_any_sequence_of_passes_sees_the_bn_pairs_net_as_the_layers_apart(backend, seed):
+    """Whole and partial forward passes and backward passes, in a random order, leave every
+    blob (data and diff) of a net with a BatchNorm+Scale pair and its ReLU as the net whose
+    layers run apart leaves it (the emulator: bit for bit)."""
+    xp = backend.xp
+    rng = np.random.default_rng(seed)
+    text = pair_net(bn_in_place=False)
+    net, ref = _build_pair_net(xp, text), _build_pair_net(xp, text)
+    ref.set_bn_scale_fusion(False)
+    assert net.bn_scale_pairs and net.bn_relu_links and not ref.bn_scale_pairs
+    names = net.layer_names
+    for step in range(5):
+        op = int(rng.integers(3))
+        a, b = sorted(int(v) for v in rng.integers(len(names), size=2))
+        for n in (net, ref):
+            if op == 0:
+                n.forward()
+            elif op == 1:
+                n.forward(start=names[a], end=names[b])
+            else:
+                n.forward()
+                n.backward()
+        for name, blob in ref.blobs.items():
+            for what in ("data", "diff"):
+                got, want = to_numpy(getattr(net.blobs[name], what)), to_numpy(getattr(blob, what))
+                if backend.kind == "emu":
+                    np.testing.assert_array_equal(got, want, err_msg=f"step {step}: {name} {what}")
+                else:
+                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5,
+                                               err_msg=f"step {step}: {name} {what}")

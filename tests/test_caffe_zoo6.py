@@ -38,7 +38,8 @@ def test_files_are_the_stored_copies():
     sizes = {("cifar10", "cifar10_quick_train_test_v1.prototxt"): 2877,
              ("cifar10", "cifar10_quick_solver.prototxt"): 859,
              ("googlenet", "train_val.prototxt"): 40014,
-             ("googlenet", "quick_solver.prototxt"): 331}
+             ("googlenet", "quick_solver.prototxt"): 331,
+             ("xception", "deploy_xception.prototxt"): 38139}
     for parts, n in sizes.items():
         with open(zoo(*parts), newline="") as f:
             assert len(f.read()) == n, parts
@@ -256,3 +257,88 @@ def test_googlenet_train_val_and_quick_solver(tmp_path, monkeypatch):
     scores = test.blobs["loss3/classifier"].data[0]
     rank = (scores >= scores[int(test.blobs["label"].data[0])]).sum()
     assert (out["loss3/top-1"], out["loss3/top-5"]) == (rank <= 1, rank <= 5)
+
+
+# ------------------------------------------------------------------- Xception (soeaver)
+def test_xception_deploy():
+    """soeaver/caffe-model cls/inception/deploy_xception.prototxt: ``input`` with
+    ``input_shape``, depthwise separable convolutions as ``group`` = channels (weights
+    (C, 1, 3, 3)) followed by 1x1 convolutions, no biases, BatchNorm ``use_global_stats``
+    with eps 0.001 then Scale in place, residual Eltwise SUMs whose 1x1 stride-2 shortcut
+    must match a 3x3/2 MAX pooling, and ``global_pooling : true`` (a space before the
+    colon).
+
+    Shapes at the file's 299: conv1 (299 - 3) // 2 + 1 = 149, conv2 147; block 1: the
+    shortcut (147 - 1) // 2 + 1 = 74 and the pad 1 pooling ceil(146 / 2) + 1 = 74; block 2
+    pools without pad: ceil((74 - 3) / 2) + 1 = 37 (floor would give 36 against the
+    shortcut's 37, which Caffe's Eltwise refuses); block 3 -> 19 (728 channels), the middle
+    flow keeps 19, block 12 -> 10 (1024), conv4_2 (1, 2048, 10, 10), global AVE -> 1,
+    classifier (1000, 2048)."""
+    path = zoo("xception", "deploy_xception.prototxt")
+    net = caffe.Net(path, caffe.TEST)
+    blobs, params = check_shapes(net, path, caffe.TEST)
+    assert blobs["conv1"] == (1, 32, 149, 149) and blobs["conv2"] == (1, 64, 147, 147)
+    assert blobs["xception1_match_conv"] == blobs["xception1_pool"] == (1, 128, 74, 74)
+    assert blobs["xception2_match_conv"] == blobs["xception2_pool"] == (1, 256, 37, 37)
+    assert blobs["xception3_elewise"] == (1, 728, 19, 19)
+    assert blobs["xception11_elewise"] == (1, 728, 19, 19)
+    assert blobs["xception12_match_conv"] == blobs["xception12_pool"] == (1, 1024, 10, 10)
+    assert blobs["conv4_2"] == (1, 2048, 10, 10) and blobs["pool_ave"] == (1, 2048, 1, 1)
+    assert blobs["prob"] == (1, 1000)
+    assert params["xception1_conv1_1"] == [(64, 1, 3, 3)]
+    assert params["xception5_conv2_1"] == [(728, 1, 3, 3)]
+    assert params["conv4_1"] == [(1536, 1, 3, 3)] and params["conv4_2"] == [(2048, 1536, 1, 1)]
+    assert params["conv4_bn"] == [(2048,), (2048,), (1,)]
+    assert params["classifier"] == [(1000, 2048), (1000,)]
+    learned = sum(int(np.prod(s)) for n, ps in params.items() for s in ps
+                  if net.layer_dict[n].type != "BatchNorm")
+    # Keras's Xception (the same layers): 22,910,480 params, of which 54,528 are the BN
+    # layers' moving mean and variance (27,264 channels); the rest, gamma and beta (here
+    # Scale's two blobs), the bias-free convolutions and the classifier, are trainable
+    assert learned == 22_910_480 - 54_528 == 22_855_952
+    assert net.layer_dict["pool_ave"].param.pooling_param.global_pooling
+    assert net.layer_dict["conv1_bn"].param.batch_norm_param.eps == np.float32(1e-3)
+    assert sum(l.type == "Eltwise" for l in net.layers) == 12
+
+    # a forward at 75, a size at which every shortcut still matches its pooling
+    randomize(net, seed=4)
+    net.blobs["data"].reshape(1, 3, 75, 75)
+    net.reshape()
+    x = np.random.default_rng(5).standard_normal((1, 3, 75, 75)).astype(np.float32)
+    prob = net.forward(data=x)["prob"]
+    # 75 -> conv1 37, conv2 35, blocks 18, 9 (pad 0: ceil(6 / 2) + 1 = 9 too), 5, ..., 3
+    blobs, _ = check_shapes(net, path, caffe.TEST, input_shapes={"data": (1, 3, 75, 75)})
+    assert blobs["xception2_pool"] == (1, 256, 9, 9) and blobs["xception3_pool"] == (1, 728, 5, 5)
+    assert blobs["conv4_2"] == (1, 2048, 3, 3)
+    assert np.isfinite(prob).all()
+    np.testing.assert_allclose(prob.sum(), 1, rtol=1e-5)
+    b = net.blobs
+    np.testing.assert_allclose(b["xception7_elewise"].data,
+                               b["xception6_elewise"].data + b["xception7_conv3_2"].data,
+                               rtol=1e-5, atol=1e-5)
+    # a depthwise convolution by hand: channel c sees only input channel c
+    a = b["xception5_relu"].data[0].astype(np.float64)
+    w = net.params["xception5_conv1_1"][0].data[:, 0].astype(np.float64)
+    h, wd = a.shape[1:]
+    ap = np.pad(a, ((0, 0), (1, 1), (1, 1)))
+    dw = sum(ap[:, i:i + h, j:j + wd] * w[:, i, j, None, None] for i in range(3)
+             for j in range(3))
+    np.testing.assert_allclose(b["xception5_conv1_1"].data[0], dw, rtol=1e-4, atol=1e-4)
+    # conv4: a 1x1 convolution, then BatchNorm in TEST (the sums over the scale factor,
+    # eps 0.001 inside the root), Scale and ReLU, all three in place on conv4_2
+    m, v, sf = (blob.data.astype(np.float64) for blob in net.params["conv4_bn"])
+    gamma, beta = (blob.data.astype(np.float64) for blob in net.params["conv4_scale"])
+    w = net.params["conv4_2"][0].data[:, :, 0, 0].astype(np.float64)
+    y = np.einsum("oc,chw->ohw", w, b["conv4_1"].data[0].astype(np.float64))
+    y = (y - (m / sf)[:, None, None]) / np.sqrt(v / sf + 1e-3)[:, None, None]
+    y = np.maximum(y * gamma[:, None, None] + beta[:, None, None], 0)
+    np.testing.assert_allclose(b["conv4_2"].data[0], y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(b["pool_ave"].data[0, :, 0, 0], y.mean(axis=(1, 2)), rtol=1e-4,
+                               atol=1e-6)
+
+    # 71 (conv2 33, block 1 17) gives block 2 a shortcut of 9 against a pooling of
+    # ceil(14 / 2) + 1 = 8: Caffe's Eltwise refuses it
+    net.blobs["data"].reshape(1, 3, 71, 71)
+    with pytest.raises(ValueError, match=r"'xception2_elewise' of type Eltwise.*"
+                       r"\(1, 256, 9, 9\).*\(1, 256, 8, 8\)"):
+        net.reshape()

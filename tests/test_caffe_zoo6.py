@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import minicaffe as caffe
-from minicaffe.proto import caffe_pb2, read_net_param, read_solver_param, write_text
+from minicaffe.proto import caffe_pb2, read_binary, read_net_param, write_text
 
 from test_caffe_zoo3 import check_shapes, randomize
 from test_caffe_zoo4 import write_lmdb, write_mean
@@ -109,7 +109,6 @@ def test_cifar10_quick_v1_train_test_and_solver(tmp_path, monkeypatch):
         assert not np.any(b.data), name
 
     train.forward()
-    from minicaffe.proto import read_binary
     mean = np.array(read_binary("examples/cifar10/mean.binaryproto",
                                 caffe_pb2.BlobProto).data, np.float32).reshape(3, 32, 32)
     import lmdb

@@ -873,11 +873,15 @@ def cmd_time(args):
         log(f"Initial loss: {loss:g}")
         log("Performing Backward")
         net.backward_from_to()
-    if net.conv_relu_pairs:     # minicaffe's: say why those ReLU lines read about 0
-        names = [net.layer_names[j] for _, j in net.conv_relu_pairs]
-        log(f"{len(names)} ReLU layers run in their Convolution's forward (Convolution + "
-            f"in-place ReLU pairs: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}); "
-            "MINICAFFE_FUSE_CONV_RELU=0 times them apart")
+    for links, where, var in ((net.conv_relu_pairs, "their Convolution's forward (Convolution "
+                               "+ in-place ReLU pairs", "MINICAFFE_FUSE_CONV_RELU"),
+                              (net.bn_relu_links, "their BatchNorm+Scale pair's forward (the ReLU after a pair",
+                               "MINICAFFE_FUSE_BN_RELU")):
+        if links:       # minicaffe's: say why those ReLU lines read about 0
+            names = [net.layer_names[j] for _, j in links]
+            more = ", ..." if len(names) > 4 else ""
+            log(f"{len(names)} ReLU layers run in {where}: {', '.join(names[:4])}{more}); "
+                f"{var}=0 times them apart")
     log("*** Benchmark begins ***")
     log(f"Testing for {args.iterations} iterations.")
     fwd, bwd, totals = layer_times(net, args.iterations, max(0, args.warmup - 1))

@@ -873,10 +873,11 @@ def cmd_time(args):
         log(f"Initial loss: {loss:g}")
         log("Performing Backward")
         net.backward_from_to()
-    for links, where, var in ((net.conv_relu_pairs, "their Convolution's forward (Convolution "
-                               "+ in-place ReLU pairs", "MINICAFFE_FUSE_CONV_RELU"),
-                              (net.bn_relu_links, "their BatchNorm+Scale pair's forward (the ReLU after a pair",
-                               "MINICAFFE_FUSE_BN_RELU")):
+    fused = ((net.conv_relu_pairs, "their Convolution's forward (Convolution + in-place ReLU "
+              "pairs", "MINICAFFE_FUSE_CONV_RELU"),
+             (net.bn_relu_links, "their BatchNorm+Scale pair's forward (the ReLU after a pair",
+              "MINICAFFE_FUSE_BN_RELU"))
+    for links, where, var in fused:
         if links:       # minicaffe's: say why those ReLU lines read about 0
             names = [net.layer_names[j] for _, j in links]
             more = ", ..." if len(names) > 4 else ""

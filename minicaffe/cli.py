@@ -430,6 +430,18 @@ def default_solver_param(args, net_path):
     return p
 
 
+def _is_solver_file(path: str) -> bool:
+    """Whether the text file ``path`` parses as a SolverParameter that names or holds a net
+    (``minicaffe train solver.prototxt``, the file meant for --solver); False for anything
+    else, whose own errors the net reader reports."""
+    from .proto import read_solver_param
+    try:
+        p = read_solver_param(path)
+    except Exception:       # not a solver file (a net, a missing file): the net reader says
+        return False
+    return any(p.HasField(f) for f in ("net", "net_param", "train_net", "train_net_param"))
+
+
 def cmd_train(args):
     from .log import set_quiet
     from .solver import Solver
@@ -439,6 +451,9 @@ def cmd_train(args):
                          "prototxt to train with a default SGD solver)")
     if args.solver and args.net:
         raise UsageError(f"give -solver {args.solver} or the net {args.net}, not both")
+    if args.net and _is_solver_file(args.net):
+        raise UsageError(f"{args.net} is a solver definition, not a net: train it with "
+                         f"--solver {args.net}")
     if args.weights and args.snapshot:     # tools/caffe.cpp train()'s CHECK, word for word
         raise UsageError("Give a snapshot to resume training or weights to finetune but "
                          "not both.")

@@ -127,6 +127,17 @@ def test_missing_solver_file(capsys):
     assert "/nonexistent/solver.prototxt" in capsys.readouterr().err
 
 
+def test_a_solver_file_given_as_the_net_says_to_pass_it_with_solver(net_file, tmp_path, capsys):
+    """`minicaffe train solver.prototxt` (the file meant for --solver, which names its net)
+    is a usage error that says so, not a net parser's error on `base_lr`."""
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{net_file}"\nbase_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 1\n')
+    assert main(["train", str(solver), "--cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"{solver} is a solver definition, not a net: train it with --solver {solver}" in err
+    assert main(["train", "--solver", str(solver), "--cpu"]) == 0   # as it says
+
+
 def test_weights_and_snapshot_are_exclusive(net_file, capsys):
     assert main(["train", str(net_file), "--weights", "a", "--snapshot", "b"]) == 2
     assert "not both" in capsys.readouterr().err

@@ -54,12 +54,13 @@ def _is_hdf5(path) -> bool:
         return False
 
 
-def fusion_default(name: str = ENV_FUSE_BN_SCALE) -> bool:
+def fusion_default(name: str = ENV_FUSE_BN_SCALE, default: str = "1") -> bool:
     """Whether new nets pair BatchNorm and Scale layers for the fused GPU path
     (``$MINICAFFE_FUSE_BN_SCALE``, default on; 0/false/off/no turns it off); with ``name``
     another such variable: ``ENV_FUSE_CONV_RELU`` (Convolution and in-place ReLU pairs),
-    ``ENV_FUSE_BN_RELU`` (a ReLU joining a BatchNorm+Scale pair)."""
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
+    ``ENV_FUSE_BN_RELU`` (a ReLU joining a BatchNorm+Scale pair; its own default "0": off
+    until its kernel path has run on a GPU)."""
+    return os.environ.get(name, default).strip().lower() not in ("0", "false", "off", "no")
 
 
 # --------------------------------------------------------------- filtering
@@ -437,7 +438,9 @@ class Net:
         self._shapes_seen = [None] * len(self.layers)
         self.bn_scale_pairs: list[tuple[int, int]] = []
         self.bn_relu_links: list[tuple[int, int]] = []
-        self._bn_relu_on = fusion_default(ENV_FUSE_BN_RELU)
+        # off unless asked for: its kernel path is checked through the CPU emulator only
+        # (session 37); docs/results/tuner_s38/call_a.sh runs it on a GPU
+        self._bn_relu_on = fusion_default(ENV_FUSE_BN_RELU, "0")
         self.set_bn_scale_fusion(fusion_default())
         self.conv_relu_pairs: list[tuple[int, int]] = []
         self.set_conv_relu_fusion(fusion_default(ENV_FUSE_CONV_RELU))
@@ -622,8 +625,8 @@ class Net:
         (:meth:`set_bn_scale_fusion`) to the pair's BatchNorm, whose one forward pass then
         applies it (``cuda_fused.bn_forward_train``'s ``relu_slope``; the values bit for bit
         those of the ReLU run after it) while the ReLU's forward does nothing.  Backward is
-        unchanged.  On by default with the pairs; ``$MINICAFFE_FUSE_BN_RELU=0`` turns it off
-        for new nets."""
+        unchanged.  For new nets ``$MINICAFFE_FUSE_BN_RELU=1`` turns it on (off by default
+        until its GPU run, :func:`fusion_default`)."""
         self._bn_relu_on = bool(enabled)
         for i, r in self.bn_relu_links:
             self.layers[i].fused_relu = None

@@ -1214,6 +1214,7 @@ def test_relu_after_a_pair_runs_in_the_pairs_pass(backend, dtype, slope, monkeyp
     """A ReLU in place on a paired Scale's top runs in the BatchNorm's forward pass; every
     blob, diff, parameter and statistic is bit for bit (GPU: to float rounding, as the
     pair's own test) what the ReLU run after the pair gives."""
+    monkeypatch.setenv("MINICAFFE_FUSE_BN_RELU", "1")
     text = pair_net(shape=(3, 4, 8, 6)).replace(
         'type: "ReLU" bottom: "conv" top: "conv" }',
         f'type: "ReLU" bottom: "conv" top: "conv" relu_param {{ negative_slope: {slope} }} }}')
@@ -1235,9 +1236,10 @@ def test_relu_after_a_pair_runs_in_the_pairs_pass(backend, dtype, slope, monkeyp
 
 
 @with_backends
-def test_a_forward_that_shows_the_scales_top_unlinks_the_relu(backend):
+def test_a_forward_that_shows_the_scales_top_unlinks_the_relu(backend, monkeypatch):
     """net.forward(end='scale') shows the Scale's output before the ReLU: the ReLU is
     unlinked for good (the BatchNorm+Scale pair stays), with the layers' results."""
+    monkeypatch.setenv("MINICAFFE_FUSE_BN_RELU", "1")
     xp = backend.xp
     text = pair_net()
     net = _build_pair_net(xp, text)
@@ -1255,9 +1257,10 @@ def test_a_forward_that_shows_the_scales_top_unlinks_the_relu(backend):
 
 @with_backends
 @pytest.mark.parametrize("how", ["debug_info", "after_forward"])
-def test_a_forward_that_shows_every_top_unpairs_the_bn_scale_pairs(backend, how):
+def test_a_forward_that_shows_every_top_unpairs_the_bn_scale_pairs(backend, how, monkeypatch):
     """debug_info and forward callbacks show each layer's top: the BatchNorm's must be its
     own (normalized, not scaled), so such a forward runs the pairs apart, for good."""
+    monkeypatch.setenv("MINICAFFE_FUSE_BN_RELU", "1")
     xp = backend.xp
     text = pair_net(bn_in_place=False)
     net = _build_pair_net(xp, text)
@@ -1277,10 +1280,12 @@ def test_a_forward_that_shows_every_top_unpairs_the_bn_scale_pairs(backend, how)
 
 @with_backends
 @pytest.mark.parametrize("seed", range(4))
-def test_any_sequence_of_passes_sees_the_bn_pairs_net_as_the_layers_apart(backend, seed):
+def test_any_sequence_of_passes_sees_the_bn_pairs_net_as_the_layers_apart(backend, seed,
+                                                                          monkeypatch):
     """Whole and partial forward passes and backward passes, in a random order, leave every
     blob (data and diff) of a net with a BatchNorm+Scale pair and its ReLU as the net whose
     layers run apart leaves it (the emulator: bit for bit)."""
+    monkeypatch.setenv("MINICAFFE_FUSE_BN_RELU", "1")
     xp = backend.xp
     rng = np.random.default_rng(seed)
     text = pair_net(bn_in_place=False)
@@ -1307,3 +1312,17 @@ def test_any_sequence_of_passes_sees_the_bn_pairs_net_as_the_layers_apart(backen
                 else:
                     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5,
                                                err_msg=f"step {step}: {name} {what}")
+
+
+def test_the_relu_joins_a_pair_only_when_asked(monkeypatch):
+    """Off by default until its GPU run (MINICAFFE_FUSE_BN_RELU unset), on with it at 1."""
+    emu = _emulator()
+    if emu is None:
+        pytest.skip("no C++ compiler for the CPU emulator")
+    monkeypatch.setattr(cuda_fused, "enabled_for", lambda xp, dtype=None: xp is np)
+    monkeypatch.setattr(cuda_fused, "_fn", emu.fn)
+    monkeypatch.delenv("MINICAFFE_FUSE_BN_RELU", raising=False)
+    net = _build_pair_net(np, pair_net())
+    assert net.bn_scale_pairs == [(2, 3)] and net.bn_relu_links == []
+    monkeypatch.setenv("MINICAFFE_FUSE_BN_RELU", "1")
+    assert _build_pair_net(np, pair_net()).bn_relu_links == [(2, 4)]

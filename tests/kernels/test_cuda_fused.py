@@ -608,6 +608,41 @@ def test_fused_sgd_rebuilds_when_storage_moves(backend):
     assert second is not first and second.matches(solver.net.learnable_params, solver.history)
 
 
+@with_backends
+def test_fused_sgd_storage_key_is_the_views_pointers_and_sees_every_move(backend):
+    """The tables' key reads the storages' arrays: it is the pointers of the data and diff
+    views (where the tables point), and it changes when a storage is replaced, released,
+    shared with another blob or grown by a reshape."""
+    from minicaffe.solver import Solver
+    xp = backend.xp
+    p = caffe_pb2.SolverParameter(base_lr=0.1, momentum=0.5, max_iter=10)
+    p.net_param.CopyFrom(parse_text(SGD_NET, caffe_pb2.NetParameter))
+    solver = Solver(p, mode="CPU" if xp is np else "GPU", verbose=False)
+    params, history = solver.net.learnable_params, solver.history
+    ptr = cuda_fused._ptr
+    key = cuda_fused.MultiTensorSGD.storage_key
+    assert key(params, history)[0][1] is None       # a diff not allocated yet: no pointer
+    views = tuple((ptr(q.data), ptr(q.diff), ptr(h), q.count)   # (allocates the diffs)
+                  for q, h in zip(params, history))
+    assert key(params, history) == views
+    tables = solver.fused_sgd()
+    assert tables is not None and tables.matches(params, history)
+    q, other = params[0], params[1]
+    moves = [
+        lambda: setattr(q.diff_storage, "array", q.diff_storage.array.copy()),
+        q.release_data,
+        lambda: q.share_data(type(q)(q.shape, xp=xp, dtype=q.dtype, name="elsewhere")),
+        lambda: other.reshape(other.count + 1),
+    ]
+    for move in moves:
+        move()
+        assert not tables.matches(params, history)
+        tables = solver.fused_sgd()
+        assert tables.matches(params, history)
+        assert tables.key == tuple((ptr(q.data), ptr(q.diff), ptr(h), q.count)
+                                   for q, h in zip(params, history))
+
+
 def test_fused_sgd_refused_for_other_rules(monkeypatch):
     """Nesterov and Adam keep the generic update even where the kernels would run."""
     from minicaffe.solver import Solver

@@ -218,6 +218,21 @@ def _fork_layer_hint(text, line, field):
     return None
 
 
+def _enclosing_layer(text, line):
+    """' in layer NAME (line N) of type "T"' for the top-level layer block holding ``line``,
+    or "" (outside any layer, or a block with neither name nor type). An unknown field deep in
+    a 2,000-line net (a fork's ceil_mode in some pooling_param) then says which layer it is in;
+    the parser's position is that of the field, not of its layer."""
+    for block in layer_blocks(text):
+        if block["line"] <= line and (block["end"] is None or line <= block["end"]):
+            if block["name"] is None and block["type"] is None:
+                return ""
+            name = f' {block["name"]!r}' if block["name"] is not None else ""
+            kind = f' of type "{block["type"]}"' if block["type"] is not None else ""
+            return f' in layer{name} (line {block["line"]}){kind}'
+    return ""
+
+
 def _brace_hint(text, detail, line):
     """For a missing or extra brace, the usual slip in a hand-edited net, a hint naming the
     layer block that is not closed; else None. Protobuf's parser reports it where it notices,
@@ -260,8 +275,13 @@ def parse_text(text, message_cls, filename="<string>"):
         source_line = lines[line - 1] if line is not None and 0 < line <= len(lines) else ""
         hint = _brace_hint(text, detail, line)
         match = _NO_FIELD.search(detail)
-        if not hint and match and match.group(1) == "LayerParameter" and line is not None:
-            hint = _fork_layer_hint(text, line, match.group(2))
+        if not hint and match and line is not None:
+            if match.group(1) == "LayerParameter":
+                hint = _fork_layer_hint(text, line, match.group(2))
+            where = "" if hint else _enclosing_layer(text, line)  # the fork hint names it
+            if where:
+                stop = "." if detail.endswith(".") else ""
+                detail = detail[:len(detail) - len(stop)] + where + stop
         hint = hint or _hint(detail, source_line[:max((column or 1) - 1, 0)])
         if hint:
             detail = f"{detail} (hint: {hint})"

@@ -336,6 +336,40 @@ def test_unknown_param_of_a_fork_layer_names_the_layer_type(tmp_path):
         read_net_param(path)
 
 
+def test_unknown_field_inside_a_layer_names_that_layer(tmp_path):
+    """The parser places an unknown field at the field; in a long net (soeaver's ResNet-18
+    deploy has its fork field ``ceil_mode`` in pool1's pooling_param, line 129) the error
+    also names the layer block it is in, with that block's line and type."""
+    path = tmp_path / "net.prototxt"
+    path.write_text(
+        'input: "data"\n'
+        'layer {\n'
+        '  bottom: "data"\n'
+        '  top: "pool1"\n'
+        '  name: "pool1"\n'
+        '  type: "Pooling"\n'
+        '  pooling_param {\n'
+        '    kernel_size: 3\n'
+        '    ceil_mode: false\n'
+        '  }\n'
+        '}\n')
+    with pytest.raises(PrototxtError) as info:
+        read_net_param(path)
+    msg = str(info.value)
+    assert msg.startswith(f'{path}:9:5: Message type "caffe.PoolingParameter" has no field '
+                          '''named "ceil_mode" in layer 'pool1' (line 2) of type "Pooling".''')
+    assert "round_mode: FLOOR" in msg                       # the fork hint stays
+    # a misspelt field of the layer itself: the layer named, the spelling hint kept
+    path.write_text('layer { name: "r" type: "ReLU"\n  relu_parm { } }\n')
+    with pytest.raises(PrototxtError, match=r'''named "relu_parm" in layer 'r' \(line 1\) of '''
+                       r'type "ReLU"\. \(hint: did you mean "relu_param"'):
+        read_net_param(path)
+    # outside any layer block nothing is added
+    path.write_text('nmae: "n"\n')
+    with pytest.raises(PrototxtError, match=r'no field named "nmae"\. \(hint'):
+        read_net_param(path)
+
+
 def test_layer_blocks_give_lines_names_and_types():
     text = textwrap.dedent("""\
         name: 'n'   # layer { name: "in a comment" }

@@ -241,7 +241,7 @@ def _loss(lp, bottoms):
     return [()] + ([bottoms[0]] if len(lp.top) > 1 else []), []  # () even with no top given
 
 
-_LOSSES = {"SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss"}
+_LOSSES = {"SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "ContrastiveLoss"}
 
 
 def _accuracy(lp, bottoms):
@@ -257,7 +257,7 @@ _ONE_BOTTOM = {"Convolution": _conv, "Deconvolution": _deconv, "Pooling": _pool,
                "Embed": _embed}
 _ALL_BOTTOMS = {"Concat": _concat, "Eltwise": _eltwise, "Scale": _scale, "Bias": _bias,
                 "Crop": _crop, "Input": _input, "DummyData": _dummy, "SoftmaxWithLoss": _loss,
-                "EuclideanLoss": _loss, "SigmoidCrossEntropyLoss": _loss,
+                "EuclideanLoss": _loss, "SigmoidCrossEntropyLoss": _loss, "ContrastiveLoss": _loss,
                 "Accuracy": _accuracy, "LSTM": _recurrent, "RNN": _recurrent}
 
 

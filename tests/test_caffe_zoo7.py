@@ -18,10 +18,11 @@ import pytest
 
 import minicaffe as caffe
 from minicaffe.io import LMDBWriter, array_to_datum
-from minicaffe.proto import caffe_pb2, read_net_param, upgrade_net, write_text
+from minicaffe.proto import PrototxtError, caffe_pb2, read_net_param, upgrade_net, write_text
 
-from test_caffe_zoo3 import check_shapes
+from test_caffe_zoo3 import check_shapes, randomize
 from zoo3_nets import caffe_shapes
+from zoo7_nets import DENSENET121_CHARS, densenet121_deploy
 
 ZOO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "zoo7")
 
@@ -34,10 +35,13 @@ def test_files_are_the_stored_copies():
     """The lengths of the stored copies (``total_chars``, tests/data/zoo7/README.md)."""
     sizes = {("siamese", "mnist_siamese_train_test_v1.prototxt"): 4572,
              ("siamese", "mnist_siamese_solver.prototxt"): 810,
-             ("siamese", "mnist_siamese.prototxt"): 1436}
+             ("siamese", "mnist_siamese.prototxt"): 1436,
+             ("squeezenet", "deploy_v1.1.prototxt"): 9678,
+             ("resnet18", "deploy_resnet18-1x64d.prototxt"): 13625}
     for parts, n in sizes.items():
         with open(zoo(*parts), newline="") as f:
             assert len(f.read()) == n, parts
+    assert len(densenet121_deploy()) == DENSENET121_CHARS
 
 
 def max_pool(x, k, s, pad, out):
@@ -207,3 +211,187 @@ def test_mnist_siamese_train_test_v1_shares_params_and_steps_once(tmp_path, monk
     for channel, feat in ((0, "feat"), (1, "feat_p")):
         got = net.forward(data=pair[:, channel:channel + 1])["feat"]
         np.testing.assert_allclose(got, train.blobs[feat].data, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- SqueezeNet v1.1 (forresti)
+def test_squeezenet_v1_1_deploy():
+    """SqueezeNet_v1.1/deploy.prototxt: an ``Input`` layer with a one-line ``input_param``,
+    3x3/2 conv1 with 64 outputs, eight fire modules (squeeze 1x1, expand 1x1 and 3x3 pad 1,
+    concatenated), MAX 3/2 pooling after conv1, fire3 and fire5, Dropout in place, a 1x1
+    conv10 and global AVE pooling into Softmax.
+
+    Shapes at the file's batch of 10 and 227: conv1 (227 - 3) // 2 + 1 = 113; pool1
+    ceil((113 - 3) / 2) + 1 = 56; fire2, fire3 128 channels; pool3 ceil((56 - 3) / 2) + 1 =
+    28 (floor: 27); fire4, fire5 256; pool5 ceil(25 / 2) + 1 = 14 (floor: 13); fire9 512;
+    conv10 (10, 1000, 14, 14); pool10 and prob (10, 1000, 1, 1).  Parameters: torchvision's
+    squeezenet1_1 (the same layers) has 1,235,496."""
+    path = zoo("squeezenet", "deploy_v1.1.prototxt")
+    net = caffe.Net(path, caffe.TEST)
+    blobs, params = check_shapes(net, path, caffe.TEST)
+    assert blobs["conv1"] == (10, 64, 113, 113) and blobs["pool1"] == (10, 64, 56, 56)
+    assert blobs["fire3/concat"] == (10, 128, 56, 56) and blobs["pool3"] == (10, 128, 28, 28)
+    assert blobs["fire5/concat"] == (10, 256, 28, 28) and blobs["pool5"] == (10, 256, 14, 14)
+    assert blobs["fire9/concat"] == (10, 512, 14, 14)
+    assert blobs["conv10"] == (10, 1000, 14, 14) and blobs["prob"] == (10, 1000, 1, 1)
+    assert params["fire6/expand3x3"] == [(192, 48, 3, 3), (192,)]
+    assert params["conv10"] == [(1000, 512, 1, 1), (1000,)]
+    assert sum(int(np.prod(s)) for ps in params.values() for s in ps) == 1_235_496
+    assert net.layer_dict["drop9"].param.dropout_param.dropout_ratio == np.float32(0.5)
+
+    randomize(net, seed=3)
+    net.blobs["data"].reshape(1, 3, 227, 227)
+    net.reshape()
+    x = np.random.default_rng(4).standard_normal((1, 3, 227, 227)).astype(np.float32)
+    prob = net.forward(data=x)["prob"]
+    b = net.blobs
+    np.testing.assert_allclose(prob.sum(axis=1), 1, rtol=1e-5)
+    # fire3: the ReLUs run in place on both expand tops before they are concatenated
+    np.testing.assert_array_equal(b["fire3/concat"].data[0, :64], b["fire3/expand1x1"].data[0])
+    np.testing.assert_array_equal(b["fire3/concat"].data[0, 64:], b["fire3/expand3x3"].data[0])
+    assert b["fire3/concat"].data.min() == 0
+    # pool3's last window starts at 54 and is clipped to the input's columns 54 and 55
+    np.testing.assert_array_equal(b["pool3"].data[0],
+                                  max_pool(b["fire3/concat"].data[0], 3, 2, 0, 28))
+    conv10 = b["conv10"].data[0].astype(np.float64)
+    np.testing.assert_allclose(b["pool10"].data[0, :, 0, 0], conv10.mean(axis=(1, 2)),
+                               rtol=1e-5, atol=1e-7)
+    e = np.exp(conv10.mean(axis=(1, 2)) - conv10.mean(axis=(1, 2)).max())
+    np.testing.assert_allclose(prob[0, :, 0, 0], e / e.sum(), rtol=1e-4, atol=1e-8)
+
+
+# ---------------------------------------------------------------- DenseNet-121 (shicai)
+def test_densenet121_deploy(tmp_path):
+    """shicai/DenseNet-Caffe DenseNet_121.prototxt (rebuilt by tests/zoo7_nets.py): 58 dense
+    layers, 121 BatchNorm + Scale pairs (BN writes a new blob, Scale and ReLU act in place
+    on it), Concat chains, ``round_mode: FLOOR`` on pool1 and BatchNorm without
+    use_global_stats, which in TEST means the stored statistics.
+
+    Shapes at the file's 224: conv1 (224 + 6 - 7) // 2 + 1 = 112; pool1 MAX 3/2 pad 1 with
+    FLOOR: (112 + 2 - 3) // 2 + 1 = 56 (CEIL: 57); block 1 ends at 64 + 6*32 = 256
+    channels, its transition halves them to 128 and pools AVE 2/2 to 28; block 2: 128 +
+    12*32 = 512 -> 256, 14; block 3: 256 + 24*32 = 1024 -> 512, 7; block 4: 512 + 16*32 =
+    1024; pool5 global -> 1; fc6 (1, 1000, 1, 1).  Parameters: convolutions, Scale's gamma
+    and beta and fc6 are torchvision's densenet121's 7,978,856 (its BatchNorm affine pairs
+    are Scale's here; its running statistics, BatchNorm's blobs here, are buffers)."""
+    text = densenet121_deploy()
+    path = tmp_path / "DenseNet_121.prototxt"
+    path.write_text(text)
+    net = caffe.Net(str(path), caffe.TEST)
+    blobs, params = check_shapes(net, str(path), caffe.TEST)
+    assert blobs["conv1"] == (1, 64, 112, 112) and blobs["pool1"] == (1, 64, 56, 56)
+    assert blobs["concat_2_6"] == (1, 256, 56, 56) and blobs["pool2"] == (1, 128, 28, 28)
+    assert blobs["concat_3_12"] == (1, 512, 28, 28) and blobs["pool3"] == (1, 256, 14, 14)
+    assert blobs["concat_4_24"] == (1, 1024, 14, 14) and blobs["pool4"] == (1, 512, 7, 7)
+    assert blobs["concat_5_16"] == (1, 1024, 7, 7) and blobs["pool5"] == (1, 1024, 1, 1)
+    assert blobs["fc6"] == (1, 1000, 1, 1)
+    assert params["conv5_16/x1"] == [(128, 992, 1, 1)] and params["conv4_blk"] == \
+        [(512, 1024, 1, 1)]
+    assert params["conv5_blk/bn"] == [(1024,), (1024,), (1,)]
+    assert params["fc6"] == [(1000, 1024, 1, 1), (1000,)]
+    types = [l.type for l in net.layers]
+    assert types.count("BatchNorm") == types.count("Scale") == 121
+    assert types.count("Concat") == 58
+    learned = sum(int(np.prod(s)) for n, ps in params.items() for s in ps
+                  if net.layer_dict[n].type != "BatchNorm")
+    assert learned == 7_978_856
+    assert not net.layer_dict["conv1/bn"].param.batch_norm_param.HasField("use_global_stats")
+
+    # a forward at 64: conv1 32, pool1 (32 + 2 - 3) // 2 + 1 = 16 (CEIL: 17), 8, 4, 2
+    randomize(net, seed=5)
+    net.blobs["data"].reshape(1, 3, 64, 64)
+    net.reshape()
+    blobs, _ = check_shapes(net, str(path), caffe.TEST, input_shapes={"data": (1, 3, 64, 64)})
+    assert blobs["pool1"] == (1, 64, 16, 16) and blobs["pool4"] == (1, 512, 2, 2)
+    x = np.random.default_rng(6).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    out = net.forward(data=x)["fc6"]
+    b, p = net.blobs, net.params
+    # conv1/bn: BatchNorm with the stored statistics (sums over the scale factor, eps 1e-5
+    # inside the root), then Scale and ReLU in place
+    m, v, sf = (blob.data.astype(np.float64) for blob in p["conv1/bn"])
+    gamma, beta = (blob.data.astype(np.float64)[:, None, None] for blob in p["conv1/scale"])
+    c1 = b["conv1"].data[0].astype(np.float64)
+    y = (c1 - (m / sf)[:, None, None]) / np.sqrt(v / sf + 1e-5)[:, None, None]
+    y = np.maximum(y * gamma + beta, 0)
+    np.testing.assert_allclose(b["conv1/bn"].data[0], y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(b["pool1"].data[0], max_pool(b["conv1/bn"].data[0], 3, 2, 1,
+                                                               16))
+    np.testing.assert_array_equal(b["concat_2_1"].data[0, :64], b["pool1"].data[0])
+    np.testing.assert_array_equal(b["concat_2_1"].data[0, 64:], b["conv2_1/x2"].data[0])
+    np.testing.assert_array_equal(b["concat_5_16"].data[0, :992], b["concat_5_15"].data[0])
+    blk = b["conv2_blk"].data[0].astype(np.float64)
+    np.testing.assert_allclose(b["pool2"].data[0], blk.reshape(128, 8, 2, 8, 2).mean((2, 4)),
+                               rtol=1e-5, atol=1e-6)
+    pooled = b["conv5_blk/bn"].data[0].astype(np.float64).mean(axis=(1, 2))
+    w, bias = (blob.data.astype(np.float64) for blob in p["fc6"])
+    np.testing.assert_allclose(out[0, :, 0, 0], w[:, :, 0, 0] @ pooled + bias, rtol=1e-4,
+                               atol=1e-5)
+
+
+# ---------------------------------------------------------------- ResNet-18 (soeaver)
+def resnet18_text(rounding):
+    """soeaver's deploy_resnet18-1x64d.prototxt with its pool1 line ``ceil_mode: false``
+    replaced by ``rounding`` (empty: the line removed)."""
+    with open(zoo("resnet18", "deploy_resnet18-1x64d.prototxt"), newline="") as f:
+        text = f.read()
+    assert text.count("    ceil_mode: false\n") == 1
+    return text.replace("    ceil_mode: false\n", rounding)
+
+
+def test_resnet18_fork_pooling_field_is_refused_naming_file_line_and_layer():
+    """The stored file's pool1 holds ``ceil_mode: false`` (line 129), a field of Caffe forks
+    that BVLC's PoolingParameter lacks: Caffe stops at it; minicaffe names the file, the
+    line and column, the layer block it is in (pool1, opened at line 119, a Pooling) and
+    BVLC's spelling."""
+    path = zoo("resnet18", "deploy_resnet18-1x64d.prototxt")
+    with pytest.raises(PrototxtError) as e:
+        caffe.Net(path, caffe.TEST)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}:129:5: ")
+    assert '"ceil_mode"' in msg and '''in layer 'pool1' (line 119) of type "Pooling"''' in msg
+    assert "round_mode: FLOOR" in msg
+
+
+def test_resnet18_with_round_mode_floor(tmp_path):
+    """With BVLC's ``round_mode: FLOOR`` in its place: a stem of three 3x3 convolutions
+    (32, 32, 64; the first stride 2), BatchNorm use_global_stats + Scale in place, eight
+    basic blocks whose stride-2 shortcuts are 1x1 convolutions, global AVE pooling, a 1000-way
+    InnerProduct.
+
+    Shapes at 224: conv1 (224 + 2 - 3) // 2 + 1 = 112; pool1 (112 + 2 - 3) // 2 + 1 = 56
+    (the default CEIL: ceil(111 / 2) + 1 = 57, whose last window starts at 112, inside
+    112 + 1, so it stays); res1, res2 (1, 64, 56, 56); res3 28 (128); res5 14 (256); res7 7
+    (512); pool_avg (1, 512, 1, 1).  Parameters: convolutions 28,512 (stem) + 147,456 +
+    229,376 + 294,912 + 917,504 + 1,179,648 + 3,670,016 + 4,718,592 = 11,186,016; Scale
+    2 x 4,864 channels = 9,728; classifier 513,000; 11,708,744 in all."""
+    path = tmp_path / "floor.prototxt"
+    path.write_text(resnet18_text("    round_mode: FLOOR\n"))
+    net = caffe.Net(str(path), caffe.TEST)
+    blobs, params = check_shapes(net, str(path), caffe.TEST)
+    assert blobs["conv1"] == (1, 32, 112, 112) and blobs["pool1"] == (1, 64, 56, 56)
+    assert blobs["res2"] == (1, 64, 56, 56) and blobs["res3_match"] == (1, 128, 28, 28)
+    assert blobs["res5"] == (1, 256, 14, 14) and blobs["res8"] == (1, 512, 7, 7)
+    assert blobs["pool_avg"] == (1, 512, 1, 1) and blobs["prob"] == (1, 1000)
+    assert params["res7_match"] == [(512, 256, 1, 1)]
+    assert params["classifier"] == [(1000, 512), (1000,)]
+    learned = sum(int(np.prod(s)) for n, ps in params.items() for s in ps
+                  if net.layer_dict[n].type != "BatchNorm")
+    assert learned == 11_708_744
+
+    ceil = tmp_path / "ceil.prototxt"
+    ceil.write_text(resnet18_text(""))
+    cblobs, _ = check_shapes(caffe.Net(str(ceil), caffe.TEST), str(ceil), caffe.TEST)
+    assert cblobs["pool1"] == (1, 64, 57, 57) and cblobs["res3"] == (1, 128, 29, 29)
+
+    # a forward at 64: conv1 32, pool1 (32 + 2 - 3) // 2 + 1 = 16, res3 8, res5 4, res7 2
+    randomize(net, seed=7)
+    net.blobs["data"].reshape(1, 3, 64, 64)
+    net.reshape()
+    x = np.random.default_rng(8).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    prob = net.forward(data=x)["prob"]
+    b = net.blobs
+    assert b["pool1"].data.shape == (1, 64, 16, 16) and b["res7"].data.shape == (1, 512, 2, 2)
+    np.testing.assert_array_equal(b["pool1"].data[0], max_pool(b["conv3"].data[0], 3, 2, 1, 16))
+    # res1 = ReLU(pool1 + res1_conv2), the ReLU in place on the sum
+    np.testing.assert_allclose(b["res1"].data, np.maximum(b["pool1"].data + b["res1_conv2"].data,
+                                                          0), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(prob.sum(), 1, rtol=1e-5)

@@ -925,3 +925,23 @@ def test_nearest_searched_looks_only_at_the_same_convolution(monkeypatch):
     assert ops._nearest_searched(0, at4, "<f4", False, keys_at)[0] is p8
     assert ops._nearest_searched(1, at, "<f4", False, keys_at) is None     # another device
     assert ops._nearest_searched(0, at, "<f4", True, keys_at) is None      # TF32 plans: none
+
+
+def test_a_refused_call_is_cudnn_unsupported_and_other_failures_stay_cudnn_errors():
+    """NOT_SUPPORTED (a shape or layout cuDNN lacks) becomes CudnnUnsupported, the error on
+    which a layer falls back to the CAFFE engine, whether the call sits in ``_refusal`` or in
+    the bound convolutions' own try blocks (``_refused``); any other status stays itself."""
+    refused = cudnn_lib.CudnnError("cudnnConvolutionForward", cudnn_lib.STATUS_NOT_SUPPORTED, "")
+    other = cudnn_lib.CudnnError("cudnnConvolutionForward", 2000, "dims")
+    got = ops._refused("conv2d_forward", refused)
+    assert isinstance(got, cudnn_lib.CudnnUnsupported)
+    assert "conv2d_forward" in str(got) and "CAFFE engine" in str(got)
+    assert ops._refused("conv2d_forward", other) is other
+    with pytest.raises(cudnn_lib.CudnnUnsupported, match="pool_forward") as e:
+        with ops._refusal("pool_forward"):
+            raise refused
+    assert e.value.__cause__ is refused
+    with pytest.raises(cudnn_lib.CudnnError) as e:
+        with ops._refusal("pool_forward"):
+            raise other
+    assert e.value is other

@@ -11,7 +11,6 @@ blocks' channel counts), against numbers worked out by hand in the docstrings; o
 (and on the train net one solver step) runs and is checked against NumPy.
 """
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -110,12 +109,19 @@ def test_mnist_siamese_train_test_v1_shares_params_and_steps_once(tmp_path, monk
     assert param.layer[-1].contrastive_loss_param.margin == 1
     net_path = "examples/siamese/mnist_siamese_train_test.prototxt"    # the solver's net
     write_text(param, net_path)
-    shutil.copy(zoo("siamese", "mnist_siamese_solver.prototxt"), "solver.prototxt")
+    # the solver as stored, but for its first test (test_initialization's default): 2
+    # batches of the stand-in data rather than 100 of MNIST's
+    with open(zoo("siamese", "mnist_siamese_solver.prototxt"), newline="") as f:
+        text = f.read()
+    assert text.count("\ntest_iter: 100\n") == 1
+    with open("solver.prototxt", "w", newline="") as f:
+        f.write(text.replace("\ntest_iter: 100\n", "\ntest_iter: 2\n"))
 
     solver = caffe.get_solver("solver.prototxt")
     sp = solver.param
     assert (sp.lr_policy, sp.base_lr, sp.gamma, sp.power, sp.momentum, sp.weight_decay) == \
         ("inv", np.float32(0.01), np.float32(1e-4), np.float32(0.75), np.float32(0.9), 0)
+    assert (list(sp.test_iter), sp.test_interval, sp.test_initialization) == ([2], 500, True)
     train, (test,) = solver.net, solver.test_nets
     given = {"pair_data": [(4, 2, 28, 28), (4,)]}
     blobs, params = check_shapes(train, net_path, caffe.TRAIN, given=given)

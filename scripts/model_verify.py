@@ -171,7 +171,8 @@ def flops_rows(prof, model) -> list:
         s = steps[c.step]
         if s.type not in types:
             continue
-        fit = float(model.curve(s).time(c.flops))
+        n = model.calls(s, c.flops)          # a chunked convolution: priced per call
+        fit = n * float(model.curve(s).time(c.flops / n))
         rows.append({"k": c.k, "step": c.step, "layer": s.layer, "type": s.type,
                      "phase": s.phase, "flops": c.flops, "time_s": c.time,
                      "flops_per_s": c.flops / c.time if c.time > 0 else float("nan"),
@@ -189,7 +190,8 @@ def curve_table(prof, model) -> list:
     for c in prof.compute:
         s = steps[c.step]
         if c.time > 0:
-            t = float(model.curve(s).time(c.flops))
+            n = model.calls(s, c.flops)
+            t = n * float(model.curve(s).time(c.flops / n))
             errs.setdefault((s.type, s.phase), []).append(abs(t - c.time) / c.time)
     out = []
     for key, curve in model.curves:

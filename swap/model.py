@@ -58,6 +58,20 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   measured points, ``docs/RESULTS.md`` "Session 10"): AlexNet +0.2 / +0.1 / -1.1 % (per step:
   -17 % at all three), ResNet-34 +6.3 / +2.2 / +1.0 % (per step: +20 to +24 %).
 
+  **Chunked convolutions are priced per call.**  Under a bound per image a cuDNN convolution
+  cuts a minibatch past its cap into calls of at most a few whole probes of images
+  (:func:`minicaffe.cudnn.ops.workspace_chunks`), and such a call costs about the same for
+  11 to 16 images: VGG-16 under a 1.5 GiB cap (H200, 2026-11-29, session 38) ran conv2_2's
+  forward at 41.2, 68.6, 47.3, 42.2 us per image at k = 16, 33, 65, 130 (one call of 16, three
+  of 11, five of 13, nine of 14-15), and every map kept at 92 (six calls of 15-16) ran 1.248
+  ms per image where the curves, per image between 65 and 130, gave 1.30 (+5.1 % on the
+  iteration).  Where the profile records a convolution's rule (``meta["chunks"]``, the
+  profiler's :func:`swap.profiler.chunk_rules_now`), its steps are fitted and predicted per
+  call: ``t_j(k) = n_j(k) * t(FLOPs_j(k) / n_j(k))``, with ``n_j(k)`` the rule's calls at k
+  (:func:`minicaffe.cudnn.ops.chunk_count`).  A CPU replay of that profile (which predates
+  the record) with chunks of at most 16 images for conv1_2 to conv4_3 gives 114.9 ms of
+  steps at 92 this way and 122.5 ms per image; every map kept measured 113.7 ms of steps.
+
   eq. (2): ``t_iter(k) = sum_j t_j(k)`` (stall-free); eq. (3):
   ``t_whole(k) = E * m / k * (max(t_iter(k), H(k)) + O(k) + Delta)`` with Delta the time
   between iterations (parameter synchronization in distributed mode, 0 on one GPU), O(k) and
@@ -776,10 +790,26 @@ class ComputeModel:
     overhead: IterationOverhead | None = None
     host: HostModel | None = None
     gap: float = 0.0        # seconds every step sheds as a CUDA graph launch (graph_model)
+    # chunked convolutions' steps, priced per call (module doc): ((layer, phase, limit,
+    # bytes per image, multiple, FLOPs per image), ...)
+    chunks: tuple = ()
     _index: dict = field(default=None, init=False, repr=False, compare=False)
+    _chunk_index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_index", dict(self.curves))
+        object.__setattr__(self, "_chunk_index",
+                           {(c[0], c[1]): tuple(c[2:]) for c in self.chunks})
+
+    def calls(self, step, flops: float) -> int:
+        """How many cuDNN calls ``step`` makes at ``flops`` (1 but for a chunked convolution's
+        steps: its rule at the minibatch those FLOPs are, ``flops / FLOPs per image``)."""
+        rule = self._chunk_index.get((step.name, step.phase)) if self._chunk_index else None
+        if rule is None:
+            return 1
+        from minicaffe.cudnn.ops import chunk_count
+        limit, per, multiple, f1 = rule
+        return chunk_count(int(round(flops / f1)), limit, per, multiple)
 
     def curve(self, step) -> ThroughputCurve:
         """The curve of a :class:`swap.gmap.Step` (with the fallbacks of the module doc)."""
@@ -794,7 +824,8 @@ class ComputeModel:
     def step_time(self, step, flops: float | None = None) -> float:
         """t_j: seconds of one step at ``flops`` (default: the step's own at its GMAP's k)."""
         x = step.flops if flops is None else flops
-        t = float(self.curve(step).time(x)) * self.slowdown
+        n = self.calls(step, x)
+        t = n * float(self.curve(step).time(x / n)) * self.slowdown
         return t - min(self.gap, GAP_SHARE * t) if self.gap > 0 else t
 
     def step_times(self, gmap: GMAP) -> np.ndarray:
@@ -816,13 +847,31 @@ class ComputeModel:
         k0 = gmap.k
         slow = self.slowdown
         gap = self.gap
+        # the chunked convolutions' steps: their calls at k from their rules (module doc)
+        from minicaffe.cudnn.ops import chunk_images
+        rules = [(j, self._chunk_index.get((s.name, s.phase))) for j, s in enumerate(gmap.steps)]
+        rules = [(j, r) for j, r in rules if r is not None and flops[j] > 0]
+        cj = np.array([j for j, _ in rules], dtype=np.int64)
+        c_img = np.array([flops[j] / r[3] for j, r in rules], dtype=np.float64)  # images at k0
+        c_lim = np.array([r[0] for _, r in rules], dtype=np.float64)
+        c_per = np.array([r[1] for _, r in rules], dtype=np.float64)
+        c_most = np.array([chunk_images(r[0], r[1], r[2]) for _, r in rules], dtype=np.float64)
 
         def times(k: int) -> np.ndarray:
             x = flops * (k / k0)
+            n = None
+            if len(cj):
+                images = np.rint(c_img * (k / k0))
+                n = np.where((c_per == 0) | (images * c_per <= c_lim), 1.0,
+                             np.ceil(images / c_most))
+                x = x.copy()
+                x[cj] /= n
             out = t0 + np.where(finite, (x + xh) / safe, 0.0)
             table.apply(x, out)
             for j, c in odd:
                 out[j] = c.time(x[j])
+            if n is not None:
+                out[cj] *= n
             out = slow * out
             if gap > 0:
                 out = out - np.minimum(gap, GAP_SHARE * out)
@@ -888,12 +937,15 @@ class ComputeModel:
         steps = {s.step: s for s in profile.steps}
         slow = copy_slowdown(profile)
         samples = profile.compute if slow is None else without_copies(profile, slow)
+        chunks = chunk_rules_of(profile)
+        priced = cls(curves=(), chunks=chunks)      # only its calls() (the rules)
         for c in samples:
             s = steps[c.step]
+            n = priced.calls(s, c.flops) if chunks else 1
             for key in (_key(s, granularity), (s.type, s.phase), ("*", s.phase), ("*", "*")):
                 groups.setdefault(key, ([], []))
-                groups[key][0].append(c.flops)
-                groups[key][1].append(c.time)
+                groups[key][0].append(c.flops / n)
+                groups[key][1].append(c.time / n)
         if not groups:
             raise ValueError(f"profile of {profile.net!r} has no compute samples")
         def fit(key, x, t):
@@ -907,14 +959,14 @@ class ComputeModel:
             hm = HostModel.from_profile(profile, "auto" if host is True else host)
         return cls(curves=curves, granularity=granularity,
                    overhead=IterationOverhead.from_profile(profile) if overhead else None,
-                   host=hm)
+                   host=hm, chunks=chunks)
 
     def to_dict(self) -> dict:
         return {"granularity": self.granularity, "slowdown": self.slowdown,
                 "curves": [{"key": list(k), **c.to_dict()} for k, c in self.curves],
                 "overhead": None if self.overhead is None else self.overhead.to_dict(),
                 "host": None if self.host is None else self.host.to_dict(),
-                "gap": self.gap}
+                "gap": self.gap, "chunks": [list(c) for c in self.chunks]}
 
     @classmethod
     def from_dict(cls, d) -> "ComputeModel":
@@ -927,7 +979,26 @@ class ComputeModel:
                    granularity=d.get("granularity", "type"), slowdown=d.get("slowdown", 1.0),
                    overhead=None if oh is None else IterationOverhead.from_dict(oh),
                    host=None if hm is None else HostModel.from_dict(hm),
-                   gap=float(d.get("gap", 0.0)))
+                   gap=float(d.get("gap", 0.0)),
+                   chunks=tuple(tuple(c) for c in d.get("chunks", ())))
+
+
+def chunk_rules_of(profile) -> tuple:
+    """:class:`ComputeModel`'s ``chunks`` from a profile's ``meta["chunks"]`` (``{layer:
+    [limit, bytes per image, multiple]}``, :func:`swap.profiler.settle_chunk_rules`): one entry
+    per step of such a layer with FLOPs, with its FLOPs per image (the median of its samples'
+    FLOPs / k).  () for profiles without the record (before session 38, or no chunked layer)."""
+    rules = (getattr(profile, "meta", None) or {}).get("chunks") or {}
+    if not rules:
+        return ()
+    per_image: dict = {}
+    by_step = {s.step: s for s in profile.steps}
+    for c in profile.compute:
+        s = by_step.get(c.step)
+        if s is not None and s.name in rules and c.flops > 0 and c.k > 0:
+            per_image.setdefault((s.name, s.phase), []).append(c.flops / c.k)
+    return tuple((name, phase, *map(int, rules[name]), float(np.median(f)))
+                 for (name, phase), f in sorted(per_image.items()))
 
 
 # ------------------------------------------------- the fit against its profile

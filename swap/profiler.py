@@ -289,6 +289,46 @@ def step_infos(gmap: GMAP) -> tuple:
     return tuple(StepInfo(s.index, s.name, s.type, s.phase) for s in gmap.steps)
 
 
+def chunk_rules_now(net, k: int) -> dict:
+    """``{layer: [limit, bytes per image, multiple, calls at k]}`` for each cuDNN convolution
+    of ``net`` that may cut a minibatch into several calls
+    (:meth:`minicaffe.layers.conv.ConvolutionLayer.chunk_rule`), as it stands now."""
+    from minicaffe import engine as engines
+    out = {}
+    for layer in net.layers:
+        rule_of = getattr(layer, "chunk_rule", None)
+        if rule_of is None or getattr(layer, "engine", None) != engines.CUDNN:
+            continue
+        rule = rule_of()
+        if rule is not None:
+            out[layer.name] = [*rule, len(layer._chunks_at(k))]
+    return out
+
+
+def settle_chunk_rules(seen, log=None) -> tuple:
+    """``(rules, counts)`` for the profile's meta from :func:`chunk_rules_now` at each profiled
+    k (``seen``: ``[(k, rules now), ...]``): a layer's rule where every k had the same one and
+    its calls there were the rule's (``minicaffe.cudnn.ops.chunk_count``), else none (the
+    model then prices its steps per image, as before chunk rules were recorded, and ``log``
+    says why); and ``[[k, {layer: calls}], ...]`` where some layer made more than one call."""
+    from minicaffe.cudnn.ops import chunk_count
+    rules, bad = {}, set()
+    for k, now in seen:
+        for name, (limit, per, multiple, calls) in now.items():
+            rule = [int(limit), int(per), int(multiple)]
+            if rules.setdefault(name, rule) != rule or chunk_count(k, *rule) != calls:
+                bad.add(name)
+    everywhere = set.intersection(*(set(now) for _, now in seen)) if seen else set()
+    for name in sorted(rules):
+        if name in bad or name not in everywhere:
+            del rules[name]
+            if log is not None:
+                log(f"Convolution {name!r}: its chunks of images were not the same rule at "
+                    "every profiled minibatch; the model prices its steps per image")
+    counts = [[k, {n: c[3] for n, c in now.items() if c[3] > 1}] for k, now in seen]
+    return rules, [c for c in counts if c[1]]
+
+
 # --------------------------------------------------------------- synthetic
 def synthetic_profile(gmap: GMAP, ks, compute_model, pcie, *, noise: float = 0.0,
                       seed: int = 0, device: str = "synthetic", gap: float = 0.0,
@@ -1254,6 +1294,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     steps = layout = None
     g0 = None
     reserves, measured, runs, plans = [], [], [], []
+    chunk_seen = []         # (k, chunk_rules_now) at each profiled k
     k_max = None
     todo = list(ks)
     done = []
@@ -1374,11 +1415,13 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                     inst.remove()
                     ex.close()
                     raise
+                chunks_now = chunk_rules_now(net, k)   # under this k's plan, as it ran
                 inst.remove()
                 ex.close()
                 runs.append([k, solver.iter - it0])
                 break
             done.append(k)
+            chunk_seen.append((k, chunks_now))
             plans.append([k, plan])
             compute.extend(inst.compute)
             transfers.extend(inst.transfers)
@@ -1464,6 +1507,10 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     if copy_runs:
         meta["copy_runs"] = copy_runs
     meta["runs"] = runs
+    rules, counts = settle_chunk_rules(chunk_seen, say)
+    if rules:
+        meta["chunks"] = rules
+        meta["chunk_counts"] = counts
     if layout is not None:
         meta["layout"] = layout
     if scratch is not None:

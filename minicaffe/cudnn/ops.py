@@ -812,6 +812,26 @@ def workspace_limit_at(limit: int, per_image: int, num: int, floor: int = 0) -> 
     return min(int(limit), max(low, int(per_image) * int(num)))
 
 
+def chunk_images(limit: int, per_image: int, multiple: int = 1) -> int:
+    """The most images one chunk of :func:`workspace_chunks` holds: ``limit // per_image``, down
+    to a multiple of ``multiple`` where it holds one."""
+    most = max(1, int(limit) // max(1, int(per_image)))
+    step = max(1, int(multiple))
+    if most >= step:
+        most -= most % step
+    return most
+
+
+def chunk_count(num: int, limit: int, per_image: int, multiple: int = 1) -> int:
+    """How many calls :func:`workspace_chunks` cuts a minibatch of ``num`` images into (1
+    without a bound per image, or where the minibatch fits ``limit``).  The performance model
+    prices a chunked convolution per call (:class:`swap.model.ComputeModel`, ``chunks``)."""
+    num = int(num)
+    if not per_image or num <= 0 or num * int(per_image) <= int(limit):
+        return 1
+    return -(-num // chunk_images(limit, per_image, multiple))
+
+
 def workspace_chunks(num: int, limit: int, per_image: int, multiple: int = 1) -> tuple:
     """((start, stop), ...): the slices of a minibatch of ``num`` images that one convolution
     call each runs on, so that every call has its full workspace per image.
@@ -836,13 +856,9 @@ def workspace_chunks(num: int, limit: int, per_image: int, multiple: int = 1) ->
     FFT_TILING forward and backward-data, 45 % slower per image, and VGG-16 at 221 took
     282.9 ms with every map kept against 270.2 under a 3 GiB cap."""
     num = int(num)
-    if not per_image or num <= 0 or num * int(per_image) <= int(limit):
+    n = chunk_count(num, limit, per_image, multiple)
+    if n == 1:
         return ((0, num),)
-    most = max(1, int(limit) // int(per_image))
-    step = max(1, int(multiple))
-    if most >= step:
-        most -= most % step
-    n = -(-num // most)
     q, r = divmod(num, n)
     out, at = [], 0
     for i in range(n):

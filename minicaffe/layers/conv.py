@@ -695,14 +695,27 @@ class ConvolutionLayer(Layer):
         (:func:`minicaffe.cudnn.ops.workspace_chunks`): more than one chunk only under a bound
         per image, past its cap (at this layer's own bytes per image,
         :meth:`_bytes_per_image`)."""
-        o = self._cudnn if options is None else options
-        if not getattr(o, "chunks", False):
+        rule = self.chunk_rule(options)
+        if rule is None:
             return ((0, int(num)),)
-        per = self._bytes_per_image(o)
+        return cudnn_ops.workspace_chunks(num, *rule)
+
+    def chunk_rule(self, options=None):
+        """``(limit, bytes per image, multiple)``: how :meth:`_chunks_at` cuts a minibatch
+        (:func:`minicaffe.cudnn.ops.workspace_chunks` with these), or None where this layer's
+        calls are never cut (no cuDNN options, no chunks under them, or no bound per image;
+        a layer that fell back to the CAFFE engine keeps its options, so ask ``engine`` too).
+        The profiler records it (``meta["chunks"]``), and the performance model prices a cut
+        step per call (:class:`swap.model.ComputeModel`)."""
+        o = getattr(self, "_cudnn", None) if options is None else options
+        if o is None or not getattr(o, "chunks", False):
+            return None
+        per = int(self._bytes_per_image(o))
+        if not per:
+            return None
         # where the probe's need sets the bytes per image, chunks of whole probes
         probed = per > int(o.workspace_per_image)
-        return cudnn_ops.workspace_chunks(num, o.workspace_limit, per,
-                                          cudnn_ops.FIT_PROBE_IMAGES if probed else 1)
+        return (int(o.workspace_limit), per, cudnn_ops.FIT_PROBE_IMAGES if probed else 1)
 
     def _call_limit(self, num: int, size: int, options=None) -> int:
         """The workspace limit of one call on ``size`` images of a minibatch of ``num``: the

@@ -945,3 +945,14 @@ def test_a_refused_call_is_cudnn_unsupported_and_other_failures_stay_cudnn_error
         with ops._refusal("pool_forward"):
             raise other
     assert e.value is other
+
+
+def test_chunk_count_is_the_number_of_workspace_chunks():
+    """The performance model counts a chunked convolution's calls with ``chunk_count``; it is
+    ``len(workspace_chunks(...))`` for every size, bound and multiple."""
+    for num in (0, 1, 7, 16, 17, 33, 65, 92, 130, 261):
+        for limit, per, multiple in ((1 << 20, 0, 1), (100, 10, 1), (100, 10, 4), (100, 30, 16),
+                                     (1536, 55, 16), (10 ** 9, 10, 16)):
+            assert ops.chunk_count(num, limit, per, multiple) == len(
+                ops.workspace_chunks(num, limit, per, multiple)), (num, limit, per, multiple)
+    assert ops.chunk_images(1536, 55, 16) == 16 and ops.chunk_images(100, 30, 16) == 3

@@ -862,3 +862,55 @@ def test_the_tuner_says_why_the_copies_are_priced_at_zero(monkeypatch):
     assert "the profile has no copy calibration" in _no_copy_cost_words(bare)
     monkeypatch.setenv(ENV_COPY_SLOWDOWN, "0")
     assert f"${ENV_COPY_SLOWDOWN} sets it to zero" in _no_copy_cost_words(prof)
+
+
+# ------------------------------------------- chunked convolutions, per call (session 38)
+def test_chunked_convolutions_are_fitted_and_priced_per_call(build_net):
+    """A convolution cut into calls (a bound per image past its cap) costs by the call: a
+    profile with its rule in ``meta["chunks"]`` is fitted per call and predicts the steps at
+    an unprofiled k exactly (the segments between per-call points of a line); without the
+    rule the per-image segments between two profiled k miss them."""
+    import dataclasses as dc
+
+    from swap.model import chunk_rules_of
+    g = build_gmap(build_net("resnet", 4))
+    conv = sorted({s.name for s in g.steps if s.type == "Convolution" and s.flops > 0})[:2]
+    rule = (100, 10, 4)          # 10 bytes per image in 100: calls of at most 8 images
+    chunks = tuple((s.name, s.phase, *rule, s.flops / g.k) for s in g.steps
+                   if s.name in conv and s.flops > 0)
+    truth = ComputeModel(curves=((("*", "*"), ThroughputCurve(1e9, 5e6)),), chunks=chunks)
+    plain = synthetic_profile(g, (4, 13, 26, 40), truth, PCIeModel(1e9, 1e9))
+    ruled = dc.replace(plain, meta={**plain.meta, "chunks": {n: list(rule) for n in conv}})
+    assert {(c[0], c[1]) for c in chunk_rules_of(ruled)} == {(c[0], c[1]) for c in chunks}
+    assert chunk_rules_of(plain) == ()
+    fitted = ComputeModel.from_profile(ruled, granularity="segment", host=False)
+    per_image = ComputeModel.from_profile(plain, granularity="segment", host=False)
+    cut = [j for j, s in enumerate(g.steps) if s.name in conv and s.flops > 0]
+    for k in (17, 21, 33):           # 3, 3 and 5 calls: between the profiled 13, 26 and 40
+        want = truth.step_times(g.at(k))
+        got = fitted.step_times(g.at(k))
+        np.testing.assert_allclose(got, want, rtol=1e-9)
+        np.testing.assert_allclose(fitted.times_fn(g)(k), got, rtol=1e-12)
+        miss = np.abs(per_image.step_times(g.at(k))[cut] / want[cut] - 1)
+        assert miss.max() > 0.05, f"k={k}: per image within {miss.max():.3%}"
+    assert truth.calls(g.steps[cut[0]], g.at(33).steps[cut[0]].flops) == 5
+    again = ComputeModel.from_dict(fitted.to_dict())
+    assert again.chunks == fitted.chunks
+    np.testing.assert_allclose(again.times_fn(g)(21), fitted.times_fn(g)(21), rtol=1e-12)
+
+
+def test_chunk_rules_are_kept_only_where_every_profiled_k_agrees():
+    from swap.profiler import settle_chunk_rules
+    said = []
+    seen = [(16, {"a": [100, 10, 4, 2], "b": [100, 10, 4, 2], "c": [50, 5, 1, 2],
+                  "d": [100, 10, 4, 1]}),
+            (33, {"a": [100, 10, 4, 5], "b": [200, 10, 4, 2], "c": [50, 5, 1, 4],
+                  "d": [100, 10, 4, 5]}),
+            (65, {"a": [100, 10, 4, 9], "b": [200, 10, 4, 4], "d": [100, 10, 4, 9]})]
+    rules, counts = settle_chunk_rules(seen, said.append)
+    # a: one rule, its calls the rule's (calls of at most 8 images: 2, 5, 9); b: the rule
+    # moved; c: the rule's calls, but no rule at 65; d: one call at 16 where the rule cuts 2
+    assert rules == {"a": [100, 10, 4]}
+    assert counts == [[16, {"a": 2, "b": 2, "c": 2}], [33, {"a": 5, "b": 2, "c": 4, "d": 5}],
+                      [65, {"a": 9, "b": 4, "d": 9}]]
+    assert {m.split("'")[1] for m in said} == {"b", "c", "d"}

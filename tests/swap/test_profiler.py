@@ -801,3 +801,39 @@ def test_profile_calibrates_at_the_chosen_k_and_falls_back(make_solver, monkeypa
     prof = profile_solver(s, tight, (2, 4), warmup=0, iterations=1, calibrate_copies=True)
     assert prof.meta["copy_calibration"]["k"] == 2
     assert prof.meta["copy_runs"] == [[4, 0], [2, 3]]
+
+
+# ---------------------------------------------- chunked convolutions' rules (session 38)
+CONV_NET = """
+layer { name: "in" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 4 dim: 2 dim: 5 dim: 5 } shape { dim: 4 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "c" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def test_chunk_rules_now_reads_each_cudnn_convolutions_rule():
+    """The profiler records how each cuDNN convolution cuts a minibatch into calls
+    (``ConvolutionLayer.chunk_rule``): none for the CAFFE engine, none without chunks or a
+    bound per image, else (limit, bytes per image, multiple) and its calls at k, which are
+    ``_chunks_at``'s."""
+    from minicaffe import engine as engines
+    from minicaffe.cudnn import ops
+    from swap.profiler import chunk_rules_now
+    net = _net(CONV_NET)
+    layer = next(layer for layer in net.layers if layer.name == "conv")
+    assert chunk_rules_now(net, 33) == {}                      # CAFFE engine here
+    cut = engines.CudnnOptions(workspace_limit=100, workspace_per_image=10, chunks=True,
+                               fit_fastest=False)
+    assert layer.chunk_rule(cut) == (100, 10, 1)
+    assert layer.chunk_rule(engines.CudnnOptions(workspace_limit=100, workspace_per_image=10,
+                                                 chunks=False)) is None
+    assert layer.chunk_rule(engines.CudnnOptions(workspace_limit=100)) is None
+    for k in (4, 10, 11, 33):
+        assert layer._chunks_at(k, cut) == ops.workspace_chunks(k, 100, 10, 1)
+    layer.engine, layer._cudnn = engines.CUDNN, cut
+    assert chunk_rules_now(net, 33) == {"conv": [100, 10, 1, 4]}   # 33 images, 10 a call
+    assert chunk_rules_now(net, 10) == {"conv": [100, 10, 1, 1]}

@@ -4,7 +4,11 @@ every launch, the SGD tables' storage key through the blobs' views) and after, s
 drifting pace falls on both alike.  With ``old/ops.py`` beside this file (0086a97's), "old"
 also restores the cuDNN library look-up per call (before 4e764f0) and the bound convolutions'
 generator context manager (before af7306c): their methods, from that file, in ops'
-namespace.  Prints each round's median step ms and the paired differences.  Usage: python3 ab_host.py NET K ROUNDS ITERS [bnrelu]
+namespace.  Prints each round's median step ms and the paired differences.
+The old files are not kept in the tree (git has them); before a run:
+    mkdir -p docs/results/tuner_s38/old
+    git show 0086a97:minicaffe/cudnn/ops.py > docs/results/tuner_s38/old/ops.py
+(call e also used ``git show 587b4f0~1:minicaffe/kernels/cuda_fused.py > old/cuda_fused.py``).  Usage: python3 ab_host.py NET K ROUNDS ITERS [bnrelu]
 (bnrelu: the same rounds for Net.set_bn_relu_fusion on against off, with this code)"""
 import os, statistics, sys, time
 sys.path.insert(0, os.getcwd())

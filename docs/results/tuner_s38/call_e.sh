@@ -3,7 +3,8 @@
 # once; the SGD tables' storage key from the storages), at the host-bound k of ResNet-152
 # (16) and ResNet-101 (23) under `none`, old and new trees alternated in separate
 # processes; then the GPU tests of the changed file and of training.
-# docs/results/tuner_s38/old/cuda_fused.py is the file before the change (git show 587b4f0~1:...).
+# docs/results/tuner_s38/old/cuda_fused.py is the file before the change, not kept in the tree:
+# git show 587b4f0~1:minicaffe/kernels/cuda_fused.py > docs/results/tuner_s38/old/cuda_fused.py
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1 || exit 1
 T0=$(date +%s)

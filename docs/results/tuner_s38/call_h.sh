@@ -2,7 +2,8 @@
 # Session 38, call h: the GPU tests of this session's host changes (587b4f0, 4e764f0, af7306c:
 # fused kernels looked up once, the SGD tables' key from the storages, cuDNN handles keeping
 # their library, the bound convolutions' own try blocks), then the paired A/B of all of them
-# against 0086a97's code (ab_host.py with old/), ResNet-152 at 16 and ResNet-101 at 23.
+# against 0086a97's code (ab_host.py with old/ops.py, not kept in the tree: git show
+# 0086a97:minicaffe/cudnn/ops.py > docs/results/tuner_s38/old/ops.py), ResNet-152 at 16 and ResNet-101 at 23.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1 || exit 1
 export PYTHONPATH=/tmp/site:$PWD

@@ -69,8 +69,9 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   profiler's :func:`swap.profiler.chunk_rules_now`), its steps are fitted and predicted per
   call: ``t_j(k) = n_j(k) * t(FLOPs_j(k) / n_j(k))``, with ``n_j(k)`` the rule's calls at k
   (:func:`minicaffe.cudnn.ops.chunk_count`).  A CPU replay of that profile (which predates
-  the record) with chunks of at most 16 images for conv1_2 to conv4_3 gives 114.9 ms of
-  steps at 92 this way and 122.5 ms per image; every map kept measured 113.7 ms of steps.
+  the record) with chunks of at most 16 images for conv1_2 to conv4_3 gives 114.0 ms of
+  steps at 92 this way and 119.3 ms per image; every map kept measured 113.7 ms of steps
+  (``docs/results/tuner_s38/chunk_replay.py``).
 
   eq. (2): ``t_iter(k) = sum_j t_j(k)`` (stall-free); eq. (3):
   ``t_whole(k) = E * m / k * (max(t_iter(k), H(k)) + O(k) + Delta)`` with Delta the time
@@ -861,7 +862,7 @@ class ComputeModel:
             x = flops * (k / k0)
             n = None
             if len(cj):
-                images = np.rint(c_img * (k / k0))
+                images = np.rint(c_img * (k / k0))        # chunk_count, vectorized
                 n = np.where((c_per == 0) | (images * c_per <= c_lim), 1.0,
                              np.ceil(images / c_most))
                 x = x.copy()

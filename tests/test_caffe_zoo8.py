@@ -1,12 +1,14 @@
 """An eighth sweep of public prototxt files (tests/data/zoo8/README.md lists them):
-soeaver's Inception-v4 deploy, rebuilt character for character by tests/zoo8_nets.py.
+soeaver's Inception-v4 and TF-ported Inception-v1 (GoogLeNet with BatchNorm) deploy files,
+rebuilt character for character by tests/zoo8_nets.py.
 
 As in tests/test_caffe_zoo7.py: the net is built in the phase its file is for; every blob's
 and param's shape is checked against Caffe's rules (``caffe_shapes`` in tests/zoo3_nets.py,
 written from Caffe's layer sources) and, for the shapes that tell the rules apart (a
 convolution's floor beside a pooling's ceil, concatenated), against numbers worked out by
-hand in the docstrings; the parameter count against one worked by hand from the paper's
-figures; one forward at the smallest input the net accepts is checked against NumPy.
+hand in the docstrings; the parameter counts against ones worked by hand from the papers'
+figures (and published by timm and torchvision); one forward per net is checked against
+NumPy (Inception-v4 at 75, the smallest input all of whose windows fit).
 """
 import math
 
@@ -16,7 +18,8 @@ import minicaffe as caffe
 
 from test_caffe_zoo3 import check_shapes, randomize
 from test_caffe_zoo7 import max_pool
-from zoo8_nets import INCEPTION_V4_CHARS, inception_v4_deploy
+from zoo8_nets import (INCEPTION_V1_TF_CHARS, INCEPTION_V4_CHARS, inception_v1_tf_deploy,
+                       inception_v4_deploy)
 
 # The stored copy's text on either side of each 16,000-character boundary of read_file
 # (soeaver/caffe-model cls/inception/deploy_inception_v4.prototxt at fdee5138): offset ->
@@ -61,7 +64,8 @@ V4_PIECES = (
     '  bottom: "reduction_b_3x3_2"\n  bottom: "reduction_b_pool"\n  top: "reduction_b_concat"\n}\n',
     'layer {\n  name: "inception_c1_concat"\n  type: "Concat"\n  bottom: "inception_c1_1x1_2"\n'
     '  bottom: "inception_c1_1x3"\n  bottom: "inception_c1_3x1"\n  bottom: "inception_c1_1x3_3"\n'
-    '  bottom: "inception_c1_3x1_3"\n  bottom: "inception_c1_1x1"\n  top: "inception_c1_concat"\n}\n',
+    '  bottom: "inception_c1_3x1_3"\n  bottom: "inception_c1_1x1"\n'
+    '  top: "inception_c1_concat"\n}\n',
     'layer {\n  name: "prob"\n  type: "Softmax"\n  bottom: "classifier"\n  top: "prob"\n}\n\n',
 )
 
@@ -125,7 +129,8 @@ def inception_v4_params():
 
 
 def v4_accepts(h):
-    """Whether Caffe can set Inception-v4 up on an h x h input, by its rules along one axis:
+    """Whether Caffe sets Inception-v4 up on an h x h input with every unpadded 3x3 window
+    inside its input (a smaller map gives empty blobs), by its rules along one axis:
     conv1 3x3/2 floors, conv2 takes 2, conv3 (pad 1) keeps the size; each of stem1, stem3,
     reduction A and B concatenates a 3x3/2 convolution, (i - 3) // 2 + 1, with a MAX 3/2
     pooling, ceil((i - 3) / 2) + 1, so i - 3 must be even; stem2's unpadded 3x3s take 2."""
@@ -153,7 +158,8 @@ def test_inception_v4_deploy(tmp_path):
     384 + 256 + 384 = 1024; B blocks 384 + 256 + 256 + 128 = 1024; reduction B 8, 192 + 320
     + 1024 = 1536; C blocks 256 + 4 x 256 + 256 = 1536; global pool 1; classifier (1, 1000).
     Parameters: 42,679,816 (``inception_v4_params``, by hand).  The net is set up at 299
-    (shapes only); the forward runs at 75, the smallest input it accepts (``v4_accepts``)."""
+    (shapes only); the forward runs at 75, the smallest input whose windows all fit
+    (``v4_accepts``)."""
     path = tmp_path / "deploy_inception_v4.prototxt"
     path.write_text(inception_v4_deploy())
     net = caffe.Net(str(path), caffe.TEST)
@@ -184,7 +190,7 @@ def test_inception_v4_deploy(tmp_path):
     assert learned == inception_v4_params() == 42_679_816
     assert net.layer_dict["conv1_3x3_s2_bn"].param.batch_norm_param.eps == np.float32(0.001)
 
-    # which inputs Caffe accepts: 75 is the smallest; at 73 and 77 stem1's pool is one
+    # which inputs Caffe takes: 75 is the smallest; at 73 and 77 stem1's pool is one
     # larger than its convolution and the Concat refuses, naming both bottoms
     accepted = [h for h in range(1, 300) if v4_accepts(h)]
     assert accepted[0] == 75 and 299 in accepted and 76 in accepted
@@ -249,5 +255,139 @@ def test_inception_v4_deploy(tmp_path):
                                   b["inception_c3_concat"].data[0, :, 0, 0])
     w, bias = (blob.data.astype(np.float64) for blob in p["classifier"])
     logits = w @ pooled + bias
+    e = np.exp(logits - logits.max())
+    np.testing.assert_allclose(prob[0], e / e.sum(), rtol=1e-4, atol=1e-8)
+
+
+# ---------------------------------------------------------------- Inception-v1, TF port
+# The stored copy's text (cls/inception/deploy_inception_v1_tf.prototxt at b71c16bc) at its
+# read_file boundaries, as above.
+V1_BOUNDARIES = {
+    16000: ('layer {\n  name: "inception_b1_3x3_a_scale"\n  type: "Scale"\n'
+            '  bottom: "inception_b1_3x3_a"\n  top: "inception_b1_3x3_a"\n'
+            '  scale_param {\n    bias_term: true\n  }\n}\nlayer {\n  na',
+            'me: "inception_b1_3x3_a_relu"\n  type: "ReLU"\n'),
+    32000: ('layer {\n  name: "inception_b4_3x3_a_bn"\n  type: "Batch',
+            'Norm"\n  bottom: "inception_b4_3x3_a"\n  top: "inception_b4_3x3_a"\n'),
+    48000: ('layer {\n  name: "inception_c2_3x3_a_reduce_relu"\n  type: "ReLU"\n  bott',
+            'om: "inception_c2_3x3_a_reduce"\n  top: "inception_c2_3x3_a_reduce"\n}\n'),
+}
+V1_PIECES = (
+    'input: "data"\ninput_shape {\n  dim: 1\n  dim: 3\n  dim: 224 \n  dim: 224\n}\nlayer {\n'
+    '  name: "conv1_7x7_s2"\n',
+    'layer {\n  name: "conv1_7x7_s2_relu"\n  type: "ReLU"\n  bottom: "conv1_7x7_s2"\n'
+    '  top: "conv1_7x7_s2"\n}\n\nlayer {\n  name: "pool1_3x3_s2"\n',
+    'layer {\n  name: "conv2_3x3relu"\n  type: "ReLU"\n  bottom: "conv2_3x3"\n'
+    '  top: "conv2_3x3"\n}\nlayer {\n  name: "pool2_3x3_s2"\n',
+    '  top: "inception_a1_output"\n}\nlayer {\n  name: "inception_a2_1x1"\n',
+    'layer {\n  name: "inception_a1_output"\n  type: "Concat"\n  bottom: "inception_a1_1x1"\n'
+    '  bottom: "inception_a1_3x3_a"\n  bottom: "inception_a1_3x3_b"\n'
+    '  bottom: "inception_a1_pool_proj"\n  top: "inception_a1_output"\n}\n',
+    '  top: "pool3_3x3_s2"\n  pooling_param {\n    pool: MAX\n    kernel_size: 3\n'
+    '    stride: 2\n  }\n}\n\nlayer {\n  name: "inception_b1_1x1"\n',
+    '  convolution_param {\n    bias_term: true\n    num_output: 1000\n    pad: 0\n'
+    '    kernel_size: 1\n    stride: 1\n    weight_filler {\n      type: "xavier"\n'
+    '      std: 0.01\n    }\n  }\n}\n\nlayer {\n  name: "reshape"\n',
+    '  reshape_param {\n    shape {\n      dim: 0\n      dim: 0\n    }\n  }\n}\n\nlayer {\n'
+    '  name: "prob"\n  type: "Softmax"\n  bottom: "reshape"\n  top: "prob"\n}',
+)
+
+
+def test_inception_v1_tf_text_is_the_stored_copy():
+    """As for Inception-v4: length, boundaries, and the pieces that hold the file's quirks
+    (the trailing space after 224, ``conv2_3x3relu``, where blank lines stand, no newline
+    at the end)."""
+    text = inception_v1_tf_deploy()
+    assert len(text) == INCEPTION_V1_TF_CHARS == 52708
+    for offset, (before, after) in V1_BOUNDARIES.items():
+        assert text[offset - len(before):offset] == before, offset
+        assert text[offset:offset + len(after)] == after, offset
+    assert text.startswith(V1_PIECES[0]) and text.endswith(V1_PIECES[-1])
+    for piece in V1_PIECES[1:-1]:
+        assert text.count(piece) == 1, piece[:40]
+
+
+def inception_v1_params():
+    """GoogLeNet's learned parameters by hand (Szegedy et al. 2014, table 1, with the 5x5
+    branch a 3x3 as in TF-Slim and torchvision's ``googlenet``, whose published count
+    without the auxiliary classifiers is 6,624,904): bias-free convolutions with gamma and
+    beta each, a 1000-way classifier with a bias on 1024 channels."""
+    def c(cin, cout, k):
+        return cin * cout * k * k + 2 * cout
+
+    total = c(3, 64, 7) + c(64, 64, 1) + c(64, 192, 3)
+    cin = 192
+    for n1, r3a, n3a, r3b, n3b, proj in ((64, 96, 128, 16, 32, 32), (128, 128, 192, 32, 96, 64),
+                                         (192, 96, 208, 16, 48, 64), (160, 112, 224, 24, 64, 64),
+                                         (128, 128, 256, 24, 64, 64), (112, 144, 288, 32, 64, 64),
+                                         (256, 160, 320, 32, 128, 128),
+                                         (256, 160, 320, 32, 128, 128),
+                                         (384, 192, 384, 48, 128, 128)):
+        total += (c(cin, n1, 1) + c(cin, r3a, 1) + c(r3a, n3a, 3) + c(cin, r3b, 1)
+                  + c(r3b, n3b, 3) + c(cin, proj, 1))
+        cin = n1 + n3a + n3b + proj
+    assert cin == 1024
+    return total + 1024 * 1000 + 1000
+
+
+def test_inception_v1_tf_deploy(tmp_path):
+    """soeaver's deploy_inception_v1_tf.prototxt (rebuilt by tests/zoo8_nets.py): an
+    ``input_shape`` (1, 3, 224, 224), 57 bias-free convolutions with BatchNorm (eps 0.001),
+    Scale and ReLU in place, nine Inception blocks whose pool branch is MAX 3/1 pad 1, MAX
+    3/2 pools without pad between stages, a 1x1 convolution as classifier and a Reshape
+    (``dim: 0  dim: 0``) to (N, 1000) before Softmax.
+
+    Shapes at 224: conv1 (224 + 6 - 7) // 2 + 1 = 112; pool1 ceil(109 / 2) + 1 = 56 (floor:
+    55); conv2 56; pool2 ceil(53 / 2) + 1 = 28 (floor 27); inception_a1 64 + 128 + 32 + 32 =
+    256, a2 480; pool3 ceil(25 / 2) + 1 = 14 (floor 13); b1..b3 512, b4 528, b5 832; pool4
+    ceil(11 / 2) + 1 = 7 (floor 6); c1 832, c2 1024; pool_7x7_s1 (1, 1024, 1, 1);
+    classifier (1, 1000, 1, 1); reshape and prob (1, 1000).  Parameters: 6,624,904
+    (``inception_v1_params``)."""
+    path = tmp_path / "deploy_inception_v1_tf.prototxt"
+    path.write_text(inception_v1_tf_deploy())
+    net = caffe.Net(str(path), caffe.TEST)
+    blobs, params = check_shapes(net, str(path), caffe.TEST)
+    assert blobs["conv1_7x7_s2"] == (1, 64, 112, 112) and blobs["pool1_3x3_s2"] == \
+        (1, 64, 56, 56)
+    assert blobs["pool2_3x3_s2"] == (1, 192, 28, 28)
+    assert blobs["inception_a1_output"] == (1, 256, 28, 28)
+    assert blobs["inception_a2_output"] == (1, 480, 28, 28)
+    assert blobs["pool3_3x3_s2"] == (1, 480, 14, 14)
+    assert blobs["inception_b4_output"] == (1, 528, 14, 14)
+    assert blobs["inception_b5_output"] == (1, 832, 14, 14)
+    assert blobs["pool4_3x3_s2"] == (1, 832, 7, 7)
+    assert blobs["inception_c2_output"] == (1, 1024, 7, 7)
+    assert blobs["classifier"] == (1, 1000, 1, 1)
+    assert blobs["reshape"] == blobs["prob"] == (1, 1000)
+    assert params["inception_b1_3x3_b"] == [(48, 16, 3, 3)]
+    assert params["classifier"] == [(1000, 1024, 1, 1), (1000,)]
+    types = [l.type for l in net.layers]
+    assert types.count("Convolution") == 58 and types.count("BatchNorm") == 57
+    learned = sum(int(np.prod(s)) for n, ps in params.items() for s in ps
+                  if net.layer_dict[n].type != "BatchNorm")
+    assert learned == inception_v1_params() == 6_624_904
+
+    randomize(net, seed=13)
+    x = np.random.default_rng(14).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    prob = net.forward(data=x)["prob"]
+    b, p = net.blobs, net.params
+    c1 = conv2d(x[0], p["conv1_7x7_s2"][0].data, stride=2, pad=(3, 3))
+    np.testing.assert_allclose(b["conv1_7x7_s2"].data[0],
+                               bn_scale_relu(c1, net, "conv1_7x7_s2", 1e-3), rtol=1e-4,
+                               atol=1e-5)
+    # pool1's 56th window (ceil's; floor stops at 55) starts at 110, clipped to 110..111
+    np.testing.assert_array_equal(b["pool1_3x3_s2"].data[0],
+                                  max_pool(b["conv1_7x7_s2"].data[0], 3, 2, 0, 56))
+    # a block's pool branch: MAX 3/1 pad 1 (the padding never wins), and the Concat order
+    np.testing.assert_array_equal(b["inception_a1_pool"].data[0],
+                                  max_pool(b["pool2_3x3_s2"].data[0], 3, 1, 1, 28))
+    out = b["inception_a1_output"].data[0]
+    for name, lo, hi in (("1x1", 0, 64), ("3x3_a", 64, 192), ("3x3_b", 192, 224),
+                         ("pool_proj", 224, 256)):
+        np.testing.assert_array_equal(out[lo:hi], b[f"inception_a1_{name}"].data[0])
+    pooled = b["inception_c2_output"].data[0].astype(np.float64).mean(axis=(1, 2))
+    w, bias = (blob.data.astype(np.float64) for blob in p["classifier"])
+    logits = w[:, :, 0, 0] @ pooled + bias
+    np.testing.assert_allclose(b["reshape"].data[0], logits, rtol=1e-4, atol=1e-5)
     e = np.exp(logits - logits.max())
     np.testing.assert_allclose(prob[0], e / e.sum(), rtol=1e-4, atol=1e-8)

@@ -127,3 +127,79 @@ def inception_v4_deploy():
 
 
 INCEPTION_V4_CHARS = 114747
+
+
+def inception_v1_tf_deploy():
+    """soeaver/caffe-model ``cls/inception/deploy_inception_v1_tf.prototxt`` (commit
+    b71c16bc, 52,708 characters; MIT, as above): GoogLeNet as TensorFlow-Slim's
+    inception_v1 has it (converted from TensorFlow), with BatchNorm (use_global_stats, eps
+    0.001), Scale and ReLU in place after every bias-free convolution and a 3x3 convolution
+    (``_3x3_b``) where Szegedy et al. 2014 have the 5x5.  Its text has quirks kept here: the
+    input's third dim is written ``224 `` (a trailing space), conv2_3x3's ReLU is named
+    ``conv2_3x3relu``, blank lines stand before each block's pool branch, after every
+    block's Concat but the first and around pool1, pool3, pool4, the classifier and the
+    Reshape, and the file ends without a newline.  Branch pools are MAX 3/1 pad 1; the
+    classifier is a 1x1 convolution with a bias, reshaped to (N, 1000) for Softmax."""
+    out = ['input: "data"\ninput_shape {\n  dim: 1\n  dim: 3\n  dim: 224 \n  dim: 224\n}\n']
+
+    def layer(name, typ, bottom, top, body="", blank=False):
+        out.append(("\n" if blank else "") + f'layer {{\n  name: "{name}"\n  type: "{typ}"\n'
+                   f'  bottom: "{bottom}"\n  top: "{top}"\n' + body + "}\n")
+
+    def conv(name, bottom, n, k, pad=0, stride=1, relu=None, bias=False, blank=False):
+        layer(name, "Convolution", bottom, name,
+              "  param {\n    lr_mult: 1\n    decay_mult: 1\n  }\n  convolution_param {\n"
+              f"    bias_term: {'true' if bias else 'false'}\n    num_output: {n}\n"
+              f"    pad: {pad}\n    kernel_size: {k}\n    stride: {stride}\n"
+              '    weight_filler {\n      type: "xavier"\n      std: 0.01\n    }\n  }\n',
+              blank=blank)
+        if bias:                                      # the classifier: no BatchNorm
+            return name
+        layer(f"{name}_bn", "BatchNorm", name, name, "  batch_norm_param {\n"
+              "    use_global_stats: true\n    eps: 0.001\n  }\n")
+        layer(f"{name}_scale", "Scale", name, name, "  scale_param {\n    bias_term: true\n"
+              "  }\n")
+        layer(relu or f"{name}_relu", "ReLU", name, name)
+        return name
+
+    def max_pool(name, bottom, stride, pad, blank):
+        layer(name, "Pooling", bottom, name, "  pooling_param {\n    pool: MAX\n"
+              f"    kernel_size: 3\n    stride: {stride}\n" + (f"    pad: {pad}\n" if pad else "")
+              + "  }\n", blank=blank)
+        return name
+
+    x = conv("conv1_7x7_s2", "data", 64, 7, pad=3, stride=2)
+    x = max_pool("pool1_3x3_s2", x, 2, 0, blank=True)
+    x = conv("conv2_3x3_reduce", x, 64, 1)
+    x = conv("conv2_3x3", x, 192, 3, pad=1, relu="conv2_3x3relu")
+    x = max_pool("pool2_3x3_s2", x, 2, 0, blank=False)
+    # (1x1, 3x3_a reduce, 3x3_a, 3x3_b reduce, 3x3_b, pool_proj): Szegedy et al. table 1
+    blocks = {"a1": (64, 96, 128, 16, 32, 32), "a2": (128, 128, 192, 32, 96, 64),
+              "b1": (192, 96, 208, 16, 48, 64), "b2": (160, 112, 224, 24, 64, 64),
+              "b3": (128, 128, 256, 24, 64, 64), "b4": (112, 144, 288, 32, 64, 64),
+              "b5": (256, 160, 320, 32, 128, 128), "c1": (256, 160, 320, 32, 128, 128),
+              "c2": (384, 192, 384, 48, 128, 128)}
+    for name, (n1, r3a, n3a, r3b, n3b, proj) in blocks.items():
+        p = f"inception_{name}"
+        first = conv(f"{p}_1x1", x, n1, 1, blank=name not in ("a1", "a2"))
+        a = conv(f"{p}_3x3_a", conv(f"{p}_3x3_a_reduce", x, r3a, 1), n3a, 3, pad=1)
+        b = conv(f"{p}_3x3_b", conv(f"{p}_3x3_b_reduce", x, r3b, 1), n3b, 3, pad=1)
+        d = conv(f"{p}_pool_proj", max_pool(f"{p}_pool", x, 1, 1, blank=True), proj, 1)
+        out.append(f'layer {{\n  name: "{p}_output"\n  type: "Concat"\n  bottom: "{first}"\n'
+                   f'  bottom: "{a}"\n  bottom: "{b}"\n  bottom: "{d}"\n'
+                   f'  top: "{p}_output"\n}}\n')
+        x = f"{p}_output"
+        if name in ("a2", "b5"):
+            x = max_pool(f"pool{3 if name == 'a2' else 4}_3x3_s2", x, 2, 0, blank=True)
+    layer("pool_7x7_s1", "Pooling", x, "pool_7x7_s1",
+          "  pooling_param {\n    pool: AVE\n    global_pooling: true\n  }\n", blank=True)
+    layer("pool_7x7_s1_drop", "Dropout", "pool_7x7_s1", "pool_7x7_s1_drop",
+          "  dropout_param {\n    dropout_ratio: 0.2\n  }\n")
+    conv("classifier", "pool_7x7_s1_drop", 1000, 1, bias=True, blank=True)
+    layer("reshape", "Reshape", "classifier", "reshape",
+          "  reshape_param {\n    shape {\n      dim: 0\n      dim: 0\n    }\n  }\n", blank=True)
+    layer("prob", "Softmax", "reshape", "prob", blank=True)
+    return "".join(out)[:-1]                          # no newline at the end
+
+
+INCEPTION_V1_TF_CHARS = 52708

@@ -15,5 +15,5 @@ echo "gpu tests rc $? at $(( $(date +%s) - T0 )) s"; tail -8 $OUT/a/gpu_tests.tx
 L=$(( 590 - $(date +%s) + T0 ))
 MINICAFFE_CUDNN_WORKSPACE_CAP=1.5G timeout $L python3 scripts/tuner_table.py --gpus 0 --nets vgg16:64 --engine CUDNN --r152-batch 0 --recompute vgg16=auto --no-stall-rounds 1 --iters 3 --timeout $(( L - 5 )) --out $OUT/a/vgg16 > $OUT/a/vgg16.txt 2>&1
 echo "vgg16 rc $? at $(( $(date +%s) - T0 )) s"; grep "^| vgg16" $OUT/a/vgg16/tuner_table.md
-grep -o '"chunks": {[^}]*}' $OUT/a/vgg16/tuner/vgg16_profile.json | head -c 600; echo
+python3 -c "import json, sys; m = json.load(open(sys.argv[1]))['meta']; print('chunks:', m.get('chunks')); print('chunk_counts:', m.get('chunk_counts'))" $OUT/a/vgg16/tuner/vgg16_profile.json | cut -c1-900
 cd $OUT && tar czf a.tgz a && rm -rf a

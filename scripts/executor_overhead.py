@@ -274,7 +274,8 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
             row["algos"] = conv_algorithms(net)
         if cprofile:
             row["cprofile"] = host_profile(run, sync, cprofile)
-        row["by_type"] = step_times_by_type(ex, net, sync) if (gpu and ex is not None) else {}
+        row["by_type"], row["by_step"] = (step_times_by_type(ex, net, sync)
+                                          if (gpu and ex is not None) else ({}, {}))
         if ex is not None and not brief:
             # the executor alone: the same pass with every layer call a no-op (its data are
             # left stale, so this runs last but one; the plan's ops and checks run as ever)
@@ -370,6 +371,7 @@ def conv_algorithms(net) -> dict:
     from minicaffe.cudnn import ops
     count = defaultdict(lambda: defaultdict(int))
     search_ms = defaultdict(float)
+    per_layer = defaultdict(list)
     workspace = 0
     for layer in net.layers:
         if getattr(layer, "engine", None) != engines.CUDNN or \
@@ -383,16 +385,19 @@ def conv_algorithms(net) -> dict:
                 layer.pad, layer.stride, layer.dilation, layer.group, layer.dtype, tf32=o.tf32,
                 deterministic=o.deterministic, find=o.find,
                 workspace_limit=layer._call_limit(layer.num, b - a))
+            per_layer[layer.name].append(
+                [b - a] + [[d, c.name, round(c.time_ms, 4)] for d, c in choices.items()])
             for d, c in choices.items():
                 count[d][c.name] += 1
                 search_ms[d] += max(c.time_ms, 0.0)
                 workspace = max(workspace, c.workspace)
     return {"count": {d: dict(v) for d, v in count.items()}, "search_ms": dict(search_ms),
-            "largest_workspace": workspace}
+            "largest_workspace": workspace, "per_layer": dict(per_layer)}
 
 
-def step_times_by_type(ex, net, sync, iters: int = 3) -> dict:
-    """Device time per layer type and phase (ms, median over ``iters`` traced passes): the
+def step_times_by_type(ex, net, sync, iters: int = 3) -> tuple:
+    """Device time per layer type and phase, and per layer and phase (two dicts of ms, medians
+    over ``iters`` traced passes): the
     executor's memory trace times every step with CUDA events on the compute stream (the
     traced passes run op by op; a step's time includes any wait of the device for the host
     within it)."""
@@ -412,11 +417,14 @@ def step_times_by_type(ex, net, sync, iters: int = 3) -> dict:
         with open(path) as f:
             rows = list(csv.DictReader(f))
     per = defaultdict(lambda: defaultdict(float))     # (type, phase) -> iteration -> ms
+    each = defaultdict(lambda: defaultdict(float))    # (layer, phase) -> iteration -> ms
     for r in rows:
-        li = ex.gmap.steps[int(r["step"])].layer
-        key = f"{net.layers[li].type} {r['phase']}"
-        per[key][r["iteration"]] += float(r["t_end_ms"]) - float(r["t_start_ms"])
-    return {k: statistics.median(v.values()) for k, v in per.items()}
+        layer = net.layers[ex.gmap.steps[int(r["step"])].layer]
+        ms = float(r["t_end_ms"]) - float(r["t_start_ms"])
+        per[f"{layer.type} {r['phase']}"][r["iteration"]] += ms
+        each[f"{layer.name} {r['phase']}"][r["iteration"]] += ms
+    return ({k: statistics.median(v.values()) for k, v in per.items()},
+            {k: statistics.median(v.values()) for k, v in each.items()})
 
 
 def _label(row) -> str:

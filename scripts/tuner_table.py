@@ -576,6 +576,10 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         out["recompute"] = [recompute, *dec.recompute]
     g = ex.gmap
     g_dec = td.gmap if td.gmap is not None else g       # what the decision was made on
+    # closed before the model is asked about other ks: its cuDNN searches there (the model's
+    # probe) allocate their operands, which no executor's scratch reserve is sized for
+    net.executor = None
+    _free(ex)
     model, pcie = profile_models(td.profile, g, granularity)
     if td.model is not None:           # under --cuda-graph: scaled by the calibration
         model = td.model
@@ -591,8 +595,6 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     if auto or (dec.k_largest and dec.k_largest != dec.k_star):
         paper = tune(g_dec, td.plan_budget, model, pcie, method=search, k_max=dec.k_max,
                      scratch=td.scratch, objective="largest", recompute=recompute)
-    net.executor = None
-    _free(ex)
     S = td.scratch
     out["tuner"] = {"k_star": dec.k_star, "k_max": dec.k_max, "objective": dec.objective,
                     "k_largest": paper.k_star,

@@ -73,6 +73,23 @@ Three submodels, each fitted from a :class:`swap.profiler.Profile` (measured, or
   steps at 92 this way and 119.3 ms per image; every map kept measured 113.7 ms of steps
   (``docs/results/tuner_s38/chunk_replay.py``).
 
+  **cuDNN convolutions are priced by cuDNN's own search** where the profile records it
+  (``meta["searched"]``, :func:`swap.profiler.search_times_now`; granularities "step" and
+  "segment").  A convolution's time is a step function of its images, not a curve: on the
+  H200 (session 39, VGG-16 under a 1.5 GiB cap, every map kept) conv4_2's forward under
+  WINOGRAD_NONFUSED took 1.22, 1.27 and 2.00 ms at 33, 48 and 65 images (tiles of 16), and
+  conv2_x and conv3_x switched to FFT_TILING at 33 and 65 but not at 48, so the iteration ran
+  1561, 1256 and 1411 us per image there.  Segments between profiled points cannot know where
+  the steps are; cuDNN's search times every algorithm at the very shape (its chosen one is the
+  algorithm that then runs: choices are cached per shape), within a few per cent of the step
+  measured in place (conv4_2: 1.23 / 1.28 / 1.97 ms).  So such a step at k is
+  ``r(k) * s(k)``: ``s(k)`` the searched seconds of its calls at k (forward; backward: filter
+  and, where the net propagates to its bottom, data), ``r(k)`` the measured-to-searched ratio
+  at the profiled ks (the bias and the host's gaps; 0.99-1.15), linear between them.  At a k
+  the profile did not search, the tuner's model asks the device (:attr:`ComputeModel.probe`,
+  a cached search per shape) and keeps the answer in the profile; without a device (a saved
+  profile replayed on the CPU), a k it lacks falls back to the curves.
+
   eq. (2): ``t_iter(k) = sum_j t_j(k)`` (stall-free); eq. (3):
   ``t_whole(k) = E * m / k * (max(t_iter(k), H(k)) + O(k) + Delta)`` with Delta the time
   between iterations (parameter synchronization in distributed mode, 0 on one GPU), O(k) and
@@ -794,13 +811,47 @@ class ComputeModel:
     # chunked convolutions' steps, priced per call (module doc): ((layer, phase, limit,
     # bytes per image, multiple, FLOPs per image), ...)
     chunks: tuple = ()
+    # cuDNN convolutions' steps priced by cuDNN's own search times (module doc): ((layer,
+    # phase, FLOPs per image, ((k, searched seconds), ...), ((k, measured / searched), ...)),
+    # ...); probe: ``(layer, phase, k) -> seconds or None``, cuDNN's search at a k the table
+    # lacks (swap.profiler.search_probe; not saved)
+    searched: tuple = ()
+    probe: object = field(default=None, repr=False, compare=False)
     _index: dict = field(default=None, init=False, repr=False, compare=False)
     _chunk_index: dict = field(default=None, init=False, repr=False, compare=False)
+    _search_index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_index", dict(self.curves))
         object.__setattr__(self, "_chunk_index",
                            {(c[0], c[1]): tuple(c[2:]) for c in self.chunks})
+        object.__setattr__(self, "_search_index", {
+            (e[0], e[1]): (float(e[2]), {int(k): v for k, v in e[3]},
+                           np.array([float(k) for k, _ in e[4]]),
+                           np.array([float(r) for _, r in e[4]]))
+            for e in self.searched})
+
+    def searched_time(self, key, k: int) -> float | None:
+        """Seconds of the step ``key`` = (layer, phase) at minibatch ``k`` priced by cuDNN's
+        search (the searched seconds at ``k`` times the measured-to-searched ratio, linear in k
+        between the profiled ks, the end ratio beyond them), or None where the step has no such
+        pricing or no searched time at ``k`` (asked of :attr:`probe` once, then remembered)."""
+        e = self._search_index.get(key) if self._search_index else None
+        if e is None or k < 1:
+            return None
+        _, table, kr, rr = e
+        if k not in table:
+            table[k] = self.probe(key[0], key[1], k) if self.probe is not None else None
+        t = table[k]
+        if t is None or not t > 0:
+            return None
+        return float(np.interp(k, kr, rr)) * float(t)
+
+    def _searched_at_flops(self, step, flops: float) -> float | None:
+        e = self._search_index.get((step.name, step.phase)) if self._search_index else None
+        if e is None:
+            return None
+        return self.searched_time((step.name, step.phase), int(round(flops / e[0])))
 
     def calls(self, step, flops: float) -> int:
         """How many cuDNN calls ``step`` makes at ``flops`` (1 but for a chunked convolution's
@@ -825,8 +876,11 @@ class ComputeModel:
     def step_time(self, step, flops: float | None = None) -> float:
         """t_j: seconds of one step at ``flops`` (default: the step's own at its GMAP's k)."""
         x = step.flops if flops is None else flops
-        n = self.calls(step, x)
-        t = n * float(self.curve(step).time(x / n)) * self.slowdown
+        t = self._searched_at_flops(step, x) if self._search_index else None
+        if t is None:
+            n = self.calls(step, x)
+            t = n * float(self.curve(step).time(x / n))
+        t *= self.slowdown
         return t - min(self.gap, GAP_SHARE * t) if self.gap > 0 else t
 
     def step_times(self, gmap: GMAP) -> np.ndarray:
@@ -857,6 +911,11 @@ class ComputeModel:
         c_lim = np.array([r[0] for _, r in rules], dtype=np.float64)
         c_per = np.array([r[1] for _, r in rules], dtype=np.float64)
         c_most = np.array([chunk_images(r[0], r[1], r[2]) for _, r in rules], dtype=np.float64)
+        # the steps priced by cuDNN's search: (index, key, images at k0)
+        searched = [(j, (s.name, s.phase), flops[j] / self._search_index[(s.name, s.phase)][0])
+                    for j, s in enumerate(gmap.steps)
+                    if self._search_index and (s.name, s.phase) in self._search_index
+                    and flops[j] > 0]
 
         def times(k: int) -> np.ndarray:
             x = flops * (k / k0)
@@ -873,6 +932,10 @@ class ComputeModel:
                 out[j] = c.time(x[j])
             if n is not None:
                 out[cj] *= n
+            for j, key, img in searched:
+                t = self.searched_time(key, int(round(img * (k / k0))))
+                if t is not None:
+                    out[j] = t
             out = slow * out
             if gap > 0:
                 out = out - np.minimum(gap, GAP_SHARE * out)
@@ -958,16 +1021,25 @@ class ComputeModel:
         hm = None
         if host:
             hm = HostModel.from_profile(profile, "auto" if host is True else host)
+        import os
+        searched = (searched_of(profile, samples)
+                    if granularity != "type" and os.environ.get(ENV_SEARCHED, "1") != "0"
+                    else ())
         return cls(curves=curves, granularity=granularity,
                    overhead=IterationOverhead.from_profile(profile) if overhead else None,
-                   host=hm, chunks=chunks)
+                   host=hm, chunks=chunks, searched=searched,
+                   probe=getattr(profile, "search_probe", None) if searched else None)
 
     def to_dict(self) -> dict:
         return {"granularity": self.granularity, "slowdown": self.slowdown,
                 "curves": [{"key": list(k), **c.to_dict()} for k, c in self.curves],
                 "overhead": None if self.overhead is None else self.overhead.to_dict(),
                 "host": None if self.host is None else self.host.to_dict(),
-                "gap": self.gap, "chunks": [list(c) for c in self.chunks]}
+                "gap": self.gap, "chunks": [list(c) for c in self.chunks],
+                "searched": [[e[0], e[1], e[2],
+                              [[k, v] for k, v in sorted(self._search_index[(e[0], e[1])][1]
+                                                         .items()) if v is not None],
+                              [list(p) for p in e[4]]] for e in self.searched]}
 
     @classmethod
     def from_dict(cls, d) -> "ComputeModel":
@@ -981,7 +1053,43 @@ class ComputeModel:
                    overhead=None if oh is None else IterationOverhead.from_dict(oh),
                    host=None if hm is None else HostModel.from_dict(hm),
                    gap=float(d.get("gap", 0.0)),
-                   chunks=tuple(tuple(c) for c in d.get("chunks", ())))
+                   chunks=tuple(tuple(c) for c in d.get("chunks", ())),
+                   searched=tuple((e[0], e[1], float(e[2]),
+                                   tuple((int(k), float(v)) for k, v in e[3]),
+                                   tuple((int(k), float(r)) for k, r in e[4]))
+                                  for e in d.get("searched", ())))
+
+
+def searched_of(profile, samples=None) -> tuple:
+    """:class:`ComputeModel`'s ``searched`` from a profile's ``meta["searched"]`` (``{layer:
+    [[k, forward seconds, backward seconds], ...]}``, cuDNN's search times of the algorithms
+    its convolutions run at k, :func:`swap.profiler.search_times_now`): one entry per step
+    of such a layer with FLOPs and a searched time at some k it was measured at (``samples``,
+    default the profile's compute samples), with the measured-to-searched ratio at each
+    such k (mean of that k's samples).  () where the profile has no such record."""
+    rec = (getattr(profile, "meta", None) or {}).get("searched") or {}
+    if not rec:
+        return ()
+    samples = profile.compute if samples is None else samples
+    by_step = {s.step: s for s in profile.steps}
+    per_image: dict = {}
+    measured: dict = {}
+    for c in samples:
+        s = by_step.get(c.step)
+        if s is None or s.name not in rec or c.flops <= 0 or c.k <= 0:
+            continue
+        per_image.setdefault((s.name, s.phase), []).append(c.flops / c.k)
+        measured.setdefault((s.name, s.phase), {}).setdefault(c.k, []).append(c.time)
+    out = []
+    for (name, phase), f in sorted(per_image.items()):
+        col = 1 if phase == "forward" else 2
+        table = {int(row[0]): float(row[col]) for row in rec[name]
+                 if len(row) > col and row[col] is not None and row[col] > 0}
+        ratios = tuple((k, float(np.mean(t)) / table[k])
+                       for k, t in sorted(measured[(name, phase)].items()) if k in table)
+        if ratios:
+            out.append((name, phase, float(np.median(f)), tuple(sorted(table.items())), ratios))
+    return tuple(out)
 
 
 def chunk_rules_of(profile) -> tuple:
@@ -1218,6 +1326,9 @@ class PCIeModel:
                    slow_out=d.get("slow_out", 0.0), slow_in=d.get("slow_in", 0.0))
 
 
+# "0": cuDNN convolutions priced by the curves alone, not by cuDNN's search (ComputeModel)
+ENV_SEARCHED = "MINICAFFE_SEARCH_PRICING"
+
 # ------------------------------------------------ copies beside compute
 ENV_COPY_SLOWDOWN = "MINICAFFE_COPY_SLOWDOWN"   # "OUT,IN" fractions (or "0"): overrides the fit
 COPY_SLOWDOWN_CAP = 0.5
@@ -1231,6 +1342,9 @@ COPY_CALIBRATION_HOST_MARGIN = 2.0
 # ... and uses no calibration where the steps left hold less than this share of the naive
 # plan's step time (ResNet-34 at 75, session 26: 20 %, and a fit at the cap)
 COPY_CALIBRATION_MIN_SHARE = 0.25
+# ... and leaves out a step whose excess beside the copies is over what they add at
+# COPY_SLOWDOWN_CAP plus this share of its time kept (the steps' noise)
+COPY_CALIBRATION_NOISE = 0.03
 
 
 def nonnegative_fit(delta, *columns) -> np.ndarray:
@@ -1424,8 +1538,13 @@ def copy_slowdown_fit(profile, cal) -> tuple:
         return None, "host-bound"   # too little of the iteration is the device's pace to tell
     if kept[ok].sum() > COPY_CALIBRATION_SANE * (naive / cnt)[ok].sum():
         return None, "disturbed"    # the run without copies was the slower one: not data
-    g = nonnegative_fit((naive / cnt - kept)[ok], (bo / cnt)[ok], (bi / cnt)[ok])
     cap = COPY_SLOWDOWN_CAP / (1 + COPY_SLOWDOWN_CAP)
+    excess = naive / cnt - kept
+    # a step slower beside the copies by more than they could add even at the cap (its own
+    # disturbance: VGG-16 at 8, session 39, fc7's forward 9.1 ms against 0.05 kept with 40 us
+    # of copies beside it) says nothing about the copies: it is left out of the fit
+    ok &= excess <= cap * (bo + bi) / cnt + COPY_CALIBRATION_NOISE * kept
+    g = nonnegative_fit(excess[ok], (bo / cnt)[ok], (bi / cnt)[ok])
     if np.any(g >= cap):
         return None, "undetermined"  # a slowdown at the cap: the data does not determine it
     return (float(g[0] / (1 - g[0])), float(g[1] / (1 - g[1]))), ""

@@ -181,6 +181,9 @@ class Profile:
     # issue time (profile_host_issue; none in old files): not compute samples, since at those
     # k a step's events hold the host's launch gaps
     host_samples: tuple = ()
+    # ``(layer, phase, k) -> seconds or None``: cuDNN's search at a k ``meta["searched"]``
+    # lacks, from the device the profile was taken on (search_probe; never saved)
+    search_probe: object = field(default=None, repr=False, compare=False)
 
     def step_times(self, k: int) -> np.ndarray:
         """Mean measured seconds of every step at ``k`` (NaN where not measured)."""
@@ -303,6 +306,78 @@ def chunk_rules_now(net, k: int) -> dict:
         if rule is not None:
             out[layer.name] = [*rule, len(layer._chunks_at(k))]
     return out
+
+
+def search_times_now(net, k: int, layers=None) -> dict:
+    """``{layer: [forward seconds, backward seconds]}``: cuDNN's own search times of the
+    algorithms each cuDNN convolution of ``net`` (or of those named in ``layers``) runs at a
+    minibatch of ``k``, summed over its calls there (:meth:`ConvolutionLayer._chunks_at`);
+    backward is the filter's and, where the net propagates to the layer's bottom, the data's
+    (times the layer's bottoms).  Each shape is searched once and cached (the choice the layer
+    itself then runs); at the net's own k that is a cache hit.  Layers without a timed search
+    (``find`` off, or a time cuDNN did not give) are left out.  The performance model prices
+    these steps by them (:class:`swap.model.ComputeModel` ``searched``)."""
+    from minicaffe import engine as engines
+    from minicaffe.cudnn import ops as cudnn_ops
+    out = {}
+    for li, layer in enumerate(net.layers):
+        if layer.type != "Convolution" or getattr(layer, "engine", None) != engines.CUDNN:
+            continue
+        o = getattr(layer, "_cudnn", None)
+        if o is None or not o.find or (layers is not None and layer.name not in layers):
+            continue
+        need_w = bool(layer.param_propagate_down and layer.param_propagate_down[0])
+        n = len(net.bottom_vecs[li])
+        n_x = sum(bool(b) for b in net.bottom_need_backward[li])
+        times = {cudnn_ops.FWD: 0.0, cudnn_ops.BWD_FILTER: 0.0, cudnn_ops.BWD_DATA: 0.0}
+        for a, b in layer._chunks_at(k):
+            c = cudnn_ops.conv_algorithms(
+                (b - a, layer.channels) + tuple(layer.in_hw), tuple(layer.blobs[0].shape),
+                layer.pad, layer.stride, layer.dilation, layer.group, layer.dtype, tf32=o.tf32,
+                deterministic=o.deterministic, find=o.find,
+                workspace_limit=layer._call_limit(k, b - a))
+            for d in times:
+                # a heuristic choice has no time (-1): the layer is left out
+                times[d] += c[d].time_ms if (c[d].time_ms or 0) > 0 else float("nan")
+        fwd = n * times[cudnn_ops.FWD]
+        bwd = (n * times[cudnn_ops.BWD_FILTER] if need_w else 0.0) + \
+            n_x * times[cudnn_ops.BWD_DATA]
+        if fwd > 0 and (bwd > 0 or not (need_w or n_x)):     # NaN or a missing time: left out
+            out[layer.name] = [fwd / 1e3, bwd / 1e3 if bwd > 0 else None]
+    return out
+
+
+def search_probe(net, meta: dict):
+    """``(layer, phase, k) -> seconds or None`` from :func:`search_times_now` on ``net``
+    (searching the shapes of k now, a few milliseconds per shape, cached), each answer kept
+    in ``meta["searched"]`` (so a profile saved after a decision replays it on the CPU):
+    :class:`Profile`'s ``search_probe``, the tuner's model's ``probe``.  None while an
+    executor is installed (its scratch reserve would have to hold the search's operands);
+    the model then prices that k by its curves."""
+    rec = meta.setdefault("searched", {})
+
+    def probe(layer: str, phase: str, k: int):
+        rows = rec.setdefault(layer, [])
+        row = next((r for r in rows if r[0] == k), None)
+        if row is None:
+            from . import runtime
+            if runtime._INSTALLED:
+                # an executor's scratch reserve would have to hold the search's operands:
+                # not searched (the model prices this k by its curves)
+                return None
+            t0 = time.perf_counter()
+            now = search_times_now(net, k, layers=(layer,)).get(layer)
+            row = [int(k), *now] if now else [int(k), None, None]
+            rows.append(row)
+            if net.mode == "GPU":       # the search's operands, out of CuPy's pool
+                import cupy
+                cupy.get_default_memory_pool().free_all_blocks()
+            probe.ks.add(int(k))
+            probe.seconds += time.perf_counter() - t0
+        return row[1] if phase == "forward" else row[2]
+    probe.ks = set()            # the ks searched through it, and the seconds that took
+    probe.seconds = 0.0
+    return probe
 
 
 def settle_chunk_rules(seen, log=None) -> tuple:
@@ -1295,6 +1370,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     g0 = None
     reserves, measured, runs, plans = [], [], [], []
     chunk_seen = []         # (k, chunk_rules_now) at each profiled k
+    searched: dict = {}     # search_times_now at each profiled k: {layer: [[k, fwd, bwd], ...]}
     k_max = None
     todo = list(ks)
     done = []
@@ -1416,6 +1492,9 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
                     ex.close()
                     raise
                 chunks_now = chunk_rules_now(net, k)   # under this k's plan, as it ran
+                if net.mode == "GPU":
+                    for name, ts in search_times_now(net, k).items():
+                        searched.setdefault(name, []).append([int(k), *ts])
                 inst.remove()
                 ex.close()
                 runs.append([k, solver.iter - it0])
@@ -1507,6 +1586,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     if copy_runs:
         meta["copy_runs"] = copy_runs
     meta["runs"] = runs
+    if searched:
+        meta["searched"] = searched
     rules, counts = settle_chunk_rules(chunk_seen, say)
     if rules:
         meta["chunks"] = rules

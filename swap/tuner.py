@@ -82,6 +82,7 @@ THROUGHPUT_TIE = 0.01        # a larger k within 1 % of the best predicted image
 AUTO = "auto"                # recompute=AUTO: the tuner picks the groups (recompute_sets)
 AUTO_MAX = 3                 # ... among the best 1, 2 and 3 of recompute_candidates
 FASTEST_GRID = 1024          # at most this many k are predicted when choosing by images/s
+FASTEST_STRIDE = 8           # ... every this many where cuDNN's searches price the steps
 RESIDENT_PLANS = ("none", "resident")   # plans that swap nothing (swap.planner.resident)
 # A k is stall-free only if the copies of its plan (filled with pins) add at most this share to
 # its compute (PCIeModel.slow_out / slow_in; no effect where the model has them at 0).  Issue 5
@@ -184,6 +185,8 @@ class Search:
         self.max_slowdown = max_slowdown
         self.max_recompute = max_recompute
         self.times = times_fn if times_fn is not None else model.times_fn(gmap)
+        # with steps priced by cuDNN's search, _fastest asks every FASTEST_STRIDE-th k
+        self.searched = bool(getattr(model, "searched", ()))
         self.recompute = dynamic_recompute(gmap, recompute)
         self.recompute_layers = tuple(dict.fromkeys(recompute or ()))
         self._pairs = _pairs(self.recompute)
@@ -718,12 +721,22 @@ def _fastest(search: Search, k_hi: int, k_min: int, delta: float, iteration,
     one (VGG-16 at 12 GiB, session 10: 363 images/s at k = 197, 569 at 92).  The step curves
     that see this (``granularity="segment"``) make the choice here.  At most
     :data:`FASTEST_GRID` k are predicted (every k below that, else an even grid with k_hi).
+
+    Where the model prices convolutions by cuDNN's search (``ComputeModel.searched``), each k
+    it has not searched costs a search of every convolution's shapes (about half a second for
+    VGG-16 on the H200, session 39: every k up to 245 took 113 s), so only the multiples of
+    :data:`FASTEST_STRIDE` and k_hi are asked.  The steps those searches see are tiles of
+    images (WINOGRAD_NONFUSED: 16), whose best k per image are multiples of the tile.
     """
     n = k_hi - k_min + 1
     if n <= 1:
         return k_hi
-    ks = (range(k_min, k_hi + 1) if n <= FASTEST_GRID else
-          sorted(set(np.linspace(k_min, k_hi, FASTEST_GRID).round().astype(int).tolist())))
+    if getattr(search, "searched", False) and n > FASTEST_STRIDE:
+        ks = sorted({*range(-(-k_min // FASTEST_STRIDE) * FASTEST_STRIDE, k_hi + 1,
+                            FASTEST_STRIDE), k_hi})
+    else:
+        ks = (range(k_min, k_hi + 1) if n <= FASTEST_GRID else
+              sorted(set(np.linspace(k_min, k_hi, FASTEST_GRID).round().astype(int).tolist())))
     if getattr(search, "recompute", None) is None:
         ips = {int(k): _predicted_ips(search, int(k), delta, iteration) for k in ks}
     else:
@@ -1304,6 +1317,12 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
             images += sum(k * n for k, n in runs)
             profile = dataclasses.replace(profile, host_samples=tuple(samples),
                                           meta={**profile.meta, **meta, "host_runs": runs})
+    if net.mode == "GPU" and profile.mode == "GPU" and profile.meta.get("searched"):
+        # cuDNN's search at the ks the decision asks about (swap.model: priced by the search)
+        import dataclasses
+        from .profiler import device_name, search_probe
+        if profile.device == device_name(net):
+            profile = dataclasses.replace(profile, search_probe=search_probe(net, profile.meta))
     if scratch is not None and profile.mode == net.mode and profile.meta.get("transients"):
         for k, peak in profile.meta["transients"]:
             scratch.add(k, peak)
@@ -1369,6 +1388,12 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                           lower_k=auto_batch)
     dec = ex.decision
     k_star = dec.k_star
+    probe = profile.search_probe
+    if probe is not None and getattr(probe, "ks", None):
+        say(f"AccUDNN stage 2: cuDNN searched the convolutions at {len(probe.ks)} more "
+            f"minibatches for the model ({probe.seconds:.1f} s)")
+        if save_profile:
+            profile.save(save_profile)      # with the searches the decision added
     base_lr = float(solver.param.base_lr)
     lr = base_lr if k_star == k_base else scale_lr(base_lr, k_star, k_base, lr_rule, convexity)
     solver.param.base_lr = lr

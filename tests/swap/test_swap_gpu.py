@@ -500,6 +500,22 @@ def test_gpu_plan_replays_the_tuners_decision_from_its_profile(tmp_path, capsys)
     budget = 2 * min_budget(g.at(16), "naive") + (64 << 20)
     ex, td = train_dynamic(s, budget, auto_batch=True, method="bisect")
     ex.close()
+    # cuDNN's search times of every convolution at every profiled k, and at the ks the
+    # decision asked about (the model's probe), positive; the model prices them so
+    from swap.model import ComputeModel
+    from swap.profiler import search_times_now
+    rec = td.profile.meta["searched"]
+    convs = {layer.name for layer in s.net.layers if layer.type == "Convolution"}
+    assert set(rec) == convs
+    for name in convs:
+        assert set(td.profile.ks) <= {r[0] for r in rec[name]}
+        assert all(r[1] > 0 for r in rec[name] if r[1] is not None)
+    assert len({r[0] for r in rec[next(iter(convs))]}) > len(td.profile.ks)
+    m = ComputeModel.from_profile(td.profile, granularity="segment")
+    assert {e[0] for e in m.searched} == convs
+    k = td.profile.ks[0]
+    now = search_times_now(s.net, k)          # cached: the very values the profile holds
+    assert all([k, *now[n]] in rec[n] for n in convs)
     saved = td.profile.meta["gmap"]
     sampled = [b for b in saved["buffers"] if b[3] is not None and len(b[3]) > 3]
     assert sampled and all(b[0].endswith("workspace") for b in sampled)

@@ -633,6 +633,10 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     ks = [dec.k_star] + sorted({k for k in (paper.k_star, k_none, max(1, dec.k_star // 2))
                                 if k != dec.k_star}, reverse=True)
     out["dynamic"] = []
+    # the model's cuDNN searches at these ks now, while no executor is installed (an installed
+    # one refuses them, and the model would price those ks by its curves)
+    for k in ks:
+        model.step_times(g.at(k))
     # at k* and at the paper's k, the decisions tune() laid out and replayed (the paper's
     # may have needed a larger layout margin than plan_at's: AlexNet at 1639, session 16)
     decided = {paper.k_star: paper, dec.k_star: dec}

@@ -933,14 +933,14 @@ def test_a_disturbed_step_is_left_out_of_the_copy_calibration(monkeypatch):
 
 # ------------------------------------ cuDNN convolutions priced by its search (session 39)
 def _searched_profile(build_net, ratio=(1.10, 1.20)):
-    """A profile at k = 16, 48, 96 whose convolutions' steps take a step function of k
+    """A profile at k = 16, 40, 96 whose convolutions' steps take a step function of k
     (``c_j * ceil(k / 16)``, as WINOGRAD_NONFUSED's tiles of 16 images on the H200) times a
     measured-to-searched ratio (``ratio`` at 16 and 96, linear between), and the searched
     times of those three ks in ``meta["searched"]``."""
     import dataclasses as dc
     g = build_gmap(build_net("resnet", 4))
     truth = ComputeModel(curves=((("*", "*"), ThroughputCurve(1e9, 5e6)),))
-    prof = synthetic_profile(g, (16, 48, 96), truth, PCIeModel(1e9, 1e9))
+    prof = synthetic_profile(g, (16, 40, 96), truth, PCIeModel(1e9, 1e9))
     conv = {s.name for s in g.steps if s.type == "Convolution" and s.flops > 0}
     base = {(s.name, s.phase): 1e-4 * (1 + j % 5) for j, s in enumerate(g.steps)
             if s.name in conv}
@@ -954,7 +954,7 @@ def _searched_profile(build_net, ratio=(1.10, 1.20)):
     comp = tuple(dc.replace(c, time=r(c.k) * searched(by_step[c.step].layer,
                                                        by_step[c.step].phase, c.k))
                  if by_step[c.step].layer in conv else c for c in prof.compute)
-    rec = {n: [[k, searched(n, "forward", k), searched(n, "backward", k)] for k in (16, 48, 96)]
+    rec = {n: [[k, searched(n, "forward", k), searched(n, "backward", k)] for k in (16, 40, 96)]
            for n in conv}
     prof = dc.replace(prof, compute=comp, meta={**prof.meta, "searched": rec})
     return g, prof, conv, searched, r
@@ -983,7 +983,7 @@ def test_convolutions_are_priced_by_cudnns_search_where_the_profile_has_it(build
     curves = ComputeModel.from_profile(dc.replace(prof, meta={}), granularity="segment",
                                        host=False)
     cut = [j for j, s in enumerate(g.steps) if s.name in conv]
-    for k in (17, 33, 60, 70):
+    for k in (17, 33, 70, 90):
         gk = g.at(k)
         want = np.array([r(k) * searched(gk.steps[j].name, gk.steps[j].phase, k)
                          for j in cut])
@@ -998,7 +998,7 @@ def test_convolutions_are_priced_by_cudnns_search_where_the_profile_has_it(build
     n_before = len(asked)
     fitted.times_fn(g)(33)
     assert len(asked) == n_before
-    assert {k for _, _, k in asked} == {17, 33, 60, 70}
+    assert {k for _, _, k in asked} == {17, 33, 70, 90}
     # the other steps keep their curves
     rest = [j for j in range(len(g.steps)) if j not in cut]
     np.testing.assert_allclose(fitted.step_times(g.at(33))[rest],
@@ -1006,7 +1006,7 @@ def test_convolutions_are_priced_by_cudnns_search_where_the_profile_has_it(build
     # saved and loaded: the searched ks (the probed ones too) price alike without a probe
     again = ComputeModel.from_dict(fitted.to_dict())
     assert again.probe is None
-    np.testing.assert_allclose(again.times_fn(g)(60), fitted.times_fn(g)(60), rtol=1e-12)
+    np.testing.assert_allclose(again.times_fn(g)(70), fitted.times_fn(g)(70), rtol=1e-12)
     # the paper's per-type curves do not use the search
     assert ComputeModel.from_profile(prof, granularity="type", host=False).searched == ()
 
@@ -1063,3 +1063,17 @@ def test_search_pricing_can_be_turned_off(build_net, monkeypatch):
     assert ComputeModel.from_profile(prof, granularity="segment", host=False).searched
     monkeypatch.setenv(ENV_SEARCHED, "0")
     assert ComputeModel.from_profile(prof, granularity="segment", host=False).searched == ()
+
+
+def test_a_step_keeps_the_search_only_where_it_predicts_held_out_points_better():
+    """Each inner profiled k held out: the search (ratio between the neighbours times the
+    search at k) against the line between the neighbours; a search that carries noise the
+    step in place does not (GoogLeNet's small convolutions, session 39) loses to the line."""
+    from swap.model import _searched_wins
+    ks = (16, 40, 96, 150)
+    tiles = {k: 1e-3 * math.ceil(k / 16) for k in ks}
+    assert _searched_wins({k: 1.1 * v for k, v in tiles.items()}, tiles)
+    smooth = {k: 1e-5 * k for k in ks}                   # the step is a line in k
+    noisy = {k: v * f for (k, v), f in zip(smooth.items(), (1.0, 1.2, 0.85, 1.0))}
+    assert not _searched_wins(smooth, noisy)
+    assert not _searched_wins({16: 1.0, 96: 2.0}, {16: 1.0, 96: 2.0})   # no inner k: no say

@@ -9,7 +9,7 @@ export PYTHONPATH=/tmp/site:$PWD
 T0=$(date +%s)
 mkdir -p $OUT/e
 { nvidia-smi --query-gpu=index,name,memory.total,clocks.max.sm --format=csv,noheader; nproc; date -u; git log -1 --format=%h; } > $OUT/e/host.txt 2>&1
-L=330
+L=300
 timeout $L python3 scripts/tuner_table.py --gpus 0 --nets googlenet:128 --engine CUDNN --r152-batch 0 --no-stall-rounds 1 --iters 3 --no-torch --profiles docs/results/tuner_s39/d/googlenet/tuner --timeout $(( L - 5 )) --out $OUT/e/googlenet > $OUT/e/googlenet.txt 2>&1
 echo "googlenet rc $? at $(( $(date +%s) - T0 )) s"; grep "^| googlenet" $OUT/e/googlenet/tuner_table.md
 grep -oh "cuDNN searched[^\"]*" $OUT/e/googlenet/tuner/googlenet.json | head -2

@@ -615,10 +615,23 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     out["tuner"]["host_model"] = None if hm is None else {
         "method": hm.method, "ks": list(hm.ks), "intercept_ms": 1e3 * hm.intercept,
         "slope_us": 1e6 * hm.slope, "meta": td.profile.meta.get("host_sums")}
+    # ---- 3's ks: k*, the largest stall-free k (the paper's k*), k_none, k*/2
+    ks = [dec.k_star] + sorted({k for k in (paper.k_star, k_none, max(1, dec.k_star // 2))
+                                if k != dec.k_star}, reverse=True)
+    # the model's cuDNN searches at these ks now, while no executor is installed (an installed
+    # one refuses them, and the model would price those ks by its curves), before the profile
+    # is saved with them; which ks the search prices is recorded
+    for k in ks:
+        model.step_times(g.at(k))
+    if model.searched:
+        key = (model.searched[0][0], model.searched[0][1])
+        out["tuner"]["searched_at"] = {str(k): model.searched_time(key, k) is not None
+                                       for k in ks}
     if reused:
         out["profile"] = os.path.relpath(reused, REPO)
         out["profile_reused"] = True
-        if td.profile.host_samples:      # the host's issue time was taken in this run
+        # the host's issue time was taken in this run, or cuDNN searched more ks for the model
+        if td.profile.host_samples or getattr(td.profile.search_probe, "ks", None):
             prof_path = os.path.join(out_dir, f"{name}_profile.json")
             td.profile.save(prof_path)
             out["profile_with_host"] = os.path.relpath(prof_path, REPO)
@@ -630,13 +643,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         log(f"device memory after the tuner: {_memory_report()}")
     # ---- 3. model error at k*, the largest stall-free k (the paper's k*), k_none, k*/2
     # (each plan from the same model)
-    ks = [dec.k_star] + sorted({k for k in (paper.k_star, k_none, max(1, dec.k_star // 2))
-                                if k != dec.k_star}, reverse=True)
     out["dynamic"] = []
-    # the model's cuDNN searches at these ks now, while no executor is installed (an installed
-    # one refuses them, and the model would price those ks by its curves)
-    for k in ks:
-        model.step_times(g.at(k))
     # at k* and at the paper's k, the decisions tune() laid out and replayed (the paper's
     # may have needed a larger layout margin than plan_at's: AlexNet at 1639, session 16)
     decided = {paper.k_star: paper, dec.k_star: dec}

@@ -83,6 +83,7 @@ AUTO = "auto"                # recompute=AUTO: the tuner picks the groups (recom
 AUTO_MAX = 3                 # ... among the best 1, 2 and 3 of recompute_candidates
 FASTEST_GRID = 1024          # at most this many k are predicted when choosing by images/s
 FASTEST_STRIDE = 8           # ... every this many where cuDNN's searches price the steps
+FASTEST_SEARCHED = 64        # ... and at most about this many there (the stride grows by 8s)
 RESIDENT_PLANS = ("none", "resident")   # plans that swap nothing (swap.planner.resident)
 # A k is stall-free only if the copies of its plan (filled with pins) add at most this share to
 # its compute (PCIeModel.slow_out / slow_in; no effect where the model has them at 0).  Issue 5
@@ -725,15 +726,17 @@ def _fastest(search: Search, k_hi: int, k_min: int, delta: float, iteration,
     Where the model prices convolutions by cuDNN's search (``ComputeModel.searched``), each k
     it has not searched costs a search of every convolution's shapes (about half a second for
     VGG-16 on the H200, session 39: every k up to 245 took 113 s), so only the multiples of
-    :data:`FASTEST_STRIDE` and k_hi are asked.  The steps those searches see are tiles of
+    :data:`FASTEST_STRIDE` (of a multiple of it, for at most :data:`FASTEST_SEARCHED` ks: AlexNet's
+    range runs to about 2000) and k_hi are asked.  The steps those searches see are tiles of
     images (WINOGRAD_NONFUSED: 16), whose best k per image are multiples of the tile.
     """
     n = k_hi - k_min + 1
     if n <= 1:
         return k_hi
     if getattr(search, "searched", False) and n > FASTEST_STRIDE:
-        ks = sorted({*range(-(-k_min // FASTEST_STRIDE) * FASTEST_STRIDE, k_hi + 1,
-                            FASTEST_STRIDE), k_hi})
+        # a multiple of FASTEST_STRIDE, wide enough for at most FASTEST_SEARCHED ks
+        stride = FASTEST_STRIDE * -(-n // (FASTEST_STRIDE * FASTEST_SEARCHED))
+        ks = sorted({*range(-(-k_min // stride) * stride, k_hi + 1, stride), k_hi})
     else:
         ks = (range(k_min, k_hi + 1) if n <= FASTEST_GRID else
               sorted(set(np.linspace(k_min, k_hi, FASTEST_GRID).round().astype(int).tolist())))

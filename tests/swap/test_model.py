@@ -1039,7 +1039,8 @@ def test_the_search_probe_keeps_each_answer_in_the_profile(monkeypatch):
 
 def test_the_fastest_k_asks_every_eighth_k_where_searches_price_the_steps():
     """With steps priced by cuDNN's search each unsearched k costs a search, so the choice by
-    images/s asks the multiples of FASTEST_STRIDE and k_hi only; without, every k."""
+    images/s asks the multiples of FASTEST_STRIDE (or of a multiple of it, over a wide range)
+    and k_hi only; without, every k."""
     import types
 
     from swap.tuner import FASTEST_STRIDE, _fastest
@@ -1055,6 +1056,14 @@ def test_the_fastest_k_asks_every_eighth_k_where_searches_price_the_steps():
                                        step_times=step_times)
         k = _fastest(search, 101, 3, 0.0, lambda t, k: t)
         assert sorted(asked) == want and k == 96
+    # a wide range: a multiple of the stride, for at most FASTEST_SEARCHED ks
+    from swap.tuner import FASTEST_SEARCHED
+    asked.clear()
+    search = types.SimpleNamespace(searched=True, recompute=None, step_times=step_times)
+    _fastest(search, 2000, 1, 0.0, lambda t, k: t)
+    stride = 8 * math.ceil(2000 / (8 * FASTEST_SEARCHED))
+    assert stride == 32 and sorted(asked) == [*range(32, 2000, 32), 2000]
+    assert len(asked) <= FASTEST_SEARCHED + 1
 
 
 def test_search_pricing_can_be_turned_off(build_net, monkeypatch):

@@ -366,8 +366,13 @@ def search_probe(net, meta: dict):
                 # not searched (the model prices this k by its curves)
                 return None
             t0 = time.perf_counter()
-            now = search_times_now(net, k, layers=(layer,)).get(layer)
-            row = [int(k), *now] if now else [int(k), None, None]
+            try:
+                now = search_times_now(net, k, layers=(layer,)).get(layer)
+                row = [int(k), *now] if now else [int(k), None, None]
+            except (RuntimeError, MemoryError) as e:
+                # cuDNN refused the shape, or its operands did not fit (CuPy's OutOfMemoryError
+                # is a MemoryError): this k is priced by the curves, and the row says why
+                row = [int(k), None, None, f"{type(e).__name__}: {e}"[:200]]
             rows.append(row)
             if net.mode == "GPU":       # the search's operands, out of CuPy's pool
                 import cupy

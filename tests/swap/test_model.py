@@ -1035,6 +1035,16 @@ def test_the_search_probe_keeps_each_answer_in_the_profile(monkeypatch):
                                 "c2": [[20, None, None]]}
     monkeypatch.setattr(runtime, "_INSTALLED", [object()])
     assert probe("c1", "forward", 24) is None and len(calls) == 2
+    # a search that fails (cuDNN refuses the shape, or its operands do not fit) is a k the
+    # curves price, with the reason kept
+    monkeypatch.setattr(runtime, "_INSTALLED", [])
+
+    def refused(net, k, layers=None):
+        raise MemoryError("Out of memory allocating 1,000,000,000 bytes")
+    monkeypatch.setattr(profiler, "search_times_now", refused)
+    assert probe("c1", "backward", 4096) is None
+    assert meta["searched"]["c1"][-1][:3] == [4096, None, None]
+    assert "MemoryError" in meta["searched"]["c1"][-1][3]
 
 
 def test_the_fastest_k_asks_every_eighth_k_where_searches_price_the_steps():

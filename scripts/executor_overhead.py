@@ -368,7 +368,6 @@ def conv_algorithms(net) -> dict:
     convolutions run each algorithm, and the summed times that cuDNN's search measured for
     the chosen ones (ms; the convolutions' device time as the search saw it)."""
     from minicaffe import engine as engines
-    from minicaffe.cudnn import ops
     count = defaultdict(lambda: defaultdict(int))
     search_ms = defaultdict(float)
     per_layer = defaultdict(list)
@@ -377,16 +376,10 @@ def conv_algorithms(net) -> dict:
         if getattr(layer, "engine", None) != engines.CUDNN or \
                 getattr(layer, "_cudnn", None) is None or layer.type != "Convolution":
             continue
-        o = layer._cudnn
         # the calls the layer makes: one per chunk of its images past the workspace cap
-        for a, b in layer._chunks_at(layer.num):
-            choices = ops.conv_algorithms(
-                (b - a, layer.channels) + tuple(layer.in_hw), tuple(layer.blobs[0].shape),
-                layer.pad, layer.stride, layer.dilation, layer.group, layer.dtype, tf32=o.tf32,
-                deterministic=o.deterministic, find=o.find,
-                workspace_limit=layer._call_limit(layer.num, b - a))
+        for size, choices in layer.call_choices():
             per_layer[layer.name].append(
-                [b - a] + [[d, c.name, round(c.time_ms, 4)] for d, c in choices.items()])
+                [size] + [[d, c.name, round(c.time_ms, 4)] for d, c in choices.items()])
             for d, c in choices.items():
                 count[d][c.name] += 1
                 search_ms[d] += max(c.time_ms, 0.0)

@@ -330,12 +330,7 @@ def search_times_now(net, k: int, layers=None) -> dict:
         n = len(net.bottom_vecs[li])
         n_x = sum(bool(b) for b in net.bottom_need_backward[li])
         times = {cudnn_ops.FWD: 0.0, cudnn_ops.BWD_FILTER: 0.0, cudnn_ops.BWD_DATA: 0.0}
-        for a, b in layer._chunks_at(k):
-            c = cudnn_ops.conv_algorithms(
-                (b - a, layer.channels) + tuple(layer.in_hw), tuple(layer.blobs[0].shape),
-                layer.pad, layer.stride, layer.dilation, layer.group, layer.dtype, tf32=o.tf32,
-                deterministic=o.deterministic, find=o.find,
-                workspace_limit=layer._call_limit(k, b - a))
+        for _, c in layer.call_choices(k):
             for d in times:
                 # a heuristic choice has no time (-1): the layer is left out
                 times[d] += c[d].time_ms if (c[d].time_ms or 0) > 0 else float("nan")

@@ -734,6 +734,28 @@ class ConvolutionLayer(Layer):
             return int(o.workspace_limit)
         return self._workspace_limit_at(size, o)
 
+    def call_choices(self, num: int | None = None) -> tuple:
+        """((images, {direction: AlgoChoice}), ...): cuDNN's algorithms for each call this
+        layer makes on a minibatch of ``num`` (default its own), one per chunk
+        (:meth:`_chunks_at`), each under that call's limit (:meth:`_call_limit`).  Searched now
+        where a shape is new (with ``find``, temporary operands of that shape), then cached:
+        the layer's own calls run exactly these.  The one place that turns the layer's calls
+        into the search's arguments, for its reshape, the profiler's search pricing
+        (:func:`swap.profiler.search_times_now`) and ``scripts/executor_overhead.py``."""
+        o = self._cudnn
+        num = self.num if num is None else int(num)
+        found = {}
+        calls = []
+        for a, b in self._chunks_at(num):
+            if b - a not in found:
+                found[b - a] = cudnn_ops.conv_algorithms(
+                    (b - a, self.channels) + tuple(self.in_hw), tuple(self.blobs[0].shape),
+                    self.pad, self.stride, self.dilation, self.group, self.dtype, tf32=o.tf32,
+                    deterministic=o.deterministic, find=o.find,
+                    workspace_limit=self._call_limit(num, b - a))
+            calls.append((b - a, found[b - a]))
+        return tuple(calls)
+
     def _workspace_limit_at(self, num: int, options=None) -> int:
         """The workspace limit of a call on ``num`` images under ``options`` (default the
         layer's own): fixed, or per image (:meth:`_bytes_per_image`) up to the limit
@@ -866,7 +888,6 @@ class ConvolutionLayer(Layer):
     def _reshape_cudnn(self) -> bool:
         """Choose the three algorithms for this shape and size the workspace; False
         (after falling back to CAFFE for good) when cuDNN cannot do this shape."""
-        o = self._cudnn
         if self.dtype not in (np.float32, np.float64):
             engines.fall_back(self, f"cuDNN convolutions take float32 or float64, not "
                                     f"{self.dtype}")
@@ -877,13 +898,8 @@ class ConvolutionLayer(Layer):
                 # heuristics (or a timed search with find): cached per shape, so the
                 # calls of forward and backward use exactly these algorithms; a chunked
                 # minibatch's calls share one workspace, of the largest need
-                for size in sorted({b - a for a, b in self._chunks_at(self.num)}):
-                    ws = cudnn_ops.conv_workspace_bytes(
-                        (size, self.channels) + self.in_hw, self.blobs[0].shape, self.pad,
-                        self.stride, self.dilation, self.group, self.dtype, tf32=o.tf32,
-                        deterministic=o.deterministic, find=o.find,
-                        workspace_limit=self._call_limit(self.num, size))
-                    need = max(need, max(ws.values()))
+                need = max(c.workspace for _, choices in self.call_choices()
+                           for c in choices.values())
             except cudnn_lib.CudnnUnsupported as e:
                 engines.fall_back(self, f"cuDNN cannot run this convolution: {e}")
                 self.internals.pop("workspace", None)

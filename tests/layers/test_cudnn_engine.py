@@ -214,6 +214,11 @@ def test_conv_past_the_cap_of_a_bound_per_image_runs_in_chunks(cp, cu, rng, monk
         find=g._cudnn.find, workspace_limit=64 << 20).values()) for n in sizes)
     assert g.internals["workspace"].blob.count == need
     assert g.workspace_model()(10) == need
+    # the layer's calls as its reshape searched them: one per chunk, of the workspace above
+    choices = g.call_choices()
+    assert [n for n, _ in choices] == [b - a for a, b, _ in calls]
+    assert max(c.workspace for _, ch in choices for c in ch.values()) == need
+    assert [n for n, _ in g.call_choices(7)] == ([4, 3] if chunks else [7])
 
 
 def test_conv_fits_its_fastest_algorithms_in_chunks(cp, cu, rng):

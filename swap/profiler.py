@@ -1178,10 +1178,11 @@ COPY_CALIBRATION_RETRIES = 1
 # least 14.5 ms; the instrumented passes took the host 90 ms): its steps beside the naive plan's
 # copies ran 15 to 70 % slower than kept, the fit made a prefetch cost 23 % of the compute beside
 # it, and the model under-predicted k* = 384 by 5.9 % and 401 by 8.8 %; with 4 % (the fits at
-# larger k) the same profile gives +1.0 / -1.5 %.  Session 32's ResNet-34 at 75 (2.04x): 11.5 %.
-# Of the 47 saved calibrations those two are the only fits over 7 %; the 14 at 2.5x and over
-# fitted 0 to 5.3 %.  Where no naive k reaches the margin (ResNet-101 and -152 at 12 GiB: their
-# smallest at 1.5-2.0x) the smallest is taken, as before.
+# larger k) the same profile's steps come to +1.6 / -1.2 % of the measured iterations.  Session
+# 32's ResNet-34 at 75 (2.04x): 11.5 %.  Of the 48 saved calibrations those two are the only fits
+# over 7 %; the 21 at 2.5x and over fitted 0 to 5.3 %
+# (docs/results/tuner_s40/calibrations.py).  Where no naive k reaches the margin (ResNet-101 and
+# -152 at 12 GiB: their smallest at 1.5-2.0x) the smallest is taken, as before.
 COPY_CALIBRATION_DEVICE_MARGIN = 3.0
 
 

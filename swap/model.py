@@ -1544,18 +1544,19 @@ def copy_slowdown_why(profile) -> tuple:
     return copy_slowdown_fit(profile, cal)
 
 
-def copy_slowdown_fit(profile, cal) -> tuple:
-    """``((slow_out, slow_in) or None, why)`` from the calibration ``cal`` against ``profile``'s
-    naive samples at its k, whatever the profile's mode (:func:`copy_slowdown`'s rules); ``why``
-    names the reason for None: "missing", "host-bound", "disturbed" or "undetermined" ("" with
-    a fit).  The profiler asks it after a calibration to run a disturbed one again
-    (:func:`swap.profiler.profile_solver`)."""
+def calibration_steps(profile, cal):
+    """``(naive, kept, beside_out, beside_in, usable)``, one entry per step of ``profile``: the
+    step's seconds at the calibration ``cal``'s k under the naive plan (the mean of its
+    samples) and with every map kept, the seconds of offloads and of prefetches beside it
+    there, and whether it may enter :func:`copy_slowdown_fit` (sampled both ways, and not
+    host-bound: :func:`host_bound_steps`); None where ``cal`` does not match the profile's
+    steps or the profile has no naive samples at that k."""
     k = int(cal["k"])
     kept = np.asarray(cal["kept"], dtype=np.float64)
     comp, out_s, in_s = copy_overlaps(profile, k)
     n = len(profile.steps)
     if len(kept) != n or not comp:
-        return None, "missing"
+        return None
     cnt = np.zeros(n)
     naive = np.zeros(n)
     bo = np.zeros(n)
@@ -1567,18 +1568,32 @@ def copy_slowdown_fit(profile, cal) -> tuple:
         bi[c.step] += i
     ok = (cnt > 0) & np.isfinite(kept)
     cnt = np.maximum(cnt, 1)
-    ok &= ~host_bound_steps(profile, naive / cnt)
-    if (naive / cnt)[ok].sum() < COPY_CALIBRATION_MIN_SHARE * (naive / cnt).sum():
+    naive, bo, bi = naive / cnt, bo / cnt, bi / cnt
+    ok &= ~host_bound_steps(profile, naive)
+    return naive, kept, bo, bi, ok
+
+
+def copy_slowdown_fit(profile, cal) -> tuple:
+    """``((slow_out, slow_in) or None, why)`` from the calibration ``cal`` against ``profile``'s
+    naive samples at its k, whatever the profile's mode (:func:`copy_slowdown`'s rules); ``why``
+    names the reason for None: "missing", "host-bound", "disturbed" or "undetermined" ("" with
+    a fit).  The profiler asks it after a calibration to run a disturbed one again
+    (:func:`swap.profiler.profile_solver`)."""
+    steps = calibration_steps(profile, cal)
+    if steps is None:
+        return None, "missing"
+    naive, kept, bo, bi, ok = steps
+    if naive[ok].sum() < COPY_CALIBRATION_MIN_SHARE * naive.sum():
         return None, "host-bound"   # too little of the iteration is the device's pace to tell
-    if kept[ok].sum() > COPY_CALIBRATION_SANE * (naive / cnt)[ok].sum():
+    if kept[ok].sum() > COPY_CALIBRATION_SANE * naive[ok].sum():
         return None, "disturbed"    # the run without copies was the slower one: not data
     cap = COPY_SLOWDOWN_CAP / (1 + COPY_SLOWDOWN_CAP)
-    excess = naive / cnt - kept
+    excess = naive - kept
     # a step slower beside the copies by more than they could add even at the cap (its own
     # disturbance: VGG-16 at 8, session 39, fc7's forward 9.1 ms against 0.05 kept with 40 us
     # of copies beside it) says nothing about the copies: it is left out of the fit
-    ok &= excess <= cap * (bo + bi) / cnt + COPY_CALIBRATION_NOISE * kept
-    g = nonnegative_fit(excess[ok], (bo / cnt)[ok], (bi / cnt)[ok])
+    ok &= excess <= cap * (bo + bi) + COPY_CALIBRATION_NOISE * kept
+    g = nonnegative_fit(excess[ok], bo[ok], bi[ok])
     if np.any(g >= cap):
         return None, "undetermined"  # a slowdown at the cap: the data does not determine it
     return (float(g[0] / (1 - g[0])), float(g[1] / (1 - g[1]))), ""
@@ -1639,4 +1654,4 @@ __all__ = ["H2D", "D2H", "ThroughputCurve", "fit_curve", "IterationOverhead", "o
            "restrict_profile", "step_sums", "leave_one_out", "t_iter", "t_whole",
            "images_per_second", "PCIeModel", "peak_memory", "paper_k_max", "FORWARD", "BACKWARD",
            "ENV_COPY_SLOWDOWN", "copy_slowdown", "copy_slowdown_why", "copy_slowdown_fit",
-           "copy_overlaps", "without_copies", "nonnegative_fit"]
+           "calibration_steps", "copy_overlaps", "without_copies", "nonnegative_fit"]

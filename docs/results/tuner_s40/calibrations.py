@@ -16,24 +16,12 @@ CAP = M.COPY_SLOWDOWN_CAP / (1 + M.COPY_SLOWDOWN_CAP)
 
 def per_step(prof, cal):
     """naive, kept, beside-offload, beside-prefetch seconds per step, and the fit's mask."""
-    k = int(cal["k"])
-    kept = np.asarray(cal["kept"], float)
-    comp, out_s, in_s = M.copy_overlaps(prof, k)
-    n = len(prof.steps)
-    if len(kept) != n or not comp:
+    d = M.calibration_steps(prof, cal)
+    if d is None:
         return None
-    cnt, naive, bo, bi = (np.zeros(n) for _ in range(4))
-    for c, o, i in zip(comp, out_s, in_s):
-        cnt[c.step] += 1
-        naive[c.step] += c.time
-        bo[c.step] += o
-        bi[c.step] += i
-    ok = (cnt > 0) & np.isfinite(kept)
-    cnt = np.maximum(cnt, 1)
-    naive, bo, bi = naive / cnt, bo / cnt, bi / cnt
-    ok &= ~M.host_bound_steps(prof, naive)
-    ok &= naive - kept <= CAP * (bo + bi) + M.COPY_CALIBRATION_NOISE * kept
-    return naive, kept, bo, bi, ok
+    naive, kept, bo, bi, ok = d
+    return naive, kept, bo, bi, ok & (naive - kept <= CAP * (bo + bi) +
+                                      M.COPY_CALIBRATION_NOISE * kept)
 
 
 seen, rows = set(), []

@@ -1,5 +1,6 @@
 """Shared fixtures: the `gpu` marker skips cleanly where no CUDA device answers."""
 import os
+import sys
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One BLAS thread per pytest-xdist worker (set before NumPy loads OpenBLAS): with one
@@ -34,6 +35,19 @@ def _caffe_engine_by_default():
     engine.set_default_engine("CAFFE")
     yield
     engine.set_default_engine(None)
+
+
+@pytest.fixture(autouse=True)
+def _executors_closed():
+    """Close every swap executor a test leaves open.  An executor still in its dry run keeps
+    ``tracemalloc`` tracing (swap.runtime.TransientMeter on the CPU), which slows every later
+    test of the process 3 to 7 times: after test_tuner.py's scratch-model test left one open,
+    test_plan_command_plans_the_gmap_a_profile_keeps took 22 s instead of 3 s, and so did
+    much of whatever that pytest-xdist worker ran next."""
+    yield
+    runtime = sys.modules.get("swap.runtime")      # imported by the test, if at all
+    if runtime is not None:
+        runtime.close_all()
 
 
 @pytest.fixture(autouse=True)

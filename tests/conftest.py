@@ -96,8 +96,13 @@ def recording_net():
 
 @pytest.fixture(scope="session")
 def tuner_quick_run(tmp_path_factory):
-    """The folder of one ``scripts/tuner_table.py --quick`` run (about 45 s on a 2-core CPU),
-    shared by the tests that read its tables or reuse the profile it saves; they only read it.
+    """The folder of one ``scripts/tuner_table.py --quick --iters 2 --warmup 1`` run (about
+    22 s on a 2-core CPU), shared by the tests that read its tables or reuse the profile it
+    saves; they only read it.  Two timed iterations after one (the script's defaults are five
+    after two: 41 s) are enough for what they check, the tables' and the profile's structure
+    and the no-stall rounds' rule on whatever the CPU measured (the rounds still go up to
+    MAX_ROUNDS while their medians spread); the rule's exact answers are
+    test_tuner_table.py's unit tests on given timings.
 
     Under pytest-xdist the first worker to ask runs it and the others wait on a lock file in
     the session's common temporary folder, then read the same run (three tests had each run
@@ -118,7 +123,8 @@ def tuner_quick_run(tmp_path_factory):
             if not done.exists():
                 proc = subprocess.run([sys.executable, os.path.join(repo, "scripts",
                                                                     "tuner_table.py"),
-                                       "--quick", "--out", str(out)],
+                                       "--quick", "--iters", "2", "--warmup", "1",
+                                       "--out", str(out)],
                                       capture_output=True, text=True, timeout=600, cwd=repo)
                 done.write_text(json.dumps({"returncode": proc.returncode,
                                             "output": proc.stdout + proc.stderr}))

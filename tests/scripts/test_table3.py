@@ -64,7 +64,7 @@ def test_the_table_carries_the_papers_figures(tmp_path):
 def test_a_saved_profile_is_reused(tmp_path, tuner_quick_run):
     """--profiles: the tuner decides from a profile that tuner_table.py saved, without
     profiling again, and the JSON says which profile it reused."""
-    prof = tuner_quick_run                      # `tuner_table.py --quick --out prof`
+    prof = tuner_quick_run                      # `tuner_table.py --quick ... --out prof` (conftest)
     saved = prof / "tuner" / "cifar10_quick_profile.json"
     assert saved.exists()
     out = tmp_path / "t3"

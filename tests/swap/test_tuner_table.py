@@ -14,7 +14,7 @@ def test_tuner_table_quick(tuner_quick_run):
     if REPO not in sys.path:
         sys.path.insert(0, REPO)
     from scripts.tuner_table import MAX_ROUNDS, ROUND_SPREAD, _spread
-    tmp_path = tuner_quick_run                  # `tuner_table.py --quick --out tmp_path`
+    tmp_path = tuner_quick_run                  # `tuner_table.py --quick ... --out tmp_path` (conftest)
     r = json.load(open(tmp_path / "tuner" / "cifar10_quick.json"))
     t = r["tuner"]
     # the tuner's k* lies within its k_max, and the decision alone gives the same k* again
@@ -103,7 +103,7 @@ def test_table1_redrawn_from_saved_tables_later_rows_win(tmp_path):
 def test_tuner_table_reuses_a_saved_profile(tmp_path, tuner_quick_run):
     """--profiles: the tuner decides from the profile a first run saved, without profiling,
     and the second run's JSON points at it instead of writing a new one."""
-    first = tuner_quick_run                     # `tuner_table.py --quick --out first`
+    first = tuner_quick_run                     # `tuner_table.py --quick ... --out first` (conftest)
     script = os.path.join(REPO, "scripts", "tuner_table.py")
     k_star = json.load(open(first / "tuner" / "cifar10_quick.json"))["tuner"]["k_star"]
     second = tmp_path / "second"

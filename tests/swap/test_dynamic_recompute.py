@@ -6,6 +6,7 @@ MAX pooling -> conv2 -> ReLU -> fc -> Dropout -> fc.  Recomputing conv1_1 (and i
 its map from the data before conv1_2's backward, which then needs the data two steps earlier
 than conv1_1's own backward did.
 """
+import functools
 import gzip
 import json
 import os
@@ -246,6 +247,14 @@ def test_install_takes_recompute_for_the_dynamic_strategy_only():
         train("naive", iters=1, recompute=("conv1_1",))
 
 
+@functools.lru_cache(maxsize=None)
+def _vgg16_gmap():
+    """VGG-16's GMAP as the CPU builds it, built once per process: building the net fills its
+    138 M parameters (about 4 s on a 2-core CPU, five times in this module), and a GMAP is a
+    frozen dataclass, which no test can change."""
+    return build_gmap(Net(VGG16, TRAIN, mode="CPU"))
+
+
 def _vgg16_search(recompute):
     """(Search, ComputeModel): VGG-16 at 12 GiB on session 18's H100 profile (the CPU-built
     GMAP)."""
@@ -253,7 +262,7 @@ def _vgg16_search(recompute):
     from swap.tuner import Search, profile_models
     with gzip.open(VGG16_PROFILE, "rt") as f:
         prof = Profile.from_dict(json.load(f))
-    g = build_gmap(Net(VGG16, TRAIN, mode="CPU"))
+    g = _vgg16_gmap()
     model, pcie = profile_models(prof, g, "segment")
     return Search(g, 12 << 30, model, pcie, prune=False, recompute=recompute), model
 
@@ -341,7 +350,7 @@ def test_candidates_are_the_groups_that_free_memory_ranked_by_bytes_per_second()
     pooling layer and a group with Dropout free nothing or may not be rebuilt.  Nets whose
     convolutions all carry BatchNorm in place (ResNet-50) have no candidate."""
     from swap.plan import align, recompute_candidates
-    g = build_gmap(Net(VGG16, TRAIN, mode="CPU"))
+    g = _vgg16_gmap()
     cands = recompute_candidates(g)
     assert [c[0] for c in cands] == ["conv1_1", "conv2_1", "conv3_1", "conv4_1"]
     bid = {b.name: b.id for b in g.buffers}

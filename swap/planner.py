@@ -390,7 +390,7 @@ def _stretched(pcie: PCIeModel, t: float, start: float, outs, ins, at: list) -> 
     """Step time ``t`` beside the copies ``outs`` / ``ins`` in flight from ``start``
     (:meth:`swap.model.PCIeModel.stretch`); ``at``: the two streams' first copies not yet done,
     advanced in place."""
-    horizon = start + t * (1.0 + pcie.slow_out + pcie.slow_in)
+    horizon = start + t * (1.0 + pcie.slow_out + pcie.slow_in) + pcie.step_cost
     at[0], so = _spans(outs, at[0], start, horizon)
     at[1], si = _spans(ins, at[1], start, horizon)
     return pcie.stretch(t, so, si)

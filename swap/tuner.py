@@ -1340,9 +1340,12 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         cal = profile.meta.get("copy_calibration") or {}
         src = (f"calibrated at minibatch {cal['k']}, every feature map kept against the naive "
                "plan" if cal else "given")
+        per_step = (f", and a step with a copy beside it {1e6 * pcie.step_cost:.1f} us"
+                    if pcie.step_cost > 0 else "")
         say(f"AccUDNN stage 2: compute beside a copy takes {100 * pcie.slow_out:.1f} % longer "
-            f"(offload), {100 * pcie.slow_in:.1f} % (prefetch) ({src}); a k is stall-free only "
-            f"if its copies add at most {100 * COPY_SLOWDOWN_LIMIT:.1f} % to its compute")
+            f"(offload), {100 * pcie.slow_in:.1f} % (prefetch){per_step} ({src}); a k is "
+            f"stall-free only if its copies add at most {100 * COPY_SLOWDOWN_LIMIT:.1f} % to "
+            "its compute")
     elif profile.mode == "GPU":
         say("AccUDNN stage 2: " + _no_copy_cost_words(profile))
     if recompute and auto_batch and RECOMPUTE_COST_LIMIT is not None:

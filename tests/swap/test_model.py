@@ -729,6 +729,57 @@ def test_copy_slowdown_is_fitted_from_the_calibration(monkeypatch):
             copy_slowdown(prof)
 
 
+def test_stretch_adds_the_cost_per_step_beside_a_copy():
+    """PCIeModel.step_cost: a step with any copy in flight during it takes that much longer,
+    whatever its length; a copy that starts after the step ends is not beside it."""
+    p = PCIeModel(h2d=1e9, d2h=1e9, step_cost=0.1)
+    assert p.slows
+    assert p.stretch(1.0) == 1.0
+    assert p.stretch(1.0, [(-1.0, 5.0)]) == pytest.approx(1.1)
+    assert p.stretch(1.0, (), [(0.9, 2.0)]) == pytest.approx(1.1)
+    assert p.stretch(1.0, (), [(1.5, 2.0)]) == 1.0
+    assert p.stretch(1.0, [(-1.0, 0.0)]) == 1.0                    # done as the step starts
+    q = PCIeModel(h2d=1e9, d2h=1e9, slow_out=0.5, step_cost=0.1)
+    assert q.stretch(1.0, [(-1.0, 5.0)]) == pytest.approx(1.6)
+    assert PCIeModel.from_dict(q.to_dict()) == q
+    with pytest.raises(ValueError, match="step_cost"):
+        PCIeModel(h2d=1e9, d2h=1e9, step_cost=-1.0)
+
+
+def test_the_copy_fit_with_a_cost_per_step(monkeypatch):
+    """$MINICAFFE_COPY_STEP_COST=1: the calibration's fit also takes a constant per step beside
+    a copy (the naive plan's events): it recovers the slowdowns and the constant that made the
+    kept times, the model takes the constant out of the naive samples with a copy beside them,
+    and the PCIe model adds it back to a step with a copy in flight.  Off (the default), no
+    cost per step, and the slowdowns take the constant up."""
+    from swap.model import (ENV_COPY_SLOWDOWN, ENV_COPY_STEP_COST, copy_fit, copy_slowdown,
+                            copy_step_cost, without_copies)
+    monkeypatch.delenv(ENV_COPY_SLOWDOWN, raising=False)
+    monkeypatch.delenv(ENV_COPY_STEP_COST, raising=False)
+    g_out, g_in, c = 0.02, 0.05, 0.01
+    prof, kept = _copy_profile(g_out, g_in)
+    kept = kept - c                                       # every step has a copy beside it
+    prof.meta["copy_calibration"]["kept"] = kept.tolist()
+    fit, why = copy_fit(prof, prof.meta["copy_calibration"], True)
+    assert why == ""
+    assert fit == pytest.approx((g_out / (1 - g_out), g_in / (1 - g_in), c))
+    assert copy_step_cost(prof) == 0.0 and PCIeModel.from_profile(prof).step_cost == 0.0
+    off = copy_slowdown(prof)
+    assert off[0] + off[1] > fit[0] + fit[1] + 0.01
+    monkeypatch.setenv(ENV_COPY_STEP_COST, "1")
+    assert copy_slowdown(prof) == pytest.approx(fit[:2])
+    assert copy_step_cost(prof) == pytest.approx(c)
+    clean = without_copies(prof, fit[:2], c)
+    assert np.allclose([x.time for x in clean], kept)
+    pcie = PCIeModel.from_profile(prof)
+    assert pcie.step_cost == pytest.approx(c) and (pcie.slow_out, pcie.slow_in) == \
+        pytest.approx(fit[:2])
+    # the override gives the slowdowns alone; a profile without a calibration has no cost
+    assert copy_step_cost(_copy_profile(calibrated=False)[0]) == 0.0
+    monkeypatch.setenv(ENV_COPY_SLOWDOWN, "0.03,0.07")
+    assert copy_step_cost(prof) == 0.0
+
+
 def test_nonnegative_fit_drops_a_negative_column():
     from swap.model import nonnegative_fit
     x1 = np.array([1.0, 2.0, 3.0, 4.0])

@@ -1272,13 +1272,13 @@ class PCIeModel:
         and a step with any copy in flight during it takes :attr:`step_cost` longer."""
         if t <= 0.0 or not self.slows or (not out_spans and not in_spans):
             return t
-        wall = self._stretched(t, out_spans, in_spans)
+        wall = self._stretch_rates(t, out_spans, in_spans)
         if self.step_cost > 0.0 and any(a < wall and b > 0.0
                                         for a, b in (*out_spans, *in_spans)):
             wall += self.step_cost
         return wall
 
-    def _stretched(self, t: float, out_spans, in_spans) -> float:
+    def _stretch_rates(self, t: float, out_spans, in_spans) -> float:
         """:meth:`stretch` without the step cost."""
         if self.slow_out <= 0.0 and self.slow_in <= 0.0:
             return t

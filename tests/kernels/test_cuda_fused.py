@@ -53,6 +53,7 @@ _PRELUDE = r"""
 #include <barrier>
 #include <cmath>
 #include <cstddef>
+#include <map>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -91,26 +92,66 @@ static void emu_call(void (*k)(A...), void** args, std::index_sequence<I...>) {
   k(*reinterpret_cast<A*>(args[I])...);
 }
 
+// One host thread per CUDA thread of a block, started once per block size and kept between
+// launches: starting and joining 256 threads at every launch cost most of this module's
+// time (about two thirds of it system time on a 2-core machine).  Each launch hands the
+// threads a kernel call, and they run its blocks one after another, as before.
+struct EmuPool {
+  explicit EmuPool(unsigned n) : n(n), bar(n) {
+    for (unsigned t = 0; t < n; ++t) std::thread([this, t] { serve(t); }).detach();
+  }
+  void serve(unsigned t) {
+    threadIdx = EmuDim{t, 0, 0};
+    unsigned seen = 0;
+    for (;;) {
+      launch.wait(seen);               // the next launch
+      seen = launch.load();
+      for (unsigned by = 0; by < gy; ++by) {
+        for (unsigned bx = 0; bx < gx; ++bx) {
+          blockIdx = EmuDim{bx, by, 0};
+          call(kernel, args);
+          bar.arrive_and_wait();  // the block is done before the next one reuses "shared" memory
+        }
+      }
+      if (done.fetch_add(1) + 1 == n) done.notify_one();
+    }
+  }
+  // runs a kernel call on every thread; returns when all of them are done
+  void run(void (*c)(void*, void**), void* k, void** a, unsigned x, unsigned y) {
+    call = c; kernel = k; args = a; gx = x; gy = y;
+    emu_barrier = &bar;
+    done.store(0);
+    launch.fetch_add(1);
+    launch.notify_all();
+    for (unsigned d = done.load(); d != n; d = done.load()) done.wait(d);
+  }
+  const unsigned n;
+  std::barrier<> bar;
+  std::atomic<unsigned> launch{0}, done{0};
+  void (*call)(void*, void**) = nullptr;
+  void* kernel = nullptr;
+  void** args = nullptr;
+  unsigned gx = 0, gy = 0;
+};
+
+template <typename... A>
+static void emu_trampoline(void* k, void** args) {
+  emu_call(reinterpret_cast<void (*)(A...)>(k), args, std::index_sequence_for<A...>{});
+}
+
+// the pool of a block size, shared by every kernel (never freed: its threads wait forever)
+static EmuPool* emu_pool(unsigned threads) {
+  static std::map<unsigned, EmuPool*> pools;
+  EmuPool*& pool = pools[threads];
+  if (pool == nullptr) pool = new EmuPool(threads);
+  return pool;
+}
+
 template <typename... A>
 static void emu_launch(void (*k)(A...), unsigned gx, unsigned gy, unsigned threads, void** args) {
   gridDim = EmuDim{gx, gy, 1};
   blockDim = EmuDim{threads, 1, 1};
-  std::barrier<> bar(threads);
-  emu_barrier = &bar;
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads; ++t) {
-    pool.emplace_back([=, &bar] {
-      threadIdx = EmuDim{t, 0, 0};
-      for (unsigned by = 0; by < gy; ++by) {
-        for (unsigned bx = 0; bx < gx; ++bx) {
-          blockIdx = EmuDim{bx, by, 0};
-          emu_call(k, args, std::index_sequence_for<A...>{});
-          bar.arrive_and_wait();  // the block is done before the next one reuses "shared" memory
-        }
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
+  emu_pool(threads)->run(&emu_trampoline<A...>, reinterpret_cast<void*>(k), args, gx, gy);
 }
 """
 

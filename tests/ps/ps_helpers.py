@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ps_batches import hook_batch  # noqa: F401  (the tests import it from here)
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -85,13 +86,6 @@ def write_hdf5(tmp, rows=32, seed=3):
     lst = Path(tmp) / "train.txt"
     lst.write_text(f"{path}\n")
     return str(lst)
-
-
-def hook_batch(iteration, total):
-    """The big batch of an iteration: a deterministic function of (iteration, size)."""
-    rng = np.random.default_rng(1000 + iteration)
-    return (rng.normal(size=(total, 4)).astype(np.float32),
-            rng.normal(size=(total, 2)).astype(np.float32))
 
 
 def env():

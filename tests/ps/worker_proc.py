@@ -1,7 +1,7 @@
 """A worker process for the tests, through the Python API.
 
 Feeds the net's Input tops with rows ``rank*k:(rank+1)*k`` of a big batch of
-``W*k`` rows that depends only on the iteration (``ps_helpers.hook_batch``),
+``W*k`` rows that depends only on the iteration (``ps_batches.hook_batch``),
 trains to max_iter, and saves the final parameters to an .npz (no pickle).
 
     worker_proc.py SOLVER ENDPOINTS RANK WORLD_SIZE OUT.npz TIMEOUT [--snapshot F]
@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 import numpy as np  # noqa: E402
 
-from ps_helpers import hook_batch  # noqa: E402
+from ps_batches import hook_batch  # noqa: E402
 from minicaffe.backend import to_numpy  # noqa: E402
 from minicaffe.solver import Solver  # noqa: E402
 from ps.overlap import overlap_default  # noqa: E402

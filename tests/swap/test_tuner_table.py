@@ -107,7 +107,9 @@ def test_tuner_table_reuses_a_saved_profile(tmp_path, tuner_quick_run):
     script = os.path.join(REPO, "scripts", "tuner_table.py")
     k_star = json.load(open(first / "tuner" / "cifar10_quick.json"))["tuner"]["k_star"]
     second = tmp_path / "second"
-    fewer = ["--iters", "2", "--warmup", "1", "--no-stall-max-rounds", "2"]   # the reuse only
+    # the reuse only: one no-stall round of each strategy (two: 9 s a run, one: 6 s)
+    fewer = ["--iters", "2", "--warmup", "1", "--no-stall-rounds", "1", "--no-stall-max-rounds",
+             "1"]
     proc = subprocess.run([sys.executable, script, "--quick", "--no-torch", "--out", str(second),
                            "--profiles", str(first / "tuner")] + fewer,
                           capture_output=True, text=True, timeout=300, cwd=REPO)

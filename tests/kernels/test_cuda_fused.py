@@ -6,14 +6,16 @@ Every fused kernel is checked against the generic NumPy/CuPy path of its layer
 * on a GPU (tests marked ``gpu``): the fast path against the same layer built
   under ``cuda_fused.disabled()``, both in CuPy;
 * everywhere else, through a CPU emulator of the *same CUDA source*: it is
-  compiled as C++ (g++) with one host thread per CUDA thread, a barrier for
-  ``__syncthreads``, blocks run one after another, and the layers' NumPy
+  compiled as C++ (g++) with one fiber per CUDA thread, which runs until its
+  next ``__syncthreads``, the fibers of a block in a new shuffled order
+  between every two barriers, blocks one after another, and the layers' NumPy
   arrays are handed to it by address, exactly as CuPy would hand device
   pointers to the kernels (a numpy scalar of the wrong width in a wrapper shows
   up here as wrong results, as it would on the GPU).  This checks the index
-  maths, the workspace layout, the in-place hazards and the argument packing
-  without a GPU; timing, NVRTC-specific issues and true concurrency between
-  blocks are left to the GPU tests.
+  maths, the workspace layout, the in-place hazards, a missing barrier and the
+  argument packing without a GPU; timing, NVRTC-specific issues and threads
+  that run at the same time (within a block or across blocks) are left to the
+  GPU tests.
 
 Also here, CPU-only: the dispatch conditions (the fast path is never taken on
 NumPy in normal use, and only where enabled, compiled and supported).
@@ -50,18 +52,19 @@ def rel_err(a, b):
 # ------------------------------------------------------------- the emulator
 _PRELUDE = r"""
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <map>
-#include <thread>
+#include <memory>
+#include <numeric>
 #include <utility>
 #include <vector>
+#include <ucontext.h>
 
 struct EmuDim { unsigned int x = 0, y = 0, z = 0; };
-static thread_local EmuDim threadIdx, blockIdx;
-static EmuDim blockDim, gridDim;
-static std::barrier<>* emu_barrier = nullptr;
+static EmuDim threadIdx, blockIdx, blockDim, gridDim;
+static void emu_syncthreads();
 
 #define __global__
 #define __device__
@@ -69,7 +72,7 @@ static std::barrier<>* emu_barrier = nullptr;
 #define __shared__ static  /* blocks run one at a time: a static is block-shared */
 #define __restrict__
 
-static inline void __syncthreads() { emu_barrier->arrive_and_wait(); }
+static inline void __syncthreads() { emu_syncthreads(); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 static inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
   return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);
@@ -92,66 +95,114 @@ static void emu_call(void (*k)(A...), void** args, std::index_sequence<I...>) {
   k(*reinterpret_cast<A*>(args[I])...);
 }
 
-// One host thread per CUDA thread of a block, started once per block size and kept between
-// launches: starting and joining 256 threads at every launch cost most of this module's
-// time (about two thirds of it system time on a 2-core machine).  Each launch hands the
-// threads a kernel call, and they run its blocks one after another, as before.
-struct EmuPool {
-  explicit EmuPool(unsigned n) : n(n), bar(n) {
-    for (unsigned t = 0; t < n; ++t) std::thread([this, t] { serve(t); }).detach();
-  }
-  void serve(unsigned t) {
-    threadIdx = EmuDim{t, 0, 0};
-    unsigned seen = 0;
-    for (;;) {
-      launch.wait(seen);               // the next launch
-      seen = launch.load();
-      for (unsigned by = 0; by < gy; ++by) {
-        for (unsigned bx = 0; bx < gx; ++bx) {
-          blockIdx = EmuDim{bx, by, 0};
-          call(kernel, args);
-          bar.arrive_and_wait();  // the block is done before the next one reuses "shared" memory
-        }
+// One fiber (a ucontext with a stack of its own) per CUDA thread of a block, all on the
+// calling host thread.  A block's fibers run one at a time, each until it calls __syncthreads
+// or returns, in an order shuffled afresh for every stretch between two barriers (seeded by
+// the launch, the block and the stretch, so a failure repeats): a thread that reads what
+// another writes without the barrier between them finds it unwritten in about half the
+// orders.  Blocks run one after another.  No two threads run at once, so a race inside a
+// stretch on one address (a lost update) would not show; within a block the kernels here
+// share addresses only in the tree sums and through thread 0's __shared__ values, both
+// behind a barrier.  This replaced one host thread per CUDA thread with a std::barrier:
+// 0.4 ms a barrier on the 2-core CI machine and 256 threads competing with the other
+// pytest-xdist worker (the module took 46 to 61 s in the suite); with the barrier after
+// block_sum2's stores, between its tree levels, after block_sum4's stores or after
+// dropout_forward's thread 0 removed from the CUDA source, 39, 93, 8 and 11 of the 276
+// tests fail (with the threads: 39, 90, 8 and 2 to 11).
+struct EmuFibers {
+  static constexpr std::size_t STACK = 256 << 10;
+  enum State : unsigned char { RUNS, WAITS, RETURNED };
+  explicit EmuFibers(unsigned n)
+      : n(n), ctx(n), state(n), order(n), stacks(new char[n * STACK]) {}
+
+  // runs call(kernel, args) on every thread of every block
+  void run(void (*c)(void*, void**), void* k, void** a, unsigned gx, unsigned gy) {
+    call = c; kernel = k; args = a;
+    ++launches;
+    for (unsigned by = 0; by < gy; ++by) {
+      for (unsigned bx = 0; bx < gx; ++bx) {
+        blockIdx = EmuDim{bx, by, 0};
+        block(launches * 0x9E3779B97F4A7C15ULL + (std::uint64_t(by) << 32 | bx));
       }
-      if (done.fetch_add(1) + 1 == n) done.notify_one();
     }
   }
-  // runs a kernel call on every thread; returns when all of them are done
-  void run(void (*c)(void*, void**), void* k, void** a, unsigned x, unsigned y) {
-    call = c; kernel = k; args = a; gx = x; gy = y;
-    emu_barrier = &bar;
-    done.store(0);
-    launch.fetch_add(1);
-    launch.notify_all();
-    for (unsigned d = done.load(); d != n; d = done.load()) done.wait(d);
+
+  void block(std::uint64_t seed) {
+    for (unsigned t = 0; t < n; ++t) {
+      getcontext(&ctx[t]);
+      ctx[t].uc_stack.ss_sp = stacks.get() + t * STACK;
+      ctx[t].uc_stack.ss_size = STACK;
+      ctx[t].uc_link = &host;
+      makecontext(&ctx[t], &EmuFibers::entry, 0);
+      state[t] = RUNS;
+    }
+    for (bool waiting = true; waiting;) {
+      waiting = false;
+      std::iota(order.begin(), order.end(), 0u);
+      for (unsigned i = n - 1; i > 0; --i) {   // Fisher-Yates, splitmix64 draws
+        seed += 0x9E3779B97F4A7C15ULL;
+        std::uint64_t z = seed;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        std::swap(order[i], order[(z ^ (z >> 31)) % (i + 1)]);
+      }
+      for (unsigned t : order) {
+        if (state[t] == RETURNED) continue;     // as on the device: it holds no barrier
+        current = t;
+        threadIdx = EmuDim{t, 0, 0};
+        state[t] = RUNS;
+        swapcontext(&host, &ctx[t]);            // to its next __syncthreads, or its end
+        waiting |= state[t] == WAITS;
+      }
+    }
   }
+
+  static void entry() {
+    EmuFibers* f = active;
+    f->call(f->kernel, f->args);
+    f->state[f->current] = RETURNED;            // then uc_link: back to block()
+  }
+
+  void syncthreads() {
+    state[current] = WAITS;
+    swapcontext(&ctx[current], &host);
+  }
+
   const unsigned n;
-  std::barrier<> bar;
-  std::atomic<unsigned> launch{0}, done{0};
+  std::vector<ucontext_t> ctx;
+  std::vector<unsigned char> state;
+  std::vector<unsigned> order;
+  std::unique_ptr<char[]> stacks;
+  ucontext_t host;
+  unsigned current = 0;
+  std::uint64_t launches = 0;
   void (*call)(void*, void**) = nullptr;
   void* kernel = nullptr;
   void** args = nullptr;
-  unsigned gx = 0, gy = 0;
+  static inline EmuFibers* active = nullptr;
 };
+
+static void emu_syncthreads() { EmuFibers::active->syncthreads(); }
 
 template <typename... A>
 static void emu_trampoline(void* k, void** args) {
   emu_call(reinterpret_cast<void (*)(A...)>(k), args, std::index_sequence_for<A...>{});
 }
 
-// the pool of a block size, shared by every kernel (never freed: its threads wait forever)
-static EmuPool* emu_pool(unsigned threads) {
-  static std::map<unsigned, EmuPool*> pools;
-  EmuPool*& pool = pools[threads];
-  if (pool == nullptr) pool = new EmuPool(threads);
-  return pool;
+// the fibers of a block size, shared by every kernel (never freed)
+static EmuFibers* emu_fibers(unsigned threads) {
+  static std::map<unsigned, EmuFibers*> made;
+  EmuFibers*& f = made[threads];
+  if (f == nullptr) f = new EmuFibers(threads);
+  return f;
 }
 
 template <typename... A>
 static void emu_launch(void (*k)(A...), unsigned gx, unsigned gy, unsigned threads, void** args) {
   gridDim = EmuDim{gx, gy, 1};
   blockDim = EmuDim{threads, 1, 1};
-  emu_pool(threads)->run(&emu_trampoline<A...>, reinterpret_cast<void*>(k), args, gx, gy);
+  EmuFibers::active = emu_fibers(threads);
+  EmuFibers::active->run(&emu_trampoline<A...>, reinterpret_cast<void*>(k), args, gx, gy);
 }
 """
 
@@ -202,7 +253,7 @@ def _emulator():
     src, lib = os.path.join(d, "emu.cpp"), os.path.join(d, "emu.so")
     with open(src, "w") as f:
         f.write(code)
-    cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
+    cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared",
            src, "-o", lib]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -619,3 +619,25 @@ def test_plot_memory_trace_renders_a_png(make_solver, tmp_path):
     assert (tmp_path / "trace.png").exists()
     with pytest.raises(ValueError, match="no iteration 9"):
         plot_memory_trace.pick_iteration(rows, 9)
+
+
+def test_an_executor_collected_in_its_dry_run_stops_tracing(make_solver):
+    """An executor dropped in its dry run, never closed, stops the CPU's tracemalloc when it
+    is collected; left on, tracing made every later step of the process 3 to 7 times slower."""
+    import gc
+    import tracemalloc
+    if tracemalloc.is_tracing():
+        pytest.skip("tracemalloc already traced by someone else")
+    s = make_solver("lenet")
+    ex = install(s, "naive")                    # measure=1: the first iteration is the dry run
+    s.step(1)
+    assert ex._meter.active and tracemalloc.is_tracing()
+    del ex, s
+    gc.collect()
+    assert not tracemalloc.is_tracing()
+    # closed, or past its dry run, it stopped by itself as before
+    s = make_solver("lenet")
+    ex = install(s, "naive")
+    s.step(2)
+    assert not ex._meter.active and not tracemalloc.is_tracing()
+    ex.close()

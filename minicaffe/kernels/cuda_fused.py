@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import os
 import warnings
 
@@ -1185,6 +1186,23 @@ def _ptr(a) -> int:
     return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
 
 
+_data_st, _diff_st = operator.attrgetter("data_storage"), operator.attrgetter("diff_storage")
+_array_of, _shape_of = operator.attrgetter("array"), operator.attrgetter("shape")
+
+
+def _all_same(objs, seen) -> bool:
+    """Every object is the one seen (identity, pairwise; the caller checks the lengths)."""
+    return all(map(operator.is_, objs, seen))
+
+
+def _identities(params, history) -> tuple:
+    """The objects :meth:`MultiTensorSGD.matches` compares by identity: each blob's data and
+    diff storages, their arrays, its shape, and the history arrays."""
+    ds, gs = list(map(_data_st, params)), list(map(_diff_st, params))
+    return (ds, gs, list(map(_array_of, ds)), list(map(_array_of, gs)),
+            list(map(_shape_of, params)), list(history))
+
+
 class MultiTensorSGD:
     """Caffe's SGD update of every learnable parameter in one kernel launch.
 
@@ -1210,6 +1228,7 @@ class MultiTensorSGD:
             cparam.append(np.full(len(starts), i, dtype=np.int64))
             cstart.append(starts)
         self.key = self.storage_key(params, history)  # after the views allocated any storage
+        self._seen = _identities(params, history)     # matches' fast path
         self.n_blocks = int(sum(len(s) for s in cstart))
         self.ptrs = xp.asarray(ptrs.ravel())
         self.counts = xp.asarray(counts)
@@ -1252,7 +1271,27 @@ class MultiTensorSGD:
         return tuple(key)
 
     def matches(self, params, history) -> bool:
-        return self.storage_key(params, history) == self.key
+        """Whether the tables still point where every parameter's arrays live.
+
+        First by identity (C-level passes over the blobs' storages, the storages' arrays,
+        the shapes and the history arrays, against those seen at the last match): the same
+        array objects are the same memory, so nothing moved.  Anything else (a reshape, a
+        storage rebound, even to the same address) falls back to :meth:`storage_key`, which
+        compares addresses and counts.  ResNet-152's 932 parameter blobs took the key 1.5 to
+        4.5 ms of the host's issue per call, twice an iteration (session 41's cProfile)."""
+        seen = self._seen
+        if (seen is not None and len(params) == len(seen[0]) and len(history) == len(seen[5])
+                and _all_same(map(_data_st, params), seen[0])
+                and _all_same(map(_diff_st, params), seen[1])
+                and _all_same(map(_array_of, seen[0]), seen[2])
+                and _all_same(map(_array_of, seen[1]), seen[3])
+                and _all_same(map(_shape_of, params), seen[4])
+                and _all_same(history, seen[5])):
+            return True
+        if self.storage_key(params, history) != self.key:
+            return False
+        self._seen = _identities(params, history)
+        return True
 
     def update(self, rate: float, momentum: float, weight_decay: float, iter_size: int = 1,
                l1: bool = False, rate_from_device: bool = False):

@@ -725,14 +725,23 @@ def test_fused_sgd_storage_key_is_the_views_pointers_and_sees_every_move(backend
         q.release_data,
         lambda: q.share_data(type(q)(q.shape, xp=xp, dtype=q.dtype, name="elsewhere")),
         lambda: other.reshape(other.count + 1),
+        lambda: other.reshape(other.count - 1),             # the same arrays, fewer elements
+        lambda: history.__setitem__(1, history[1].copy()),
     ]
     for move in moves:
         move()
         assert not tables.matches(params, history)
+        assert not tables.matches(params, history)          # (no identity kept from a miss)
         tables = solver.fused_sgd()
-        assert tables.matches(params, history)
+        assert tables.matches(params, history) and tables.matches(params, history)
         assert tables.key == tuple((ptr(q.data), ptr(q.diff), ptr(h), q.count)
                                    for q, h in zip(params, history))
+    # not moves: a reshape to the same shape (a new shape tuple) and a blob whose storage is
+    # rebound to the very same array still match, through the addresses
+    q.reshape(q.shape)
+    other.data_storage.array = other.data_storage.array
+    assert tables.matches(params, history) and solver.fused_sgd() is tables
+    assert not tables.matches(params[:-1], history[:-1])    # fewer parameters
 
 
 def test_fused_sgd_refused_for_other_rules(monkeypatch):

@@ -610,7 +610,8 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         out["tuner"]["graph_calibration"] = {
             "k": td.graph.k, "measured_ms": 1e3 * td.graph.measured,
             "steps_ms": 1e3 * td.graph.steps, "tail_ms": 1e3 * td.graph.tail,
-            "gap_us": 1e6 * td.graph.gap, "launches": td.graph.launches}
+            "gap_us": 1e6 * td.graph.gap, "launches": td.graph.launches,
+            "points": [[k, 1e6 * gap] for k, gap in td.graph.points]}
     hm = model.host
     out["tuner"]["host_model"] = None if hm is None else {
         "method": hm.method, "ks": list(hm.ks), "intercept_ms": 1e3 * hm.intercept,

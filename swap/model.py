@@ -808,6 +808,10 @@ class ComputeModel:
     overhead: IterationOverhead | None = None
     host: HostModel | None = None
     gap: float = 0.0        # seconds every step sheds as a CUDA graph launch (graph_model)
+    # ((k, gap), ...) by k: the gap per step where it was calibrated at more than one k,
+    # linear in k between them and the end value beyond (gap_at; `gap` stands where k is
+    # not known)
+    gap_points: tuple = ()
     # chunked convolutions' steps, priced per call (module doc): ((layer, phase, limit,
     # bytes per image, multiple, FLOPs per image), ...)
     chunks: tuple = ()
@@ -873,19 +877,31 @@ class ComputeModel:
         raise KeyError(f"the compute model has no curve for {step} (type {step.type}) and no "
                        "fallback")
 
-    def step_time(self, step, flops: float | None = None) -> float:
-        """t_j: seconds of one step at ``flops`` (default: the step's own at its GMAP's k)."""
+    def gap_at(self, k: int | None = None) -> float:
+        """Seconds each step sheds as a CUDA graph launch at minibatch ``k``: from
+        :attr:`gap_points` where there are any (linear in k between the calibrated ks, the
+        end values beyond them), else :attr:`gap` (also where ``k`` is None)."""
+        if not self.gap_points or k is None:
+            return self.gap
+        ks, gaps = zip(*self.gap_points)
+        return float(np.interp(float(k), ks, gaps))
+
+    def step_time(self, step, flops: float | None = None, k: int | None = None) -> float:
+        """t_j: seconds of one step at ``flops`` (default: the step's own at its GMAP's k);
+        ``k``: the minibatch those FLOPs are, for a graph gap that depends on it
+        (:meth:`gap_at`)."""
         x = step.flops if flops is None else flops
         t = self._searched_at_flops(step, x) if self._search_index else None
         if t is None:
             n = self.calls(step, x)
             t = n * float(self.curve(step).time(x / n))
         t *= self.slowdown
-        return t - min(self.gap, GAP_SHARE * t) if self.gap > 0 else t
+        gap = self.gap_at(k)
+        return t - min(gap, GAP_SHARE * t) if gap > 0 else t
 
     def step_times(self, gmap: GMAP) -> np.ndarray:
         """``t_j(k)`` of every step of ``gmap`` at ``gmap.k`` (eq. 1 is in ``GMAP.at``)."""
-        return np.array([self.step_time(s) for s in gmap.steps], dtype=np.float64)
+        return np.array([self.step_time(s, k=gmap.k) for s in gmap.steps], dtype=np.float64)
 
     def times_fn(self, gmap: GMAP):
         """A function ``k -> t_j(k)`` for every step of ``gmap`` (vectorized eq. 1-2, for
@@ -901,7 +917,7 @@ class ComputeModel:
         odd = [(j, c) for j, c in enumerate(curves) if 0 < len(c.knots) < 2]
         k0 = gmap.k
         slow = self.slowdown
-        gap = self.gap
+        gap_at = self.gap_at
         # the chunked convolutions' steps: their calls at k from their rules (module doc)
         from minicaffe.cudnn.ops import chunk_images
         rules = [(j, self._chunk_index.get((s.name, s.phase))) for j, s in enumerate(gmap.steps)]
@@ -937,6 +953,7 @@ class ComputeModel:
                 if t is not None:
                     out[j] = t
             out = slow * out
+            gap = gap_at(k)
             if gap > 0:
                 out = out - np.minimum(gap, GAP_SHARE * out)
             return out
@@ -1036,7 +1053,8 @@ class ComputeModel:
                 "curves": [{"key": list(k), **c.to_dict()} for k, c in self.curves],
                 "overhead": None if self.overhead is None else self.overhead.to_dict(),
                 "host": None if self.host is None else self.host.to_dict(),
-                "gap": self.gap, "chunks": [list(c) for c in self.chunks],
+                "gap": self.gap, "gap_points": [list(p) for p in self.gap_points],
+                "chunks": [list(c) for c in self.chunks],
                 "searched": [[e[0], e[1], e[2],
                               [[k, v] for k, v in sorted(self._search_index[(e[0], e[1])][1]
                                                          .items()) if v is not None],
@@ -1054,6 +1072,7 @@ class ComputeModel:
                    overhead=None if oh is None else IterationOverhead.from_dict(oh),
                    host=None if hm is None else HostModel.from_dict(hm),
                    gap=float(d.get("gap", 0.0)),
+                   gap_points=tuple((int(k), float(g)) for k, g in d.get("gap_points", ())),
                    chunks=tuple(tuple(c) for c in d.get("chunks", ())),
                    searched=tuple((e[0], e[1], float(e[2]),
                                    tuple((int(k), float(v)) for k, v in e[3]),

@@ -70,7 +70,7 @@ from .gmap import GMAP, build_gmap, net_batch_size
 from .memory import fmt_bytes
 from .model import D2H, H2D, TUNER_GRANULARITY, ComputeModel, PCIeModel
 from .plan import (RECOMPUTE, BudgetError, _base_intervals, _place_returns, dynamic_recompute,
-                   make_plan, recompute_candidates)
+                   largest_k, make_plan, recompute_candidates)
 from .planner import (RULES, DynamicPlan, PinResult, _pairs, _split_uses, _uses, algorithm1,
                       choose_pins, make_dynamic_plan, with_recomputations)
 
@@ -971,19 +971,25 @@ class GraphCalibration:
     gap: float
     launches: int
     iterations: int     # training iterations the calibration ran (they count as training)
+    # ((k, gap), ...) by k: every calibrated k (this one and a smaller one, see
+    # calibrate_graph), for ComputeModel.gap_points
+    points: tuple = ()
 
 
-def graph_model(model: ComputeModel, gap: float, tail: float | None = None) -> ComputeModel:
+def graph_model(model: ComputeModel, gap: float, tail: float | None = None,
+                points=()) -> ComputeModel:
     """The compute model of iterations that run as CUDA graph launches: every step time less
-    ``gap`` seconds (:func:`calibrate_graph`'s; at most :data:`swap.model.GAP_SHARE` of it), no
-    host bound (the host issues one launch per iteration, not the steps), and the solver
-    update (``tail``, default the model's own) the only time outside the steps (the eager
-    gaps between steps are gone too)."""
+    ``gap`` seconds (:func:`calibrate_graph`'s; at most :data:`swap.model.GAP_SHARE` of it), or
+    less the gap at its k where ``points`` ((k, gap), ...) were calibrated at several k
+    (:meth:`swap.model.ComputeModel.gap_at`), no host bound (the host issues one launch per
+    iteration, not the steps), and the solver update (``tail``, default the model's own) the
+    only time outside the steps (the eager gaps between steps are gone too)."""
     import dataclasses
 
     from .model import IterationOverhead
     tail = _tail_of(model) if tail is None else float(tail)
-    return dataclasses.replace(model, gap=float(gap), host=None,
+    points = tuple(sorted((int(k), float(g)) for k, g in points))
+    return dataclasses.replace(model, gap=float(gap), gap_points=points, host=None,
                                overhead=IterationOverhead(a=tail, b=0.0, tail=tail))
 
 
@@ -1008,6 +1014,28 @@ def graph_gap(times, target: float) -> float:
     return 0.5 * (lo + hi)
 
 
+# the second graph calibration runs at the first's k divided by this (calibrate_graph)
+GRAPH_SMALL_K = 4
+
+
+def largest_copy_free_k(gmap: GMAP, plan_budget: int, scratch=None, *, k_max: int) -> int:
+    """The largest k <= ``k_max`` at which every feature map fits on the device together
+    (the naive plan with every feature map pinned, within ``plan_budget - scratch(k)``), so
+    that an iteration there offloads nothing and is compute alone; 0 where even k = 1 does not.
+
+    Not Caffe's plan ``"none"``, which also keeps every convolution's own cuDNN workspace for
+    the whole iteration: ResNet-101's saved GMAP (H200, 2026-11-29) needs 13.1 GiB for it at
+    k = 1 (8.2 GiB of them the per-layer workspaces), so under that rule no k was calibrated
+    in 12 GiB, where its dynamic plans keep every map up to k = 98."""
+    from .plan import plan_bytes_at
+    pinned = frozenset(gmap.feature_maps())
+
+    def fits(k):
+        reserve = 0 if scratch is None else scratch(k)
+        return plan_bytes_at(gmap, "naive", k, pinned)[0] <= plan_budget - reserve
+    return largest_k(fits, int(k_max))
+
+
 def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, plan_budget: int,
                     budget: int, *, k_max: int, scratch=None, warmup: int = GRAPH_WARMUP,
                     iterations: int = GRAPH_ITERATIONS, log=None) -> tuple:
@@ -1026,60 +1054,80 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
     profile holds yet).
 
     So before deciding, this trains ``warmup + iterations`` real iterations as graph
-    launches at the largest k whose Caffe-style plan (every feature map kept,
-    ``strategy="none"``) fits, at most ``k_max``, and takes the gap per step that makes the
-    profile's steps at that k, plus the solver update, the median measured iteration
-    (:func:`graph_gap`, :func:`graph_model`).  Returns ``(calibration or None, iterations
-    run)``: None where no k keeps every map or the iteration cannot be captured (the reason
-    is logged; the eager model stands)."""
+    launches at the largest k, at most ``k_max``, that keeps every feature map on the device
+    (:func:`largest_copy_free_k`; smaller where the dynamic plan there still offloads), and
+    again at a quarter of it (:data:`GRAPH_SMALL_K`), and takes at each the gap per step that
+    makes the profile's steps there, plus the solver update, the median measured iteration
+    (:func:`graph_gap`); the model's gap is linear in k between the two, the end values
+    beyond (:func:`graph_model`, :meth:`swap.model.ComputeModel.gap_at`).  One gap does not
+    hold across k: ResNet-152 on the H200 (2026-11-29, one gap of 8.07 us calibrated at
+    k = 9) ran 56.6, 100.6 and 183.7 ms as graphs at 16, 35 and 71 where that model said
+    59.7, 95.7 and 171.0: the eager steps shed about 10 us each at 16, 4.6 at 35 and none
+    at 71 (a graph there ran as long as the eager iteration).  Returns ``(calibration or
+    None, iterations run)``: None where no k keeps every map or an iteration cannot be
+    captured (the reason is logged; the eager model stands)."""
     import statistics
     import time
-
-    from .profiler import max_batch_scratch
 
     def say(msg):
         if log is not None:
             log(msg)
-    k = min(int(k_max), max_batch_scratch(gmap, int(plan_budget), scratch, strategy="none"))
+    k = largest_copy_free_k(gmap, int(plan_budget), scratch, k_max=int(k_max))
     if k < 1:
         say("cuda_graph calibration: no minibatch keeps every feature map within the budget; "
             "the eager model stands")
         return None, 0
     dec = plan_at(gmap, k, plan_budget, model, pcie, scratch=scratch)
-    reserve = 0 if scratch is None else scratch(k)
-    ex = install_decision(solver, dec, budget, int(plan_budget) - reserve,
-                          scratch=None if scratch is None else reserve, model=model, pcie=pcie,
-                          log=say)
-    ex.use_graph()
+    while dec.plan.host_bytes and k > 1:      # the dynamic plan laid it out otherwise
+        k = max(1, k * 9 // 10)
+        dec = plan_at(gmap, k, plan_budget, model, pcie, scratch=scratch)
     xp = solver.net.xp
 
     def sync():
         if xp is not np:          # pragma: no cover - GPU machine only
             xp.cuda.runtime.deviceSynchronize()
-    for _ in range(int(warmup)):
-        solver.step(1)
-    times = []
-    for _ in range(int(iterations)):
-        sync()
-        t0 = time.perf_counter()
-        solver.step(1)
-        sync()
-        times.append(time.perf_counter() - t0)
-    ran = int(warmup) + int(iterations)
-    if not ex.graph_captured:
-        say(f"cuda_graph calibration at k = {k}: the iteration is not captured "
-            f"({ex.graph_refused or 'no launch yet'}); the eager model stands")
-        return None, ran
-    measured = statistics.median(times)
-    eager = model.times_fn(gmap)(k)
     tail = _tail_of(model)
-    gap = graph_gap(eager, measured - tail)
-    cal = GraphCalibration(k=k, measured=measured, steps=float(np.sum(eager)), tail=tail,
-                           gap=gap, launches=ex.graph_launches, iterations=ran)
-    say(f"cuda_graph calibration at k = {k} (every feature map kept): {1e3 * measured:.1f} ms "
-        f"per iteration as graph launches against {1e3 * cal.steps:.1f} ms of eager profiled "
-        f"steps + {1e3 * tail:.1f} ms update: every step {1e6 * gap:.2f} us shorter, no host "
-        "bound")
+    ran, points, first = 0, [], None
+    for kc in (k, k // GRAPH_SMALL_K):
+        if kc < 1 or (points and kc == points[-1][0]):
+            continue
+        dc = dec if kc == k else plan_at(gmap, kc, plan_budget, model, pcie, scratch=scratch)
+        reserve = 0 if scratch is None else scratch(kc)
+        ex = install_decision(solver, dc, budget, int(plan_budget) - reserve,
+                              scratch=None if scratch is None else reserve, model=model,
+                              pcie=pcie, log=say)
+        ex.use_graph()
+        for _ in range(int(warmup)):
+            solver.step(1)
+        times = []
+        for _ in range(int(iterations)):
+            sync()
+            t0 = time.perf_counter()
+            solver.step(1)
+            sync()
+            times.append(time.perf_counter() - t0)
+        ran += int(warmup) + int(iterations)
+        if not ex.graph_captured:
+            say(f"cuda_graph calibration at k = {kc}: the iteration is not captured "
+                f"({ex.graph_refused or 'no launch yet'}); the eager model stands")
+            return None, ran
+        measured = statistics.median(times)
+        eager = model.times_fn(gmap)(kc)
+        gap = graph_gap(eager, measured - tail)
+        points.append((kc, gap))
+        say(f"cuda_graph calibration at k = {kc} (every feature map kept): "
+            f"{1e3 * measured:.1f} ms per iteration as graph launches against "
+            f"{1e3 * float(np.sum(eager)):.1f} ms of eager profiled steps + {1e3 * tail:.1f} ms "
+            f"update: every step {1e6 * gap:.2f} us shorter")
+        if first is None:
+            first = (kc, measured, float(np.sum(eager)), gap, ex.graph_launches)
+    kc, measured, steps, gap, launches = first
+    cal = GraphCalibration(k=kc, measured=measured, steps=steps, tail=tail, gap=gap,
+                           launches=launches, iterations=ran, points=tuple(sorted(points)))
+    if len(points) > 1:
+        say("cuda_graph model: the gap per step linear in k between "
+            + " and ".join(f"{1e6 * g:.2f} us at k = {q}" for q, g in cal.points)
+            + ", the end values beyond; no host bound")
     return cal, ran
 
 
@@ -1379,7 +1427,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         images += ran * net_batch_size(net)
         assert solver.iter - it0 == ran
         if calibration is not None:
-            model = graph_model(model, calibration.gap, calibration.tail)
+            model = graph_model(model, calibration.gap, calibration.tail, calibration.points)
     if auto_batch:
         dec = tune(g0, base, model, pcie, method=method, rule=rule, k_max=k_max, delta=delta,
                    scratch=scratch, fill=fill, objective=objective, recompute=recompute)

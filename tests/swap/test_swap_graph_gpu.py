@@ -87,9 +87,10 @@ def test_calibrate_graph_times_graph_launches_and_scales_the_model():
     budget = min_budget(g.at(8), "none") + reserve + (256 << 20)
     cal, ran = calibrate_graph(s, g, model, pcie, budget, budget, k_max=8, warmup=2,
                                iterations=3, scratch=lambda k: reserve)
-    assert ran == 5 and cal is not None and cal.k == 8
+    assert ran == 10 and cal is not None and cal.k == 8      # at 8, then at 2
+    assert [k for k, _ in cal.points] == [2, 8] and cal.gap == dict(cal.points)[8]
     assert cal.launches >= 3 and cal.measured > 0 and cal.gap >= 0
-    scaled = graph_model(model, cal.gap, cal.tail)
+    scaled = graph_model(model, cal.gap, cal.tail, cal.points)
     if cal.gap > 0:    # the model's steps and update make the measured iteration
         assert float(np.sum(scaled.times_fn(g)(8))) + cal.tail == pytest.approx(cal.measured,
                                                                              rel=1e-6)

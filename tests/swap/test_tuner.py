@@ -802,18 +802,106 @@ def test_graph_model_sheds_a_gap_per_step_and_drops_the_host_bound(make_solver):
     assert graph_gap([], 1.0) == 0.0
 
 
+def test_graph_model_with_gaps_at_two_k_is_linear_between_them(make_solver):
+    """Calibrated at two k, the gap per step is linear in k between them and the end value
+    beyond, alike in step_times, times_fn and step_time given k; it survives to_dict."""
+    import dataclasses
+    from swap.model import GAP_SHARE
+    from swap.tuner import graph_model
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    base, _ = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9)
+    t8 = base.times_fn(g)(8)
+    g_small, g_big = 0.4 * float(np.median(t8)), 0.1 * float(np.median(t8))
+    m = graph_model(base, g_big, 0.0, points=((16, g_big), (4, g_small)))
+    assert m.gap_points == ((4, g_small), (16, g_big))
+    for k, gap in ((2, g_small), (4, g_small), (10, 0.5 * (g_small + g_big)), (16, g_big),
+                   (40, g_big)):
+        assert m.gap_at(k) == pytest.approx(gap)
+        t = base.times_fn(g)(k)
+        want = t - np.minimum(gap, GAP_SHARE * t)
+        np.testing.assert_allclose(m.times_fn(g)(k), want)
+        np.testing.assert_allclose(m.step_times(g.at(k)), want)
+        step = g.at(k).steps[1]
+        assert m.step_time(step, k=k) == pytest.approx(want[1])
+    assert m.gap_at(None) == g_big and m.step_time(g.steps[1]) == pytest.approx(
+        base.step_time(g.steps[1]) - min(g_big, GAP_SHARE * base.step_time(g.steps[1])))
+    again = type(m).from_dict(m.to_dict())
+    assert again.gap_points == m.gap_points and again.gap == m.gap
+    assert dataclasses.replace(m, gap_points=()).gap_at(4) == g_big     # one gap: everywhere
+
+
+def test_calibrate_graph_times_two_k_where_the_graph_is_captured(make_solver, monkeypatch):
+    """Where the iterations are captured, the calibration trains at the largest k that keeps
+    every map and again at a quarter of it; the model's gap there makes each measured
+    iteration (here the CPU's eager iterations stand for the launches)."""
+    from swap.model import GAP_SHARE
+    from swap.runtime import Executor
+    from swap.tuner import GRAPH_SMALL_K, calibrate_graph, graph_model, largest_copy_free_k
+    monkeypatch.setattr(Executor, "graph_captured", property(lambda self: True))
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    model, pcie = device_models(peak_flops=1e15, x_half=1.0, h2d=1e9)    # steps of ~0 s
+    budget = 2 * min_budget(g.at(16), "naive")
+    k = largest_copy_free_k(g, budget, k_max=10 ** 6)
+    lines = []
+    cal, ran = calibrate_graph(s, g, model, pcie, budget, budget, k_max=10 ** 6, warmup=1,
+                               iterations=2, log=lines.append)
+    assert ran == 6 and s.iter == 6 and cal.iterations == 6
+    assert [q for q, _ in cal.points] == [k // GRAPH_SMALL_K, k] and cal.k == k
+    assert cal.gap == dict(cal.points)[k]
+    # the model's steps are faster than the CPU's iterations: nothing to shed
+    assert all(gap == 0.0 for _, gap in cal.points)
+    assert sum("cuda_graph calibration at k =" in x for x in lines) == 2
+    assert any("linear in k between" in x for x in lines)
+    m = graph_model(model, cal.gap, cal.tail, cal.points)
+    assert m.gap_points == cal.points and m.host is None
+    # a model whose steps take about twice the CPU's iterations at the larger k: at each
+    # calibrated k the graph model's steps and update make that k's measured iteration
+    import re
+
+    def logged(lines):
+        return {int(q): 1e-3 * float(ms) for q, ms in re.findall(
+            r"calibration at k = (\d+) \(every feature map kept\): ([\d.]+) ms", " ".join(lines))}
+    first = logged(lines)
+    peak = 1e15 * float(model.times_fn(g)(k).sum()) / (2.0 * (first[k] - cal.tail))
+    slow, _ = device_models(peak_flops=peak, x_half=peak * 1e-15, h2d=1e9)
+    lines = []
+    cal, ran = calibrate_graph(s, g, slow, pcie, budget, budget, k_max=10 ** 6, warmup=1,
+                               iterations=2, log=lines.append)
+    m = graph_model(slow, cal.gap, cal.tail, cal.points)
+    measured = logged(lines)
+    assert sorted(measured) == [q for q, _ in cal.points] and cal.points[-1][1] > 0
+    checked = 0
+    for q, sec in measured.items():
+        if 0 < dict(cal.points)[q] < GAP_SHARE * float(slow.times_fn(g)(q).max()):  # solved
+            got = float(m.times_fn(g)(q).sum()) + cal.tail
+            assert got == pytest.approx(sec, abs=51e-6)
+            checked += 1
+    assert checked >= 1
+    s.net.executor.close()
+
+
 def test_calibrate_graph_trains_where_every_map_is_kept(make_solver):
-    """The calibration installs the plan that keeps every feature map at the largest k that
-    allows it (at most k_max), trains its iterations (they count), and where the iteration is
-    not captured (the CPU) says so and leaves the eager model; where it is, the factor is
-    (median iteration - update) / the eager steps at that k."""
+    """The calibration installs the dynamic plan at the largest k that keeps every feature
+    map (at most k_max), trains its iterations (they count), and where the iteration is
+    not captured (the CPU) says so and leaves the eager model.  That k is where the naive
+    plan with every map pinned fits, not Caffe's plan "none", which also keeps every
+    convolution's workspace (the scratch buffers) for the whole iteration."""
+    from swap.plan import plan_bytes_at
     from swap.profiler import max_batch_scratch
-    from swap.tuner import calibrate_graph
+    from swap.tuner import calibrate_graph, largest_copy_free_k, plan_at
     s = make_solver("resnet", batch=4)
     g = build_gmap(s.net)
     model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9)
     budget = 2 * min_budget(g.at(16), "naive")
-    k_keep = max_batch_scratch(g, budget, None, strategy="none")
+    k_keep = largest_copy_free_k(g, budget, k_max=10 ** 6)
+    pinned = frozenset(g.feature_maps())
+    assert plan_bytes_at(g, "naive", k_keep, pinned)[0] <= budget
+    assert plan_bytes_at(g, "naive", k_keep + 1, pinned)[0] > budget
+    assert plan_at(g, k_keep, budget, model, pcie).plan.host_bytes == 0
+    assert k_keep > max_batch_scratch(g, budget, None, strategy="none") >= 1
+    assert largest_copy_free_k(g, budget, lambda k: budget, k_max=10 ** 6) == 0
     lines = []
     cal, ran = calibrate_graph(s, g, model, pcie, budget, budget, k_max=10 ** 6,
                                warmup=1, iterations=2, log=lines.append)

@@ -1277,8 +1277,8 @@ class MultiTensorSGD:
         the shapes and the history arrays, against those seen at the last match): the same
         array objects are the same memory, so nothing moved.  Anything else (a reshape, a
         storage rebound, even to the same address) falls back to :meth:`storage_key`, which
-        compares addresses and counts.  ResNet-152's 932 parameter blobs took the key 1.5 to
-        4.5 ms of the host's issue per call, twice an iteration (session 41's cProfile)."""
+        compares addresses and counts.  ResNet-152's 932 parameter blobs: 664 us per call
+        through the key, 275 us through identity (H200 host, 2026-11-29), twice an iteration."""
         seen = self._seen
         if (seen is not None and len(params) == len(seen[0]) and len(history) == len(seen[5])
                 and _all_same(map(_data_st, params), seen[0])

@@ -447,13 +447,7 @@ class TransientMeter:
         if not self.active:
             return dict(self.peaks)
         self.label(self._key)
-        if self.gpu:  # pragma: no cover - GPU machine only
-            self._hook.__exit__(None, None, None)
-            self._hook = None
-            self._live.clear()
-        elif self._started_tracing:
-            tracemalloc.stop()
-        self.active = False
+        self._end()
         return dict(self.peaks)
 
     def abandon(self):
@@ -464,11 +458,12 @@ class TransientMeter:
         in the test suite, session 40).  CuPy's memory hooks are per thread: a GPU hook is
         left only from the thread that entered it (a collection on another thread leaves it
         to that thread's next :meth:`stop`)."""
-        if not self.active:
-            return
+        if self.active and (not self.gpu or threading.get_ident() == self._thread):
+            self._end()
+
+    def _end(self):
+        """Leave the GPU hook, or stop the tracing this meter began."""
         if self.gpu:  # pragma: no cover - GPU machine only
-            if threading.get_ident() != self._thread:
-                return
             self._hook.__exit__(None, None, None)
             self._hook = None
             self._live.clear()

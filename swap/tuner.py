@@ -1064,8 +1064,10 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
     k = 9) ran 56.6, 100.6 and 183.7 ms as graphs at 16, 35 and 71 where that model said
     59.7, 95.7 and 171.0: the eager steps shed about 10 us each at 16, 4.6 at 35 and none
     at 71 (a graph there ran as long as the eager iteration).  Returns ``(calibration or
-    None, iterations run)``: None where no k keeps every map or an iteration cannot be
-    captured (the reason is logged; the eager model stands)."""
+    None, runs)``, runs the ``((k, iterations), ...)`` it trained (they count as training):
+    None where no k keeps every map or the first k's iterations are not captured (the reason
+    is logged; the eager model stands); where only the second k's are not, the first k's gap
+    stands alone."""
     import statistics
     import time
 
@@ -1076,7 +1078,7 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
     if k < 1:
         say("cuda_graph calibration: no minibatch keeps every feature map within the budget; "
             "the eager model stands")
-        return None, 0
+        return None, ()
     dec = plan_at(gmap, k, plan_budget, model, pcie, scratch=scratch)
     while dec.plan.host_bytes and k > 1:      # the dynamic plan laid it out otherwise
         k = max(1, k * 9 // 10)
@@ -1087,7 +1089,7 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
         if xp is not np:          # pragma: no cover - GPU machine only
             xp.cuda.runtime.deviceSynchronize()
     tail = _tail_of(model)
-    ran, points, first = 0, [], None
+    runs, points, first = [], [], None
     for kc in (k, k // GRAPH_SMALL_K):
         if kc < 1 or (points and kc == points[-1][0]):
             continue
@@ -1106,11 +1108,14 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
             solver.step(1)
             sync()
             times.append(time.perf_counter() - t0)
-        ran += int(warmup) + int(iterations)
+        runs.append((kc, int(warmup) + int(iterations)))
         if not ex.graph_captured:
             say(f"cuda_graph calibration at k = {kc}: the iteration is not captured "
-                f"({ex.graph_refused or 'no launch yet'}); the eager model stands")
-            return None, ran
+                f"({ex.graph_refused or 'no launch yet'})"
+                + ("; the eager model stands" if first is None else "; one gap stands"))
+            if first is None:
+                return None, tuple(runs)
+            break
         measured = statistics.median(times)
         eager = model.times_fn(gmap)(kc)
         gap = graph_gap(eager, measured - tail)
@@ -1123,12 +1128,13 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
             first = (kc, measured, float(np.sum(eager)), gap, ex.graph_launches)
     kc, measured, steps, gap, launches = first
     cal = GraphCalibration(k=kc, measured=measured, steps=steps, tail=tail, gap=gap,
-                           launches=launches, iterations=ran, points=tuple(sorted(points)))
+                           launches=launches, iterations=sum(n for _, n in runs),
+                           points=tuple(sorted(points)))
     if len(points) > 1:
         say("cuda_graph model: the gap per step linear in k between "
             + " and ".join(f"{1e6 * g:.2f} us at k = {q}" for q, g in cal.points)
             + ", the end values beyond; no host bound")
-    return cal, ran
+    return cal, tuple(runs)
 
 
 # ------------------------------------------------------ three training stages
@@ -1419,13 +1425,13 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         say(f"AccUDNN stage 2: k_max {k_max}{reserve_words(k_max)}")
     calibration = None
     if getattr(solver, "cuda_graph", False) and net.mode == "GPU":
-        # the iterations will run as CUDA graph launches: time one such iteration and scale
-        # the eager profile's steps to it
+        # the iterations will run as CUDA graph launches: time such iterations at two k and
+        # scale the eager profile's steps to them
         it0 = solver.iter
-        calibration, ran = calibrate_graph(solver, g0, model, pcie, base, budget, k_max=k_max,
-                                           scratch=scratch, log=say)
-        images += ran * net_batch_size(net)
-        assert solver.iter - it0 == ran
+        calibration, runs = calibrate_graph(solver, g0, model, pcie, base, budget, k_max=k_max,
+                                            scratch=scratch, log=say)
+        images += sum(k * n for k, n in runs)     # at each calibrated k in turn
+        assert solver.iter - it0 == sum(n for _, n in runs)
         if calibration is not None:
             model = graph_model(model, calibration.gap, calibration.tail, calibration.points)
     if auto_batch:

@@ -85,9 +85,9 @@ def test_calibrate_graph_times_graph_launches_and_scales_the_model():
     model, pcie = device_models()
     reserve = measure_scratch(s, "naive").reserve(margin=0.5)
     budget = min_budget(g.at(8), "none") + reserve + (256 << 20)
-    cal, ran = calibrate_graph(s, g, model, pcie, budget, budget, k_max=8, warmup=2,
-                               iterations=3, scratch=lambda k: reserve)
-    assert ran == 10 and cal is not None and cal.k == 8      # at 8, then at 2
+    cal, runs = calibrate_graph(s, g, model, pcie, budget, budget, k_max=8, warmup=2,
+                                iterations=3, scratch=lambda k: reserve)
+    assert runs == ((8, 5), (2, 5)) and cal is not None and cal.k == 8
     assert [k for k, _ in cal.points] == [2, 8] and cal.gap == dict(cal.points)[8]
     assert cal.launches >= 3 and cal.measured > 0 and cal.gap >= 0
     scaled = graph_model(model, cal.gap, cal.tail, cal.points)

@@ -845,9 +845,9 @@ def test_calibrate_graph_times_two_k_where_the_graph_is_captured(make_solver, mo
     budget = 2 * min_budget(g.at(16), "naive")
     k = largest_copy_free_k(g, budget, k_max=10 ** 6)
     lines = []
-    cal, ran = calibrate_graph(s, g, model, pcie, budget, budget, k_max=10 ** 6, warmup=1,
-                               iterations=2, log=lines.append)
-    assert ran == 6 and s.iter == 6 and cal.iterations == 6
+    cal, runs = calibrate_graph(s, g, model, pcie, budget, budget, k_max=10 ** 6, warmup=1,
+                                iterations=2, log=lines.append)
+    assert runs == ((k, 3), (k // GRAPH_SMALL_K, 3)) and s.iter == 6 and cal.iterations == 6
     assert [q for q, _ in cal.points] == [k // GRAPH_SMALL_K, k] and cal.k == k
     assert cal.gap == dict(cal.points)[k]
     # the model's steps are faster than the CPU's iterations: nothing to shed
@@ -867,8 +867,8 @@ def test_calibrate_graph_times_two_k_where_the_graph_is_captured(make_solver, mo
     peak = 1e15 * float(model.times_fn(g)(k).sum()) / (2.0 * (first[k] - cal.tail))
     slow, _ = device_models(peak_flops=peak, x_half=peak * 1e-15, h2d=1e9)
     lines = []
-    cal, ran = calibrate_graph(s, g, slow, pcie, budget, budget, k_max=10 ** 6, warmup=1,
-                               iterations=2, log=lines.append)
+    cal, runs = calibrate_graph(s, g, slow, pcie, budget, budget, k_max=10 ** 6, warmup=1,
+                                iterations=2, log=lines.append)
     m = graph_model(slow, cal.gap, cal.tail, cal.points)
     measured = logged(lines)
     assert sorted(measured) == [q for q, _ in cal.points] and cal.points[-1][1] > 0
@@ -879,6 +879,27 @@ def test_calibrate_graph_times_two_k_where_the_graph_is_captured(make_solver, mo
             assert got == pytest.approx(sec, abs=51e-6)
             checked += 1
     assert checked >= 1
+    s.net.executor.close()
+
+
+def test_calibrate_graph_keeps_the_first_gap_when_the_second_k_is_not_captured(
+        make_solver, monkeypatch):
+    """Captured at the larger k but not at the smaller one: that one gap stands (one point),
+    and both runs are reported, as they trained."""
+    from swap.runtime import Executor
+    from swap.tuner import GRAPH_SMALL_K, calibrate_graph, largest_copy_free_k
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    model, pcie = device_models(peak_flops=1e15, x_half=1.0, h2d=1e9)
+    budget = 2 * min_budget(g.at(16), "naive")
+    k = largest_copy_free_k(g, budget, k_max=10 ** 6)
+    monkeypatch.setattr(Executor, "graph_captured", property(lambda self: self.plan.k == k))
+    lines = []
+    cal, runs = calibrate_graph(s, g, model, pcie, budget, budget, k_max=10 ** 6, warmup=0,
+                                iterations=1, log=lines.append)
+    assert runs == ((k, 1), (k // GRAPH_SMALL_K, 1)) and s.iter == 2
+    assert cal is not None and cal.k == k and [q for q, _ in cal.points] == [k]
+    assert any("not captured" in x and "one gap stands" in x for x in lines)
     s.net.executor.close()
 
 
@@ -903,17 +924,17 @@ def test_calibrate_graph_trains_where_every_map_is_kept(make_solver):
     assert k_keep > max_batch_scratch(g, budget, None, strategy="none") >= 1
     assert largest_copy_free_k(g, budget, lambda k: budget, k_max=10 ** 6) == 0
     lines = []
-    cal, ran = calibrate_graph(s, g, model, pcie, budget, budget, k_max=10 ** 6,
-                               warmup=1, iterations=2, log=lines.append)
-    assert cal is None and ran == 3 and s.iter == 3
+    cal, runs = calibrate_graph(s, g, model, pcie, budget, budget, k_max=10 ** 6,
+                                warmup=1, iterations=2, log=lines.append)
+    assert cal is None and runs == ((k_keep, 3),) and s.iter == 3
     ex = s.net.executor
     assert ex.plan.k == k_keep and ex.plan.host_bytes == 0 and ex.graph_wanted
     assert any(f"calibration at k = {k_keep}: the iteration is not captured" in x
                for x in lines)
     ex.close()
-    cal, ran = calibrate_graph(s, g, model, pcie, budget, budget, k_max=3, warmup=0,
-                               iterations=1)
-    assert ran == 1 and s.net.executor.plan.k == 3          # at most k_max
+    cal, runs = calibrate_graph(s, g, model, pcie, budget, budget, k_max=3, warmup=0,
+                                iterations=1)
+    assert runs == ((3, 1),) and s.net.executor.plan.k == 3  # at most k_max
     s.net.executor.close()
 
 

@@ -215,11 +215,11 @@ def test_profile_solver_marks_the_solver_step_around_the_pass(make_solver, tmp_p
     update, clear = s.apply_update, s.net.clear_param_diffs
 
     def slow_update(*a, **kw):
-        _time.sleep(0.1)
+        _time.sleep(0.2)
         return update(*a, **kw)
 
     def slow_clear():
-        _time.sleep(0.06)
+        _time.sleep(0.15)
         return clear()
     s.apply_update = slow_update
     s.net.clear_param_diffs = slow_clear
@@ -231,17 +231,18 @@ def test_profile_solver_marks_the_solver_step_around_the_pass(make_solver, tmp_p
     assert [x.k for x in prof.solver_steps] == [4, 4, 8, 8]
     for x, (k, t_pass) in zip(prof.solver_steps, prof.iterations):
         assert x.k == k
-        assert x.tail >= 0.1 and x.head >= 0.06
+        assert x.tail >= 0.2 and x.head >= 0.15
         assert x.seconds == pytest.approx(x.head + t_pass + x.tail)
     m = ComputeModel.from_profile(prof)
-    assert m.overhead_at(6) >= 0.16
+    assert m.overhead_at(6) >= 0.35
     # the host's time to issue each step is recorded (on the CPU: the step's own time)
     assert all(c.host == c.time for c in prof.compute)
     # the pass (the time origin of the samples) holds neither (LeNet's pass takes a few ms,
-    # tens on a loaded machine; the shorter sleep is 60 ms): its steps lie within it
+    # tens on a loaded machine: it once took over 60 ms under two pytest workers and other
+    # work; the shorter sleep is 150 ms): its steps lie within it
     for k in prof.ks:
         t_pass = max(t for kk, t in prof.iterations if kk == k)
-        assert t_pass < 0.06 and all(0 <= c.start and c.start + c.time <= t_pass
+        assert t_pass < 0.15 and all(0 <= c.start and c.start + c.time <= t_pass
                                      for c in prof.compute if c.k == k)
     path = tmp_path / "p.json"
     prof.save(path)

@@ -1036,6 +1036,35 @@ def largest_copy_free_k(gmap: GMAP, plan_budget: int, scratch=None, *, k_max: in
     return largest_k(fits, int(k_max))
 
 
+def _time_as_graph(solver, dec: Decision, budget: int, plan_budget: int, scratch, model, pcie,
+                   warmup: int, iterations: int, say) -> tuple:
+    """Install ``dec`` with the iteration as a CUDA graph, train ``warmup`` iterations, then
+    ``iterations`` each waited for: ``(executor, median seconds)`` (the executor says whether
+    the iterations were captured)."""
+    import statistics
+    import time
+    reserve = 0 if scratch is None else scratch(dec.k_star)
+    ex = install_decision(solver, dec, budget, int(plan_budget) - reserve,
+                          scratch=None if scratch is None else reserve, model=model, pcie=pcie,
+                          log=say)
+    ex.use_graph()
+    xp = solver.net.xp
+
+    def sync():
+        if xp is not np:          # pragma: no cover - GPU machine only
+            xp.cuda.runtime.deviceSynchronize()
+    for _ in range(int(warmup)):
+        solver.step(1)
+    times = []
+    for _ in range(int(iterations)):
+        sync()
+        t0 = time.perf_counter()
+        solver.step(1)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return ex, (statistics.median(times) if times else float("nan"))
+
+
 def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, plan_budget: int,
                     budget: int, *, k_max: int, scratch=None, warmup: int = GRAPH_WARMUP,
                     iterations: int = GRAPH_ITERATIONS, log=None) -> tuple:
@@ -1068,9 +1097,6 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
     None where no k keeps every map or the first k's iterations are not captured (the reason
     is logged; the eager model stands); where only the second k's are not, the first k's gap
     stands alone."""
-    import statistics
-    import time
-
     def say(msg):
         if log is not None:
             log(msg)
@@ -1083,31 +1109,13 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
     while dec.plan.host_bytes and k > 1:      # the dynamic plan laid it out otherwise
         k = max(1, k * 9 // 10)
         dec = plan_at(gmap, k, plan_budget, model, pcie, scratch=scratch)
-    xp = solver.net.xp
-
-    def sync():
-        if xp is not np:          # pragma: no cover - GPU machine only
-            xp.cuda.runtime.deviceSynchronize()
     tail = _tail_of(model)
     runs, points, first = [], [], None
-    for kc in (k, k // GRAPH_SMALL_K):
-        if kc < 1 or (points and kc == points[-1][0]):
-            continue
+    small = k // GRAPH_SMALL_K
+    for kc in (k, small) if small >= 1 else (k,):
         dc = dec if kc == k else plan_at(gmap, kc, plan_budget, model, pcie, scratch=scratch)
-        reserve = 0 if scratch is None else scratch(kc)
-        ex = install_decision(solver, dc, budget, int(plan_budget) - reserve,
-                              scratch=None if scratch is None else reserve, model=model,
-                              pcie=pcie, log=say)
-        ex.use_graph()
-        for _ in range(int(warmup)):
-            solver.step(1)
-        times = []
-        for _ in range(int(iterations)):
-            sync()
-            t0 = time.perf_counter()
-            solver.step(1)
-            sync()
-            times.append(time.perf_counter() - t0)
+        ex, measured = _time_as_graph(solver, dc, budget, plan_budget, scratch, model, pcie,
+                                      warmup, iterations, say)
         runs.append((kc, int(warmup) + int(iterations)))
         if not ex.graph_captured:
             say(f"cuda_graph calibration at k = {kc}: the iteration is not captured "
@@ -1116,7 +1124,6 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
             if first is None:
                 return None, tuple(runs)
             break
-        measured = statistics.median(times)
         eager = model.times_fn(gmap)(kc)
         gap = graph_gap(eager, measured - tail)
         points.append((kc, gap))

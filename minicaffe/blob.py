@@ -282,37 +282,69 @@ class Blob:
 
     def from_proto(self, proto, reshape: bool = True, layer: str = ""):
         """Load a BlobProto's data (and diff if present), like Caffe's FromProto."""
-        shape = proto_shape(proto)
         if reshape:
-            self.reshape(shape)
-        elif tuple(shape) != self._shape and not _legacy_equal(shape, self._shape):
-            raise ValueError(
-                f"layer {layer!r}: cannot copy param blob of shape {tuple(shape)} into blob of "
-                f"shape {self._shape}")
-        if len(proto.double_data):
-            values = np.asarray(proto.double_data, dtype=np.float64)
-        else:
-            values = np.asarray(proto.data, dtype=np.float32)
-        if values.size != self.count:
-            raise ValueError(
-                f"layer {layer!r}: blob proto holds {values.size} values, expected {self.count}")
+            self.reshape(proto_shape(proto))
+        self.check_proto(proto, layer)
+        values, diff = proto_values(proto)
         self.data[...] = self.xp.asarray(values.reshape(self._shape), dtype=self.dtype)
-        diff = proto.double_diff if len(proto.double_diff) else proto.diff
-        if len(diff):
-            self.diff[...] = self.xp.asarray(np.asarray(diff).reshape(self._shape), dtype=self.dtype)
+        if diff is not None:
+            self.diff[...] = self.xp.asarray(diff.reshape(self._shape), dtype=self.dtype)
         return self
+
+    def check_proto(self, proto, layer: str = ""):
+        """Raise ValueError unless ``proto`` fits this blob as it is (Caffe's FromProto with
+        reshape false: ``ShapeEquals``, then one value per element in ``double_data`` if it
+        has any, else in ``data``, and likewise for a diff)."""
+        who = f"layer {layer!r}: " if layer else ""
+        shape = proto_shape(proto)
+        if not shape_equals(proto, self._shape):
+            raise ValueError(f"{who}cannot copy param blob of shape {shape} into blob of "
+                             f"shape {self._shape}")
+        for wide, narrow in (("double_data", "data"), ("double_diff", "diff")):
+            field = wide if len(getattr(proto, wide)) else narrow
+            n = len(getattr(proto, field))
+            if n != self.count and (n or narrow == "data"):
+                raise ValueError(f"{who}blob proto of shape {shape} holds "
+                                 f"{n} values in {field}, expected {self.count}")
 
     def __repr__(self):
         return f"Blob({self.name!r}, shape={self._shape}, dtype={self.dtype.name})"
 
 
+def _has_legacy_shape(proto) -> bool:
+    return any(proto.HasField(f) for f in ("num", "channels", "height", "width"))
+
+
 def proto_shape(proto) -> tuple:
-    """Shape of a BlobProto: ``shape.dim`` or the legacy num/channels/height/width."""
-    if proto.HasField("shape"):
-        return tuple(int(d) for d in proto.shape.dim)
-    if any(proto.HasField(f) for f in ("num", "channels", "height", "width")):
+    """Shape of a BlobProto as Caffe's ``Blob::FromProto`` reads it: the legacy
+    num/channels/height/width when any of them is set (they win over ``shape``; an unset one
+    is 0), else ``shape.dim`` ((), a 0-d blob, when there is no shape either)."""
+    if _has_legacy_shape(proto):
         return (proto.num, proto.channels, proto.height, proto.width)
-    return (len(proto.data) or len(proto.double_data),)
+    return tuple(int(d) for d in proto.shape.dim)
+
+
+def shape_equals(proto, shape) -> bool:
+    """Caffe's ``Blob::ShapeEquals``: a legacy 4-d proto matches a blob of <= 4 axes whose
+    shape, left-padded with ones, is (num, channels, height, width) (an InnerProduct weight
+    (1,1,M,K) is (M, K), its bias (1,1,1,M) is (M,)); a ``shape.dim`` proto only its exact
+    shape."""
+    if _has_legacy_shape(proto):
+        return _legacy_equal(proto_shape(proto), shape)
+    return proto_shape(proto) == tuple(shape)
+
+
+def proto_values(proto):
+    """(data, diff or None) of a BlobProto as flat host arrays: ``double_data`` where it has
+    any values, else ``data`` (float32); the same for ``double_diff`` and ``diff``."""
+    data = (np.asarray(proto.double_data, dtype=np.float64) if len(proto.double_data)
+            else np.asarray(proto.data, dtype=np.float32))
+    diff = None
+    if len(proto.double_diff):
+        diff = np.asarray(proto.double_diff, dtype=np.float64)
+    elif len(proto.diff):
+        diff = np.asarray(proto.diff, dtype=np.float32)
+    return data, diff
 
 
 def _varint(n: int) -> bytes:

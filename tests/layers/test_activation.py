@@ -606,15 +606,24 @@ def test_prelu_caffemodel_round_trip(tmp_path, rng):
 
 
 def test_prelu_loads_other_writers_shapes(rng):
-    """A shared slope written as shape (1,) (other converters) and per-channel slopes in the
-    legacy 4-d form (1, 1, 1, C) load, as Caffe's legacy shape rule allows; a wrong count is
-    an error that names the layer."""
+    """Slopes in the legacy 4-d form load as Caffe's Blob::ShapeEquals allows (the blob's
+    shape left-padded with ones): a shared slope as (1, 1, 1, 1), per-channel slopes as
+    (1, 1, 1, C).  A shared slope written with ``shape { dim: 1 }`` does not: ShapeEquals
+    compares a ``shape`` exactly, and the 0-d blob has no axes.  A wrong count is an error
+    that names the layer."""
     net = Net(net_param(PRELU_NET), TEST, mode="CPU")
     src = net.to_proto()
     by_name = {lp.name: lp for lp in src.layer}
-    by_name["prelu_s"].blobs[0].Clear()
-    by_name["prelu_s"].blobs[0].shape.dim.append(1)
-    by_name["prelu_s"].blobs[0].data.append(0.125)
+    shared = by_name["prelu_s"].blobs[0]
+    shared.Clear()
+    shared.shape.dim.append(1)
+    shared.data.append(0.125)
+    with pytest.raises(ValueError, match="'prelu_s'; shape mismatch: source param shape is "
+                                         r"\(1,\), target param shape is \(\)"):
+        net.copy_from(src)
+    shared.Clear()
+    shared.num, shared.channels, shared.height, shared.width = 1, 1, 1, 1
+    shared.data.append(0.125)
     slopes = rng.uniform(-1, 1, 5).astype(np.float32)
     blob = by_name["prelu"].blobs[0]
     blob.Clear()

@@ -24,7 +24,7 @@ from itertools import zip_longest
 import numpy as np
 
 from .backend import array_module, normalize_mode, to_numpy
-from .blob import Blob
+from .blob import Blob, proto_shape, shape_equals
 from .layer import UnknownLayerTypeError, create_layer
 from .log import log
 from .proto import caffe_pb2, read_binary, read_net_param, upgrade_net, write_binary
@@ -1201,9 +1201,11 @@ class Net:
             # Caffe looks each source group up in layer_names_index_, which holds the last
             # layer of a name (the .caffemodel path, CopyTrainedLayersFrom, fills the first)
             index = {n: i for i, n in enumerate(self.layer_names)}
+            copies, filled = [], set()
             for name in data:
                 li = index.get(name)
                 if li is None:
+                    log(f"Ignoring source layer {name}")
                     continue
                 group, target = data[name], self.layers[li].blobs
                 if len(group) > len(target):
@@ -1222,7 +1224,11 @@ class Net:
                             f"{tuple(values.shape)} in the file, {tuple(blob.shape)} in the "
                             "net; to learn this layer's parameters from scratch rather than "
                             "copying from a saved net, rename the layer")
-                    blob.data[...] = self.xp.asarray(values, dtype=self.dtype)
+                    copies.append((blob, values))
+                filled.add(li)
+        for blob, values in copies:     # all checked first: a misfit file leaves the net as is
+            blob.data[...] = self.xp.asarray(values, dtype=self.dtype)
+        self._log_unfilled(filled, where)
         return self
 
     load_hdf5 = copy_from_hdf5
@@ -1230,20 +1236,32 @@ class Net:
     def copy_from(self, weights):
         """Copy parameters by layer name from a ``.caffemodel`` path or NetParameter
         (Caffe's CopyTrainedLayersFrom, which reads an HDF5 file, ``.caffemodel.h5``, as
-        such); shape mismatches name the layer."""
+        such).  A source layer whose name the net lacks is ignored; a layer of the net that
+        the source lacks keeps its values.  Every matched layer is checked (blob count, shapes,
+        value counts) before any is copied, so a model that does not fit leaves the net as it
+        was; the errors name the file, the layer, the param and both shapes."""
         where = ""
         if isinstance(weights, (str, os.PathLike)):
             where = f"{os.fspath(weights)}: "
             if _is_hdf5(weights):
                 return self.copy_from_hdf5(weights)
+            if os.path.isfile(weights) and os.path.getsize(weights) == 0:
+                # Caffe parses an empty file as an empty NetParameter and copies nothing
+                raise ValueError(f"{where}the weights file is empty (0 bytes): no parameters "
+                                 "to copy")
             weights = read_binary(os.fspath(weights), caffe_pb2.NetParameter)
-        src = upgrade_net(weights)
+        try:
+            src = upgrade_net(weights)
+        except ValueError as e:
+            raise ValueError(f"{where}{e}") from None
         index = {}
         for i, n in enumerate(self.layer_names):
             index.setdefault(n, i)  # Caffe: the first target layer of that name
+        copies, filled = [], set()
         for lp in src.layer:
             li = index.get(lp.name)
             if li is None:
+                log(f"Ignoring source layer {lp.name}")
                 continue
             target = self.layers[li].blobs      # Caffe checks the count even where it is 0
             if len(target) != len(lp.blobs):
@@ -1251,14 +1269,40 @@ class Net:
                     f"{where}incompatible number of blobs for layer {lp.name!r}: source has "
                     f"{len(lp.blobs)}, target {len(target)}")
             for pi, (blob, proto) in enumerate(zip(target, lp.blobs)):
-                try:
-                    blob.from_proto(proto, reshape=False, layer=lp.name)
-                except ValueError as e:
+                if not shape_equals(proto, blob.shape):
                     raise ValueError(
-                        f"{where}cannot copy param {pi} weights from layer {lp.name!r}: {e}; "
-                        "to learn this layer's parameters from scratch rather than copying "
-                        "from a saved net, rename the layer") from None
+                        f"{where}cannot copy param {pi} weights from layer {lp.name!r}; shape "
+                        f"mismatch: source param shape is {proto_shape(proto)}, target param "
+                        f"shape is {blob.shape}. To learn this layer's parameters from scratch "
+                        "rather than copying from a saved net, rename the layer")
+                try:
+                    blob.check_proto(proto)
+                except ValueError as e:
+                    raise ValueError(f"{where}cannot copy param {pi} weights from layer "
+                                     f"{lp.name!r}: {e}") from None
+                copies.append((blob, proto, lp.name))
+            filled.add(li)
+        for blob, proto, name in copies:
+            blob.from_proto(proto, reshape=False, layer=name)
+        self._log_unfilled(filled, where)
         return self
+
+    def _log_unfilled(self, filled: set, where: str):
+        """Warn about the layers with params that the weights did not reach (Caffe is silent):
+        renamed layers being fine-tuned, or a model cut short at a layer boundary, which
+        still parses.  A param shared with a filled layer counts as filled."""
+        roots = {owner if owner != -1 else flat
+                 for flat, ((li, _), owner) in enumerate(zip(self.param_layer_index,
+                                                             self.param_owner))
+                 if li in filled}
+        kept = []
+        for flat, ((li, _), owner) in enumerate(zip(self.param_layer_index, self.param_owner)):
+            name = self.layer_names[li]
+            if (owner if owner != -1 else flat) not in roots and name not in kept:
+                kept.append(name)
+        if kept:
+            log(f"{where}{len(kept)} layer(s) with parameters not in the weights, keeping "
+                f"their initial values: {', '.join(kept)}", level="W")
 
     copy_trained_layers_from = copy_from
 

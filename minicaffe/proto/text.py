@@ -357,11 +357,22 @@ def write_text(msg, path):
     _atomic_write(path, text_format.MessageToString(msg).encode("utf-8"))
 
 
+# Caffe's ReadProtoFromBinaryFile (src/caffe/util/io.cpp) sets the CodedInputStream's total
+# bytes limit to INT_MAX (kProtoReadBytesLimit): a larger file fails to parse.
+PROTO_READ_BYTES_LIMIT = 2**31 - 1
+
+
 def read_binary(path, message_cls):
     """Read a binary proto file (.caffemodel, .binaryproto, .solverstate) into ``message_cls``.
 
     Raises BinaryProtoError naming the file and the expected message type when it does not parse.
     """
+    size = os.path.getsize(path)
+    if size > PROTO_READ_BYTES_LIMIT:
+        raise BinaryProtoError(
+            f"{path}: {size} bytes, more than the {PROTO_READ_BYTES_LIMIT} bytes (2 GB - 1) "
+            f"that Caffe reads of a binary {message_cls.DESCRIPTOR.full_name}; Caffe cannot "
+            "load this file either")
     with open(path, "rb") as f:
         data = f.read()
     try:

@@ -1094,7 +1094,7 @@ def kept_prediction(model, profile, k: int) -> float:
     for c in profile.compute:
         first.setdefault(c.step, c)
     steps = {s.step: s for s in profile.steps}
-    dev = sum(model.step_time(steps[j], c.flops * k / c.k) for j, c in first.items())
+    dev = sum(model.step_time(steps[j], c.flops * k / c.k, k=k) for j, c in first.items())
     return model.iteration(dev, k)
 
 

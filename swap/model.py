@@ -1193,7 +1193,7 @@ def step_sums(model: ComputeModel, profile, k: int) -> tuple:
     if not times:
         raise ValueError(f"profile of {profile.net!r} has no compute samples at k = {k}")
     measured = sum(float(np.mean(v)) for v in times.values())
-    predicted = sum(model.step_time(steps[j], flops[j]) for j in times)
+    predicted = sum(model.step_time(steps[j], flops[j], k=k) for j in times)
     return measured, predicted
 
 

@@ -285,6 +285,11 @@ class Blob:
         if reshape:
             self.reshape(proto_shape(proto))
         self.check_proto(proto, layer)
+        return self.assign_proto(proto)
+
+    def assign_proto(self, proto):
+        """Copy a BlobProto's values (and diff if present) in, without :meth:`check_proto`'s
+        checks: for a caller that has run them (``Net.copy_from`` checks every layer first)."""
         values, diff = proto_values(proto)
         self.data[...] = self.xp.asarray(values.reshape(self._shape), dtype=self.dtype)
         if diff is not None:

@@ -1280,10 +1280,10 @@ class Net:
                 except ValueError as e:
                     raise ValueError(f"{where}cannot copy param {pi} weights from layer "
                                      f"{lp.name!r}: {e}") from None
-                copies.append((blob, proto, lp.name))
+                copies.append((blob, proto))
             filled.add(li)
-        for blob, proto, name in copies:
-            blob.from_proto(proto, reshape=False, layer=name)
+        for blob, proto in copies:      # every one checked above
+            blob.assign_proto(proto)
         self._log_unfilled(filled, where)
         return self
 

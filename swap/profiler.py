@@ -64,6 +64,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+# re-exported: scripts and tests take it from here
+from minicaffe.kernels.device_wait import device_wait  # noqa: F401
+
 from .gmap import BACKWARD, FORWARD, GMAP, build_gmap, net_batch_size
 from .plan import OFFLOAD, PREFETCH, SWAP_IN, SWAP_OUT, BudgetError
 
@@ -595,27 +598,6 @@ def head_start_seconds(host_pass: float, factor: float = COPY_CALIBRATION_HEAD_S
     if host_pass <= 0:
         return 0.0
     return float(min(cap, factor * host_pass))
-
-
-_DEVICE_WAIT = r"""
-extern "C" __global__ void minicaffe_device_wait(const unsigned long long ns) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
-}
-"""
-_device_wait_kernel = None
-
-
-def device_wait(cp, seconds: float):    # pragma: no cover - GPU machine only
-    """Keep CuPy's current stream busy for ``seconds`` (one thread reading the device's
-    nanosecond timer), without the host waiting: what is issued after it queues behind it."""
-    global _device_wait_kernel
-    if _device_wait_kernel is None:
-        _device_wait_kernel = cp.RawKernel(_DEVICE_WAIT, "minicaffe_device_wait")
-    _device_wait_kernel((1,), (1,), (np.uint64(max(0, int(seconds * 1e9))),))
 
 
 class _Instrument:

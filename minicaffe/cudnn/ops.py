@@ -93,6 +93,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import backend_api
 from . import lib as L
 from .lib import CudnnError, CudnnUnsupported
 
@@ -1020,32 +1021,33 @@ class BoundConv:
     plan and the algorithms are fetched again, and searched again where forgotten).
     """
 
-    __slots__ = ("geom", "dtype", "tf32", "deterministic", "find", "limit", "_gen", "_dev",
-                 "_plan", "_choices", "_args")
+    __slots__ = ("geom", "dtype", "tf32", "deterministic", "find", "limit", "api", "_gen",
+                 "_dev", "_h", "_plan", "_choices", "_graph", "_args")
 
     def __init__(self, x_shape, w_shape, pad=0, stride=1, dilation=1, groups=1,
                  dtype=np.float32, *, tf32=False, deterministic=False, find=True,
-                 workspace_limit=None):
+                 workspace_limit=None, api=None):
         self.geom = conv_geometry(x_shape, w_shape, pad, stride, dilation, groups)
         self.dtype = np.dtype(dtype)
         if self.dtype not in _DTYPES:
             raise TypeError(f"BoundConv: dtype {self.dtype}; cuDNN ops take float32 or float64")
         self.tf32, self.deterministic, self.find = bool(tf32), bool(deterministic), bool(find)
         self.limit = workspace_limit_value(workspace_limit)
+        # "legacy" or "graph" (cuDNN's backend API, module backend_api): $MINICAFFE_CUDNN_API
+        self.api = backend_api.api_choice(api)
         g = self.geom
         self._args = ((g.pad, g.stride, g.dilation, g.groups),
                       {"tf32": self.tf32, "deterministic": self.deterministic,
                        "find": self.find, "workspace_limit": self.limit})
-        self._gen, self._dev, self._plan, self._choices = -1, None, None, {}
+        self._gen, self._dev, self._h, self._plan, self._choices = -1, None, None, None, {}
+        self._graph = {}
 
     def _ready(self, direction, operands, workspace):
         """(lib, handle, plan, choice) for a call of ``direction``; the choice is searched
         (on ``operands``) the first time, and again for a smaller caller's buffer."""
         lib, h, dev = _handle_on_device()
-        if self._gen != _generation[0] or self._dev != dev:
-            self._plan = _plan(self.geom, self.dtype, self.tf32, lib, h)
-            self._choices = {}
-            self._gen, self._dev = _generation[0], dev
+        if self._gen != _generation[0] or self._dev != dev or self._h != h:
+            self._refresh(lib, h, dev)
         key = (direction, -1 if workspace is None else workspace.nbytes)
         c = self._choices.get(key)
         if c is None:
@@ -1056,6 +1058,85 @@ class BoundConv:
             _stats["hits"] += 1
             self._plan.set_math(lib, direction, c.math_type)
         return lib, h, self._plan, c
+
+    def _refresh(self, lib, h, dev):
+        """Fetch the plan again and forget the choices (after :func:`clear_cache`, on another
+        device or thread's handle)."""
+        self._plan = _plan(self.geom, self.dtype, self.tf32, lib, h)
+        self._choices, self._graph = {}, {}
+        self._gen, self._dev, self._h = _generation[0], dev, h
+
+    def _graph_call(self, direction, accumulate, a, w, b, workspace):
+        """Run ``direction`` through cuDNN's backend API (:mod:`.backend_api`) where its
+        search chose a plan for this workspace and the pointers are aligned: returns the
+        library; else None, and the caller makes the legacy call.  ``a, w, b``: x or dx,
+        w or dw, y or dy."""
+        lib, h, dev = _handle_on_device()
+        if self._gen != _generation[0] or self._dev != dev or self._h != h:
+            self._refresh(lib, h, dev)
+        pa, pw, pb = a.data.ptr, w.data.ptr, b.data.ptr
+        if (pa | pw | pb) & (backend_api.ALIGNMENT - 1):
+            return None
+        key = (direction, accumulate, -1 if workspace is None else workspace.nbytes)
+        g = self._graph.get(key)
+        if g is None:
+            g = self._graph[key] = self._graph_search(direction, accumulate, a, w, b,
+                                                      workspace) or False
+        if g is False:
+            return None
+        ws = 0
+        if g.workspace:
+            ws = (workspace if workspace is not None
+                  else _cached_workspace(direction, g.workspace)).data.ptr
+            if ws & (backend_api.ALIGNMENT - 1):
+                return None
+        try:
+            g.run(h, pa, pw, pb, ws)
+        except CudnnError as e:
+            raise _refused(f"conv2d {direction}", e) from e
+        return lib
+
+    def _graph_search(self, direction, accumulate, a, w, b, workspace):
+        """The backend API's plan for ``direction`` (a :class:`backend_api.GraphConv`), or
+        None where the legacy call stays: searched on this call's operands within the
+        workspace the legacy choice was given, and timed against the legacy algorithm."""
+        cp = _cupy()
+        legacy_ops = {FWD: {"x": a, "w": w, "y": b},
+                      BWD_DATA: {"w": w, "dy": b, "dx": None if accumulate else a},
+                      BWD_FILTER: {"x": a, "dy": b, "dw": None}}[direction]
+        lib, h, plan, c = self._ready(direction, legacy_ops, workspace)
+        limit = workspace.nbytes if workspace is not None else c.workspace
+        arrays = [a, w, b]
+        out = {FWD: 2, BWD_DATA: 0, BWD_FILTER: 1}[direction]
+        if accumulate or direction == BWD_FILTER:
+            arrays[out] = cp.zeros_like(arrays[out])    # the search must not add to it
+        if workspace is None and limit:
+            _cached_workspace(direction, limit)         # grown before either takes a pointer
+        ws = (workspace if workspace is not None else
+              _cached_workspace(direction, limit)).data.ptr if limit else 0
+        lws, lws_bytes = _workspace_arg(direction, c.workspace, workspace)
+        p = [arr.data.ptr for arr in arrays]
+        one, zero = _SCALARS[self.dtype]
+        beta = one if accumulate else zero
+        conv = plan.conv[direction].ptr
+        if direction == FWD:
+            def legacy():
+                lib.cudnnConvolutionForward(h, one, plan.x.ptr, p[0], plan.w.ptr, p[1], conv,
+                                            c.algo, lws, lws_bytes, zero, plan.y.ptr, p[2])
+        elif direction == BWD_DATA:
+            def legacy():
+                lib.cudnnConvolutionBackwardData(h, one, plan.w.ptr, p[1], plan.y.ptr, p[2],
+                                                 conv, c.algo, lws, lws_bytes, beta,
+                                                 plan.x.ptr, p[0])
+        else:
+            def legacy():
+                lib.cudnnConvolutionBackwardFilter(h, one, plan.x.ptr, p[0], plan.y.ptr, p[2],
+                                                   conv, c.algo, lws, lws_bytes, beta,
+                                                   plan.w.ptr, p[1])
+        with _lock:
+            return backend_api.search(lib, h, self.geom, self.dtype, self.tf32,
+                                      self.deterministic, direction, bool(accumulate), limit,
+                                      p, ws, legacy)
 
     def _binds(self, x, w, y) -> bool:
         """Whether input, filter and output (or their diffs) are of the bound shape and
@@ -1071,13 +1152,20 @@ class BoundConv:
                 b is not None and (b.size != self.geom.w_shape[0] or b.dtype != dt)):
             geo, kw = self._args
             return conv2d_forward(x, w, b, y, *geo, workspace=workspace, **kw)
-        lib, h, plan, c = self._ready(FWD, {"x": x, "w": w, "y": y}, workspace)
-        ws, ws_bytes = _workspace_arg(FWD, c.workspace, workspace)
         one, zero = _SCALARS[dt]
+        lib = self._graph_call(FWD, False, x, w, y, workspace) if self.api == "graph" else None
+        if lib is not None:
+            plan, h = self._plan, self._h
+        else:
+            lib, h, plan, c = self._ready(FWD, {"x": x, "w": w, "y": y}, workspace)
+            ws, ws_bytes = _workspace_arg(FWD, c.workspace, workspace)
+            try:
+                lib.cudnnConvolutionForward(h, one, plan.x.ptr, x.data.ptr, plan.w.ptr,
+                                            w.data.ptr, plan.conv[FWD].ptr, c.algo, ws,
+                                            ws_bytes, zero, plan.y.ptr, y.data.ptr)
+            except CudnnError as e:
+                raise _refused("conv2d_forward", e) from e
         try:
-            lib.cudnnConvolutionForward(h, one, plan.x.ptr, x.data.ptr, plan.w.ptr, w.data.ptr,
-                                        plan.conv[FWD].ptr, c.algo, ws, ws_bytes, zero,
-                                        plan.y.ptr, y.data.ptr)
             if b is not None:
                 lib.cudnnAddTensor(h, one, plan.bias.ptr, b.data.ptr, one, plan.y.ptr,
                                    y.data.ptr)
@@ -1091,6 +1179,9 @@ class BoundConv:
             geo, kw = self._args
             return conv2d_backward_data(w, dy, dx, *geo, workspace=workspace,
                                         accumulate=accumulate, **kw)
+        if self.api == "graph" and self._graph_call(BWD_DATA, accumulate, dx, w, dy,
+                                                    workspace) is not None:
+            return dx
         ops = {"w": w, "dy": dy, "dx": None if accumulate else dx}
         lib, h, plan, c = self._ready(BWD_DATA, ops, workspace)
         ws, ws_bytes = _workspace_arg(BWD_DATA, c.workspace, workspace)
@@ -1110,6 +1201,9 @@ class BoundConv:
             geo, kw = self._args
             return conv2d_backward_filter(x, dy, dw, *geo, workspace=workspace,
                                           accumulate=accumulate, **kw)
+        if self.api == "graph" and self._graph_call(BWD_FILTER, accumulate, x, dw, dy,
+                                                    workspace) is not None:
+            return dw
         lib, h, plan, c = self._ready(BWD_FILTER, {"x": x, "dy": dy, "dw": None}, workspace)
         ws, ws_bytes = _workspace_arg(BWD_FILTER, c.workspace, workspace)
         one, zero = _SCALARS[self.dtype]

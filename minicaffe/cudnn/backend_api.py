@@ -26,10 +26,11 @@ Which plan, by the legacy search's rules (:mod:`.ops`):
   layer sized from the legacy choices, or without one the legacy choice's own bytes.  The
   memory a layer reports, and so the tuner's memory model, is the same under either API;
 - every remaining plan is timed on the call's own operands (outputs that are accumulated
-  into get temporaries), and the legacy algorithm beside them the same way: each behind a
-  device-side wait (:func:`minicaffe.kernels.device_wait.device_wait`) so that CUDA events
-  time the device and not the host's issue, :data:`SEARCH_REPS` runs after a warm-up.  The
-  fastest plan is used where it is within :data:`LEGACY_MARGIN` of the legacy algorithm's
+  into get temporaries), and the legacy algorithm beside them the same way: all queued
+  behind one device-side wait (:func:`minicaffe.kernels.device_wait.device_wait`) so that
+  CUDA events time the device and not the host's issue, :data:`SEARCH_REPS` runs each after
+  a warm-up.  A search is made once per process for each shape, options and workspace
+  limit (``ops._graph_choices``), whichever layer binds the shape.  The fastest plan is used where it is within :data:`LEGACY_MARGIN` of the legacy algorithm's
   device time; else the direction keeps the legacy call, so the host's saving is never paid
   for on the device.
 
@@ -61,7 +62,7 @@ APIS = ("legacy", "graph")
 
 MAX_CONFIGS = 24        # engine configurations asked of each heuristics mode
 MAX_PACKS = 64          # variant packs a plan keeps
-SEARCH_REPS = 3         # timed runs of each candidate
+SEARCH_REPS = 2         # timed runs of each candidate
 LEGACY_MARGIN = 1.02    # a plan is used where its device time is within 2 % of legacy's
 
 # cudnnBackendDescriptorType_t
@@ -411,18 +412,24 @@ class GraphConv:
         return len(self._packs)
 
 
+HOST_US_PER_RUN = 100.0  # the device-side wait allows this much of the host's time per run
+
+
 def _device_ms(cp, runs, reps: int) -> list:
-    """Device milliseconds per run of each callable: each timed behind its own device-side
-    wait, long enough that the host has queued its ``reps`` runs before the device starts
-    them, after one untimed run of each (module loading)."""
+    """Device milliseconds per run of each callable, after one untimed run of each (module
+    loading): all of them queued behind one device-side wait, long enough
+    (:data:`HOST_US_PER_RUN` per run, twice the slowest host seen per call) that the host
+    has queued every timed run before the device starts the first, so the events between
+    them time the device alone.  One wait per search: ResNet-152's 464 searches per
+    minibatch took 9 to 29 s with a wait per candidate."""
     from minicaffe.kernels.device_wait import device_wait
     for r in runs:
         r()
     stream = cp.cuda.get_current_stream()
     stream.synchronize()
+    device_wait(cp, 2e-4 + len(runs) * reps * HOST_US_PER_RUN * 1e-6)
     events = []
     for r in runs:
-        device_wait(cp, 2e-4 + reps * 4e-4)
         e0, e1 = cp.cuda.Event(), cp.cuda.Event()
         e0.record(stream)
         for _ in range(reps):

@@ -529,6 +529,10 @@ class _ConvPlan:
 
 
 _plans: dict = {}
+# (handle, geometry, dtype, options, direction, accumulate, workspace limit, legacy algorithm)
+# -> the backend API's GraphConv, or False where the legacy call stays: a layer bound again
+# at a shape it had (the profiler's runs, the tuner's processes) is not searched again
+_graph_choices: dict = {}
 _same_conv: dict = {}       # _conv_key -> the plans of that convolution at any minibatch
 _stats = {"searches": 0, "hits": 0}
 
@@ -1133,10 +1137,15 @@ class BoundConv:
                 lib.cudnnConvolutionBackwardFilter(h, one, plan.x.ptr, p[0], plan.y.ptr, p[2],
                                                    conv, c.algo, lws, lws_bytes, beta,
                                                    plan.w.ptr, p[1])
+        key = (h, self.geom, self.dtype.str, self.tf32, self.deterministic, direction,
+               bool(accumulate), int(limit), c.algo)
         with _lock:
-            return backend_api.search(lib, h, self.geom, self.dtype, self.tf32,
-                                      self.deterministic, direction, bool(accumulate), limit,
-                                      p, ws, legacy)
+            g = _graph_choices.get(key)
+            if g is None:
+                g = _graph_choices[key] = backend_api.search(
+                    lib, h, self.geom, self.dtype, self.tf32, self.deterministic, direction,
+                    bool(accumulate), limit, p, ws, legacy) or False
+        return g
 
     def _binds(self, x, w, y) -> bool:
         """Whether input, filter and output (or their diffs) are of the bound shape and
@@ -1343,6 +1352,7 @@ def clear_cache():
         _plans.clear()
         _same_conv.clear()
         _candidates.clear()
+        _graph_choices.clear()
         _generation[0] += 1
         _stats["searches"] = _stats["hits"] = 0
         _tensor_descs.clear()

@@ -69,6 +69,7 @@ def test_strides_and_alignment():
 def cu(cp):
     if not cudnn_lib.available():
         pytest.skip("cuDNN not loadable: " + cudnn_lib.load_report())
+    ops.clear_cache()       # the searches are kept per process; each test makes its own
     return ops
 
 
@@ -179,6 +180,25 @@ def test_plan_fits_the_legacy_choices_workspace(cp, cu, rng):
     ref = cp.empty_like(y)
     cu.conv2d_forward(x, w, None, ref, 1)
     assert rel_err(cp.asnumpy(y), cp.asnumpy(ref)) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_a_shape_is_searched_once_per_process(cp, cu, rng):
+    """A second bound convolution of the same shape and options takes the first one's
+    plan (the profiler and the tuner bind the same shapes again); clear_cache forgets it."""
+    x_shape, w_shape = (8, 32, 14, 14), (64, 32, 3, 3)
+    x, w = _gpu(cp, rng, x_shape, np.float32), _gpu(cp, rng, w_shape, np.float32)
+    y = cp.empty((8, 64, 14, 14), np.float32)
+    B.clear_search_log()
+    a = cu.BoundConv(x_shape, w_shape, 1, api="graph")
+    a.forward(x, w, None, y)
+    b = cu.BoundConv(x_shape, w_shape, 1, api="graph")
+    b.forward(x, w, None, y)
+    assert len(B.search_log()) == 1
+    assert a._graph[(cu.FWD, False, -1)] is b._graph[(cu.FWD, False, -1)]
+    cu.clear_cache()
+    a.forward(x, w, None, y)
+    assert len(B.search_log()) == 2
 
 
 @pytest.mark.gpu

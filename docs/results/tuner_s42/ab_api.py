@@ -40,8 +40,8 @@ for api in ("legacy", "graph"):
         l._bound = None
     t = time.perf_counter()
     timed(3)                                  # binds and searches
-    print(f"{api}: first 3 steps (with the searches) {time.perf_counter() - t:.1f} s",
-          flush=True)
+    print(f"{api}: first 3 steps (with the searches) {time.perf_counter() - t:.1f} s, "
+          f"{len(backend_api.search_log())} graph searches so far", flush=True)
     sets[api] = {id(l): l._bound for l in convs}
     assert all(c.api == api for l in convs for _, _, c in l._bound[2])
 

@@ -3,10 +3,11 @@
 
 Usage on the GPU machine, from the repository root:
 
-    python3 scripts/gpu_checks.py [-k EXPR] [--junit out.xml]
+    python3 scripts/gpu_checks.py [-k EXPR] [--junit out.xml] [--failures out.txt] [PATHS]
 
 Prints one line per test file (passed / failed / skipped) and, for each
-failure, the test name and the last line of its message. Exits non-zero when a
+failure, the test name and the first and last lines of its message (``--failures``
+writes the whole tracebacks to a file). Exits non-zero when a
 test fails or when no GPU test ran (a GPU run that skips everything proves
 nothing).
 """
@@ -35,6 +36,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-k", default=None, help="pytest -k expression")
     ap.add_argument("--junit", default=None, help="keep the JUnit XML here")
+    ap.add_argument("--failures", default=None,
+                    help="write each failure's whole traceback to this file")
     ap.add_argument("paths", nargs="*", default=["tests"])
     args = ap.parse_args()
 
@@ -58,7 +61,9 @@ def main() -> int:
             row[1] += 1
             node = case.find("failure") if case.find("failure") is not None else case.find("error")
             msg = (node.get("message") or node.text or "").strip().splitlines()
-            failures.append((f"{f}::{case.get('name')}", msg[-1][:200] if msg else ""))
+            # the assertion's first line (what failed) and its last (pytest's "where")
+            shown = " | ".join(dict.fromkeys(m[:200] for m in (msg[:1] + msg[-1:])))
+            failures.append((f"{f}::{case.get('name')}", shown, node.text or ""))
         elif case.find("skipped") is not None:
             row[2] += 1
         else:
@@ -74,8 +79,13 @@ def main() -> int:
         print(f"{f:<{width}}  {p:6d}  {fl:6d}  {s:7d}  {t:8.1f}")
         tot = [a + b for a, b in zip(tot, per_file[f])]
     print(f"{'total':<{width}}  {tot[0]:6d}  {tot[1]:6d}  {tot[2]:7d}  {tot[3]:8.1f}")
-    for name, msg in failures:
+    for name, msg, _ in failures:
         print(f"FAILED {name}: {msg}")
+    if failures and args.failures:
+        with open(args.failures, "w") as fh:
+            for name, _, text in failures:
+                fh.write(f"==== {name}\n{text}\n")
+        print(f"failures in full: {args.failures}")
     if tot[0] + tot[1] == 0:
         print("no GPU test ran (is a CUDA device visible?)")
         print(proc.stdout[-3000:])

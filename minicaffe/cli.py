@@ -132,12 +132,21 @@ def _engine_args(p):
     p.add_argument("--engine", choices=["CAFFE", "CUDNN"], default=None,
                    help="engine of layers left on DEFAULT (default: CUDNN on the GPU when cuDNN "
                         "loads, CAFFE otherwise); a layer's own engine field still wins")
+    p.add_argument("--cudnn-api", choices=["legacy", "graph"], default=None,
+                   help="how cuDNN convolutions are called: legacy (cudnnConvolutionForward "
+                        "and its siblings) or graph (cuDNN's backend API, execution plans "
+                        "found once per shape: a third of the host's time per call); default "
+                        "$MINICAFFE_CUDNN_API, else legacy")
 
 
 def _set_engine(args):
     if getattr(args, "engine", None):
         from .engine import set_default_engine
         set_default_engine(args.engine)
+    if getattr(args, "cudnn_api", None):
+        # read by every convolution as it binds its shape (and by child processes)
+        from .cudnn.backend_api import ENV_API
+        os.environ[ENV_API] = args.cudnn_api
 
 
 def _gpus(text) -> list:

@@ -452,3 +452,17 @@ def test_time_says_which_relu_layers_run_in_their_convolution(tmp_path, capsys, 
     monkeypatch.setenv("MINICAFFE_FUSE_CONV_RELU", "0")
     assert main(["time", "-model", str(f), "-iterations", "1"]) == 0
     assert not any("Convolution's forward" in ln for ln in _log_lines(capsys.readouterr().err))
+
+
+def test_cudnn_api_flag_sets_what_the_convolutions_read(net_file, capsys, monkeypatch):
+    """--cudnn-api sets $MINICAFFE_CUDNN_API, which each cuDNN convolution reads as it binds
+    (and child processes inherit); a name outside legacy/graph is refused by argparse."""
+    from minicaffe.cudnn import backend_api
+    monkeypatch.delenv(backend_api.ENV_API, raising=False)
+    assert main(["time", "--model", str(net_file), "--iterations", "1", "--cpu",
+                 "--cudnn-api", "graph"]) == 0
+    assert os.environ[backend_api.ENV_API] == "graph" and backend_api.api_choice() == "graph"
+    monkeypatch.delenv(backend_api.ENV_API, raising=False)
+    with pytest.raises(SystemExit):
+        main(["time", "--model", str(net_file), "--cudnn-api", "v8"])
+    assert "invalid choice" in capsys.readouterr().err

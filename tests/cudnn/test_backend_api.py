@@ -232,3 +232,58 @@ def test_graph_conv_is_captured_in_a_cuda_graph(cp, cu, rng, monkeypatch):
     assert rel_err(cp.asnumpy(y), conv_reference(xh, wh, None, 1, 1, 1, 1)) <= 1e-5
     assert rel_err(cp.asnumpy(dx), dx_ref) <= 1e-5
     assert rel_err(cp.asnumpy(dw), dw_ref) <= 1e-5
+
+
+class _FakeCupy:
+    """Enough of CuPy for _device_ms: events on one stream, each recorded at a time the test
+    sets, and whether the device-side wait had ended when the host finished queueing."""
+
+    def __init__(self, overruns):
+        self.overruns = list(overruns)      # per try: did the wait end too early?
+        self.clock = 0.0
+        self.waits = []
+        fake = self
+
+        class Event:
+            def __init__(self):
+                self.t = None
+
+            def record(self, stream=None):
+                fake.clock += 1.0
+                self.t = fake.clock
+
+            @property
+            def done(self):
+                return fake.overruns.pop(0)
+
+            def synchronize(self):
+                pass
+
+        class Stream:
+            def synchronize(self):
+                pass
+
+        class cuda:
+            pass
+
+        cuda.Event = Event
+        cuda.get_current_stream = staticmethod(lambda: Stream())
+        cuda.get_elapsed_time = staticmethod(lambda a, b: b.t - a.t)
+        self.cuda = cuda
+
+
+def test_device_ms_times_again_behind_a_longer_wait_where_the_host_fell_behind(monkeypatch):
+    from minicaffe.kernels import device_wait as dw
+    cp = _FakeCupy([True, False])
+    monkeypatch.setattr(dw, "device_wait", lambda cp_, seconds: cp.waits.append(seconds))
+    calls = []
+    runs = [lambda: calls.append("a"), lambda: calls.append("b")]
+    times = B._device_ms(cp, runs, reps=2)
+    assert len(cp.waits) == 2 and cp.waits[1] == pytest.approx(2 * cp.waits[0])
+    assert cp.waits[0] == pytest.approx(2e-4 + 2 * 2 * B.HOST_US_PER_RUN * 1e-6)
+    # one warm-up run each, then two timed runs each per try
+    assert calls.count("a") == calls.count("b") == 1 + 2 * 2
+    assert times == [0.5, 0.5]          # (end event - start event) / reps on the fake clock
+    cp = _FakeCupy([True, True, True])
+    B._device_ms(cp, runs, reps=1, tries=3)
+    assert len(cp.waits) == 3 and cp.overruns == []

@@ -1009,6 +1009,15 @@ def conv2d_backward_filter(x, dy, dw, pad=0, stride=1, dilation=1, groups=1, *, 
     return dw
 
 
+def _capturing() -> bool:
+    """Whether CuPy's current stream is capturing a CUDA graph (where a query fails, as on
+    the legacy stream while another stream captures globally, it counts as capturing)."""
+    try:
+        return bool(_cupy().cuda.get_current_stream().is_capturing())
+    except Exception:
+        return True
+
+
 class BoundConv:
     """One convolution at one shape and dtype with fixed cuDNN options: its three directions
     with the argument checks and cache lookups of the free functions done once.
@@ -1084,6 +1093,10 @@ class BoundConv:
         key = (direction, accumulate, -1 if workspace is None else workspace.nbytes)
         g = self._graph.get(key)
         if g is None:
+            if _capturing():
+                # a search synchronizes: inside a CUDA graph's capture this call stays
+                # legacy, and the first eager call searches
+                return None
             g = self._graph[key] = self._graph_search(direction, accumulate, a, w, b,
                                                       workspace) or False
         if g is False:
@@ -1113,7 +1126,12 @@ class BoundConv:
         arrays = [a, w, b]
         out = {FWD: 2, BWD_DATA: 0, BWD_FILTER: 1}[direction]
         if accumulate or direction == BWD_FILTER:
-            arrays[out] = cp.zeros_like(arrays[out])    # the search must not add to it
+            try:
+                arrays[out] = cp.zeros_like(arrays[out])    # the search must not add to it
+            except MemoryError:
+                # no room for the search's scratch output (a swap plan's scratch reserve):
+                # this convolution keeps the legacy call; another binding searches again
+                return None
         if workspace is None and limit:
             _cached_workspace(direction, limit)         # grown before either takes a pointer
         ws = (workspace if workspace is not None else

@@ -287,3 +287,28 @@ def test_device_ms_times_again_behind_a_longer_wait_where_the_host_fell_behind(m
     cp = _FakeCupy([True, True, True])
     B._device_ms(cp, runs, reps=1, tries=3)
     assert len(cp.waits) == 3 and cp.overruns == []
+
+
+@pytest.mark.gpu
+def test_a_first_call_inside_a_capture_stays_legacy(cp, cu, rng):
+    """A search synchronizes, so a bound convolution first called while its stream captures
+    a CUDA graph makes the legacy call there (captured, replayed right) and searches at its
+    first eager call."""
+    x_shape, w_shape = (4, 16, 12, 12), (32, 16, 3, 3)
+    x, w = _gpu(cp, rng, x_shape, np.float32), _gpu(cp, rng, w_shape, np.float32)
+    y = cp.zeros((4, 32, 12, 12), np.float32)
+    conv = cu.BoundConv(x_shape, w_shape, 1, api="graph")
+    cu.conv_algorithms(x_shape, w_shape, 1)        # the legacy choice, searched eagerly
+    B.clear_search_log()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        conv.forward(x, w, None, y)
+        graph = stream.end_capture()
+        assert B.search_log() == [] and not conv._graph
+        graph.launch(stream)
+        stream.synchronize()
+    xh, wh = cp.asnumpy(x), cp.asnumpy(w)
+    assert rel_err(cp.asnumpy(y), conv_reference(xh, wh, None, 1, 1, 1, 1)) <= 1e-5
+    conv.forward(x, w, None, y)
+    assert len(B.search_log()) == 1 and (cu.FWD, False, -1) in conv._graph

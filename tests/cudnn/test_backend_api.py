@@ -298,7 +298,8 @@ def test_a_first_call_inside_a_capture_stays_legacy(cp, cu, rng):
     x, w = _gpu(cp, rng, x_shape, np.float32), _gpu(cp, rng, w_shape, np.float32)
     y = cp.zeros((4, 32, 12, 12), np.float32)
     conv = cu.BoundConv(x_shape, w_shape, 1, api="graph")
-    cu.conv_algorithms(x_shape, w_shape, 1)        # the legacy choice, searched eagerly
+    # the legacy choice searched and the shared workspace grown eagerly, outside the capture
+    cu.BoundConv(x_shape, w_shape, 1, api="legacy").forward(x, w, None, y)
     B.clear_search_log()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:

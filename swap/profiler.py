@@ -311,6 +311,14 @@ def chunk_rules_now(net, k: int) -> dict:
     return out
 
 
+def cudnn_api_now() -> str:
+    """The API the bound cuDNN convolutions take now (``$MINICAFFE_CUDNN_API``: "legacy" or
+    "graph"), kept in a GPU profile's ``meta["cudnn_api"]``: the graph API's plans run
+    other engines, so a profile's step times belong to the API it was measured on."""
+    from minicaffe.cudnn.backend_api import api_choice
+    return api_choice()
+
+
 def search_times_now(net, k: int, layers=None) -> dict:
     """``{layer: [forward seconds, backward seconds]}``: cuDNN's own search times of the
     algorithms each cuDNN convolution of ``net`` (or of those named in ``layers``) runs at a
@@ -1572,6 +1580,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
         bw = measure_bandwidth(net.xp)
     meta = {"warmup": warmup, "iterations": iterations, "strategy": strategy, "budget": budget,
             "plans": plans, **host_meta}
+    if net.mode == "GPU":
+        meta["cudnn_api"] = cudnn_api_now()
     if copy_cal is not None:
         meta["copy_calibration"] = copy_cal
     if copy_runs:

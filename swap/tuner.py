@@ -1372,6 +1372,13 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         path = profile
         profile = Profile.load(path)
         say(f"AccUDNN stage 1: profile of {profile.net!r} on {profile.device} loaded from {path}")
+        if net.mode == "GPU" and profile.mode == "GPU":
+            from .profiler import cudnn_api_now
+            was, now = profile.meta.get("cudnn_api", "legacy"), cudnn_api_now()
+            if was != now:
+                say(f"AccUDNN stage 1: WARNING: the profile was measured with cuDNN's {was} "
+                    f"API and this run calls the {now} API (--cudnn-api): its convolutions "
+                    "run other engines, so the predicted times are the other API's")
         if not profile.host_samples and net.mode == "GPU" and profile.mode == "GPU":
             # a profile from before the host's own issue time: take it now (a few seconds)
             import dataclasses

@@ -313,3 +313,11 @@ def test_a_first_call_inside_a_capture_stays_legacy(cp, cu, rng):
     assert rel_err(cp.asnumpy(y), conv_reference(xh, wh, None, 1, 1, 1, 1)) <= 1e-5
     conv.forward(x, w, None, y)
     assert len(B.search_log()) == 1 and (cu.FWD, False, -1) in conv._graph
+
+
+def test_a_profile_names_the_api_it_was_measured_on(monkeypatch):
+    from swap.profiler import cudnn_api_now
+    monkeypatch.delenv(B.ENV_API, raising=False)
+    assert cudnn_api_now() == "legacy"
+    monkeypatch.setenv(B.ENV_API, "graph")
+    assert cudnn_api_now() == "graph"

@@ -856,15 +856,17 @@ def test_calibrate_graph_times_two_k_where_the_graph_is_captured(make_solver, mo
     assert any("linear in k between" in x for x in lines)
     m = graph_model(model, cal.gap, cal.tail, cal.points)
     assert m.gap_points == cal.points and m.host is None
-    # a model whose steps take about twice the CPU's iterations at the larger k: at each
-    # calibrated k the graph model's steps and update make that k's measured iteration
+    # a model whose steps take about four times the CPU's iterations at the larger k: at each
+    # calibrated k the graph model's steps and update make that k's measured iteration (four,
+    # not two: with other work on the CI's two cores, the second calibration's iterations ran
+    # twice as slow as the first's, and a twice-as-slow model left no gap to shed)
     import re
 
     def logged(lines):
         return {int(q): 1e-3 * float(ms) for q, ms in re.findall(
             r"calibration at k = (\d+) \(every feature map kept\): ([\d.]+) ms", " ".join(lines))}
     first = logged(lines)
-    peak = 1e15 * float(model.times_fn(g)(k).sum()) / (2.0 * (first[k] - cal.tail))
+    peak = 1e15 * float(model.times_fn(g)(k).sum()) / (4.0 * (first[k] - cal.tail))
     slow, _ = device_models(peak_flops=peak, x_half=peak * 1e-15, h2d=1e9)
     lines = []
     cal, runs = calibrate_graph(s, g, slow, pcie, budget, budget, k_max=10 ** 6, warmup=1,

@@ -33,7 +33,6 @@ def solver_param(digits_dir, prefix):
         if layer.type == "Data" and layer.include[0].phase == caffe_pb2.TRAIN:
             layer.transform_param.mirror = True
             layer.transform_param.crop_size = 6
-            layer.data_param.rand_skip = 100
         if layer.type == "Data" and layer.include[0].phase == caffe_pb2.TEST:
             layer.transform_param.crop_size = 6
     p = caffe_pb2.SolverParameter(base_lr=0.01, momentum=0.9, weight_decay=5e-4, lr_policy="inv",

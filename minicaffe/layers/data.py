@@ -420,10 +420,11 @@ class DataLayer(PrefetchingDataLayer):
     """Batches of Datums from an LMDB (Caffe's ``DataLayer``).
 
     ``data_param``: ``source`` (the database folder), ``batch_size``,
-    ``backend`` (LMDB only), ``rand_skip`` (skip a random number of records
-    in ``[0, rand_skip)`` at the start), ``prefetch`` (batches loaded ahead by
-    a background thread, 4 by default; 0 loads in forward, with identical
-    results); ``transform_param`` as :class:`DataTransformer`.
+    ``backend`` (LEVELDB, Caffe's default, or LMDB), ``prefetch`` (batches loaded
+    ahead by a background thread, 4 by default; 0 loads in forward, with identical
+    results); ``transform_param`` as :class:`DataTransformer`.  Reading starts at
+    the first record: ``rand_skip`` is ignored, as upstream Caffe's Data layer
+    ignores it (the net warns, :mod:`minicaffe.proto.coverage`).
 
     Tops: ``data`` ``(batch_size, C, crop or H, crop or W)`` and optionally
     ``label`` ``(batch_size,)``.
@@ -468,16 +469,11 @@ class DataLayer(PrefetchingDataLayer):
         try:
             if len(reader) == 0:
                 raise ValueError(f"{where}: the database {self.source} holds no records")
+            # data_layer.cpp: the cursor starts at the first record; data_param.rand_skip is
+            # not read (upstream dropped it with the 2015 DataReader; ImageData still skips)
             cursor = reader.cursor()
-            skip = 0
-            if dp.rand_skip:
-                skip = int(host_rng().integers(0, dp.rand_skip))
-                log.info("%s: skipping first %d data points", where, skip)
-                for _ in range(skip):
-                    cursor.advance_wrapping()
             self._loader = _LMDBBatchLoader(cursor, self.transformer, self.batch_size,
                                             self.dtype, self.output_labels)
-            self._loader.records_read = skip  # positions count from the first record
             first = parse_datum(cursor.value())
             self._top_shape = (self.batch_size,) + self.transformer.output_shape(
                 self._loader.datum_shape(first))

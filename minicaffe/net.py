@@ -28,6 +28,7 @@ from .blob import Blob, proto_shape, shape_equals
 from .layer import UnknownLayerTypeError, create_layer
 from .log import log
 from .proto import caffe_pb2, read_binary, read_net_param, upgrade_net, write_binary
+from .proto.coverage import unread_fields, warn_unread_fields
 from .proto.text import layer_line
 
 TRAIN = caffe_pb2.TRAIN
@@ -324,6 +325,8 @@ class Net:
                 raise ValueError(
                     f"{where}layer {lp.name!r}: propagate_down has {len(lp.propagate_down)} "
                     f"entries but the layer has {len(lp.bottom)} bottoms")
+            if unread_fields(lp):   # a field set that does not act here (proto/coverage.py)
+                warn_unread_fields(lp, self._at(lp))
             try:
                 layer = create_layer(lp, xp=self.xp, dtype=self.dtype, where=where)
             except UnknownLayerTypeError:

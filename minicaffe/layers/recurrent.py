@@ -153,6 +153,7 @@ class RecurrentLayer(Layer):
         self.num_output = int(rp.num_output)
         self.expose_hidden = bool(rp.expose_hidden)
         # debug_info only logs the unrolled net's blobs in Caffe; there is no unrolled net here
+        # (the net warns that nothing is logged: minicaffe/proto/coverage.py)
         self.debug_info = bool(rp.debug_info)
         exposed = len(self.state_names) if self.expose_hidden else 0
         self.static_input = len(bottom) > 2 + exposed

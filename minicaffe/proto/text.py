@@ -118,6 +118,12 @@ def _hint(message, before):
             if legacy:
                 return (f'legacy "layers {{ }}" blocks take a type enum (type: {legacy}); for '
                         f'type: "{value}" write a new-style "layer {{ }}" block')
+            if value.isupper():
+                # an enum spelt as one, but none of BVLC's: a fork extended the V1 enum
+                # (DeepLab v1's IMAGE_SEG_DATA, INTERP, SEG_ACCURACY), not a syntax slip
+                return (f"{value} is no V1 layer type of BVLC Caffe: this net needs a Caffe "
+                        "fork's layer (DeepLab v1's IMAGE_SEG_DATA or INTERP, for one), which "
+                        "neither BVLC Caffe nor minicaffe has")
             return ('legacy "layers { }" blocks take a type enum such as CONVOLUTION; new-style '
                     '"layer { }" blocks take a quoted type string')
         enum = _find_enum(enum_name)
@@ -274,11 +280,13 @@ def parse_text(text, message_cls, filename="<string>"):
         lines = text.splitlines()
         source_line = lines[line - 1] if line is not None and 0 < line <= len(lines) else ""
         hint = _brace_hint(text, detail, line)
-        match = _NO_FIELD.search(detail)
+        match = _NO_FIELD.search(detail) or _NO_ENUM_VALUE.search(detail)
         if not hint and match and line is not None:
-            if match.group(1) == "LayerParameter":
+            if match.re is _NO_FIELD and match.group(1) == "LayerParameter":
                 hint = _fork_layer_hint(text, line, match.group(2))
-            where = "" if hint else _enclosing_layer(text, line)  # the fork hint names it
+            # the fork hint names the layer; else the layer holding the unknown field or enum
+            # value (a fork's V1 type such as IMAGE_SEG_DATA, a fork's pooling method) is named
+            where = "" if hint else _enclosing_layer(text, line)
             if where:
                 stop = "." if detail.endswith(".") else ""
                 detail = detail[:len(detail) - len(stop)] + where + stop

@@ -370,6 +370,33 @@ def test_unknown_field_inside_a_layer_names_that_layer(tmp_path):
         read_net_param(path)
 
 
+def test_unknown_enum_value_names_its_layer(tmp_path):
+    """An enum value that caffe.proto lacks fails to parse at the value, as in Caffe; the
+    message also names the layer block it sits in, as for an unknown field.  A V1 ``type``
+    that is spelt as an enum but is none of BVLC's (a fork's, DeepLab v1's INTERP here) is
+    said to be a fork's layer, not a slip between ``layer`` and ``layers`` syntax."""
+    path = tmp_path / "net.prototxt"
+    path.write_text('input: "data"\nlayers {\n  bottom: "data"\n  top: "up"\n  name: "up"\n'
+                    '  type: INTERP\n}\n')
+    with pytest.raises(PrototxtError) as e:
+        read_net_param(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}:6:9: ") and "has no value named INTERP in layer 'up' (line 2)" in msg
+    assert "INTERP is no V1 layer type of BVLC Caffe" in msg and "quoted type string" not in msg
+    # a new-style type string in a V1 block keeps its hint
+    path.write_text('layers {\n  name: "c"\n  type: "Convolution"\n}\n')
+    with pytest.raises(PrototxtError, match=r"in layer 'c' \(line 1\).*type: CONVOLUTION"):
+        read_net_param(path)
+    # an enum field inside a layer's parameters: the layer named, the valid values listed
+    path.write_text('layer {\n  name: "pool1"\n  type: "Pooling"\n  pooling_param {\n'
+                    '    pool: MAXIMUM\n  }\n}\n')
+    with pytest.raises(PrototxtError) as e:
+        read_net_param(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}:5:11: ")
+    assert "in layer 'pool1' (line 1) of type \"Pooling\"" in msg and "MAX, AVE, STOCHASTIC" in msg
+
+
 def test_layer_blocks_give_lines_names_and_types():
     text = textwrap.dedent("""\
         name: 'n'   # layer { name: "in a comment" }

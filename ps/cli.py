@@ -59,7 +59,8 @@ def add_train_options(t):
     g.add_argument("--no-overlap", dest="overlap", action="store_const", const=False,
                    default=None,
                    help="communicate after the whole backward pass instead of overlapping it "
-                        "(default: overlap, unless MINICAFFE_PS_OVERLAP=0)")
+                        "(default: overlap, unless MINICAFFE_PS_OVERLAP=0 or, with --comm "
+                        "nccl, the solver says layer_wise_reduce: false)")
     g.add_argument("--bucket-mb", type=_positive(float), default=None, metavar="MB",
                    help="with overlap: the largest bucket of gradients communicated at once, "
                         "in MiB (--comm nccl: an all-reduce, default 25; --comm ps: one "
@@ -89,9 +90,8 @@ def wrap_solver(args, solver):
     from .worker import PSConfig, PSWorker, parse_endpoints
     endpoints = parse_endpoints(args.ps)
     overlap = getattr(args, "overlap", None)
-    overlap = overlap_default() if overlap is None else overlap
     bucket_mb = getattr(args, "bucket_mb", None)
-    if args.comm == "nccl":
+    if args.comm == "nccl":     # overlap None: the environment's, else layer_wise_reduce
         from .nccl import NcclWorker
         if len(endpoints) != 1:
             raise ValueError("--comm nccl takes one --ps endpoint: the rendezvous that rank 0 "
@@ -108,6 +108,7 @@ def wrap_solver(args, solver):
                           timeout=args.ps_timeout, curve_dir=args.curve_dir,
                           stats_path=args.ps_stats, overlap=overlap,
                           bucket_mb=DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb)
+    overlap = overlap_default() if overlap is None else overlap
     if bucket_mb is not None and not overlap:
         raise ValueError("--bucket-mb applies with overlap (without it the parameter server "
                          "gets one message per shard after backward)")

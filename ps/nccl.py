@@ -18,7 +18,8 @@ a rank dying *inside* the collective is caught by a bounded wait on the
 stream, which aborts the communicator.
 
 Overlap (on by default; ``--no-overlap``, ``MINICAFFE_PS_OVERLAP=0`` turn it
-off), as PyTorch DDP's buckets.  The parameters are grouped into buckets of
+off, and so does the solver's ``layer_wise_reduce: false`` where neither is given, as
+in Caffe's NCCL), as PyTorch DDP's buckets.  The parameters are grouped into buckets of
 at most ``bucket_mb`` (default 25 MiB), consecutive in the order backward
 finishes them (:func:`ps.overlap.make_buckets`).  When backward has finished a
 bucket (:class:`ps.overlap.GradientOverlap`), its work is queued on a
@@ -50,7 +51,8 @@ import numpy as np
 from minicaffe.log import log
 
 from . import protocol as P
-from .overlap import DEFAULT_BUCKET_MB, backward_order, make_buckets, overlap_default
+from .overlap import (DEFAULT_BUCKET_MB, ENV_OVERLAP, backward_order, make_buckets,
+                      nccl_overlap_default)
 from .protocol import Op, ProtocolError
 from .transport import CurveServer, dealer, poll_until, router, send
 from .worker import DataParallel, PSError
@@ -263,7 +265,11 @@ class NcclWorker(DataParallel):
         self.rdv = None
         self.comm_stream = None
         how = "after backward (overlap off)"
-        if overlap_default() if overlap is None else overlap:
+        if overlap is None:   # the environment's, else the solver's layer_wise_reduce
+            overlap = nccl_overlap_default(solver.param)
+            if not overlap and ENV_OVERLAP not in os.environ:
+                how = "after backward (the solver's layer_wise_reduce: false)"
+        if overlap:
             if bucket_mb <= 0:
                 raise ValueError(f"--bucket-mb must be positive, got {bucket_mb}")
             ids = make_buckets([q.nbytes for q in self.params], backward_order(solver.net),

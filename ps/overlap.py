@@ -68,6 +68,17 @@ def overlap_default(env=None) -> bool:
     return env.get(ENV_OVERLAP, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+def nccl_overlap_default(solver_param, env=None) -> bool:
+    """``--comm nccl``'s default: ``$MINICAFFE_PS_OVERLAP`` where it is set, else the solver's
+    ``layer_wise_reduce`` (Caffe's NCCL, parallel.cpp: true, its default, all-reduces each
+    layer's gradients as backward finishes them; false, all of them after backward), which
+    decides when the gradients are summed, not their sum."""
+    env = os.environ if env is None else env
+    if ENV_OVERLAP in env:
+        return overlap_default(env)
+    return bool(solver_param.layer_wise_reduce)
+
+
 # ----------------------------------------------------------- static analysis
 def learnable_index(net) -> list:
     """Per entry of ``net.all_params``: its index in ``net.learnable_params``

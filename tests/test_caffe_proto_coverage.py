@@ -5,7 +5,8 @@ listed here and in docs/PROTO_COVERAGE.md with what happens to it; the listed fi
 checked to behave as the table says, against BVLC Caffe's sources (upstream master):
 
 * fields Caffe itself ignores leave minicaffe's numbers unchanged too (an engine hint, the N-d
-  im2col switch, DataParameter.force_encoded_color, SolverParameter.layer_wise_reduce);
+  im2col switch, DataParameter.force_encoded_color);
+* SolverParameter.layer_wise_reduce decides, as in Caffe's NCCL, when --comm nccl all-reduces;
 * fields set in a prototxt that do not act here as its author may expect make the net warn,
   with the file, the layer's line, the layer and the field (minicaffe/proto/coverage.py):
   data_param.rand_skip (upstream's Data layer never reads it) and recurrent_param.debug_info
@@ -45,8 +46,6 @@ NOT_READ = {
     "TanHParameter.engine": "layer_factory.cpp: cuDNN's tanh, the same function",
     "LayerParameter.sigmoid_param": "holds only the engine",
     "LayerParameter.tanh_param": "holds only the engine",
-    "SolverParameter.layer_wise_reduce":
-        "parallel.cpp: when NCCL reduces each layer's gradients (multi-GPU only); the same sum",
     "V0LayerParameter.new_num": "upgrade_proto.cpp's UpgradeV0LayerParameter drops it",
     "V0LayerParameter.new_channels": "upgrade_proto.cpp's UpgradeV0LayerParameter drops it",
 }
@@ -65,9 +64,13 @@ LEGACY = ("V0LayerParameter", "V1LayerParameter")
 
 
 def _sources():
+    """minicaffe's modules by their path in the package (cudnn/ binds cuDNN and reads no
+    message), and the data-parallel workers' (ps/, which read SolverParameter too)."""
     pkg = ROOT / "minicaffe"
-    return {str(p.relative_to(pkg)): p.read_text() for p in pkg.rglob("*.py")
-            if "cudnn" not in p.relative_to(pkg).parts}
+    out = {str(p.relative_to(pkg)): p.read_text() for p in pkg.rglob("*.py")
+           if "cudnn" not in p.relative_to(pkg).parts}
+    out.update({str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "ps").rglob("*.py")})
+    return out
 
 
 def _mentions(field, text):
@@ -329,9 +332,23 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "t" top: "loss" }
 """
 
 
+def test_layer_wise_reduce_decides_the_nccl_overlap_where_nothing_else_does():
+    """parallel.cpp: with NCCL, layer_wise_reduce (default true) all-reduces each layer's
+    gradients as backward finishes them, false all of them after backward: --comm nccl's
+    overlap.  --no-overlap (an explicit overlap) and $MINICAFFE_PS_OVERLAP come first."""
+    from ps.overlap import ENV_OVERLAP, nccl_overlap_default
+    p = caffe_pb2.SolverParameter()
+    assert nccl_overlap_default(p, env={}) is True
+    p.layer_wise_reduce = False
+    assert nccl_overlap_default(p, env={}) is False
+    assert nccl_overlap_default(p, env={ENV_OVERLAP: "1"}) is True
+    p.layer_wise_reduce = True
+    assert nccl_overlap_default(p, env={ENV_OVERLAP: "0"}) is False
+    assert nccl_overlap_default(p, env={}) is True
+
+
 def test_layer_wise_reduce_changes_no_single_process_update():
-    """parallel.cpp / sgd_solver: layer_wise_reduce only decides when NCCL sums each
-    layer's gradients across GPUs; one solver's update is the same either way."""
+    """One solver (no NCCL) updates the same whatever layer_wise_reduce says."""
     def train(**kw):
         p = caffe_pb2.SolverParameter(base_lr=0.1, momentum=0.9, max_iter=3, display=0,
                                       random_seed=4, solver_mode=caffe_pb2.SolverParameter.CPU,

@@ -242,7 +242,9 @@ def array_to_blobproto(arr, diff=None, legacy: bool = False):
 def blobproto_to_array(proto, return_diff: bool = False) -> np.ndarray:
     """The data (or diff) of a BlobProto as an array of its shape.
 
-    float32, or float64 when the proto holds ``double_data``/``double_diff``.
+    float64, as pycaffe's ``np.array(blob.data)`` of the proto's (Python float) values;
+    from ``double_data``/``double_diff`` where the proto holds those (pycaffe reads only
+    ``data``/``diff``).
     """
     # pycaffe's blobproto_to_array (python/caffe/io.py): the legacy 4-D fields where any
     # is set, else ``shape.dim``, which is empty for a proto without a shape: one value then
@@ -253,8 +255,7 @@ def blobproto_to_array(proto, return_diff: bool = False) -> np.ndarray:
         shape = tuple(int(d) for d in proto.shape.dim)
     doubles, floats = ((proto.double_diff, proto.diff) if return_diff
                        else (proto.double_data, proto.data))
-    arr = (np.asarray(doubles, dtype=np.float64) if len(doubles)
-           else np.asarray(floats, dtype=np.float32))
+    arr = np.asarray(doubles if len(doubles) else floats, dtype=np.float64)
     count = int(np.prod(shape))  # 1 for the 0-d shape ()
     if arr.size != count:
         raise ValueError(f"BlobProto of shape {tuple(shape)} holds {arr.size} values, "
@@ -289,8 +290,9 @@ def write_blobproto(path, proto):
 
 
 def load_mean_file(path) -> np.ndarray:
-    """The mean image of a ``.binaryproto`` file as stored (usually ``(1, C, H, W)``)."""
-    return blobproto_to_array(read_blobproto(path))
+    """The mean image of a ``.binaryproto`` file as stored (usually ``(1, C, H, W)``),
+    float32 as Caffe's C++ readers (Blob::FromProto) hold it."""
+    return blobproto_to_array(read_blobproto(path)).astype(np.float32)
 
 
 def save_mean_file(path, mean):

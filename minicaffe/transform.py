@@ -36,6 +36,20 @@ from .rng import host_rng
 TRAIN, TEST = 0, 1
 
 
+def _caffe_read_prefix(datum):
+    """The Datum as Caffe's DataTransformer reads it: the first C*H*W bytes of a raw
+    ``data`` field, which it never checks for length (Alexey-Kamenev/Benchmarks'
+    createFakeImageNet.py stores float64 ``tostring()`` bytes, eight an element, and
+    trains on them).  Shorter data stays an error (Caffe reads past its end)."""
+    n = datum.channels * datum.height * datum.width
+    if datum.encoded or len(datum.data) <= n:
+        return datum
+    cut = type(datum)()
+    cut.CopyFrom(datum)
+    cut.data = datum.data[:n]
+    return cut
+
+
 class DataTransformer:
     """Transform batches of ``(N, C, H, W)`` images as a TransformationParameter says.
 
@@ -196,8 +210,8 @@ class DataTransformer:
         """Transform a list of Datums (all of one shape); returns ``(data, labels)``."""
         if not datums:
             raise ValueError(f"{self.where}: there is no datum to transform")
-        arrays = [datum_to_array(d, self.param.force_color, self.param.force_gray)
-                  for d in datums]
+        arrays = [datum_to_array(_caffe_read_prefix(d), self.param.force_color,
+                                 self.param.force_gray) for d in datums]
         shape = arrays[0].shape
         for i, a in enumerate(arrays):
             if a.shape != shape:

@@ -343,3 +343,231 @@ layer { name: "data" type: "Data" top: "data" top: "label"
             np.testing.assert_array_equal(net.blobs["data"].data[k],
                                           raw.reshape(shape).astype(np.float32))
         np.testing.assert_array_equal(net.blobs["label"].data, labels[start:start + 2])
+
+
+# ------------------------------------------------------- a caffemodel made a prototxt again
+DEPLOY = """name: "small"
+input: "data" input_shape { dim: 2 dim: 3 dim: 6 dim: 6 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "fc" type: "InnerProduct" bottom: "conv1" top: "fc"
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
+"""
+
+
+def test_caffemodel_stripped_of_blobs_is_a_loadable_prototxt(workdir):
+    """afcarl/HelloUtils caffe/caffemodel_to_prototxt.py: a .caffemodel parsed as a
+    ``caffe_pb2.NetParameter``, ``ClearField('blobs')`` on every ``layers`` (V1) and
+    ``layer`` entry, ``str()`` of the rest written as a deploy prototxt; that prototxt
+    then builds the same net, and with the weights gives the same outputs."""
+    write("deploy.prototxt", DEPLOY)
+    original = caffe.Net("deploy.prototxt", caffe.TEST)
+    original.save("model.caffemodel")
+    with open("model.caffemodel", "rb") as f:
+        model = caffe_pb2.NetParameter()
+        model.ParseFromString(f.read())
+    assert [l.name for l in model.layer if len(l.blobs)] == ["conv1", "fc"]
+    for item in model.layers:
+        item.ClearField("blobs")
+    for item in model.layer:
+        item.ClearField("blobs")
+    with open("recovered.prototxt", "w") as f:
+        f.write(str(model))
+
+    again = caffe.Net("recovered.prototxt", "model.caffemodel", caffe.TEST)
+    assert list(again.blobs) == list(original.blobs)
+    assert again._layer_names == original._layer_names
+    assert [l.type for l in again.layers] == [l.type for l in original.layers]
+    x = np.random.default_rng(4).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_array_equal(again.forward(data=x)["prob"],
+                                  original.forward(data=x)["prob"])
+
+
+# --------------------------------------------------------------- conv1 filters on a grid
+def vis_square_in_place(data, padsize=1, padval=0):
+    """The older notebooks' vis_square: normalises ``data`` in place (``-=``, ``/=``)."""
+    data -= data.min()
+    data /= data.max()
+    n = int(np.ceil(np.sqrt(data.shape[0])))
+    padding = ((0, n ** 2 - data.shape[0]), (0, padsize), (0, padsize)) + ((0, 0),) * (data.ndim - 3)
+    data = np.pad(data, padding, mode="constant", constant_values=(padval, padval))
+    data = data.reshape((n, n) + data.shape[1:]).transpose((0, 2, 1, 3) + tuple(range(4, data.ndim + 1)))
+    return data.reshape((n * data.shape[1], n * data.shape[3]) + data.shape[4:])
+
+
+def vis_square(data):
+    """00-classification.ipynb's later vis_square: a normalised copy, padded with ones."""
+    data = (data - data.min()) / (data.max() - data.min())
+    n = int(np.ceil(np.sqrt(data.shape[0])))
+    padding = (((0, n ** 2 - data.shape[0]), (0, 1), (0, 1)) + ((0, 0),) * (data.ndim - 3))
+    data = np.pad(data, padding, mode="constant", constant_values=1)
+    data = data.reshape((n, n) + data.shape[1:]).transpose((0, 2, 1, 3) + tuple(range(4, data.ndim + 1)))
+    return data.reshape((n * data.shape[1], n * data.shape[3]) + data.shape[4:])
+
+
+def test_vis_square_of_conv1_filters_and_its_in_place_side_effect(workdir):
+    """liquidmetal/caffe-tests Sec_5/visualize.py and hubertsgithub/caffe
+    ownmodels/testnet/plotweights.py: ``filters = net.params['conv1'][0].data`` and
+    ``vis_square(filters.transpose(0, 2, 3, 1))``.  The param's ``data`` is a view of the
+    blob (pycaffe's _caffe.cpp hands out the blob's memory), so the older vis_square's
+    in-place ``data -= data.min(); data /= data.max()`` on the transposed view rescales
+    the net's own weights to [0, 1], which the next forward uses; the later one copies."""
+    write("deploy.prototxt", DEPLOY)
+    net = caffe.Net("deploy.prototxt", caffe.TEST)
+    x = np.random.default_rng(5).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    before = net.forward(data=x)["prob"].copy()
+    w0 = net.params["conv1"][0].data.copy()
+    assert [(k, v.data.shape) for k, v in net.blobs.items()] == [
+        ("data", (2, 3, 6, 6)), ("conv1", (2, 4, 4, 4)), ("fc", (2, 5)), ("prob", (2, 5))]
+
+    filters = net.params["conv1"][0].data
+    grid = vis_square(filters.transpose(0, 2, 3, 1))
+    assert grid.shape == (2 * 4, 2 * 4, 3)          # 4 filters on a 2 x 2 grid, 3x3 + 1 pad
+    np.testing.assert_array_equal(net.params["conv1"][0].data, w0)   # a copy: untouched
+
+    grid = vis_square_in_place(filters.transpose(0, 2, 3, 1))
+    assert grid.shape == (8, 8, 3) and grid.min() == 0 and grid.max() == 1
+    w1 = net.params["conv1"][0].data
+    np.testing.assert_allclose(w1, (w0 - w0.min()) / (w0 - w0.min()).max(), rtol=1e-6)
+    after = net.forward(data=x)["prob"]
+    assert not np.allclose(after, before)
+    conv = np.stack([conv2d(x[i].astype(np.float64), w1.astype(np.float64),
+                            net.params["conv1"][1].data.astype(np.float64), 0) for i in range(2)])
+    fc = np.maximum(conv, 0).reshape(2, -1) @ net.params["fc"][0].data.T.astype(np.float64) \
+        + net.params["fc"][1].data
+    np.testing.assert_allclose(after, softmax(fc, axis=1), rtol=1e-4, atol=1e-6)
+
+
+# ----------------------------------------------- forward/backward and the accumulating diffs
+CIFAR = """name: "cifar_small"
+input: "data" input_shape { dim: 1 dim: 3 dim: 4 dim: 4 }
+input: "label" input_shape { dim: 1 dim: 1 dim: 1 dim: 1 }
+layer { name: "fc5" type: "InnerProduct" bottom: "data" top: "fc5"
+  inner_product_param { num_output: 7 weight_filler { type: "gaussian" std: 0.2 }
+                        bias_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc5" bottom: "label" top: "loss" }
+"""
+
+
+def test_teaism_reference_gradients_from_pycaffe(workdir):
+    """yrlu/Teaism models/cifar10/predict.py (reference values for a CUDA framework):
+    a BGR image minus 128 transposed to (3, H, W) and written into the (1, 3, H, W) data
+    blob, the label set from a float64 ``np.empty([1,1,1,1])``, ``net.forward();
+    net.backward()``, then ``blobs['fc5'].diff`` (softmax minus one-hot) and
+    ``params['fc5'][0].diff`` (its outer product with the input).  pycaffe's backward
+    does not clear param diffs, so a second pass doubles them (Net::Backward
+    accumulates), while the blob diff is overwritten."""
+    net = caffe.Net(write("test.prototxt", CIFAR), caffe.TEST)
+    rng = np.random.default_rng(6)
+    img = rng.integers(0, 256, (4, 4, 3)).astype(np.float32)
+    img -= [128, 128, 128]
+    img = img[:, :, ::-1].transpose([2, 0, 1])
+    label = np.empty([1, 1, 1, 1])
+    label[0] = 6
+
+    net.blobs["data"].data[...] = img
+    net.blobs["label"].data[...] = label
+    net.forward()
+    net.backward()
+    w = net.params["fc5"][0].data.astype(np.float64)
+    b = net.params["fc5"][1].data.astype(np.float64)
+    z = w @ img.ravel().astype(np.float64) + b
+    g = softmax(z, axis=0) - np.eye(7)[6]
+    assert net.blobs["fc5"].diff.shape == (1, 7)
+    assert net.blobs["fc5"].diff[...].tolist()[0] == pytest.approx(g.tolist(), abs=1e-6)
+    assert net.params["fc5"][0].diff.shape == (7, 48)
+    np.testing.assert_allclose(net.params["fc5"][0].diff, np.outer(g, img.ravel()),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(net.params["fc5"][1].diff, g, rtol=1e-5, atol=1e-7)
+
+    net.forward()
+    net.backward()
+    np.testing.assert_allclose(net.params["fc5"][0].diff, 2 * np.outer(g, img.ravel()),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(net.blobs["fc5"].diff[0], g, atol=1e-6)
+
+
+# --------------------------------------------------------- parameter and blob size tables
+SIZES = """name: "sizes"
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 2 dim: 3 dim: 5 dim: 5 } shape { dim: 2 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
+layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip"
+  inner_product_param { num_output: 3 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" }
+"""
+
+
+def test_parameter_count_and_blob_size_tables(workdir):
+    """anik-jha/CS-VQA compute_caffe_parameters.py (a gist: gistable/gistable
+    all-gists/a6a32bd8.../snippet.py) and Jallet/residual_network src/net.py:
+    ``[(k, v[0].data.shape) for k, v in net.params.items()]`` summed with ``prod``, and
+    every blob's ``v.data.shape`` and size in a TRAIN net -- which lists the Split
+    layers' blobs Caffe inserts where a blob feeds two layers (insert_splits.cpp's
+    ``<blob>_<layer>_<top index>_split_<i>``)."""
+    net = caffe.Net(write("train_val.prototxt", SIZES), caffe.TRAIN)
+    table = [(k, v[0].data.shape) for k, v in net.params.items()]
+    assert table == [("conv1", (4, 3, 3, 3)), ("bn1", (4,)), ("scale1", (4,)),
+                     ("ip", (3, 36))]
+    total = sum(np.prod(v[0].data.shape) for k, v in net.params.items())
+    assert total == 108 + 4 + 4 + 108
+    every = sum(b.data.size for v in net.params.values() for b in v)
+    assert every == (108 + 4) + (4 + 4 + 1) + (4 + 4) + (108 + 3)
+
+    sizes = {k: int(np.prod(v.data.shape)) for k, v in net.blobs.items()}
+    assert list(sizes) == ["data", "label", "label_data_1_split_0", "label_data_1_split_1",
+                           "conv1", "ip", "ip_ip_0_split_0", "ip_ip_0_split_1", "loss", "acc"]
+    assert sizes["conv1"] == 2 * 4 * 3 * 3 and sizes["ip_ip_0_split_1"] == 6
+    assert net.blobs["loss"].data.shape == () and sizes["loss"] == 1
+
+
+# ------------------------------------------------------- a solver written by caffe_pb2
+def test_solver_written_with_caffe_pb2_and_two_test_nets(workdir):
+    """qq249356520/caffe_comment_chinese examples/myfile/pythonInuse/create_solver.py
+    (the CSDN "learning Caffe with Python: generating the solver file" recipe): a
+    ``caffe_pb2.SolverParameter`` filled field by field -- ``train_net``, two
+    ``test_net.append``, ``test_iter.append``, ``type = "SGD"``, ``solver_mode =
+    caffe_pb2.SolverParameter.GPU`` -- and ``str(s)`` written to the file the solver
+    reads.  pycaffe's solver ignores solver_mode (the mode is ``caffe.set_mode_*``'s);
+    each test net runs at every test_interval and shares the trained weights."""
+    write("train.prototxt", PRUNE)
+    write("val.prototxt", PRUNE)
+    write("val22.prototxt", PRUNE.replace('value: 0.5', 'value: -0.5'))
+    s = caffe_pb2.SolverParameter()
+    s.train_net = "train.prototxt"
+    s.test_net.append("val.prototxt")
+    s.test_net.append("val22.prototxt")
+    s.test_interval = 2
+    s.test_iter.append(1)
+    s.test_iter.append(1)
+    s.max_iter = 4
+    s.base_lr = 0.01
+    s.momentum = 0.9
+    s.weight_decay = 5e-4
+    s.lr_policy = "step"
+    s.stepsize = 3
+    s.gamma = 0.1
+    s.display = 0
+    s.snapshot = 0
+    s.snapshot_prefix = "snapshot"
+    s.type = "SGD"
+    s.solver_mode = caffe_pb2.SolverParameter.GPU
+    with open("solver1.prototxt", "w") as f:
+        f.write(str(s))
+
+    solver = caffe.SGDSolver("solver1.prototxt")
+    assert len(solver.test_nets) == 2
+    assert all(t.phase == caffe.TEST for t in solver.test_nets)
+    assert "top-1" in solver.test_nets[1].blobs and "top-1" not in solver.net.blobs
+    solver.step(2)
+    assert solver.iter == 2
+    for t in solver.test_nets:
+        np.testing.assert_array_equal(t.params["conv1"][0].data,
+                                      solver.net.params["conv1"][0].data)
+    assert solver.test_nets[1].blobs["data"].data.flat[0] == -0.5

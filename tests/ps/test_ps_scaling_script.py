@@ -37,7 +37,8 @@ def test_quick_run_measures_every_configuration(tmp_path):
     r, rows, md = run_script(tmp_path)
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
-    assert took < 60, f"--quick took {took:.0f} s"
+    # 40 s alone on 2 cores; the README's `pytest -n auto` runs another test on the other core
+    assert took < 100, f"--quick took {took:.0f} s"
     assert (tmp_path / "out.png").stat().st_size > 0     # Table 2's figure beside the md
     assert list(rows[0]) == ps_scaling.CSV_COLUMNS
     # 2 modes x (ZeroMQ on loopback, ZeroMQ with emulated links) x W = 1, 2; nccl skipped on CPU

@@ -61,7 +61,16 @@ def array_to_datum(arr, label=None):
 
 
 def datum_to_array(datum, force_color: bool = False, force_gray: bool = False) -> np.ndarray:
-    """The ``(C, H, W)`` array of a Datum: uint8 for byte data, float32 for ``float_data``.
+    """pycaffe's ``caffe.io.datum_to_array``: the ``(C, H, W)`` array of a Datum, uint8 for
+    byte data and float64 for ``float_data`` (pycaffe's ``np.array(datum.float_data)
+    .astype(float)``).  Beyond pycaffe, an encoded Datum is decoded (:func:`datum_image`)."""
+    a = datum_image(datum, force_color, force_gray)
+    return a.astype(np.float64) if a.dtype == np.float32 else a
+
+
+def datum_image(datum, force_color: bool = False, force_gray: bool = False) -> np.ndarray:
+    """The ``(C, H, W)`` array of a Datum as Caffe's readers take it: uint8 for byte data,
+    float32 for ``float_data`` (Caffe's Dtype).
 
     Encoded Datums are decoded (Pillow); ``force_color``/``force_gray``
     choose 3 or 1 channels as TransformationParameter's fields of those names.
@@ -750,7 +759,7 @@ def read_lmdb_arrays(path, limit: int | None = None):
     with LMDBReader(path) as db:
         for k, v in db.items():
             d = parse_datum(v)
-            images.append(datum_to_array(d))
+            images.append(datum_image(d))
             labels.append(d.label)
             keys.append(k.decode("utf-8", "replace"))
             if limit is not None and len(keys) >= limit:

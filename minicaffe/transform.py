@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .io import datum_to_array, load_mean_file, resolve_path
+from .io import datum_image, load_mean_file, resolve_path
 from .rng import host_rng
 
 TRAIN, TEST = 0, 1
@@ -210,8 +210,8 @@ class DataTransformer:
         """Transform a list of Datums (all of one shape); returns ``(data, labels)``."""
         if not datums:
             raise ValueError(f"{self.where}: there is no datum to transform")
-        arrays = [datum_to_array(_caffe_read_prefix(d), self.param.force_color,
-                                 self.param.force_gray) for d in datums]
+        arrays = [datum_image(_caffe_read_prefix(d), self.param.force_color,
+                              self.param.force_gray) for d in datums]
         shape = arrays[0].shape
         for i, a in enumerate(arrays):
             if a.shape != shape:

@@ -29,8 +29,12 @@ def test_datum_float_round_trip_and_2d():
     assert (d.channels, d.height, d.width) == (1, 3, 4)
     assert len(d.data) == 0 and len(d.float_data) == 12
     back = mio.datum_to_array(d)
-    assert back.dtype == np.float32 and back.shape == (1, 3, 4)
-    np.testing.assert_allclose(back[0], arr.astype(np.float32))
+    # pycaffe's datum_to_array: np.array(datum.float_data).astype(float), so float64
+    assert back.dtype == np.float64 and back.shape == (1, 3, 4)
+    np.testing.assert_array_equal(back[0], arr.astype(np.float32))
+    # what the Data layer and compute_image_mean read: Caffe's float32
+    assert mio.datum_image(d).dtype == np.float32
+    np.testing.assert_array_equal(mio.datum_image(d), back)
 
 
 def test_datum_errors():

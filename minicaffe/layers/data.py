@@ -29,7 +29,7 @@ import weakref
 import numpy as np
 
 from ..fillers import fill
-from ..io import LevelDBReader, LMDBReader, datum_to_array, parse_datum, resolve_path
+from ..io import LevelDBReader, LMDBReader, datum_image, parse_datum, resolve_path
 from ..layer import Layer, register_layer
 from ..proto import caffe_pb2
 from ..rng import host_rng
@@ -409,8 +409,8 @@ class _LMDBBatchLoader:
     def datum_shape(self, datum) -> tuple:
         """``(C, H, W)`` of a Datum (decoding it when it is encoded)."""
         if datum.encoded:
-            return datum_to_array(datum, self.transformer.param.force_color,
-                                  self.transformer.param.force_gray).shape
+            return datum_image(datum, self.transformer.param.force_color,
+                               self.transformer.param.force_gray).shape
         return (datum.channels, datum.height, datum.width)
 
 

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from ..io import LevelDBReader, LMDBReader, datum_to_array, parse_datum, save_mean_file
+from ..io import LevelDBReader, LMDBReader, datum_image, parse_datum, save_mean_file
 from ..log import log
 from . import _gflags
 
@@ -52,7 +52,7 @@ def compute_image_mean(db_path, output=None, verbose: bool = True,
             datum = parse_datum(value)
             if total is None and datum.encoded:
                 say("Decoding Datum")
-            image = datum_to_array(datum)
+            image = datum_image(datum)
             if total is None:
                 total = np.zeros(image.shape, dtype=np.float32)
                 say("Starting Iteration")

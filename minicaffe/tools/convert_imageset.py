@@ -37,7 +37,7 @@ With ``-encoded`` a Datum holds the encoded file (``encoded: true``, no channels
 width), as Caffe's ``ReadImageToDatum``: the file's own bytes where it is not resized and
 its extension is the encoding (``-encode_type``, else the file's own extension; ``jpg``
 also takes ``.jpeg``), else the image re-encoded through Pillow (JPEG at quality 95,
-OpenCV's default).  The Data layer decodes them (``minicaffe.io.datum_to_array``).
+OpenCV's default).  The Data layer decodes them (``minicaffe.io.datum_image``).
 """
 from __future__ import annotations
 

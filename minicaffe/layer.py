@@ -27,6 +27,7 @@ net the layer belongs to.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 from dataclasses import dataclass, field
 
@@ -65,9 +66,14 @@ class UnknownLayerTypeError(ValueError):
 
     def __init__(self, param, where: str = ""):
         self.layer_name, self.layer_type = param.name, param.type
+        known = known_layer_types()
+        # a typo ('Convolutoin', 'relu'): the closest known type, as the prototxt field hint
+        lower = {t.lower(): t for t in known}
+        close = difflib.get_close_matches(param.type.lower(), list(lower), n=1, cutoff=0.8)
+        hint = f"; did you mean {lower[close[0]]!r}?" if close else ""
         super().__init__(
             f"{where}layer {param.name!r}: unknown layer type {param.type!r} "
-            f"(known types: {', '.join(known_layer_types())})")
+            f"(known types: {', '.join(known)}){hint}")
 
 
 def create_layer(param, xp=np, dtype=np.float32, where: str = ""):

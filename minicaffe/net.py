@@ -208,7 +208,9 @@ class Net:
     # --- ps/ hook (end)
 
     def __init__(self, model=None, phase=TEST, weights=None, *, network_file=None, mode=None,
-                 dtype=np.float32, stages=(), level=0, state=None):
+                 dtype=np.float32, stages=(), level=0, state=None, source=None):
+        # source: the file a NetParameter ``model`` was read from (a solver's net: file), so
+        # that its errors say file:line and its paths resolve as if the path had been given
         if network_file is not None:         # pycaffe's keyword for the first argument
             if model is not None:
                 raise TypeError("Net(): the net is given twice (as the first argument and as "
@@ -222,7 +224,7 @@ class Net:
         self.mode = normalize_mode(mode)
         self.xp = array_module(self.mode)
         self.dtype = np.dtype(dtype)
-        self.source = None
+        self.source = os.fspath(source) if source else None
         if isinstance(model, (str, os.PathLike)):
             self.source = os.fspath(model)
             param = read_net_param(self.source)
@@ -342,7 +344,8 @@ class Net:
             need_backward = False
             for bi, name in enumerate(lp.bottom):
                 if name not in self.blobs:
-                    raise ValueError(f"{where}layer {lp.name!r}: unknown bottom blob {name!r}")
+                    raise ValueError(f"{self._at(lp)}layer {lp.name!r}: unknown bottom blob "
+                                     f"{name!r}")
                 available.discard(name)
                 bottoms.append(self.blobs[name])
                 bnames.append(name)

@@ -319,21 +319,22 @@ class Solver:
         state = caffe_pb2.NetState(phase=TRAIN)
         state.MergeFrom(train_param.state)
         state.MergeFrom(p.train_state)
-        self.net = Net(train_param, TRAIN, mode=self.mode, dtype=self.dtype, state=state)
-        if train_path:
-            self.net.source = train_path
+        self.net = Net(train_param, TRAIN, mode=self.mode, dtype=self.dtype, state=state,
+                       source=train_path)
         self.test_nets = []
         if not common.root_solver():
             # Solver::Init builds the test nets on the root solver only (rank 0): the other
             # solvers of a multi-GPU run neither test nor snapshot
             self._load_weights()
             return
-        test_params = []
+        test_params, test_paths = [], []
         for path in p.test_net:
-            test_params.append(read_net_param(self._net_file("test_net", path)))
+            test_paths.append(self._net_file("test_net", path))
+            test_params.append(read_net_param(test_paths[-1]))
         for tp in p.test_net_param:
             self._warn_inline_legacy("test_net_param", tp)
         test_params.extend(p.test_net_param)
+        test_paths += [None] * len(p.test_net_param)
         # Caffe's Solver::InitTestNets: a general net (net, net_param, or minicaffe train NET)
         # makes one more test net for each test_iter past those of test_net/test_net_param;
         # with train_net there is no general net, and the counts must be equal
@@ -347,6 +348,7 @@ class Solver:
                 f"{self.source or 'solver'}: test_iter must be specified for each test network "
                 f"({len(test_params)} test nets from test_net/test_net_param, {n_test} "
                 f"test_iter){how}")
+        test_paths += [train_path] * (n_test - len(test_params))
         test_params = test_params + [train_param] * (n_test - len(test_params))
         if test_params and p.test_interval <= 0 and self.source:
             # Solver::InitTestNets: CHECK_GT(param_.test_interval(), 0) once any test net is
@@ -366,7 +368,8 @@ class Solver:
             state.MergeFrom(tp.state)
             if len(p.test_state):
                 state.MergeFrom(p.test_state[i])
-            net = Net(tp, TEST, mode=self.mode, dtype=self.dtype, state=state)
+            net = Net(tp, TEST, mode=self.mode, dtype=self.dtype, state=state,
+                      source=test_paths[i])
             net.debug_info = bool(p.debug_info)   # test_nets_[i]->set_debug_info(debug_info)
             net.share_trained_layers_with(self.net)
             self.test_nets.append(net)
@@ -380,6 +383,13 @@ class Solver:
             for name in entry.split(","):
                 name = name.strip()
                 path = resolve_path(name, self.source_dir)
+                if not os.path.exists(path):    # before any copy: name the field, as _net_file
+                    tried = [os.path.abspath(name)]
+                    if self.source_dir and not os.path.isabs(name):
+                        tried.append(os.path.join(self.source_dir, name))
+                    raise FileNotFoundError(
+                        f"{self.source or 'solver'}: weights: File not found: {name} (looked "
+                        f"at {', '.join(dict.fromkeys(tried))})")
                 self._log(f"Finetuning from {name}")
                 self.net.copy_from(path)
                 for net in self.test_nets:
@@ -858,6 +868,11 @@ class Solver:
         is read as HDF5 (RestoreSolverStateFromHDF5), any other as a binary
         ``.solverstate``."""
         path = os.fspath(path)
+        if path.endswith((".caffemodel", ".caffemodel.h5")):
+            raise ValueError(f"{path}: a .caffemodel holds weights, not a solver state: resume "
+                             "from its .solverstate, or finetune from it with -weights")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"snapshot: File not found: {path}")
         if path.endswith(".h5"):
             return self._restore_hdf5(path)
         state = read_binary(path, caffe_pb2.SolverState)

@@ -227,6 +227,9 @@ def test_unknown_type_lists_known_types():
     with pytest.raises(ValueError) as e:
         Net(net_param('layer { name: "x" type: "Convolutoin" top: "x" }'), caffe.TEST)
     assert "Convolution" in str(e.value) and "'x'" in str(e.value)
+    assert str(e.value).endswith("; did you mean 'Convolution'?")    # a typo: the closest type
+    with pytest.raises(ValueError, match=r"did you mean 'ReLU'\?$"):
+        Net(net_param('layer { name: "x" type: "relu" top: "x" }'), caffe.TEST)
 
 
 FORK_NET = """name: "fork"
@@ -254,6 +257,21 @@ def test_unknown_type_in_a_file_names_its_line(tmp_path):
     # a net given as a NetParameter has no file: the message is as before
     with pytest.raises(ValueError, match=r"^layer 'mix': unknown layer type"):
         Net(net_param(FORK_NET), caffe.TEST)
+    # ... unless it says which file it came from (a solver's net: file)
+    with pytest.raises(ValueError, match=rf"^{path}:9: layer 'mix': unknown layer type"):
+        Net(net_param(FORK_NET), caffe.TEST, source=str(path))
+
+
+def test_a_solvers_net_file_errors_name_the_file_and_line(tmp_path):
+    """minicaffe train --solver S: a mistake in S's net: file names that file and the line
+    of the layer, as Net(path) does (the solver used to set the source after the build)."""
+    net = FORK_NET.replace('type: "ChannelMixer" bottom: "data"', 'type: "ReLU" bottom: "dat"')
+    (tmp_path / "net.prototxt").write_text(net)
+    (tmp_path / "solver.prototxt").write_text(
+        'net: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\nsolver_mode: CPU\n')
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'net.prototxt'}:9: .*layer 'mix': "
+                                         r"unknown bottom blob 'dat'"):
+        caffe.get_solver(str(tmp_path / "solver.prototxt"))
 
 
 def test_prototxt_error_has_file_line_column(tmp_path):

@@ -396,6 +396,23 @@ def test_solver_weights_field_initialises_train_and_test_nets(tmp_path, monkeypa
     assert not np.array_equal(cleared.net.params["ip1"][0].data, src.params["ip1"][0].data)
 
 
+def test_a_missing_weights_file_or_a_caffemodel_as_snapshot_is_named(tmp_path):
+    """-weights that is not there names the field and where it looked, before any copy;
+    -snapshot given the .caffemodel instead of the .solverstate says which goes where."""
+    with pytest.raises(FileNotFoundError, match=r"^solver: weights: File not found: "
+                                                r"nothere.caffemodel \(looked at "):
+        Solver(solver_param(weights=["nothere.caffemodel"]))
+    s = Solver(solver_param())
+    with pytest.raises(FileNotFoundError, match=r"^snapshot: File not found: nothere"):
+        s.restore("nothere.solverstate")
+    model = str(tmp_path / "m_iter_1.caffemodel")
+    s.net.save(model)
+    with pytest.raises(ValueError, match=r"a \.caffemodel holds weights, not a solver state: "
+                                         r"resume from its \.solverstate, or finetune from "
+                                         r"it with -weights$"):
+        s.restore(model)
+
+
 def test_solve_ends_with_the_smoothed_loss(monkeypatch):
     """Solver::Solve (src/caffe/solver.cpp) ends with a forward pass whose loss goes through
     UpdateSmoothedLoss before 'Iteration N, loss = ...' is logged: with average_loss 3 the line

@@ -15,18 +15,7 @@ import minicaffe as caffe
 from minicaffe.proto import caffe_pb2
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    caffe.set_mode_cpu()
-    caffe.set_random_seed(1701)              # the fillers' draws: the same every run
-    return tmp_path
-
-
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-    return str(path)
+from test_pycaffe_usage import workdir, write  # noqa: F401  (workdir: a fixture)
 
 
 def softmax(z, axis):

@@ -287,8 +287,8 @@ class Solver:
         return getattr(p, f), None
 
     def _net_file(self, field: str, name: str) -> str:
-        """The path of the net file that the solver's ``field`` names; a missing one is
-        Caffe's "File not found" with the solver file and the field in front."""
+        """The path of the file (a net, or ``weights``) that the solver's ``field`` names; a
+        missing one is Caffe's "File not found" with the solver file and the field in front."""
         path = resolve_path(name, self.source_dir)
         if not os.path.exists(path):
             tried = [os.path.abspath(name)]
@@ -382,14 +382,7 @@ class Solver:
         for entry in self.param.weights:
             for name in entry.split(","):
                 name = name.strip()
-                path = resolve_path(name, self.source_dir)
-                if not os.path.exists(path):    # before any copy: name the field, as _net_file
-                    tried = [os.path.abspath(name)]
-                    if self.source_dir and not os.path.isabs(name):
-                        tried.append(os.path.join(self.source_dir, name))
-                    raise FileNotFoundError(
-                        f"{self.source or 'solver'}: weights: File not found: {name} (looked "
-                        f"at {', '.join(dict.fromkeys(tried))})")
+                path = self._net_file("weights", name)     # before any copy: named here
                 self._log(f"Finetuning from {name}")
                 self.net.copy_from(path)
                 for net in self.test_nets:

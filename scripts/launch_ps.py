@@ -7,6 +7,8 @@
         --bind 0.0.0.0 --advertise node0.example --curve-dir keys --make-keys
     python scripts/launch_ps.py --solver S --gpus 0,1 --comm nccl          # NCCL all-reduce
     python scripts/launch_ps.py --solver S --gpus 0,1 --resume auto        # latest common snapshot
+    python scripts/launch_ps.py --solver S --gpus 0,1 -- --max-iter 200 --swap dynamic \
+        --budget 12G --auto-batch                              # flags for every worker's train
 
 This node runs the shards and ranks 0..L-1 (L local workers); with
 ``--nodes N`` the world is N x L workers and the command each other node must
@@ -43,7 +45,15 @@ sys.path.insert(0, ROOT)
 
 
 def parse_args(argv=None):
+    """The launcher's options; what follows a ``--`` goes, as given, to every worker's
+    ``minicaffe train`` (``args.train``), on this node and in the commands for the others."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, train = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 usage="%(prog)s --solver S [options] [-- minicaffe train flags]",
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 2)[2])
     ap.add_argument("--solver", required=True)
@@ -82,7 +92,9 @@ def parse_args(argv=None):
     ap.add_argument("--log-dir", default=None, help="also write each process's output here")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     ap.add_argument("--python", default=sys.executable, help="interpreter for local processes")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.train = train
+    return args
 
 
 # ----------------------------------------------------------------- planning
@@ -238,7 +250,7 @@ def main(argv=None) -> int:
         print(f"resuming every local process from iteration {it}")
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
-    common = ["--ps-timeout", str(args.timeout)]
+    common = ["--ps-timeout", str(args.timeout), *args.train]
     link = []
     if args.link_gbps:
         link += ["--link-gbps", str(args.link_gbps)]

@@ -63,6 +63,21 @@ def test_launch_prints_the_other_nodes_commands(tmp_path):
     assert r.returncode != 0 and "loopback" in r.stderr
 
 
+def test_flags_after_a_double_dash_go_to_every_workers_train(tmp_path):
+    """`launch_ps.py ... -- --max-iter 3 --swap naive`: each local rank's command and the
+    commands printed for the other nodes end with those flags; the launcher's own options
+    before the `--` stay its own."""
+    solver = write_solver(tmp_path, "f", DUMMY_NET, k=4)
+    r = launch("--solver", solver, "--cpu-workers", "2", "--nodes", "2", "--bind", "0.0.0.0",
+               "--advertise", "node0", "--port-base", "7100", "--dry-run", "--",
+               "--max-iter", "3", "--swap", "naive")
+    assert r.returncode == 0, r.stderr
+    workers = [line for line in r.stdout.splitlines() if " train " in line]
+    assert len(workers) == 4, r.stdout          # two here, two printed for node 1
+    assert all("--max-iter 3 --swap naive" in line for line in workers), r.stdout
+    assert "--rank 3 --world-size 4" in r.stdout
+
+
 def test_launch_with_shared_memory_trains_as_through_the_sockets(tmp_path):
     """One node: the local workers run --ps-shm unless --no-shm; the same parameters both
     ways."""

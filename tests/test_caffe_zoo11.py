@@ -27,6 +27,7 @@ from minicaffe.proto import (PrototxtError, caffe_pb2, parse_text, read_net_para
                              write_text)
 
 from test_caffe_zoo7 import max_pool
+from test_caffe_zoo10 import read
 from test_caffe_zoo9 import blank
 from zoo3_nets import caffe_shapes
 
@@ -35,11 +36,6 @@ ZOO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "zoo11")
 
 def zoo(*parts):
     return os.path.join(ZOO, *parts)
-
-
-def read(path):
-    with open(path, newline="") as f:
-        return f.read()
 
 
 DEEPLAB = zoo("deeplab", "largefov_test.prototxt")

@@ -498,6 +498,10 @@ def test_gpu_plan_replays_the_tuners_decision_from_its_profile(tmp_path, capsys,
     s = Solver(sp, mode="GPU", verbose=False)
     g = build_gmap(s.net)
     budget = 2 * min_budget(g.at(16), "naive") + (64 << 20)
+    # the model prices by the search only where the search predicts held-out points better,
+    # which on a net this small is the device's noise; the probe runs only where it does
+    from swap import model as model_mod
+    monkeypatch.setattr(model_mod, "_searched_wins", lambda measured, searched: True)
     ex, td = train_dynamic(s, budget, auto_batch=True, method="bisect")
     ex.close()
     # cuDNN's search times of every convolution at every profiled k, and at the ks the
@@ -511,10 +515,6 @@ def test_gpu_plan_replays_the_tuners_decision_from_its_profile(tmp_path, capsys,
         assert set(td.profile.ks) <= {r[0] for r in rec[name]}
         assert all(r[1] > 0 for r in rec[name] if r[1] is not None)
     assert len({r[0] for r in rec[next(iter(convs))]}) > len(td.profile.ks)
-    from swap import model as model_mod
-    m = ComputeModel.from_profile(td.profile, granularity="segment")
-    assert {e[0] for e in m.searched} <= convs        # where it predicts held-out points better
-    monkeypatch.setattr(model_mod, "_searched_wins", lambda measured, searched: True)
     m = ComputeModel.from_profile(td.profile, granularity="segment")
     assert {e[0] for e in m.searched} == convs
     k = td.profile.ks[0]

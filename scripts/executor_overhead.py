@@ -61,6 +61,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from minicaffe.cudnn import backend_api  # noqa: E402
 from swap.plan import OFFLOAD, PREFETCH, SWAP_IN, SWAP_OUT  # noqa: E402
 
 STRATEGIES = ("plain", "none", "naive", "vdnn", "dynamic", "kept", "resident")
@@ -242,6 +243,7 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
             run()
         sync()
         before = conditions(gpu)
+        graph0 = backend_api.counts()
         cpu0 = time.process_time()
         total, host, layers, copies = [], [], [], []
         for _ in range(iters):
@@ -254,6 +256,7 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
             layers.append(timers.layers)
             copies.append(timers.copies)
         cpu1 = time.process_time()
+        graph1 = backend_api.counts()
         after = conditions(gpu)
         over = [a - b - c for a, b, c in zip(host, layers, copies)]
         steps = ex.gmap.n_steps if ex is not None else build_gmap(net).n_steps
@@ -269,6 +272,8 @@ def measure(name: str, batch: int, size: int | None, strategy: str, warmup: int,
         row["overhead_us_per_step"] = 1e3 * row["overhead_ms"] / row["steps"]
         row["times_ms"] = [1e3 * t for t in total]
         row["cpu_ms"] = 1e3 * (cpu1 - cpu0) / iters       # every thread of the process
+        # cuDNN's graph API during the timed passes, per iteration (all 0 on the legacy API)
+        row["graph_api"] = {k: (graph1[k] - graph0[k]) / iters for k in graph1}
         row["before"], row["after"] = before, after
         if engine == "CUDNN" and gpu:
             row["algos"] = conv_algorithms(net)
@@ -461,6 +466,15 @@ def report(rows: list, title: str) -> str:
                          f"{min(r['times_ms']):.1f} / {max(r['times_ms']):.1f} | "
                          f"{r['cpu_ms']:.1f} | {b['loadavg'][0]:.2f} | {clock} | {conv} | "
                          f"{names} |")
+    graphed = [r for r in rows if any(r.get("graph_api", {}).values())]
+    if graphed:
+        keys = sorted(graphed[0]["graph_api"])
+        lines += ["", "cuDNN's graph API per timed iteration (minicaffe.cudnn.backend_api."
+                  "counts()):", "", "| strategy | " + " | ".join(keys) + " |",
+                  "|---|" + "---|" * len(keys)]
+        for r in graphed:
+            lines.append(f"| {_label(r)} | "
+                         + " | ".join(f"{r['graph_api'][k]:.1f}" for k in keys) + " |")
     typed = [r for r in rows if r.get("by_type")]
     if typed:
         keys = sorted({k for r in typed for k in r["by_type"]},

@@ -62,6 +62,10 @@ APIS = ("legacy", "graph")
 
 MAX_CONFIGS = 24        # engine configurations asked of each heuristics mode
 MAX_PACKS = 64          # variant packs a plan keeps
+# what the bound convolutions did on this API since the process began (counts(); the
+# diagnosis of a host-bound step: packs built or calls left to the legacy API while timed)
+_counts = {"executes": 0, "packs_built": 0, "packs_dropped": 0, "searches": 0,
+           "legacy_misaligned": 0, "legacy_in_capture": 0, "legacy_no_plan": 0}
 SEARCH_REPS = 2         # timed runs of each candidate
 LEGACY_MARGIN = 1.02    # a plan is used where its device time is within 2 % of legacy's
 
@@ -388,7 +392,9 @@ class GraphConv:
 
     def _pack(self, key) -> _Descriptor:
         if len(self._packs) >= MAX_PACKS:
+            _counts["packs_dropped"] += len(self._packs)
             self._packs.clear()
+        _counts["packs_built"] += 1
         p = _Descriptor(self.api, _VARIANT_PACK)
         p.set(_PACK_UNIQUE_IDS, _T_INT64, list(_UIDS))
         p.set(_PACK_DATA_POINTERS, _T_VOID_PTR, list(key[:3]))
@@ -404,6 +410,7 @@ class GraphConv:
         pack = self._packs.get(key)
         if pack is None:
             pack = self._pack(key)
+        _counts["executes"] += 1
         status = self.api.execute(handle, self._plan, pack.ptr)
         if status:
             self.api.check(status, f"cudnnBackendExecute(engine {self.engine})")
@@ -467,6 +474,7 @@ def search(library, handle, geom, dtype, tf32: bool, deterministic: bool, direct
               "left_out": {}, "engine": None, "graph_ms": None, "legacy_ms": None,
               "workspace": None, "error": None}
     _searches.append(record)
+    _counts["searches"] += 1
     api = _api(library)
     try:
         graph, held = operation_graph(api, handle, geom, dtype, direction,
@@ -492,6 +500,19 @@ def search(library, handle, geom, dtype, tf32: bool, deterministic: bool, direct
     if legacy_ms is not None and times[best] > legacy_ms * LEGACY_MARGIN:
         return None
     return GraphConv(api, found[best], times[best], legacy_ms, (graph, held))
+
+
+def counts() -> dict:
+    """How many graph-API executions, variant packs built and dropped (a plan keeps
+    :data:`MAX_PACKS`), searches, and calls left to the legacy API (misaligned pointers, a
+    first call inside a capture, no plan within the rules or the margin) this process made.
+    The search's own timed runs count as executions."""
+    return dict(_counts)
+
+
+def count(what: str):
+    """One more ``what`` in :func:`counts` (module ops: the legacy calls it makes)."""
+    _counts[what] += 1
 
 
 def search_log() -> list:

@@ -1089,6 +1089,7 @@ class BoundConv:
             self._refresh(lib, h, dev)
         pa, pw, pb = a.data.ptr, w.data.ptr, b.data.ptr
         if (pa | pw | pb) & (backend_api.ALIGNMENT - 1):
+            backend_api.count("legacy_misaligned")
             return None
         key = (direction, accumulate, -1 if workspace is None else workspace.nbytes)
         g = self._graph.get(key)
@@ -1096,16 +1097,19 @@ class BoundConv:
             if _capturing():
                 # a search synchronizes: inside a CUDA graph's capture this call stays
                 # legacy, and the first eager call searches
+                backend_api.count("legacy_in_capture")
                 return None
             g = self._graph[key] = self._graph_search(direction, accumulate, a, w, b,
                                                       workspace) or False
         if g is False:
+            backend_api.count("legacy_no_plan")
             return None
         ws = 0
         if g.workspace:
             ws = (workspace if workspace is not None
                   else _cached_workspace(direction, g.workspace)).data.ptr
             if ws & (backend_api.ALIGNMENT - 1):
+                backend_api.count("legacy_misaligned")
                 return None
         try:
             g.run(h, pa, pw, pb, ws)

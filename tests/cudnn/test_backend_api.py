@@ -30,6 +30,17 @@ def test_api_choice(monkeypatch):
         B.api_choice("v8")
 
 
+def test_counts_are_a_copy_and_count_one_kind():
+    c = B.counts()
+    c["executes"] += 5                  # the caller's copy, not the module's
+    B.count("legacy_no_plan")
+    now = B.counts()
+    assert now["legacy_no_plan"] == c["legacy_no_plan"] + 1
+    assert now["executes"] == c["executes"] - 5
+    with pytest.raises(KeyError):
+        B.count("no such kind")
+
+
 def test_bound_conv_takes_the_api(monkeypatch):
     monkeypatch.setenv(B.ENV_API, "graph")
     assert ops.BoundConv((2, 3, 5, 5), (4, 3, 3, 3), 1).api == "graph"
@@ -148,6 +159,7 @@ def test_packs_are_kept_and_misaligned_calls_go_legacy(cp, cu, rng, monkeypatch)
     g = conv._graph[(cu.FWD, False, -1)]
     assert g and g.packs() == 1
     y2 = cp.empty_like(y)
+    before = B.counts()
     conv.forward(x, w, None, y2)
     assert g.packs() == 2 and cp.array_equal(y, y2)
     # x four bytes past an aligned address: the legacy call runs, right, and no pack is made
@@ -158,6 +170,9 @@ def test_packs_are_kept_and_misaligned_calls_go_legacy(cp, cu, rng, monkeypatch)
     conv.forward(xs, w, None, y3)
     assert g.packs() == 2
     assert rel_err(cp.asnumpy(y3), cp.asnumpy(y)) <= 1e-5
+    after = B.counts()          # one execution on a new pack, one call left to legacy
+    assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {
+        "executes": 1, "packs_built": 1, "legacy_misaligned": 1}
 
 
 @pytest.mark.gpu
@@ -301,12 +316,14 @@ def test_a_first_call_inside_a_capture_stays_legacy(cp, cu, rng):
     # the legacy choice searched and the shared workspace grown eagerly, outside the capture
     cu.BoundConv(x_shape, w_shape, 1, api="legacy").forward(x, w, None, y)
     B.clear_search_log()
+    in_capture = B.counts()["legacy_in_capture"]
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
         conv.forward(x, w, None, y)
         graph = stream.end_capture()
         assert B.search_log() == [] and not conv._graph
+        assert B.counts()["legacy_in_capture"] == in_capture + 1
         graph.launch(stream)
         stream.synchronize()
     xh, wh = cp.asnumpy(x), cp.asnumpy(w)

@@ -304,10 +304,13 @@ def test_host_bound_timed_again_after_a_point(make_solver):
                                 host=HostModel(a=(0.0,), b=(0.0,), method="issue", whole=1.0,
                                                whole_k=2))
     it0 = s.iter
-    r = host_now({"k": 4, "ms": 10.0, "ms_pooled": 8.0, "pred_device_ms": 0.5}, s, budget, model)
+    # a device time below any host's whole LeNet iteration (a fast CPU runs it at batch 2 in
+    # 0.45 ms, under the 0.5 this test once took)
+    r = host_now({"k": 4, "ms": 10.0, "ms_pooled": 8.0, "pred_device_ms": 1e-6}, s, budget,
+                 model)
     assert s.iter == it0 + 2 + 3                    # warm-up and three timed iterations
     assert r["host_now_k"] == 2 and 0 < r["host_now_ms"] < 1e3
-    # device-bound at 0.5 ms?  no: the host's whole iteration (less O, plus O) bounds it
+    # device-bound at 1 ns?  no: the host's whole iteration (less O, plus O) bounds it
     assert r["pred_ms_host_now"] == pytest.approx(r["host_now_ms"])
     assert r["time_err_host_now"] == pytest.approx((r["pred_ms_host_now"] - 8.0) / 8.0)
     assert "host_now_ms" not in host_now({"k": 4, "ms": 1.0, "pred_device_ms": 0.5}, s, budget,

@@ -136,7 +136,7 @@ def _engine_args(p):
                    help="how cuDNN convolutions are called: legacy (cudnnConvolutionForward "
                         "and its siblings) or graph (cuDNN's backend API, execution plans "
                         "found once per shape: a third of the host's time per call); default "
-                        "$MINICAFFE_CUDNN_API, else legacy")
+                        "$MINICAFFE_CUDNN_API, else graph")
 
 
 def _set_engine(args):

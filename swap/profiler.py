@@ -313,7 +313,7 @@ def chunk_rules_now(net, k: int) -> dict:
 
 def cudnn_api_now() -> str:
     """The API the bound cuDNN convolutions take now (``$MINICAFFE_CUDNN_API``: "legacy" or
-    "graph"), kept in a GPU profile's ``meta["cudnn_api"]``: the graph API's plans run
+    "graph", the default), kept in a GPU profile's ``meta["cudnn_api"]``: the graph API's plans run
     other engines, so a profile's step times belong to the API it was measured on."""
     from minicaffe.cudnn.backend_api import api_choice
     return api_choice()

@@ -19,7 +19,7 @@ from test_cudnn import rel_err
 # ======================================================================= CPU
 def test_api_choice(monkeypatch):
     monkeypatch.delenv(B.ENV_API, raising=False)
-    assert B.api_choice() == "legacy"
+    assert B.api_choice() == "graph" == B.DEFAULT_API
     monkeypatch.setenv(B.ENV_API, " Graph ")
     assert B.api_choice() == "graph"
     assert B.api_choice("legacy") == "legacy"
@@ -335,6 +335,6 @@ def test_a_first_call_inside_a_capture_stays_legacy(cp, cu, rng):
 def test_a_profile_names_the_api_it_was_measured_on(monkeypatch):
     from swap.profiler import cudnn_api_now
     monkeypatch.delenv(B.ENV_API, raising=False)
-    assert cudnn_api_now() == "legacy"
-    monkeypatch.setenv(B.ENV_API, "graph")
     assert cudnn_api_now() == "graph"
+    monkeypatch.setenv(B.ENV_API, "legacy")
+    assert cudnn_api_now() == "legacy"

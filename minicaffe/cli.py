@@ -634,8 +634,8 @@ def _plan_net(model: str, budget: int, layout: str, prof):
 
 def _device_gmap(model: str | None, prof, solver_type: str):
     """The GMAP ``prof``'s own run decided on (``meta["gmap"]``, :func:`swap.tuner.with_gmap`),
-    the bytes its test nets took from the budget and the pinned host memory that bounded its
-    k_max (None: none); a UsageError where the profile has none, or it is another net's than
+    the bytes its test nets took from the budget, the pinned host memory that bounded its
+    k_max (None: none) and its test nets' per-pass bytes; a UsageError where the profile has none, or it is another net's than
     ``model`` (None: not checked) or another solver type's."""
     from swap.gmap import gmap_from_dict
     from .proto import read_net_param
@@ -652,8 +652,9 @@ def _device_gmap(model: str | None, prof, solver_type: str):
         raise UsageError(f"the profile's GMAP holds the history of solver type "
                          f"{saved['solver_type']!r}, not {solver_type!r}: give --solver-type "
                          f"{saved['solver_type']} or --layout gpu")
-    return (gmap_from_dict(saved), int((prof.meta or {}).get("test_net_bytes", 0)),
-            (prof.meta or {}).get("host_budget"))
+    meta = prof.meta or {}
+    return (gmap_from_dict(saved), int(meta.get("test_net_bytes", 0)), meta.get("host_budget"),
+            int(meta.get("test_dynamic_bytes", 0)))
 
 
 def _layout_differs(gmap, prof) -> str:
@@ -699,17 +700,18 @@ def cmd_plan(args):
         from .backend import gpu_available
         layout = ("gpu" if (prof.mode == "GPU" if prof is not None else gpu_available())
                   else "cpu")
-    test_bytes, k_max = 0, None
+    test_bytes, test_dynamic, k_max = 0, 0, None
     if layout == "device":
         if prof is None:
             raise UsageError("--layout device plans the GMAP a profile keeps: give --profile")
-        gmap, test_bytes, host_budget = _device_gmap(args.model, prof, args.solver_type)
+        gmap, test_bytes, host_budget, test_dynamic = _device_gmap(args.model, prof,
+                                                                   args.solver_type)
         from swap.profiler import ScratchModel
         scratch = ScratchModel.from_profile(prof)
         if host_budget is not None:     # k_max as that run bounded it (swap.tuner)
             from swap.profiler import max_batch_scratch
             k_max = max_batch_scratch(gmap, budget - test_bytes, scratch,
-                                      host_budget=host_budget)
+                                      host_budget=host_budget, test_dynamic=test_dynamic)
     else:
         if args.model is None:
             raise UsageError(f"--layout {layout} sizes the net built here: give --model (only a "
@@ -731,11 +733,12 @@ def cmd_plan(args):
     if args.batch is not None:
         dec = plan_at(gmap, args.batch, plan_budget, model, pcie, rule=args.pin_rule,
                       delta=args.delta, fill=args.fill, recompute=_layers(args.recompute),
-                      scratch=scratch)
+                      scratch=scratch, test_dynamic=test_dynamic)
     else:
         dec = tune(gmap, plan_budget, model, pcie, method=args.search, rule=args.pin_rule,
                    delta=args.delta, fill=args.fill, objective=args.k_objective,
-                   recompute=_layers(args.recompute), scratch=scratch, k_max=k_max)
+                   recompute=_layers(args.recompute), scratch=scratch, k_max=k_max,
+                   test_dynamic=test_dynamic)
     print(f"net {gmap.net_name!r}: {gmap.n_steps} steps, {len(gmap.feature_maps())} feature "
           f"maps ({layout} layout"
           + (f": the GMAP the profile's run decided on, at minibatch {gmap.k}"
@@ -743,6 +746,8 @@ def cmd_plan(args):
           + (f", the scratch reserve the profile measured: {scratch.describe()}" if scratch
              else "") + f"); budget {fmt_bytes(budget)}"
           + (f" less {fmt_bytes(test_bytes)} for the test nets" if test_bytes else "")
+          + (f", room kept for a test pass of {fmt_bytes(test_dynamic)}" if test_dynamic
+             else "")
           + f"; model: {source}")
     print(dec.describe())
     if prof is not None and layout != "device":

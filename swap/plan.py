@@ -1035,9 +1035,29 @@ def min_budget(gmap: GMAP, strategy: str, pinned=frozenset()) -> int:
     return make_plan(gmap, strategy, None, pinned).arena_bytes
 
 
-def plan_bytes_at(gmap: GMAP, strategy: str, k: int, pinned=frozenset()) -> tuple:
+def resident_extent(plan: Plan) -> int:
+    """The end of the plan's resident regions (allocated at ``SETUP``, kept for the whole
+    run): where the test nets' per-pass buffers start while a test pass runs, between two
+    training iterations, when every per-iteration region is free."""
+    return max((op.offset + op.nbytes for op in plan.ops if op.step == SETUP), default=0)
+
+
+def arena_need(plan: Plan, test_dynamic: int = 0) -> int:
+    """The arena bytes ``plan`` needs with test nets whose forward passes take
+    ``test_dynamic`` bytes at most (their per-pass buffers, :class:`swap.runtime.TestNetMemory`):
+    its own extent, or its resident regions and a test pass after them, whichever ends
+    later.  A plan that keeps every buffer resident (Caffe's ``none``, ``resident``) has no
+    per-iteration room for a test pass to reuse."""
+    if not test_dynamic:
+        return plan.arena_bytes
+    return align(max(plan.arena_bytes, resident_extent(plan) + int(test_dynamic)))
+
+
+def plan_bytes_at(gmap: GMAP, strategy: str, k: int, pinned=frozenset(),
+                  test_dynamic: int = 0) -> tuple:
     """(arena bytes, host bytes) of ``strategy``'s unbounded plan of ``gmap.at(k)``: what the
-    searches over k ask of each k.
+    searches over k ask of each k.  test_dynamic: the arena bytes are
+    :func:`arena_need`'s, with test passes of that many bytes.
 
     Remembered on ``gmap`` itself (a frozen value, so the answers cannot change; only the
     integers are kept, and they go with it): the profiler searches k_max again each time its
@@ -1048,8 +1068,11 @@ def plan_bytes_at(gmap: GMAP, strategy: str, k: int, pinned=frozenset()) -> tupl
     hit = memo.get(key)
     if hit is None:
         plan = make_plan(gmap.at(k), strategy, None, pinned)
-        hit = memo[key] = (int(plan.arena_bytes), int(plan.host_bytes))
-    return hit
+        hit = memo[key] = (int(plan.arena_bytes), int(plan.host_bytes),
+                           int(resident_extent(plan)))
+    if test_dynamic:
+        return align(max(hit[0], hit[2] + int(test_dynamic))), hit[1]
+    return hit[:2]
 
 
 def largest_k(fits, k_limit: int = 1 << 20) -> int:
@@ -1074,12 +1097,14 @@ def largest_k(fits, k_limit: int = 1 << 20) -> int:
 
 
 def max_batch(gmap: GMAP, strategy: str, budget: int, pinned=frozenset(),
-              k_limit: int = 1 << 20) -> int:
-    """The largest minibatch k whose plan fits ``budget`` (0 if not even k = 1 does).
+              k_limit: int = 1 << 20, test_dynamic: int = 0) -> int:
+    """The largest minibatch k whose plan fits ``budget`` (0 if not even k = 1 does), with
+    test passes of ``test_dynamic`` bytes (:func:`arena_need`).
 
     Sizes are linear in k (section 3), so the smallest budget grows with k: bisection on k.
     """
-    return largest_k(lambda k: plan_bytes_at(gmap, strategy, k, pinned)[0] <= budget, k_limit)
+    return largest_k(lambda k: plan_bytes_at(gmap, strategy, k, pinned, test_dynamic)[0]
+                     <= budget, k_limit)
 
 
 def _budget_error(strategy, gmap, budget, pinned, plan) -> BudgetError:

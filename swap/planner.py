@@ -84,7 +84,8 @@ from .gmap import GMAP
 from .model import D2H, H2D, PCIeModel
 from .plan import (ALLOCATE, COMPUTE, OFFLOAD, PREFETCH, RECOMPUTE, RELEASE, SETUP, SWAP_IN,
                    SWAP_OUT,
-                   BudgetError, Plan, _base_intervals, _place_returns, _sizes, _usage, make_plan)
+                   BudgetError, Plan, _base_intervals, _place_returns, _sizes, _usage, arena_need,
+                   make_plan)
 
 RULES = ("stall", "ratio")
 
@@ -1014,7 +1015,7 @@ def _executable(gmap, budget, times, pcie, pins, recompute=None) -> DynamicPlan:
 
 def make_dynamic_plan(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
                       rule: str = "stall", pins: PinResult | None = None,
-                      fill: bool = True, recompute=None) -> DynamicPlan:
+                      fill: bool = True, recompute=None, test_dynamic: int = 0) -> DynamicPlan:
     """Choose the pinned set at ``gmap.k`` (:func:`choose_pins`), make the executable
     ``dynamic`` plan with it and replay it (:func:`simulate`).
 
@@ -1040,6 +1041,9 @@ def make_dynamic_plan(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
     plan then recomputes what they were chosen with.  recompute (without ``pins``): a
     :class:`swap.plan.RecomputePolicy`, the groups the plan rebuilds in backward
     (:func:`swap.plan.dynamic_recompute`).
+    test_dynamic: the test nets' per-pass bytes; a filled or resident plan is kept only
+    where its resident regions leave room for them (:func:`swap.plan.arena_need`; a test pass
+    runs between iterations, over the per-iteration regions).
     Raises :class:`swap.plan.BudgetError` when not even the naive plan fits the budget."""
     times = np.asarray(times, dtype=np.float64)
     if pins is None:
@@ -1049,11 +1053,12 @@ def make_dynamic_plan(gmap: GMAP, budget: int | None, times, pcie: PCIeModel, *,
     if not fill:
         return base
     return resident(gmap, budget, times, pcie,
-                    _filled(gmap, budget, times, pcie, pins, base, recompute))
+                    _filled(gmap, budget, times, pcie, pins, base, recompute, test_dynamic),
+                    test_dynamic)
 
 
 def resident(gmap: GMAP, budget: int | None, times, pcie: PCIeModel,
-             dyn: DynamicPlan) -> DynamicPlan:
+             dyn: DynamicPlan, test_dynamic: int = 0) -> DynamicPlan:
     """``dyn``, or Caffe's plan ("none": every buffer allocated once, for the whole iteration)
     where ``dyn`` offloads nothing and that plan's layout fits ``budget``.
 
@@ -1069,7 +1074,12 @@ def resident(gmap: GMAP, budget: int | None, times, pcie: PCIeModel,
     Where Caffe's plan does not fit because it holds every convolution's workspace at once
     (ResNet-152 at 16 under 12 GiB with the CUDNN engine: 17.8 GB), the plan that holds every
     buffer but the layers' scratch for the whole iteration (:func:`swap.plan.plan_resident`)
-    is the next choice: only the scratch is then allocated and released between the steps."""
+    is the next choice: only the scratch is then allocated and released between the steps.
+
+    With test nets (``test_dynamic``: their per-pass bytes) either plan must also leave room
+    for a test pass after its resident regions (:func:`swap.plan.arena_need`): in these plans
+    every feature map is resident, so a test pass cannot reuse them (the digits solver at a
+    4 MiB budget: "resident" 3.9 MiB, its test pass 2.4 MiB more)."""
     if budget is None or dyn.plan.offloaded:
         return dyn
     for strategy in ("none", "resident"):
@@ -1077,12 +1087,13 @@ def resident(gmap: GMAP, budget: int | None, times, pcie: PCIeModel,
             plan = make_plan(gmap, strategy, budget, dyn.plan.pinned)
         except BudgetError:
             continue
-        if plan.arena_bytes <= budget:
+        if arena_need(plan, test_dynamic) <= budget:
             return DynamicPlan(plan=plan, timeline=simulate(plan, times, pcie), pins=dyn.pins)
     return dyn
 
 
-def _filled(gmap, budget, times, pcie, pins, base, recompute=None) -> DynamicPlan:
+def _filled(gmap, budget, times, pcie, pins, base, recompute=None,
+            test_dynamic: int = 0) -> DynamicPlan:
     """make_dynamic_plan's fill (its doc): ``base`` with more pins, or ``base``."""
     if not pins.sketch.swapped:
         return base
@@ -1103,7 +1114,8 @@ def _filled(gmap, budget, times, pcie, pins, base, recompute=None) -> DynamicPla
             cand = _executable(gmap, budget, times, pcie, filled, recompute)
         except BudgetError:
             cand = None
-        if (cand is not None and (budget is None or cand.plan.arena_bytes <= budget)
+        if (cand is not None
+                and (budget is None or arena_need(cand.plan, test_dynamic) <= budget)
                 and cand.timeline.total_stall <= base.timeline.total_stall + tol):
             return cand
         extra = extra[:len(extra) // 2]

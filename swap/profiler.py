@@ -957,9 +957,12 @@ class ScratchModel:
 
 
 def max_batch_scratch(gmap: GMAP, budget: int, scratch=None, strategy: str = "naive",
-                      k_limit: int = 1 << 20, host_budget: int | None = None) -> int:
+                      k_limit: int = 1 << 20, host_budget: int | None = None,
+                      test_dynamic: int = 0) -> int:
     """The largest k whose ``strategy`` plan fits ``budget - scratch(k)`` (0 if not even
-    k = 1); scratch None: :func:`swap.plan.max_batch` on the whole budget.
+    k = 1); scratch None: :func:`swap.plan.max_batch` on the whole budget.  test_dynamic:
+    the test nets' per-pass bytes, which the plan's resident regions leave room for
+    (:func:`swap.plan.arena_need`).
 
     host_budget: bytes of pinned host memory the plan's offloaded buffers may take (None: no
     bound).  The paper's k_max is bounded by the GPU alone; on a GPU with a small per-image
@@ -972,9 +975,9 @@ def max_batch_scratch(gmap: GMAP, budget: int, scratch=None, strategy: str = "na
         if k_limit < 1:
             return 0
     if scratch is None:
-        return max_batch(gmap, strategy, budget, k_limit=k_limit)
-    return largest_k(lambda k: plan_bytes_at(gmap, strategy, k)[0] <= budget - scratch(k),
-                     k_limit)
+        return max_batch(gmap, strategy, budget, k_limit=k_limit, test_dynamic=test_dynamic)
+    return largest_k(lambda k: plan_bytes_at(gmap, strategy, k, test_dynamic=test_dynamic)[0]
+                     <= budget - scratch(k), k_limit)
 
 
 ENV_HOST_BUDGET = "MINICAFFE_HOST_BUDGET"
@@ -1371,6 +1374,7 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
     chunk_seen = []         # (k, chunk_rules_now) at each profiled k
     searched: dict = {}     # search_times_now at each profiled k: {layer: [[k, fwd, bwd], ...]}
     k_max = None
+    t_dyn = 0               # the test nets' per-pass bytes (runtime.test_dynamic_bytes)
     todo = list(ks)
     done = []
 
@@ -1393,7 +1397,8 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
         nonlocal k_max, todo
         if scratch is None or fractions is None:
             return False
-        km = max_batch_scratch(g0, plan_budget, scratch, strategy, host_budget=host_budget)
+        km = max_batch_scratch(g0, plan_budget, scratch, strategy, host_budget=host_budget,
+                               test_dynamic=t_dyn)
         if km == k_max:
             return False
         k_max = km
@@ -1404,18 +1409,19 @@ def profile_solver(solver, budget: int, ks, *, warmup: int = 1, iterations: int 
 
     def profile_todo():
         """Profile every k of ``todo`` (it may grow or shrink as k_max moves)."""
-        nonlocal steps, layout, g0, k_max, todo, plan_budget
+        nonlocal steps, layout, g0, k_max, todo, plan_budget, t_dyn
         while todo:
             k = todo.pop(0)
             set_batch_size(net, k)
             if scratch is not None and g0 is None:
                 g0 = build_gmap(net, solver_type=solver.type)
+                from .runtime import budget_for_plan, test_dynamic_bytes
                 if plan_budget is None:
-                    from .runtime import budget_for_plan
                     plan_budget = budget_for_plan(solver, budget, scratch=0, gmap=g0)
+                t_dyn = test_dynamic_bytes(solver, gmap=g0)
                 if fractions is not None:
                     k_max = max_batch_scratch(g0, plan_budget, scratch, strategy,
-                                              host_budget=host_budget)
+                                              host_budget=host_budget, test_dynamic=t_dyn)
             reserve = scratch(k) if scratch is not None else None
             inst = None
             for attempt in range(PROFILE_RETRIES + 1):

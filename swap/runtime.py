@@ -115,7 +115,7 @@ from .arena import ALIGN, Arena, DeviceArena, HostArena, ScratchReserve, align
 from .gmap import (CUDNN_WORKSPACE_LIMIT, DATA, FORWARD, PARAM, SAVED, SCRATCH, build_gmap,
                    net_batch_size)
 from .plan import (ALLOCATE, BEFORE, COMPUTE, OFFLOAD, PREFETCH, RECOMPUTE, RELEASE, SETUP,
-                   SWAP_IN, SWAP_OUT, BudgetError, Plan, make_plan)
+                   SWAP_IN, SWAP_OUT, BudgetError, Plan, make_plan, resident_extent)
 
 # ------------------------------------------------------------- residency
 FREED = "FREED"
@@ -678,7 +678,7 @@ def arena_layout(plan: Plan, capacity: int | None = None, *, test_dynamic: int =
                  test_persistent: int = 0, scratch: int = 0) -> ArenaLayout:
     """The arena layout of ``plan`` with the test nets' bytes and a scratch reserve; capacity
     None: exactly what they need (``scratch_base + scratch``)."""
-    resident = max((op.offset + op.nbytes for op in plan.ops if op.step == SETUP), default=0)
+    resident = resident_extent(plan)
     e = plan.arena_bytes
     p = align(max(e, resident + test_dynamic))
     s = p + align(test_persistent)
@@ -689,6 +689,48 @@ def arena_layout(plan: Plan, capacity: int | None = None, *, test_dynamic: int =
 
 
 # ------------------------------------------------------------- test nets
+def _test_net_layout(net, shared: set) -> tuple:
+    """A test net's buffers in the train arena (:class:`TestNetMemory`): (persistent items,
+    their bytes, per-pass items, the per-pass high water).  An item is [target, aligned
+    bytes, raw bytes, dtype, offset, name] (offsets from 0; per-pass items also carry their
+    first and last forward step, laid out best fit by liveness).  ``shared``: ids of the
+    storages the train net's plan backs (shared parameters), left out."""
+    net.reshape()
+    g = build_gmap(net)
+    persistent, dynamic = [], []
+    for b in g.buffers:
+        if b.kind not in (DATA, SAVED, SCRATCH, PARAM) or not b.ref:
+            continue
+        t = _target(net, b.ref)
+        if id(_storage(t)) in shared:
+            continue                        # the train net's (shared parameters)
+        raw = b.nbytes(g.k)
+        size = align(raw)
+        if size == 0:
+            continue
+        item = [t, size, raw, np.dtype(b.dtype), -1, b.name]
+        if b.persistent:
+            persistent.append(item)
+        elif b.forward_uses:
+            item.append((b.forward_uses[0], b.forward_uses[-1]))
+            dynamic.append(item)
+    off = 0
+    for item in persistent:
+        item[4] = off
+        off += item[1]
+    starts, ends = {}, {}
+    for item in dynamic:
+        starts.setdefault(item[6][0], []).append(item)
+        ends.setdefault(item[6][1], []).append(item)
+    a = Arena(sum(it[1] for it in dynamic) + ALIGN)
+    for j in range(len(net.layers)):
+        for item in sorted(starts.get(j, []), key=lambda it: -it[1]):
+            item[4] = a.allocate(item[1])
+        for item in ends.get(j, []):
+            a.free(item[4])
+    return persistent, off, dynamic, a.high_water
+
+
 def _target(net, ref, solver=None):
     """What a GMAP buffer backs in ``net``: (blob, "data"|"diff"), ("history", list, i), None."""
     if not ref:
@@ -735,43 +777,10 @@ class TestNetMemory:
         self.net = net
         self.index = index
         self.plan = ex.plan                     # Net's error message names the strategy
-        net.reshape()
-        g = build_gmap(net)
         self.n_layers = len(net.layers)
-        self.persistent = []                    # [target, nbytes(aligned), raw, dtype, offset]
-        self.dynamic = []
-        for b in g.buffers:
-            if b.kind not in (DATA, SAVED, SCRATCH, PARAM) or not b.ref:
-                continue
-            t = _target(net, b.ref)
-            if id(_storage(t)) in shared:
-                continue                        # the train net's (shared parameters)
-            raw = b.nbytes(g.k)
-            size = align(raw)
-            if size == 0:
-                continue
-            item = [t, size, raw, np.dtype(b.dtype), -1, b.name]
-            if b.persistent:
-                self.persistent.append(item)
-            elif b.forward_uses:
-                item.append((b.forward_uses[0], b.forward_uses[-1]))
-                self.dynamic.append(item)
-        off = 0
-        for item in self.persistent:
-            item[4] = off
-            off += item[1]
-        self.persistent_bytes = off
-        starts, ends = {}, {}
-        for item in self.dynamic:
-            starts.setdefault(item[6][0], []).append(item)
-            ends.setdefault(item[6][1], []).append(item)
-        a = Arena(sum(it[1] for it in self.dynamic) + ALIGN)
-        for j in range(self.n_layers):
-            for item in sorted(starts.get(j, []), key=lambda it: -it[1]):
-                item[4] = a.allocate(item[1])
-            for item in ends.get(j, []):
-                a.free(item[4])
-        self.dynamic_bytes = a.high_water
+        # [target, nbytes(aligned), raw, dtype, offset, name(, (first, last) forward step)]
+        (self.persistent, self.persistent_bytes,
+         self.dynamic, self.dynamic_bytes) = _test_net_layout(net, shared)
         self._views = None
         self.bound = False
         self._names = tuple(f"test{index} fwd {n}" for n in net.layer_names)
@@ -2134,23 +2143,43 @@ def budget_for_plan(target, budget: int, *, scratch: int | None = None, test_net
                                                                       test_nets)
 
 
-def _test_persistent_bytes(net, g, solver, test_nets) -> int:
-    """Bytes the test nets keep for the whole run (laid out after the plan)."""
+def _test_bytes(net, g, solver, test_nets) -> tuple:
+    """(bytes the test nets keep for the whole run, laid out after the plan; the largest
+    test net's per-pass bytes, laid out after the plan's resident regions while it runs)."""
     if not test_nets:
-        return 0
+        return 0, 0
     targets = [_target(net, b.ref, solver) for b in g.buffers]
     shared = {id(_storage(t)) for t in targets if t is not None and t[0] != "history"}
-    total = 0
+    persistent, dynamic = 0, 0
     for t in test_nets:
-        t.reshape()
-        tg = build_gmap(t)
-        for b in tg.buffers:
-            if not b.persistent or b.kind not in (DATA, SAVED, SCRATCH, PARAM) or not b.ref:
-                continue
-            if id(_storage(_target(t, b.ref))) in shared:
-                continue
-            total += align(b.nbytes(tg.k))
-    return align(total)
+        _, p, _, d = _test_net_layout(t, shared)
+        persistent += p
+        dynamic = max(dynamic, d)
+    return align(persistent), dynamic
+
+
+def _test_persistent_bytes(net, g, solver, test_nets) -> int:
+    """Bytes the test nets keep for the whole run (laid out after the plan)."""
+    return _test_bytes(net, g, solver, test_nets)[0]
+
+
+def test_dynamic_bytes(target, *, test_nets=None, gmap=None) -> int:
+    """The largest per-pass bytes of the test nets of ``target`` (a Solver, or a Net with
+    ``test_nets``): a plan's resident regions and these must fit its budget together
+    (:func:`swap.plan.arena_need`), as the executor lays them out."""
+    solver = target if hasattr(target, "net") and hasattr(target, "rule") else None
+    net = target.net if solver is not None else target
+    if test_nets is None:
+        test_nets = list(getattr(solver, "test_nets", ()) or ())
+    if not test_nets:
+        return 0
+    if gmap is None:
+        net.reshape()
+        gmap = build_gmap(net, solver_type=solver.type if solver is not None else "SGD")
+    return _test_bytes(net, gmap, solver, test_nets)[1]
+
+
+test_dynamic_bytes.__test__ = False     # not a pytest function, despite its name
 
 
 def measure_scratch(target, strategy: str = "naive", iterations: int = 1,

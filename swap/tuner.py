@@ -163,13 +163,15 @@ class Search:
     scratch(k)`` (None: no reserve, the whole budget).  recompute: names of forward layers
     whose groups a plan rebuilds in backward (:func:`swap.plan.dynamic_recompute`) at the k
     where pins alone cannot make (6) hold (:meth:`result`: pins alone are asked first).
+    test_dynamic: the test nets' per-pass bytes, which the plan laid out at a k leaves room
+    for after its resident regions (:func:`swap.planner.make_dynamic_plan`).
     """
 
     def __init__(self, gmap: GMAP, budget: int, model: ComputeModel | None, pcie: PCIeModel, *,
                  rule: str = "stall", prune: bool = True, times_fn=None, margin: float = 0.01,
                  scratch=None, fill: bool = True, recompute=(),
                  max_slowdown: float | None = COPY_SLOWDOWN_LIMIT,
-                 max_recompute: float | None = RECOMPUTE_COST_LIMIT):
+                 max_recompute: float | None = RECOMPUTE_COST_LIMIT, test_dynamic: int = 0):
         if rule not in RULES:
             raise ValueError(f"unknown pinning rule {rule!r} (known: {', '.join(RULES)})")
         if not 0 <= margin < 1:
@@ -179,6 +181,7 @@ class Search:
         self.budget = int(budget * (1 - margin))
         self.margin = margin
         self.scratch = scratch
+        self.test_dynamic = int(test_dynamic)
         self.pcie = pcie
         self.rule = rule
         self.prune = prune
@@ -455,6 +458,7 @@ class Decision:
     host: float = 0.0           # H(k*): the host's seconds to issue the steps (0: no host model)
     recompute: tuple = ()       # the layers whose groups the plan rebuilds in backward
     recompute_tried: tuple = () # --recompute auto: (layers, k*, images/s, stall-free) per set
+    test_dynamic: int = 0       # the test nets' per-pass bytes the plan left room for
 
     @property
     def plan(self):
@@ -571,7 +575,7 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
          times_fn=None, fill: bool = True, objective: str = "throughput",
          tie: float = THROUGHPUT_TIE, recompute=(),
          max_slowdown: float | None = COPY_SLOWDOWN_LIMIT,
-         max_recompute: float | None = RECOMPUTE_COST_LIMIT) -> Decision:
+         max_recompute: float | None = RECOMPUTE_COST_LIMIT, test_dynamic: int = 0) -> Decision:
     """Algorithm 2 (module doc): the efficiency-optimal minibatch under ``budget`` bytes.
 
     gmap: the net's GMAP (any k; ``gmap.k0`` is k_base).  model / pcie: the performance model.
@@ -604,6 +608,8 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     max_recompute: a k whose plan recomputes counts as stall-free only if the recomputations
     add at most this share to its steps' compute (:meth:`Search.recompute_share`); None: no
     such bound.
+    test_dynamic: the test nets' per-pass bytes (:class:`Search`): k_max and every plan leave
+    room for them after their resident regions.
     Raises :class:`swap.plan.BudgetError` when not even k = 1 fits the budget.
     """
     if _is_auto(recompute):
@@ -611,7 +617,7 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
                   verify_tol=verify_tol, verify_steps=verify_steps, margin=margin,
                   refits=refits, scratch=scratch, times_fn=times_fn, fill=fill,
                   objective=objective, tie=tie, max_slowdown=max_slowdown,
-                  max_recompute=max_recompute)
+                  max_recompute=max_recompute, test_dynamic=test_dynamic)
         return _auto_pick([(names, tune(gmap, budget, model, pcie, recompute=names, **kw))
                            for names in recompute_sets(gmap, model, times_fn)], objective, tie)
     if objective not in OBJECTIVES:
@@ -623,7 +629,8 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     budget = int(budget)
     iteration = _iteration_of(model)
     from .profiler import max_batch_scratch
-    km = max_batch_scratch(gmap, budget, scratch) if k_max is None else int(k_max)
+    km = (max_batch_scratch(gmap, budget, scratch, test_dynamic=test_dynamic)
+          if k_max is None else int(k_max))
     if km < 1:
         make_plan(gmap.at(1), "naive", budget - (scratch(1) if scratch is not None else 0))
         raise BudgetError(f"not even minibatch 1 fits {fmt_bytes(budget)}", budget=budget)
@@ -634,7 +641,8 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     for attempt in range(refits + 1):
         search = Search(gmap, budget, model, pcie, rule=rule, prune=prune, times_fn=times_fn,
                         margin=margin, scratch=scratch, fill=fill, recompute=recompute,
-                        max_slowdown=max_slowdown, max_recompute=max_recompute)
+                        max_slowdown=max_slowdown, max_recompute=max_recompute,
+                        test_dynamic=test_dynamic)
         k = find(search, upper, k_min)
         stall_free = k is not None
         if k is None:
@@ -756,7 +764,8 @@ def _fastest(search: Search, k_hi: int, k_min: int, delta: float, iteration,
 
 def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta,
               search, model, objective="largest", largest=None) -> Decision:
-    return Decision(k_star=dyn.k, k_max=km, k_base=gmap.k0, budget=budget, method=method,
+    return Decision(test_dynamic=search.test_dynamic,
+                    k_star=dyn.k, k_max=km, k_base=gmap.k0, budget=budget, method=method,
                     rule=rule, stall_free=stall_free, dynamic=dyn,
                     evaluations=tuple(evaluations), delta=delta, objective=objective,
                     k_largest=largest[0] if largest else 0,
@@ -772,25 +781,27 @@ def _replay(search: Search, k: int) -> DynamicPlan | None:
     res = search.result(k)
     try:
         return make_dynamic_plan(search.gmap.at(k), search.plan_budget_at(k), search.times(k),
-                                 search.pcie, rule=search.rule, pins=res, fill=search.fill)
+                                 search.pcie, rule=search.rule, pins=res, fill=search.fill,
+                                 test_dynamic=search.test_dynamic)
     except BudgetError:
         return None
 
 
 def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeModel, *,
             rule: str = "stall", delta: float = 0.0, scratch=None, fill: bool = True,
-            recompute=()) -> Decision:
+            recompute=(), test_dynamic: int = 0) -> Decision:
     """The dynamic plan at a fixed k (``--batch k``): only the swaps are planned (under
     ``budget - scratch(k)``, as :func:`tune`); ``fill``: spare memory filled with pins
     (:func:`swap.planner.make_dynamic_plan`); ``recompute``: as :func:`tune` (``"auto"``:
-    the fewest of :func:`recompute_sets` whose plan at k has no stall, else the fastest)."""
+    the fewest of :func:`recompute_sets` whose plan at k has no stall, else the fastest);
+    ``test_dynamic``: as :func:`tune`."""
     if _is_auto(recompute):
         tried, refused = [], None
         for names in recompute_sets(gmap, model):
             try:        # a set whose plan does not fit k is left out; the others still count
                 tried.append((names, plan_at(gmap, k, budget, model, pcie, rule=rule,
                                              delta=delta, scratch=scratch, fill=fill,
-                                             recompute=names)))
+                                             recompute=names, test_dynamic=test_dynamic)))
             except BudgetError as e:
                 refused = refused or e
         if not tried:
@@ -798,12 +809,14 @@ def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeMode
         return _auto_pick(tried, "throughput", 0.0, fewest_stall_free=True)
     from .profiler import max_batch_scratch
     search = Search(gmap, int(budget), model, pcie, rule=rule, prune=False, scratch=scratch,
-                    fill=fill, recompute=recompute, max_slowdown=None, max_recompute=None)
+                    fill=fill, recompute=recompute, max_slowdown=None, max_recompute=None,
+                    test_dynamic=test_dynamic)
     res = search.result(int(k))
     dyn = make_dynamic_plan(gmap.at(k), search.plan_budget_at(int(k)), search.times(k), pcie,
-                            rule=rule, pins=res, fill=fill)
-    km = max_batch_scratch(gmap, int(budget), scratch)
-    return Decision(k_star=int(k), k_max=km, k_base=gmap.k0, budget=int(budget), method="fixed",
+                            rule=rule, pins=res, fill=fill, test_dynamic=test_dynamic)
+    km = max_batch_scratch(gmap, int(budget), scratch, test_dynamic=test_dynamic)
+    return Decision(test_dynamic=int(test_dynamic),
+                    k_star=int(k), k_max=km, k_base=gmap.k0, budget=int(budget), method="fixed",
                     rule=rule, stall_free=dyn.feasible, dynamic=dyn,
                     evaluations=tuple(search.evaluations), delta=delta,
                     scratch=search.plan_budget - search.plan_budget_at(int(k)),
@@ -910,7 +923,7 @@ def _verified(search: Search, k: int, k_min: int, tol: float, steps: int, stall_
         try:
             dyn = make_dynamic_plan(search.gmap.at(kk), search.plan_budget_at(kk),
                                     search.times(kk), search.pcie, rule=search.rule, pins=res,
-                                    fill=search.fill)
+                                    fill=search.fill, test_dynamic=search.test_dynamic)
         except BudgetError:             # the layout needs more than the budget: lower k
             kk -= 1
             continue
@@ -1265,7 +1278,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         profile_ks,
         profile_solver,
     )
-    from .runtime import budget_for_plan, default_scratch
+    from .runtime import budget_for_plan, default_scratch, test_dynamic_bytes
 
     def say(msg):
         if log is not None:
@@ -1298,6 +1311,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         host_budget = default_host_budget() if net.mode == "GPU" else None
     # what the plan and the scratch reserve share: the budget less the test nets' buffers
     base = budget_for_plan(solver, budget, scratch=0, gmap=g0)
+    # and what a test pass takes between iterations, after the plan's resident regions
+    t_dyn = test_dynamic_bytes(solver, gmap=g0)
 
     def reserve_at(k):
         return 0 if scratch is None else scratch(k)
@@ -1308,7 +1323,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         return (f", scratch reserve {fmt_bytes(scratch(k))} at k = {k} "
                 f"({scratch.describe()})")
 
-    k_max = max_batch_scratch(g0, base, scratch, host_budget=host_budget)
+    k_max = max_batch_scratch(g0, base, scratch, host_budget=host_budget, test_dynamic=t_dyn)
     if k_max < 1:
         try:
             make_plan(g0.at(1), "naive", base - reserve_at(1))
@@ -1364,7 +1379,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         assert solver.iter - it0 == sum(n for _, n in profile.meta["runs"])
         if scratch is not None:
             k_max = int(profile.meta.get("k_max", k_max))
-        profile = with_gmap(profile, g0, k_max, solver.type, budget - base, host_budget)
+        profile = with_gmap(profile, g0, k_max, solver.type, budget - base, host_budget, t_dyn)
         if save_profile:
             profile.save(save_profile)
             say(f"Profile saved to {save_profile}")
@@ -1397,7 +1412,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     if scratch is not None and profile.mode == net.mode and profile.meta.get("transients"):
         for k, peak in profile.meta["transients"]:
             scratch.add(k, peak)
-        k_max = max_batch_scratch(g0, base, scratch, host_budget=host_budget)
+        k_max = max_batch_scratch(g0, base, scratch, host_budget=host_budget,
+                                  test_dynamic=t_dyn)
     if measure_first:
         batch_fits()
     # ---- stage 2: decision
@@ -1450,10 +1466,11 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
             model = graph_model(model, calibration.gap, calibration.tail, calibration.points)
     if auto_batch:
         dec = tune(g0, base, model, pcie, method=method, rule=rule, k_max=k_max, delta=delta,
-                   scratch=scratch, fill=fill, objective=objective, recompute=recompute)
+                   scratch=scratch, fill=fill, objective=objective, recompute=recompute,
+                   test_dynamic=t_dyn)
     else:
         dec = plan_at(g0, batch or k_base, base, model, pcie, rule=rule, delta=delta,
-                      scratch=scratch, fill=fill, recompute=recompute)
+                      scratch=scratch, fill=fill, recompute=recompute, test_dynamic=t_dyn)
     # the plan is installed on the net built at k* before the learning rate is set: where the
     # decided plan does not fit that net, install_decision may lower k*
     ex = install_decision(solver, dec, budget, base - reserve_at(dec.k_star),
@@ -1492,11 +1509,11 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
 
 
 def with_gmap(profile, gmap: GMAP, k_max: int, solver_type: str, test_net_bytes: int,
-              host_budget: int | None = None):
+              host_budget: int | None = None, test_dynamic: int = 0):
     """``profile`` with the GMAP the tuner decides on (``meta["gmap"]``,
     :func:`swap.gmap.gmap_to_dict`, its per-k sizes sampled up to ``k_max`` and at the
     profiled ks), the bytes the test nets take from the budget (``meta["test_net_bytes"]``)
-    and the pinned host memory that bounds k_max (``meta["host_budget"]``, None: unbounded),
+    and take while a test pass runs (``meta["test_dynamic_bytes"]``), and the pinned host memory that bounds k_max (``meta["host_budget"]``, None: unbounded),
     so that ``minicaffe plan`` on another machine plans what this one would
     (``--layout device``)."""
     import dataclasses
@@ -1504,7 +1521,7 @@ def with_gmap(profile, gmap: GMAP, k_max: int, solver_type: str, test_net_bytes:
     ks = sample_ks(k_max, extra=tuple(profile.ks) + (gmap.k,))
     return dataclasses.replace(profile, meta={
         **profile.meta, "gmap": gmap_to_dict(gmap, ks, solver_type=solver_type),
-        "test_net_bytes": int(test_net_bytes),
+        "test_net_bytes": int(test_net_bytes), "test_dynamic_bytes": int(test_dynamic),
         "host_budget": None if host_budget is None else int(host_budget)})
 
 
@@ -1575,7 +1592,7 @@ def _decided_on_live(g: GMAP, dec: Decision, plan_budget: int, model, pcie, buil
         tried = k
         try:
             again = plan_at(g, k, plan_budget, model, pcie, rule=dec.rule, delta=dec.delta,
-                            recompute=dec.recompute)
+                            recompute=dec.recompute, test_dynamic=dec.test_dynamic)
             return replace(dec, k_star=k, dynamic=again.dynamic, stall_free=again.stall_free,
                            recompute=again.recompute, overhead=again.overhead,
                            host=again.host)

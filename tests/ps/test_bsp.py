@@ -213,7 +213,9 @@ def test_a_dead_worker_fails_the_round_everywhere_naming_it(procs, tmp_path, mon
                        r"|cannot answer rank\(s\) 1:)")
     for p in servers:
         assert named.search(p.log()), p.log()
-    assert "rank(s) 1" in workers[0].log() and "worker error" in workers[0].log()
+    # the worker passes on a shard's words: rank 1, or both where that shard got nothing
+    assert re.search(r"rank\(s\) (0, )?1\b", workers[0].log()), workers[0].log()
+    assert "worker error" in workers[0].log()
     if shm is not None:      # the names went after the join and the first round
         assert list(shm.iterdir()) == []
 

@@ -1,5 +1,6 @@
-"""Layers against BVLC Caffe's own unit tests, the files not yet ported elsewhere (part 1 of 3;
-parts 2 and 3 are test_caffe_spec_layers3.py and test_caffe_spec_layers4.py).
+"""Layers against BVLC Caffe's own unit tests, the files not yet ported elsewhere (part 1;
+parts 2 to 5 are test_caffe_spec_layers3.py to test_caffe_spec_layers5.py, and
+test_caffe_spec_neuron2.py; they import the helpers defined here).
 
 Each test's docstring names the Caffe file and TYPED_TEST it mirrors.  Caffe fills its bottoms
 at random; here a seeded NumPy generator fills them the same way (Gaussian std 1, uniform
@@ -79,6 +80,16 @@ def gradient(text, *arrays, n_top=1, check_bottom=None, **tol):
 def labels(rng, shape, k):
     """Caffe's ``rand() % k`` labels, as floats."""
     return rng.integers(0, k, size=shape).astype(np.float64)
+
+
+def gaussian(shape, seed=0, std=1.0):
+    """Caffe's GaussianFiller (mean 0, ``std``), seeded."""
+    return std * np.random.default_rng(seed).standard_normal(shape)
+
+
+def f32(value):
+    """A float field of caffe.proto as the layer sees it: float32, widened."""
+    return float(np.float32(value))
 
 
 # ----------------------------------------------------------------------------- Accuracy

@@ -1,4 +1,4 @@
-"""Layers against BVLC Caffe's own unit tests, the files not yet ported elsewhere (part 2 of 3;
+"""Layers against BVLC Caffe's own unit tests, the files not yet ported elsewhere (part 2;
 see test_caffe_spec_layers2.py for the conventions: seeded NumPy fills in place of Caffe's,
 float64 gradient checks in place of its GradientChecker).
 
@@ -29,45 +29,8 @@ import numpy as np
 import pytest
 
 import minicaffe.layers  # noqa: F401  (registers the layer types)
-from minicaffe.blob import Blob
-from minicaffe.testing import check_gradient, make_blob, make_layer
-
-
-def f32(value):
-    """A float field of caffe.proto as the layer sees it: float32, widened."""
-    return float(np.float32(value))
-
-
-def blobs(*arrays):
-    return [make_blob(a, name=f"in{i}") for i, a in enumerate(arrays)]
-
-
-def tops(n):
-    return [Blob(dtype=np.float64, name=f"out{i}") for i in range(n)]
-
-
-def setup(text, *arrays, n_top=1):
-    layer = make_layer(text)
-    bottom, top = blobs(*arrays), tops(n_top)
-    layer.setup(bottom, top)
-    return layer, bottom, top
-
-
-def forward(text, *arrays, n_top=1):
-    layer, bottom, top = setup(text, *arrays, n_top=n_top)
-    layer.forward(bottom, top)
-    return layer, bottom, top
-
-
-def gradient(text, *arrays, n_top=1, check_bottom=None, **tol):
-    """Caffe's CheckGradientExhaustive: the chosen bottoms and every param blob."""
-    layer = make_layer(text)
-    check_gradient(layer, blobs(*arrays), tops(n_top), check_bottom=check_bottom, **tol)
-    return layer
-
-
-def gaussian(shape, seed=0, std=1.0):
-    return std * np.random.default_rng(seed).standard_normal(shape)
+from minicaffe.testing import check_gradient
+from test_caffe_spec_layers2 import f32, forward, gaussian, gradient, setup
 
 
 # ---------------------------------------------------------------------------------- MVN

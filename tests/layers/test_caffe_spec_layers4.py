@@ -1,4 +1,4 @@
-"""Layers against BVLC Caffe's own unit tests, the files not yet ported elsewhere (part 3 of 3;
+"""Layers against BVLC Caffe's own unit tests, the files not yet ported elsewhere (part 3;
 see test_caffe_spec_layers2.py for the conventions: seeded NumPy fills in place of Caffe's,
 float64 gradient checks in place of its GradientChecker).
 
@@ -32,28 +32,8 @@ import minicaffe.layers  # noqa: F401  (registers the layer types)
 from minicaffe.blob import Blob
 from minicaffe.proto import caffe_pb2
 from minicaffe.rng import set_random_seed
-from minicaffe.testing import check_gradient, make_blob, make_layer
-
-
-def blobs(*arrays):
-    return [make_blob(a, name=f"in{i}") for i, a in enumerate(arrays)]
-
-
-def tops(n):
-    return [Blob(dtype=np.float64, name=f"out{i}") for i in range(n)]
-
-
-def setup(text, *arrays, n_top=1, phase=None):
-    layer = make_layer(text, phase=phase)
-    bottom, top = blobs(*arrays), tops(n_top)
-    layer.setup(bottom, top)
-    return layer, bottom, top
-
-
-def forward(text, *arrays, n_top=1):
-    layer, bottom, top = setup(text, *arrays, n_top=n_top)
-    layer.forward(bottom, top)
-    return layer, bottom, top
+from minicaffe.testing import check_gradient, make_layer
+from test_caffe_spec_layers2 import blobs, forward, setup, tops
 
 
 # ---------------------------------------------------------------------- Scale and Bias

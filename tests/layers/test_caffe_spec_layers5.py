@@ -19,27 +19,8 @@ import numpy as np
 import pytest
 
 import minicaffe.layers  # noqa: F401  (registers the layer types)
-from minicaffe.blob import Blob
-from minicaffe.testing import check_gradient, make_blob, make_layer
-
-
-def blobs(*arrays):
-    return [make_blob(a, name=f"in{i}") for i, a in enumerate(arrays)]
-
-
-def tops(n):
-    return [Blob(dtype=np.float64, name=f"out{i}") for i in range(n)]
-
-
-def setup(text, *arrays, n_top=1):
-    layer = make_layer(text)
-    bottom, top = blobs(*arrays), tops(n_top)
-    layer.setup(bottom, top)
-    return layer, bottom, top
-
-
-def gaussian(shape, seed=0, std=1.0):
-    return std * np.random.default_rng(seed).standard_normal(shape)
+from minicaffe.testing import check_gradient, make_layer
+from test_caffe_spec_layers2 import blobs, gaussian, setup, tops
 
 
 # ------------------------------------------------------------------------------ Reshape

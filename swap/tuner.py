@@ -764,8 +764,7 @@ def _fastest(search: Search, k_hi: int, k_min: int, delta: float, iteration,
 
 def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delta,
               search, model, objective="largest", largest=None) -> Decision:
-    return Decision(test_dynamic=search.test_dynamic,
-                    k_star=dyn.k, k_max=km, k_base=gmap.k0, budget=budget, method=method,
+    return Decision(k_star=dyn.k, k_max=km, k_base=gmap.k0, budget=budget, method=method,
                     rule=rule, stall_free=stall_free, dynamic=dyn,
                     evaluations=tuple(evaluations), delta=delta, objective=objective,
                     k_largest=largest[0] if largest else 0,
@@ -773,7 +772,8 @@ def _decision(dyn, km, gmap, budget, method, rule, stall_free, evaluations, delt
                     scratch=search.plan_budget - search.plan_budget_at(dyn.k),
                     overhead=float(_overhead_of(model)(dyn.k)), tail=_tail_of(model),
                     host=float(_host_of(model)(dyn.k)),
-                    recompute=search.recompute_layers if dyn.plan.recomputed else ())
+                    recompute=search.recompute_layers if dyn.plan.recomputed else (),
+                    test_dynamic=search.test_dynamic)
 
 
 def _replay(search: Search, k: int) -> DynamicPlan | None:
@@ -815,14 +815,14 @@ def plan_at(gmap: GMAP, k: int, budget: int, model: ComputeModel, pcie: PCIeMode
     dyn = make_dynamic_plan(gmap.at(k), search.plan_budget_at(int(k)), search.times(k), pcie,
                             rule=rule, pins=res, fill=fill, test_dynamic=test_dynamic)
     km = max_batch_scratch(gmap, int(budget), scratch, test_dynamic=test_dynamic)
-    return Decision(test_dynamic=int(test_dynamic),
-                    k_star=int(k), k_max=km, k_base=gmap.k0, budget=int(budget), method="fixed",
+    return Decision(k_star=int(k), k_max=km, k_base=gmap.k0, budget=int(budget), method="fixed",
                     rule=rule, stall_free=dyn.feasible, dynamic=dyn,
                     evaluations=tuple(search.evaluations), delta=delta,
                     scratch=search.plan_budget - search.plan_budget_at(int(k)),
                     overhead=float(_overhead_of(model)(int(k))), tail=_tail_of(model),
                     host=float(_host_of(model)(int(k))),
-                    recompute=search.recompute_layers if dyn.plan.recomputed else ())
+                    recompute=search.recompute_layers if dyn.plan.recomputed else (),
+                    test_dynamic=search.test_dynamic)
 
 
 def _is_auto(recompute) -> bool:

@@ -5,8 +5,8 @@ do not already assert.
   TestSimpleConvolution / TestSimpleConvolutionGroup (the constant-filler values 27.1 and
   c*9 + 0.1), TestSobelConvolution (a 3x3 Sobel filter against its separable 3x1 and 1x3
   halves with rectangular strides), TestDilatedConvolution (against a direct reference),
-  Test0DConvolution / TestSimple3DConvolution / TestDilated3DConvolution: minicaffe refuses
-  N-d convolution (also with ``force_nd_im2col``) with an error naming the layer.
+  Test0DConvolution / TestSimple3DConvolution / TestDilated3DConvolution: N-d convolution
+  (Caffe's ``im2col_nd``, also under ``force_nd_im2col``) against a direct computation.
 * ``src/caffe/test/test_deconvolution_layer.cpp``: TestSetup and TestSimpleDeconvolution
   (3.1, plus 3 or 9 where stride-2 windows overlap).
 * ``src/caffe/test/test_im2col_layer.cpp``: TestSetup (dilation 3), TestForward and

@@ -1049,7 +1049,7 @@ def arena_need(plan: Plan, test_dynamic: int = 0) -> int:
     later.  A plan that keeps every buffer resident (Caffe's ``none``, ``resident``) has no
     per-iteration room for a test pass to reuse."""
     if not test_dynamic:
-        return plan.arena_bytes
+        return align(plan.arena_bytes)
     return align(max(plan.arena_bytes, resident_extent(plan) + int(test_dynamic)))
 
 

@@ -115,7 +115,8 @@ from .arena import ALIGN, Arena, DeviceArena, HostArena, ScratchReserve, align
 from .gmap import (CUDNN_WORKSPACE_LIMIT, DATA, FORWARD, PARAM, SAVED, SCRATCH, build_gmap,
                    net_batch_size)
 from .plan import (ALLOCATE, BEFORE, COMPUTE, OFFLOAD, PREFETCH, RECOMPUTE, RELEASE, SETUP,
-                   SWAP_IN, SWAP_OUT, BudgetError, Plan, make_plan, resident_extent)
+                   SWAP_IN, SWAP_OUT, BudgetError, Plan, arena_need, make_plan,
+                   resident_extent)
 
 # ------------------------------------------------------------- residency
 FREED = "FREED"
@@ -680,7 +681,7 @@ def arena_layout(plan: Plan, capacity: int | None = None, *, test_dynamic: int =
     None: exactly what they need (``scratch_base + scratch``)."""
     resident = resident_extent(plan)
     e = plan.arena_bytes
-    p = align(max(e, resident + test_dynamic))
+    p = arena_need(plan, test_dynamic)
     s = p + align(test_persistent)
     cap = s + align(scratch) if capacity is None else int(capacity)
     return ArenaLayout(capacity=cap, resident=resident, plan_extent=e,

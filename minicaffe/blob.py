@@ -9,12 +9,18 @@ whatever storage is bound at that moment.
 
 Like Caffe's SyncedMemory, storage is allocated lazily, on first access: a
 data blob whose diff nobody asks for never gets one.
+
+``Blob()`` without a shape is Caffe's default-constructed ``Blob``: no axes and a count of
+0 (a net's tops before their layer's Reshape); ``Blob(())`` is a 0-d blob of one element
+(Caffe's ``Blob(vector<int>())``, a loss top).
 """
 from __future__ import annotations
 
 from math import prod
 
 import numpy as np
+
+MAX_BLOB_AXES = 32   # Caffe's kMaxBlobAxes (include/caffe/blob.hpp)
 
 
 class Storage:
@@ -40,13 +46,14 @@ class Blob:
     """Caffe's Blob: ``data`` and ``diff`` of one shape, in one array module.
 
     Args:
-        shape: initial shape, e.g. ``(N, C, H, W)``.
+        shape: initial shape, e.g. ``(N, C, H, W)``; None (the default): no shape yet, a
+            count of 0, and no data until :meth:`reshape` gives it one (Caffe's ``Blob()``).
         xp: numpy or cupy.
         dtype: element type (float32 normally, float64 for gradient checks).
         name: for error messages and the memory manager.
     """
 
-    def __init__(self, shape=(), xp=np, dtype=np.float32, name: str = ""):
+    def __init__(self, shape=None, xp=np, dtype=np.float32, name: str = ""):
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.name = name
@@ -57,7 +64,9 @@ class Blob:
         # regions in turn within an iteration)
         self._views = {}
         self._shape = ()
-        self.reshape(shape)
+        self._count = 0         # Caffe's count_: 0 until the first reshape, then prod(shape)
+        if shape is not None:
+            self.reshape(shape)
 
     # ----------------------------------------------------------------- shape
     @property
@@ -66,7 +75,7 @@ class Blob:
 
     @property
     def count(self) -> int:
-        return prod(self._shape) if self._shape else 1
+        return self._count
 
     @property
     def ndim(self) -> int:
@@ -81,33 +90,57 @@ class Blob:
         return self._shape[self.canonical_axis(axis)]
 
     def canonical_axis(self, axis: int) -> int:
-        """Caffe's CanonicalAxisIndex: negative axes count from the end."""
+        """Caffe's CanonicalAxisIndex: negative axes count from the end; -num_axes <= axis
+        < num_axes, so a 0-d blob has none."""
         n = len(self._shape)
-        if not -n <= axis < max(n, 1):
+        if not -n <= axis < n:
             raise IndexError(
                 f"axis {axis} out of range for blob {self.name!r} of shape {self._shape}")
         return axis + n if axis < 0 else axis
 
     def count_range(self, start: int, end: int | None = None) -> int:
-        end = len(self._shape) if end is None else end
+        """Caffe's ``count(start_axis, end_axis)``: the product of the axes start..end-1
+        (``end`` None: to the last axis), with Caffe's checks that
+        ``0 <= start <= end <= num_axes``."""
+        n = len(self._shape)
+        end = n if end is None else end
+        if not 0 <= start <= end <= n:
+            raise IndexError(f"count({start}, {end}) of blob {self.name!r} of shape "
+                             f"{self._shape}: Caffe needs 0 <= start <= end <= num_axes ({n})")
         return prod(self._shape[start:end])
 
     # legacy 4-d accessors (pycaffe and old prototxt talk in these)
+    def legacy_shape(self, index: int) -> int:
+        """Caffe's ``LegacyShape``: axis ``index`` (-4..3), 1 past the blob's axes (the
+        one-padding of legacy 4-d blobs); a blob of more than 4 axes has none (Caffe's
+        CHECK, which pycaffe's ``num``/``channels``/``height``/``width`` reach)."""
+        n = len(self._shape)
+        if n > 4:
+            raise ValueError(f"blob {self.name!r} of shape {self._shape}: Cannot use legacy "
+                             "accessors (num, channels, height, width) on Blobs with > 4 "
+                             "axes; use shape[i]")
+        if not -4 <= index < 4:
+            raise IndexError(f"legacy axis {index} of blob {self.name!r}: Caffe's legacy "
+                             "accessors take -4 <= index < 4")
+        if index >= n or index < -n:
+            return 1
+        return self._shape[index]
+
     @property
     def num(self):
-        return self._shape[0] if len(self._shape) > 0 else 1
+        return self.legacy_shape(0)
 
     @property
     def channels(self):
-        return self._shape[1] if len(self._shape) > 1 else 1
+        return self.legacy_shape(1)
 
     @property
     def height(self):
-        return self._shape[2] if len(self._shape) > 2 else 1
+        return self.legacy_shape(2)
 
     @property
     def width(self):
-        return self._shape[3] if len(self._shape) > 3 else 1
+        return self.legacy_shape(3)
 
     def reshape(self, *shape):
         """Change the shape; storage grows only when the count exceeds it.
@@ -117,12 +150,15 @@ class Blob:
         if len(shape) == 1 and not np.isscalar(shape[0]):
             shape = tuple(shape[0])
         shape = tuple(int(d) for d in shape)
+        if len(shape) > MAX_BLOB_AXES:
+            raise ValueError(f"blob {self.name!r}: shape {shape} has {len(shape)} axes; Caffe's "
+                             f"blobs have at most {MAX_BLOB_AXES} (kMaxBlobAxes)")
         for d in shape:
             if d < 0:
                 raise ValueError(f"blob {self.name!r}: negative dimension in shape {shape}")
         self._shape = shape
+        self._count = n = prod(shape)
         self._views.clear()
-        n = self.count
         for st in (self._data, self._diff):
             if st.array is not None and st.capacity < n:
                 if st.external:
@@ -159,6 +195,10 @@ class Blob:
             if older is not None and older[0] is arr:
                 self._views[which] = older
                 return older[1]
+        if self._unshaped():
+            raise RuntimeError(
+                f"blob {self.name!r}: {which} accessed before the blob has a shape (reshape it "
+                "first; Caffe's default-constructed Blob has no memory)")
         if arr is None or st.capacity < self.count:
             if st.external:
                 raise RuntimeError(
@@ -170,6 +210,11 @@ class Blob:
             self._views = {k: v for k, v in self._views.items() if isinstance(k, str)}
         self._views[which] = (st.array, view)
         return view
+
+    def _unshaped(self) -> bool:
+        """No reshape yet (Caffe's ``Blob()``): no axes and a count of 0, where a 0-d blob
+        has one element."""
+        return self._count == 0 and not self._shape
 
     @property
     def data(self):

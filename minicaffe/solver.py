@@ -327,14 +327,17 @@ class Solver:
             # solvers of a multi-GPU run neither test nor snapshot
             self._load_weights()
             return
+        # Caffe's Solver::InitTestNets numbers the test nets test_net_param first, then
+        # test_net files, then the general net's copies: test_iter[i] and test_state[i] go
+        # to the i-th of that order
         test_params, test_paths = [], []
-        for path in p.test_net:
-            test_paths.append(self._net_file("test_net", path))
-            test_params.append(read_net_param(test_paths[-1]))
         for tp in p.test_net_param:
             self._warn_inline_legacy("test_net_param", tp)
         test_params.extend(p.test_net_param)
         test_paths += [None] * len(p.test_net_param)
+        for path in p.test_net:
+            test_paths.append(self._net_file("test_net", path))
+            test_params.append(read_net_param(test_paths[-1]))
         # Caffe's Solver::InitTestNets: a general net (net, net_param, or minicaffe train NET)
         # makes one more test net for each test_iter past those of test_net/test_net_param;
         # with train_net there is no general net, and the counts must be equal
@@ -360,7 +363,9 @@ class Solver:
                 "(test_iter, test_net...) need a test_interval; remove test_iter to train "
                 "without testing")
         if len(p.test_state) and len(p.test_state) != len(test_params):
-            raise ValueError(f"{self.source or 'solver'}: test_state must be given per test net")
+            raise ValueError(f"{self.source or 'solver'}: test_state must be unspecified or "
+                             f"specified once per test net ({len(p.test_state)} test_state "
+                             f"for {len(test_params)} test nets)")
         for i, tp in enumerate(test_params):
             # Caffe's Solver::InitTestNets: phase TEST, then the net file's ``state { }``,
             # then this net's test_state

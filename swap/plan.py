@@ -235,8 +235,9 @@ class BudgetError(ValueError):
         need = (self.min_budget or 0) + extra
         return BudgetError(
             f"budget {fmt_bytes(budget)} less {fmt_bytes(extra)} for the scratch reserve and "
-            f"the test nets leaves {fmt_bytes(plan_budget)} for the plan: {self} With them, "
-            f"the smallest budget that works is {fmt_bytes(need)} ({need} bytes).",
+            f"the test nets leaves {fmt_bytes(plan_budget)} for the plan: {self} With the "
+            f"scratch reserve and the test nets, the smallest budget that works is "
+            f"{fmt_bytes(need)} ({need} bytes).",
             budget=budget, min_budget=need, max_k=self.max_k, strategy=self.strategy,
             k=self.k)
 
@@ -1111,32 +1112,55 @@ def _budget_error(strategy, gmap, budget, pinned, plan) -> BudgetError:
     return _PlanBudgetError(strategy, gmap, budget, pinned, plan)
 
 
+def plan_budget_error(gmap: GMAP, strategy: str, budget: int, plan: Plan | None = None,
+                      pinned=frozenset(), test_dynamic: int = 0) -> BudgetError:
+    """The :class:`BudgetError` of ``strategy`` on ``gmap`` under ``budget`` with test passes
+    of ``test_dynamic`` bytes (:func:`arena_need`): where the plan alone fits the budget but
+    not with the room a test pass takes after its resident buffers, or where ``plan`` (made
+    without a budget when None) does not fit.  Its smallest budget and largest minibatch
+    count that room too, so that the budget it names works."""
+    if plan is None:
+        plan = make_plan(gmap, strategy, None, pinned)
+    return _PlanBudgetError(strategy, gmap, budget, pinned, plan, test_dynamic)
+
+
 class _PlanBudgetError(BudgetError):
     """The :class:`BudgetError` of a plan that does not fit: its smallest budget and the largest
     minibatch that fits (a plan and a search of plans) are worked out when first read, with the
     message.  The searches over k catch most such errors unread: three of the tuner's tests
-    spent a third of their time on the messages of the k they probed (session 34)."""
+    spent a third of their time on the messages of the k they probed (session 34).
+    ``test_dynamic``: the test nets' per-pass bytes, which the arena holds after the plan's
+    resident buffers (:func:`arena_need`); both figures leave room for them."""
 
     _UNSET = object()
 
-    def __init__(self, strategy, gmap, budget, pinned, plan):
+    def __init__(self, strategy, gmap, budget, pinned, plan, test_dynamic: int = 0):
         ValueError.__init__(self)
         self.budget, self.strategy, self.k = budget, strategy, gmap.k
         self._of = (gmap, pinned, plan)
+        self.test_dynamic = int(test_dynamic)
         self._need = self._kmax = self._msg = self._UNSET
+
+    def with_test_pass(self, test_dynamic: int) -> "_PlanBudgetError":
+        """This error with test passes of ``test_dynamic`` bytes (its figures recomputed)."""
+        gmap, pinned, plan = self._of
+        return _PlanBudgetError(self.strategy, gmap, self.budget, pinned, plan, test_dynamic)
 
     @property
     def min_budget(self):
         if self._need is self._UNSET:
             gmap, pinned, _ = self._of
-            self._need = min_budget(gmap, self.strategy, pinned)
+            self._need = (plan_bytes_at(gmap, self.strategy, gmap.k, pinned,
+                                        self.test_dynamic)[0]
+                          if self.test_dynamic else min_budget(gmap, self.strategy, pinned))
         return self._need
 
     @property
     def max_k(self):
         if self._kmax is self._UNSET:
             gmap, pinned, _ = self._of
-            self._kmax = max_batch(gmap, self.strategy, self.budget, pinned)
+            self._kmax = max_batch(gmap, self.strategy, self.budget, pinned,
+                                   test_dynamic=self.test_dynamic)
         return self._kmax
 
     def __str__(self):
@@ -1146,10 +1170,15 @@ class _PlanBudgetError(BudgetError):
             budget, need, kmax = self.budget, self.min_budget, self.max_k
             j = plan.peak_step
             at = "setup" if j == SETUP else str(gmap.steps[j])
+            test = ""
+            if self.test_dynamic:
+                test = (f", {fmt_bytes(arena_need(plan, self.test_dynamic))} with room for "
+                        f"the test nets' pass ({fmt_bytes(self.test_dynamic)}) after its "
+                        "resident buffers")
             msg = (f"budget {fmt_bytes(budget)} is too small for swap strategy "
                    f"{self.strategy!r} on net {gmap.net_name!r} at minibatch {gmap.k}: its peak "
                    f"is {fmt_bytes(plan.peak)} at {at} (eq. 4), and its arena needs "
-                   f"{fmt_bytes(plan.arena_bytes)}. The smallest budget that works is "
+                   f"{fmt_bytes(plan.arena_bytes)}{test}. The smallest budget that works is "
                    f"{fmt_bytes(need)} ({need} bytes), laid out with no region holds and no "
                    f"prefetch lead; ")
             if kmax:

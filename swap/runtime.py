@@ -116,7 +116,7 @@ from .gmap import (CUDNN_WORKSPACE_LIMIT, DATA, FORWARD, PARAM, SAVED, SCRATCH, 
                    net_batch_size)
 from .plan import (ALLOCATE, BEFORE, COMPUTE, OFFLOAD, PREFETCH, RECOMPUTE, RELEASE, SETUP,
                    SWAP_IN, SWAP_OUT, BudgetError, Plan, arena_need, make_plan,
-                   resident_extent)
+                   plan_budget_error, resident_extent)
 
 # ------------------------------------------------------------- residency
 FREED = "FREED"
@@ -2098,10 +2098,12 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
     if test_nets is None:
         test_nets = list(getattr(solver, "test_nets", ()) or ())
     plan_budget = budget
-    extra = 0
+    extra = t_dyn = 0
     if budget is not None:
-        plan_budget = budget_for_plan(target, budget, scratch=scratch, test_nets=test_nets,
-                                      gmap=g)
+        # the budget less the scratch reserve and the test nets' persistent buffers; a test
+        # pass also needs its per-pass buffers after the plan's resident ones (arena_need)
+        t_pers, t_dyn = _test_bytes(net, g, solver, test_nets)
+        plan_budget = int(budget) - align(scratch or 0) - t_pers
         extra = budget - plan_budget
     if isinstance(pinned, str):
         if pinned != "all":
@@ -2113,9 +2115,15 @@ def install(target, strategy: str = "naive", budget: int | None = None, *,
         options["recompute"] = dynamic_recompute(g, recompute, pinned)
     try:
         plan = make_plan(g, strategy, plan_budget, pinned, **options)
+        if t_dyn and arena_need(plan, t_dyn) > plan_budget:
+            # the plan fits, a test pass after its resident buffers does not: the error names
+            # the budget that holds both (the executor's own check gives bytes only)
+            raise plan_budget_error(g, strategy, plan_budget, plan, pinned, t_dyn)
     except BudgetError as e:
+        if t_dyn and hasattr(e, "with_test_pass"):
+            e = e.with_test_pass(t_dyn)     # its smallest budget and k leave room for a pass
         if not extra:
-            raise
+            raise e from None
         raise e.given(budget, plan_budget) from None
     ex = Executor(net, plan, budget=budget, solver=solver, trace=trace, poison=poison,
                   scratch=scratch, strict=strict, measure=measure, nvtx=nvtx,

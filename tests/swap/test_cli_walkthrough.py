@@ -1,0 +1,82 @@
+"""A user's walk through the memory-budget features of ``minicaffe train`` and ``plan`` on
+the CPU: the budgets a too-small budget's error names must work, budget flags are read or
+refused by name, Ctrl-C while ``--swap dynamic`` profiles leaves a snapshot, and a resumed
+``--swap dynamic`` run keeps the minibatch and learning rate the tuner chose.
+
+The net has a test net, as the bundled solvers do: its buffers take part of the budget
+(swap.runtime's arena layout), which is what the first errors left out."""
+import re
+
+import pytest
+
+from minicaffe.cli import main
+
+NET = """
+name: "walk"
+layer { name: "data" type: "DummyData" top: "data" top: "label" include { phase: TRAIN }
+  dummy_data_param { shape { dim: 8 dim: 1 dim: 12 dim: 12 } shape { dim: 8 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 4.99 } } }
+layer { name: "data" type: "DummyData" top: "data" top: "label" include { phase: TEST }
+  dummy_data_param { shape { dim: 32 dim: 1 dim: 12 dim: 12 } shape { dim: 32 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 4.99 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "relu1" type: "ReLU" bottom: "pool1" top: "pool1" }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1"
+  inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
+layer { name: "acc" type: "Accuracy" bottom: "ip1" bottom: "label" top: "acc"
+  include { phase: TEST } }
+"""
+
+
+@pytest.fixture
+def solver_file(tmp_path):
+    """A solver file with a test net (test_iter 1), its net beside it, and snapshots under
+    ``tmp_path/snap``."""
+    net = tmp_path / "net.prototxt"
+    net.write_text(NET)
+    s = tmp_path / "solver.prototxt"
+    s.write_text(f'net: "{net}"\nbase_lr: 0.05\nmomentum: 0.9\nlr_policy: "fixed"\n'
+                 'max_iter: 4\ndisplay: 1\ntest_iter: 1\ntest_interval: 1000\n'
+                 f'snapshot_prefix: "{tmp_path}/snap/s"\nsolver_mode: CPU\nrandom_seed: 3\n')
+    return s
+
+
+def train(solver_file, *args, capsys):
+    rc = main(["train", "--solver", str(solver_file), *args])
+    return rc, capsys.readouterr().err
+
+
+def smallest_budget(err: str) -> int:
+    """The bytes of the last "smallest budget that works is X (N bytes)" of an error."""
+    found = re.findall(r"smallest budget that works is [^(]*\((\d+) bytes\)", err)
+    assert found, err
+    return int(found[-1])
+
+
+def report_bytes(err: str, what: str) -> float:
+    """A figure of the final report line, e.g. "arena high-water mark", in bytes."""
+    m = re.search(re.escape(what) + r" ([0-9.]+) (B|KiB|MiB|GiB)", err)
+    assert m, err
+    return float(m.group(1)) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[m.group(2)]
+
+
+@pytest.mark.parametrize("strategy", ["none", "naive"])
+def test_the_smallest_budget_named_for_a_plan_with_test_nets_works(solver_file, strategy,
+                                                                     capsys):
+    """--swap none|naive at a budget far too small: the error's smallest budget counts the
+    test nets' buffers too, so that budget trains, and a byte less does not."""
+    rc, err = train(solver_file, "--swap", strategy, "--budget", "1K", "--max-iter", "2",
+                    capsys=capsys)
+    assert rc == 1 and "Traceback" not in err
+    need = smallest_budget(err)
+    rc, err = train(solver_file, "--swap", strategy, "--budget", str(need - 1),
+                    "--max-iter", "2", capsys=capsys)
+    assert rc == 1 and "too small" in err and smallest_budget(err) == need, err
+    rc, err = train(solver_file, "--swap", strategy, "--budget", str(need), "--max-iter", "2",
+                    capsys=capsys)
+    assert rc == 0, err
+    assert report_bytes(err, "arena high-water mark") <= need

@@ -146,33 +146,86 @@ def resize_inter_linear(img, height: int, width: int) -> np.ndarray:
     return out[:, :, 0] if src.ndim == 2 else out
 
 
-def pil_to_array(img, is_color: bool = True) -> np.ndarray:
-    """A Pillow image as a ``(C, H, W)`` uint8 array in Caffe's channel order.
+def _is_16_bit_gray(img) -> bool:
+    # Pillow opens a 16-bit grey PNG as "I;16" (older versions: "I")
+    return img.mode.startswith("I;16") or (img.mode == "I" and img.format == "PNG")
 
-    ``is_color``: 3 channels in BGR order (OpenCV's ``IMREAD_COLOR``, which
-    Caffe uses), else 1 grey channel (``IMREAD_GRAYSCALE``).
+
+def _gray_like_opencv(img) -> np.ndarray:
+    """The ``(H, W)`` uint8 grey image that OpenCV's ``imread``/``imdecode`` with
+    ``IMREAD_GRAYSCALE`` gives for ``img`` (a Pillow image as opened, ``format`` still set):
+
+    * grey already: as it is (a grey+alpha PNG drops its alpha);
+    * a colour JPEG: its luma plane, which libjpeg returns for ``JCS_GRAYSCALE`` output;
+      :func:`open_image` asks Pillow for it with ``draft("L")`` before decoding (from the
+      decoded RGB, the luma of clipped pixels is off by up to 10 levels);
+    * a colour (or palette) PNG: libpng's ``png_set_rgb_to_gray(0.299, 0.587)``, 15-bit
+      coefficients 9797, 19234, 3737, truncated;
+    * anything else: the BGR-to-grey rule of OpenCV's BMP and TIFF readers, 14-bit
+      coefficients 4899, 9617, 1868, rounded (Pillow's ``convert("L")`` uses 16-bit ones,
+      off by one in places).  OpenCV's WebP reader goes through ``cvtColor``, whose rule
+      changed between versions (4.x: 15-bit coefficients); a grey WebP may differ by one.
     """
+    if img.mode in ("L", "LA"):
+        return np.asarray(img.getchannel("L"), dtype=np.uint8)
+    if img.mode == "1":
+        return np.asarray(img.convert("L"), dtype=np.uint8)
+    rgb = np.asarray(img.convert("RGB"), dtype=np.uint32)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    if img.format == "PNG":
+        return ((9797 * r + 19234 * g + 3737 * b) >> 15).astype(np.uint8)
+    return ((4899 * r + 9617 * g + 1868 * b + (1 << 13)) >> 14).astype(np.uint8)
+
+
+def pil_to_array(img, is_color: bool = True) -> np.ndarray:
+    """A Pillow image as a ``(C, H, W)`` uint8 array in Caffe's channel order, as OpenCV's
+    8-bit ``imread`` (which Caffe's ReadImageToCVMat and DecodeDatumToCVMat use) gives it.
+
+    ``is_color``: 3 channels in BGR order (``IMREAD_COLOR``), else 1 grey channel
+    (``IMREAD_GRAYSCALE``: see :func:`_gray_like_opencv`).  A 16-bit grey image keeps its
+    high byte (OpenCV reads PNGs through libpng's ``png_set_strip_16``; Pillow's own
+    conversion would clip every value above 255 to 255).
+    """
+    if _is_16_bit_gray(img):
+        high = (np.asarray(img).astype(np.uint32) >> 8).astype(np.uint8)
+        return high[np.newaxis].repeat(3 if is_color else 1, axis=0)
     if is_color:
         hwc = np.asarray(img.convert("RGB"), dtype=np.uint8)[:, :, ::-1]  # RGB -> BGR
         return np.ascontiguousarray(hwc.transpose(2, 0, 1))
-    return np.asarray(img.convert("L"), dtype=np.uint8)[np.newaxis].copy()
+    return np.ascontiguousarray(_gray_like_opencv(img)[np.newaxis])
+
+
+def open_image(source, is_color=None):
+    """Open an image file (a path or a file object) with Pillow, decoded.  ``is_color``
+    False: a colour JPEG is decoded to its luma plane alone, as OpenCV's
+    ``IMREAD_GRAYSCALE`` asks libjpeg to (``draft("L")``; other formats ignore it)."""
+    Image = require_pillow()
+    img = Image.open(source)
+    if is_color is False and img.format == "JPEG" and img.mode in ("RGB", "YCbCr"):
+        img.draft("L", img.size)
+    img.load()
+    return img
+
+
+def _is_gray_mode(img) -> bool:
+    return img.mode in ("L", "1", "I", "F") or img.mode.startswith("I;16")
 
 
 def decode_image_bytes(data: bytes, force_color: bool = False, force_gray: bool = False):
     """Decode an encoded image (``Datum.encoded``) to ``(C, H, W)`` uint8.
 
     Without forcing, the image keeps its own channel count (OpenCV's
-    ``IMREAD_ANYCOLOR``, Caffe's ``DecodeDatumToCVMatNative``).
+    ``IMREAD_ANYCOLOR``, Caffe's ``DecodeDatumToCVMatNative``): 1 for a grey image, 3 for
+    colour, palette and grey+alpha ones (OpenCV decodes those as 4 channels).
     """
     if force_color and force_gray:
         raise ValueError("cannot set both force_color and force_gray")
-    Image = require_pillow()
-    img = Image.open(_pyio.BytesIO(data))
+    img = open_image(_pyio.BytesIO(data), is_color=False if force_gray else None)
     if force_color:
         return pil_to_array(img, is_color=True)
     if force_gray:
         return pil_to_array(img, is_color=False)
-    return pil_to_array(img, is_color=img.mode not in ("L", "1", "I", "I;16", "F"))
+    return pil_to_array(img, is_color=not _is_gray_mode(img))
 
 
 # --------------------------------------------------------------- BlobProto
@@ -217,14 +270,12 @@ def load_image_chw(path, is_color: bool = True, resize_height: int = 0,
             raise ValueError(f"{path}: .npy arrays are not resized; it is {arr.shape[1:]}, "
                              f"asked for {(resize_height, resize_width)}")
         return arr
-    Image = require_pillow()
-    with Image.open(path) as img:
-        img.load()
-        if resize_height > 0 and resize_width > 0:
-            img = img.convert("RGB" if is_color else "L")
-            img = Image.fromarray(resize_inter_linear(np.asarray(img), resize_height,
-                                                      resize_width))
-        return pil_to_array(img, is_color=is_color)
+    with open_image(path, is_color) as img:
+        chw = pil_to_array(img, is_color=is_color)
+    if resize_height > 0 and resize_width > 0:
+        hwc = resize_inter_linear(chw.transpose(1, 2, 0), resize_height, resize_width)
+        chw = np.ascontiguousarray(hwc.transpose(2, 0, 1))
+    return chw
 
 
 def array_to_blobproto(arr, diff=None, legacy: bool = False):

@@ -94,7 +94,9 @@ def test_convert_imageset_gray_resize_and_check_size(imageset, tmp_path):
     assert images.shape == (5, 1, 6, 2)
     convert_imageset(str(root), listfile, tmp_path / "g2", gray=True, verbose=False)
     gray, _, _ = mio.read_lmdb_arrays(tmp_path / "g2")
-    expect = np.asarray(Image.fromarray(rgb[0]).convert("L"))
+    # OpenCV's IMREAD_GRAYSCALE of a PNG: libpng's rgb_to_gray, 15-bit weights, truncated
+    r, g, b = (rgb[0][..., i].astype(np.uint32) for i in range(3))
+    expect = (9797 * r + 19234 * g + 3737 * b) >> 15
     np.testing.assert_array_equal(gray[0, 0], expect)
     # a differently sized image fails --check_size, and nothing is left behind
     Image.fromarray(np.zeros((5, 5, 3), np.uint8)).save(root + "odd.png")

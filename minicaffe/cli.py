@@ -730,15 +730,19 @@ def cmd_plan(args):
         model, pcie = device_models(peak_flops=peak, x_half=args.x_half, h2d=bw, both=both)
         source = (f"synthetic device ({peak / 1e12:g} TFLOP/s saturating at x_half "
                   f"{args.x_half:g} FLOPs, {bw / 1e9:g} GB/s each way, {both / 1e9:g} GB/s both)")
-    if args.batch is not None:
-        dec = plan_at(gmap, args.batch, plan_budget, model, pcie, rule=args.pin_rule,
-                      delta=args.delta, fill=args.fill, recompute=_layers(args.recompute),
-                      scratch=scratch, test_dynamic=test_dynamic)
-    else:
-        dec = tune(gmap, plan_budget, model, pcie, method=args.search, rule=args.pin_rule,
-                   delta=args.delta, fill=args.fill, objective=args.k_objective,
-                   recompute=_layers(args.recompute), scratch=scratch, k_max=k_max,
-                   test_dynamic=test_dynamic)
+    from swap.plan import BudgetError
+    try:
+        if args.batch is not None:
+            dec = plan_at(gmap, args.batch, plan_budget, model, pcie, rule=args.pin_rule,
+                          delta=args.delta, fill=args.fill, recompute=_layers(args.recompute),
+                          scratch=scratch, test_dynamic=test_dynamic)
+        else:
+            dec = tune(gmap, plan_budget, model, pcie, method=args.search, rule=args.pin_rule,
+                       delta=args.delta, fill=args.fill, objective=args.k_objective,
+                       recompute=_layers(args.recompute), scratch=scratch, k_max=k_max,
+                       test_dynamic=test_dynamic)
+    except BudgetError as e:    # as --budget sees it: the test nets' bytes taken first
+        raise e.given(budget, plan_budget) from None
     print(f"net {gmap.net_name!r}: {gmap.n_steps} steps, {len(gmap.feature_maps())} feature "
           f"maps ({layout} layout"
           + (f": the GMAP the profile's run decided on, at minibatch {gmap.k}"

@@ -70,7 +70,7 @@ from .gmap import GMAP, build_gmap, net_batch_size
 from .memory import fmt_bytes
 from .model import D2H, H2D, TUNER_GRANULARITY, ComputeModel, PCIeModel
 from .plan import (RECOMPUTE, BudgetError, _base_intervals, _place_returns, dynamic_recompute,
-                   largest_k, make_plan, recompute_candidates)
+                   largest_k, make_plan, plan_bytes_at, recompute_candidates)
 from .planner import (RULES, DynamicPlan, PinResult, _pairs, _split_uses, _uses, algorithm1,
                       choose_pins, make_dynamic_plan, with_recomputations)
 
@@ -632,8 +632,19 @@ def tune(gmap: GMAP, budget: int, model: ComputeModel, pcie: PCIeModel, *,
     km = (max_batch_scratch(gmap, budget, scratch, test_dynamic=test_dynamic)
           if k_max is None else int(k_max))
     if km < 1:
-        make_plan(gmap.at(1), "naive", budget - (scratch(1) if scratch is not None else 0))
-        raise BudgetError(f"not even minibatch 1 fits {fmt_bytes(budget)}", budget=budget)
+        reserve = scratch(1) if scratch is not None else 0
+        arena = plan_bytes_at(gmap, "naive", 1)[0]
+        need = plan_bytes_at(gmap, "naive", 1, test_dynamic=test_dynamic)[0] + reserve
+        raise BudgetError(
+            f"budget {fmt_bytes(budget)} is too small for the dynamic strategy on net "
+            f"{gmap.net_name!r}: not even minibatch 1 fits. The naive plan, which offloads "
+            f"every feature map (the least a plan takes), needs an arena of {fmt_bytes(arena)} "
+            "at minibatch 1"
+            + (f", {fmt_bytes(need - reserve)} with room for the test nets' pass "
+               f"({fmt_bytes(test_dynamic)}) after its resident buffers" if test_dynamic else "")
+            + (f", and the scratch reserve takes {fmt_bytes(reserve)}" if reserve else "")
+            + f". The smallest budget that works is {fmt_bytes(need)} ({need} bytes).",
+            budget=budget, min_budget=need, max_k=0, strategy="dynamic", k=1)
     k_min = max(1, min(k_min, km))
     find = linear_search if method == "linear" else bisect_search
     evaluations = []
@@ -1323,21 +1334,59 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         return (f", scratch reserve {fmt_bytes(scratch(k))} at k = {k} "
                 f"({scratch.describe()})")
 
+    def need_at(k: int) -> int:
+        """The smallest budget that trains minibatch k in stage 1: the naive plan's arena (it
+        offloads every feature map, the least a plan at k takes) with room for a test pass,
+        the test nets' persistent buffers and the scratch reserve at k."""
+        return (plan_bytes_at(g0, "naive", k, test_dynamic=t_dyn)[0] + (budget - base)
+                + reserve_at(k))
+
+    def what_it_takes(k: int) -> str:
+        """What ``need_at(k)`` is made of, in words."""
+        words = [f"its arena needs {fmt_bytes(plan_bytes_at(g0, 'naive', k)[0])}"]
+        if t_dyn:
+            words[0] += (f", {fmt_bytes(plan_bytes_at(g0, 'naive', k, test_dynamic=t_dyn)[0])}"
+                         f" with room for the test nets' pass ({fmt_bytes(t_dyn)}) after its "
+                         "resident buffers")
+        if budget > base:
+            words.append(f"the test nets keep {fmt_bytes(budget - base)}")
+        if reserve_at(k):
+            words.append(f"the scratch reserve takes {fmt_bytes(reserve_at(k))}")
+        return ("stage 1 profiles under the naive plan, which offloads every feature map (the "
+                f"least a plan takes): at minibatch {k} " + "; ".join(words))
+
     k_max = max_batch_scratch(g0, base, scratch, host_budget=host_budget, test_dynamic=t_dyn)
     if k_max < 1:
-        try:
-            make_plan(g0.at(1), "naive", base - reserve_at(1))
-        except BudgetError as e:
-            raise e.given(budget, base - reserve_at(1)) from None
-        raise BudgetError(f"not even minibatch 1 fits {fmt_bytes(budget)} with a scratch "
-                          f"reserve of {fmt_bytes(reserve_at(1))}", budget=budget)
+        left = base - reserve_at(1)
+        head = (f"budget {fmt_bytes(budget)} less {fmt_bytes(budget - left)} for the scratch "
+                f"reserve and the test nets leaves {fmt_bytes(left)} for the plan: "
+                if budget > left else f"budget {fmt_bytes(budget)}: ")
+        need = need_at(1)
+        msg = (f"{head}not even minibatch 1 of net {g0.net_name!r} fits under --swap dynamic: "
+               f"{what_it_takes(1)}. The smallest budget that works is {fmt_bytes(need)} "
+               f"({need} bytes) for minibatch 1")
+        k_want = batch if batch is not None else (None if auto_batch else k_base)
+        if k_want is not None and k_want != 1:
+            need = need_at(k_want)
+            msg += f", {fmt_bytes(need)} ({need} bytes) for minibatch {k_want}"
+        raise BudgetError(msg + ".", budget=budget, min_budget=need, max_k=0,
+                          strategy="dynamic", k=k_want or 1)
+
     def batch_fits():
         if batch is not None and batch > k_max:
-            if base - reserve_at(batch) > 0:      # its BudgetError names the largest k
-                make_plan(g0.at(batch), "naive", base - reserve_at(batch))
-            raise BudgetError(f"minibatch {batch} does not fit {fmt_bytes(budget)} with a "
-                              f"scratch reserve of {fmt_bytes(reserve_at(batch))}; the largest "
-                              f"that fits is {k_max}", budget=budget, max_k=k_max)
+            need = need_at(batch)
+            if need <= budget and host_budget is not None:
+                raise BudgetError(
+                    f"minibatch {batch} of net {g0.net_name!r} would offload more than the "
+                    f"pinned host memory allows ({fmt_bytes(host_budget)}, --host-budget); "
+                    f"the largest minibatch that fits is {k_max}", budget=budget,
+                    max_k=k_max, strategy="dynamic", k=batch)
+            raise BudgetError(
+                f"minibatch {batch} of net {g0.net_name!r} does not fit budget "
+                f"{fmt_bytes(budget)} under --swap dynamic: {what_it_takes(batch)}. The "
+                f"smallest budget that works is {fmt_bytes(need)} ({need} bytes) for minibatch "
+                f"{batch}; the largest minibatch that fits {fmt_bytes(budget)} is {k_max}.", budget=budget, min_budget=need, max_k=k_max, strategy="dynamic",
+                k=batch)
 
     # A fixed batch over k_max while the reserve is still the estimate from the declared
     # scratch (cuDNN's workspaces at their bound, far above what runs: VGG-16 at 12 GiB, 4.0

@@ -80,3 +80,55 @@ def test_the_smallest_budget_named_for_a_plan_with_test_nets_works(solver_file, 
                     capsys=capsys)
     assert rc == 0, err
     assert report_bytes(err, "arena high-water mark") <= need
+
+
+def test_the_smallest_budget_named_for_swap_dynamic_works(solver_file, capsys):
+    """--swap dynamic where not even minibatch 1 fits: the error names the smallest budget
+    for minibatch 1 (with the room a test pass takes), which then trains it."""
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "1K", "--batch", "1",
+                    "--max-iter", "2", capsys=capsys)
+    assert rc == 1 and "minibatch 1" in err
+    need = smallest_budget(err)
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", str(need - 1), "--batch",
+                    "1", "--max-iter", "2", capsys=capsys)
+    assert rc == 1 and smallest_budget(err) == need, err
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", str(need), "--batch", "1",
+                    "--max-iter", "2", capsys=capsys)
+    assert rc == 0, err
+    assert report_bytes(err, "arena high-water mark") <= need
+
+
+def test_a_fixed_batch_over_k_max_names_a_budget_above_the_one_given(solver_file, capsys):
+    """--swap dynamic --batch k above k_max: the smallest budget named for k is more than
+    the budget given (it was less: the plan's part of it), and it trains k."""
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "1K", "--batch", "1",
+                    capsys=capsys)
+    budget = smallest_budget(err) + (64 << 10)
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", str(budget), "--batch",
+                    "4096", "--max-iter", "2", capsys=capsys)
+    assert rc == 1 and "minibatch 4096" in err, err
+    need = smallest_budget(err)
+    assert need > budget
+    m = re.search(r"the largest (?:minibatch )?that fits [^ ]+ [^ ]+ is (\d+)", err)
+    assert m, err
+    k = int(m.group(1))
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", str(budget), "--batch",
+                    str(k), "--max-iter", "2", capsys=capsys)
+    assert rc == 0, err
+
+
+def test_plan_on_a_profile_names_a_budget_that_plans(solver_file, tmp_path, capsys):
+    """minicaffe plan --profile P (a train run's, with test nets) at a budget too small for
+    minibatch 1: the smallest budget it names plans there."""
+    prof = tmp_path / "p.json"
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "4M", "--batch", "4",
+                    "--max-iter", "1", "--save-profile", str(prof), capsys=capsys)
+    assert rc == 0, err
+    assert main(["plan", "--budget", "1K", "--profile", str(prof)]) == 1
+    err = capsys.readouterr().err
+    assert "minibatch 1" in err and "Traceback" not in err
+    need = smallest_budget(err)
+    assert main(["plan", "--budget", str(need - 1), "--profile", str(prof)]) == 1
+    assert smallest_budget(capsys.readouterr().err) == need
+    assert main(["plan", "--budget", str(need), "--profile", str(prof)]) == 0
+    assert "k* = " in capsys.readouterr().out

@@ -575,16 +575,26 @@ class LMDBReader:
         self.close()
 
 
-class _NewDatabase:
-    """What Caffe's LMDB and LevelDB writers share: the path must not exist (Caffe's ``NEW``),
-    ``put`` buffers records and ``commit`` writes them (a subclass's), ``close`` commits, and a
-    ``with`` block that fails leaves no half-written database behind."""
+WRITE_MODES = ("new", "write")     # Caffe's db::Mode NEW and WRITE (READ: the readers)
 
-    def __init__(self, path):
+
+class _NewDatabase:
+    """What Caffe's LMDB and LevelDB writers share.  ``mode`` is Caffe's ``db::Mode``:
+    ``"new"`` (NEW, the tools' mode: the path must not exist) or ``"write"`` (WRITE: records
+    are added to an existing database, a key already there is overwritten).  ``put`` buffers
+    records and ``commit`` writes them (a subclass's: Caffe's Transaction), ``close``
+    commits, and a ``with`` block that fails leaves no half-written new database behind (a
+    database opened with ``"write"`` keeps what it had; the block's records are dropped)."""
+
+    def __init__(self, path, mode: str = "new"):
         self.path = os.fspath(path)
-        if os.path.exists(self.path):
+        if mode not in WRITE_MODES:
+            raise ValueError(f"{self.path}: unknown database mode {mode!r} (choose "
+                             f"{' or '.join(WRITE_MODES)}; readers open for reading)")
+        self.mode = mode
+        if mode == "new" and os.path.exists(self.path):
             raise FileExistsError(f"{self.path}: already exists (Caffe refuses to overwrite a "
-                                  "database; remove it first)")
+                                  "database; remove it first, or open it with mode 'write')")
         self._pending: list[tuple[bytes, bytes]] = []
         self.count = 0
 
@@ -605,11 +615,13 @@ class _NewDatabase:
         # a failed conversion leaves no half-written database behind
         self._pending.clear()
         self.close()
-        shutil.rmtree(self.path, ignore_errors=True)
+        if self.mode == "new":
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 class LMDBWriter(_NewDatabase):
-    """Create a new LMDB database (Caffe's ``db::LMDB`` opened with ``NEW``).
+    """Create a new LMDB database (Caffe's ``db::LMDB`` opened with ``NEW``), or with
+    ``mode="write"`` add to the one in the existing folder ``path`` (``WRITE``).
 
     ``put`` buffers records; ``commit`` writes them in one transaction (the
     tools commit every 1000 records, as Caffe's).  The map starts small and
@@ -617,10 +629,14 @@ class LMDBWriter(_NewDatabase):
     does the same since 2016), so the file on disk stays as small as the data.
     """
 
-    def __init__(self, path, map_size: int = 1 << 24):
+    def __init__(self, path, map_size: int = 1 << 24, mode: str = "new"):
         lmdb = require_lmdb()
-        super().__init__(path)
-        os.makedirs(self.path)
+        super().__init__(path, mode)
+        if mode == "new":
+            os.makedirs(self.path)          # Caffe: mkdir, which fails on an existing path
+        elif not os.path.isdir(self.path):  # Caffe: mdb_env_open fails, ENOENT
+            raise FileNotFoundError(f"{self.path}: no such LMDB folder to open for writing "
+                                    "(mode 'new' creates one)")
         self._lmdb = lmdb
         self._env = lmdb.open(self.path, map_size=int(map_size), subdir=True, readahead=False)
 
@@ -777,13 +793,20 @@ class LevelDBReader:
 
 class LevelDBWriter(_NewDatabase):
     """Create a new LevelDB database (Caffe's ``db::LevelDB`` with ``NEW``; Caffe's options:
-    64 KiB blocks, a 256 MiB write buffer); ``commit`` writes one batch."""
+    64 KiB blocks, a 256 MiB write buffer), or with ``mode="write"`` open one to add to,
+    created where it is missing (``WRITE``: create_if_missing, not error_if_exists);
+    ``commit`` writes one batch."""
 
-    def __init__(self, path):
+    def __init__(self, path, mode: str = "new"):
         plyvel = require_plyvel()
-        super().__init__(path)
-        self._db = plyvel.DB(self.path, create_if_missing=True, error_if_exists=True,
-                             block_size=65536, write_buffer_size=268435456)
+        super().__init__(path, mode)
+        try:
+            self._db = plyvel.DB(self.path, create_if_missing=True,
+                                 error_if_exists=mode == "new", block_size=65536,
+                                 write_buffer_size=268435456)
+        except plyvel.Error as e:   # Caffe: "Failed to open leveldb " << source
+            raise ValueError(f"Failed to open leveldb {self.path} for writing ({e}; LevelDB "
+                             "takes one handle per process: close its readers first)") from None
 
     def commit(self):
         if not self._pending:

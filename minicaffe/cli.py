@@ -458,6 +458,7 @@ def cmd_train(args):
     if not args.solver and not args.net:
         raise UsageError("Need a solver definition to train. (-solver S.prototxt, or a net "
                          "prototxt to train with a default SGD solver)")
+    _check_swap_args(args)     # --- swap/: flags and sizes, before the net is built
     if args.solver and args.net:
         raise UsageError(f"give -solver {args.solver} or the net {args.net}, not both")
     if args.net and _is_solver_file(args.net):
@@ -512,9 +513,40 @@ def cmd_train(args):
 
 
 # --- swap/ (begin): train --swap/--budget/--memory-trace and the mem command
-def _install_swap(args, solver):
-    """Plan and install ``--swap`` on the train net; a budget too small fails here, before
-    the first iteration, naming the smallest budget that works and the largest minibatch."""
+_UNIT_WORD = r"(?i)[KMGT]?(?:i?B)?"     # what a size's unit looks like on its own
+
+
+def _size_flag(text, flag: str) -> int:
+    """``--budget 12G`` -> bytes (swap.memory.parse_bytes: binary units; 12GiB and 12GB are
+    the same); a UsageError naming the flag for what is not a size or not above 0."""
+    from swap.memory import parse_bytes
+    try:
+        n = parse_bytes(text)
+    except ValueError:
+        if str(text).strip().startswith("-"):
+            n = -1
+        else:
+            raise UsageError(f"{flag}: cannot read {text!r} as a size: give bytes or a number "
+                             "with K, M, G or T (binary units), for example 12G or 1536M"
+                             ) from None
+    if n <= 0:
+        raise UsageError(f"{flag} {text!r}: a size must be above 0 bytes, for example 12G")
+    return n
+
+
+def _check_swap_args(args):
+    """train's swap/ flags, before anything is built: each one needs --swap (or --swap
+    dynamic), and --budget and --host-budget must read as sizes (--budget parsed into
+    ``args.budget_bytes``)."""
+    import re
+    for flag in ("budget", "host_budget"):
+        text = getattr(args, flag)
+        if (text is not None and args.net and re.fullmatch(_UNIT_WORD, args.net)
+                and re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", text)):
+            unit = args.net.upper().replace("IB", "").replace("B", "")
+            name = "--" + flag.replace("_", "-")
+            raise UsageError(f"{name} {text} {args.net}: a size is one word: {name} "
+                             f"{text.strip()}{unit} (binary units), or quote it")
     dynamic_only = [name for name, v in (
         ("--auto-batch", args.auto_batch), ("--batch", args.batch is not None),
         ("--lr-rule", args.lr_rule is not None), ("--convexity", args.convexity is not None),
@@ -527,11 +559,29 @@ def _install_swap(args, solver):
     if args.swap != "dynamic" and dynamic_only:
         verb = "needs" if len(dynamic_only) == 1 else "need"
         raise UsageError(f"{', '.join(dynamic_only)} {verb} --swap dynamic")
+    args.budget_bytes = (_size_flag(args.budget, "--budget") if args.budget is not None
+                         else None)
+    if args.host_budget is not None:
+        _size_flag(args.host_budget, "--host-budget")
+    if args.swap == "dynamic":
+        if args.budget is None:
+            raise UsageError("--swap dynamic needs --budget (the device memory to plan for, "
+                             "e.g. 12G)")
+        if args.auto_batch and args.batch is not None:
+            raise UsageError("give --auto-batch or --batch k, not both")
+        if args.batch is not None and args.batch <= 0:
+            raise UsageError(f"--batch must be positive, got {args.batch}")
+
+
+def _install_swap(args, solver):
+    """Plan and install ``--swap`` on the train net; a budget too small fails here, before
+    the first iteration, naming the smallest budget that works and the largest minibatch.
+    The flags were checked by :func:`_check_swap_args`."""
     if args.swap is None:
         return None
-    from swap.memory import fmt_bytes, parse_bytes
+    from swap.memory import fmt_bytes
     from swap.runtime import install
-    budget = parse_bytes(args.budget) if args.budget is not None else None
+    budget = args.budget_bytes
     if args.swap == "dynamic":
         return _install_dynamic(args, solver, budget)
     ex = install(solver, args.swap, budget, trace=args.memory_trace)
@@ -544,12 +594,6 @@ def _install_swap(args, solver):
 def _install_dynamic(args, solver, budget):
     """``--swap dynamic``: the three stages (swap.tuner.train_dynamic): profile the first
     iterations (they train), decide k*, the plan and the learning rate, install the plan."""
-    if budget is None:
-        raise UsageError("--swap dynamic needs --budget (the device memory to plan for, e.g. 12G)")
-    if args.auto_batch and args.batch is not None:
-        raise UsageError("give --auto-batch or --batch k, not both")
-    if args.batch is not None and args.batch <= 0:
-        raise UsageError(f"--batch must be positive, got {args.batch}")
     if getattr(args, "ps", None) and (args.auto_batch or not args.profile):
         raise UsageError("with --ps, --swap dynamic needs --profile P and a fixed --batch k: every "
                          "worker must train the same k (choose it once with minicaffe plan "
@@ -559,7 +603,7 @@ def _install_dynamic(args, solver, budget):
         solver.restore(args.snapshot)
         args.snapshot = None
     from ps.cli import worker_device_bytes
-    from swap.memory import fmt_bytes, parse_bytes
+    from swap.memory import fmt_bytes
     from swap.tuner import train_dynamic
     extra = worker_device_bytes(args, solver)
     if extra:
@@ -573,7 +617,7 @@ def _install_dynamic(args, solver, budget):
                           objective=args.k_objective, scratch_extra=extra,
                           recompute=_layers(args.recompute),
                           host_budget=("auto" if args.host_budget is None
-                                       else parse_bytes(args.host_budget)))
+                                       else _size_flag(args.host_budget, "--host-budget")))
     return ex
 
 
@@ -680,9 +724,9 @@ def cmd_plan(args):
     the swaps at --batch k), the predicted iteration time and peak memory; --plot draws the
     predicted timeline of the three streams (and the observed one of --trace beside it)."""
     from swap.gmap import build_gmap
-    from swap.memory import fmt_bytes, parse_bytes
+    from swap.memory import fmt_bytes
     from swap.tuner import device_models, plan_at, profile_models, tune
-    budget = parse_bytes(args.budget)
+    budget = _size_flag(args.budget, "--budget")
     if args.batch is not None and args.batch <= 0:
         raise UsageError(f"--batch must be positive, got {args.batch}")
     if args.trace and not args.plot:
@@ -771,7 +815,7 @@ def cmd_mem(args):
     """Print the memory breakdown of every strategy and the max trainable minibatch."""
     from .net import TRAIN, Net
     from swap.gmap import build_gmap
-    from swap.memory import memory_report, parse_bytes
+    from swap.memory import memory_report
     from swap.plan import STRATEGIES
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for s in strategies:
@@ -779,7 +823,7 @@ def cmd_mem(args):
             raise UsageError(f"unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
     if args.batch is not None and args.batch <= 0:
         raise UsageError(f"--batch must be positive, got {args.batch}")
-    budget = parse_bytes(args.budget) if args.budget is not None else None
+    budget = _size_flag(args.budget, "--budget") if args.budget is not None else None
     try:
         net = Net(args.model, TRAIN, mode="CPU")
     except (ValueError, FileNotFoundError) as e:

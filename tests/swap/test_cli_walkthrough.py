@@ -132,3 +132,38 @@ def test_plan_on_a_profile_names_a_budget_that_plans(solver_file, tmp_path, caps
     assert smallest_budget(capsys.readouterr().err) == need
     assert main(["plan", "--budget", str(need), "--profile", str(prof)]) == 0
     assert "k* = " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text", ["abc", "-1", "0", "4 MB X", "1e6", ""])
+def test_a_budget_that_is_no_size_is_refused_naming_the_flag(solver_file, text, capsys):
+    rc, err = train(solver_file, "--swap", "naive", "--budget", text, capsys=capsys)
+    assert rc == 2, err
+    assert "--budget" in err and "Traceback" not in err
+    assert "Iteration" not in err          # refused before the net is built and trained
+
+
+def test_host_budget_and_plan_budget_name_their_flag(solver_file, tmp_path, capsys):
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "4M", "--host-budget",
+                    "lots", capsys=capsys)
+    assert rc == 2 and "--host-budget: cannot read 'lots' as a size" in err
+    assert main(["plan", "--model", str(tmp_path / "net.prototxt"), "--budget", "x"]) == 2
+    assert "--budget: cannot read 'x' as a size" in capsys.readouterr().err
+    assert main(["mem", "--model", str(tmp_path / "net.prototxt"), "--budget=-5M"]) == 2
+    assert "--budget '-5M': a size must be above 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spelling", ["4M", "4MiB", "4096K", "4096KiB", "0.00390625G",
+                                      "4194304", "4 MB", "4mb"])
+def test_every_budget_spelling_reads_the_same(solver_file, spelling, capsys):
+    """The spellings parse_bytes documents (binary units; B, iB and GB alike)."""
+    rc, err = train(solver_file, "--swap", "naive", "--budget", spelling, "--max-iter", "1",
+                    capsys=capsys)
+    assert rc == 0, err
+    assert "budget 4.00 MiB, arena high-water mark" in err
+
+
+def test_a_size_split_in_two_words_is_named(solver_file, capsys):
+    """``--budget 4 MB`` unquoted: the unit lands on the positional net argument."""
+    rc, err = train(solver_file, "--swap", "naive", "--budget", "4", "MB", capsys=capsys)
+    assert rc == 2
+    assert "--budget 4 MB" in err and "4M" in err

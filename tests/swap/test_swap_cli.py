@@ -48,8 +48,8 @@ def test_mem_without_budget_and_bad_arguments(net_file, capsys):
     assert "naive" in out and "max k" not in out and "vdnn" not in out
     assert main(["mem", "--model", str(f), "--strategies", "checkpoint"]) == 2
     assert "unknown strategy 'checkpoint'" in capsys.readouterr().err
-    assert main(["mem", "--model", str(f), "--budget", "lots"]) == 1
-    assert "cannot read 'lots' as a size" in capsys.readouterr().err
+    assert main(["mem", "--model", str(f), "--budget", "lots"]) == 2     # usage: the flag's
+    assert "--budget: cannot read 'lots' as a size" in capsys.readouterr().err
 
 
 def test_train_with_swap_budget_and_trace(net_file, tmp_path, capsys):

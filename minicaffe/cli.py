@@ -493,15 +493,23 @@ def cmd_train(args):
                         cuda_graph=graph, weights=args.weights or None, **state)
     log(f"Using {solver.mode} mode; net {solver.net.name!r}: {len(solver.net.layers)} layers, "
         f"{sum(p.count for p in solver.net.learnable_params):,} learnable parameters")
-    executor = _install_swap(args, solver)  # --- swap/: --swap, --budget, --memory-trace
-    if args.ps:  # --- data-parallel (ps/): the worker takes over the update step
-        from ps.cli import wrap_solver
-        solver = wrap_solver(args, solver)
     signals = None
     if not args.ps:   # a data-parallel worker ends on SIGTERM and its peers' failures instead
+        # from here on: --swap dynamic's profiling iterations train too, so Ctrl-C during
+        # them stops with a snapshot as during training (StopBeforeTraining)
         signals = SignalActions(args.sigint_effect, args.sighup_effect).install()
-        solver.action_function = signals
+        solver.action_function = _stop_raises(signals)
     try:
+        try:
+            executor = _install_swap(args, solver)  # --- swap/: --swap, --budget, ...
+        except StopBeforeTraining:
+            _stopped_before_training(solver)
+            return 0
+        if args.ps:  # --- data-parallel (ps/): the worker takes over the update step
+            from ps.cli import wrap_solver
+            solver = wrap_solver(args, solver)
+        if signals is not None:
+            solver.action_function = signals
         solver.solve(resume_file=args.snapshot)
     finally:
         if signals is not None:
@@ -513,6 +521,35 @@ def cmd_train(args):
 
 
 # --- swap/ (begin): train --swap/--budget/--memory-trace and the mem command
+class StopBeforeTraining(BaseException):
+    """A stop (Ctrl-C) taken after an iteration that ``--swap dynamic`` runs before training:
+    its profiling iterations (they train).  A BaseException, as KeyboardInterrupt, so that the
+    profiler closes its executors on the way out and its handlers that let a failed
+    measurement go (``except Exception``) let this pass."""
+
+
+def _stop_raises(signals):
+    """The solver's action function while the swap plan is installed: ``signals``' requests,
+    a stop raised as :class:`StopBeforeTraining` (the profiler's loops would go on)."""
+    def action():
+        request = signals()
+        if request == "stop":
+            raise StopBeforeTraining
+        return request
+    return action
+
+
+def _stopped_before_training(solver):
+    """End as Solver.solve ends on a stop: the final snapshot (unless the periodic one of
+    this iteration was written, or snapshot_after_train is off) and Caffe's line."""
+    p = solver.param
+    log(f"Stopped at iteration {solver.iter}, while --swap dynamic profiled (before k*, "
+        "its plan and its learning rate were decided): resuming with --snapshot profiles again")
+    if p.snapshot_after_train and (not p.snapshot or solver.iter % p.snapshot != 0):
+        solver.snapshot()
+    log("Optimization stopped early.")
+
+
 _UNIT_WORD = r"(?i)[KMGT]?(?:i?B)?"     # what a size's unit looks like on its own
 
 

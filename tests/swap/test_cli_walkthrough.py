@@ -6,10 +6,12 @@ refused by name, Ctrl-C while ``--swap dynamic`` profiles leaves a snapshot, and
 The net has a test net, as the bundled solvers do: its buffers take part of the budget
 (swap.runtime's arena layout), which is what the first errors left out."""
 import re
+import signal
 
 import pytest
 
 from minicaffe.cli import main
+from minicaffe.proto import caffe_pb2, read_binary
 
 NET = """
 name: "walk"
@@ -167,3 +169,33 @@ def test_a_size_split_in_two_words_is_named(solver_file, capsys):
     rc, err = train(solver_file, "--swap", "naive", "--budget", "4", "MB", capsys=capsys)
     assert rc == 2
     assert "--budget 4 MB" in err and "4M" in err
+
+
+def test_ctrl_c_while_swap_dynamic_profiles_snapshots_and_stops(solver_file, tmp_path,
+                                                                 monkeypatch, capsys):
+    """SIGINT during stage 1 (profiling iterations, which train): as during training, the
+    run stops after the iteration with a snapshot that loads (README: Ctrl-C stops after the
+    running iteration with a snapshot)."""
+    import swap.profiler as profiler
+    real = profiler._recorded_steps
+    sent = []
+
+    def interrupted(inst, solver, warmup, iterations):
+        sent.append(solver.iter)
+        if len(sent) == 2:                  # at the second profiled minibatch
+            signal.raise_signal(signal.SIGINT)
+        return real(inst, solver, warmup, iterations)
+
+    monkeypatch.setattr(profiler, "_recorded_steps", interrupted)
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "4M", "--auto-batch",
+                    "--max-iter", "200", capsys=capsys)
+    assert len(sent) == 2 and rc == 0, err
+    assert "SIGINT" in err and "Optimization stopped early." in err
+    m = re.search(r"Snapshotting solver state to binary proto file (\S+)", err)
+    assert m, err
+    state = read_binary(m.group(1), caffe_pb2.SolverState)
+    assert 0 < state.iter < 200
+    monkeypatch.setattr(profiler, "_recorded_steps", real)
+    rc, err = train(solver_file, "--snapshot", m.group(1), "--max-iter", str(state.iter + 1),
+                    capsys=capsys)
+    assert rc == 0 and "Optimization Done." in err, err

@@ -510,7 +510,13 @@ def cmd_train(args):
             solver = wrap_solver(args, solver)
         if signals is not None:
             solver.action_function = signals
-        solver.solve(resume_file=args.snapshot)
+        resume = args.snapshot
+        if resume and not args.ps:   # restored here to say what happens to a swap decision
+            log(f"Restoring previous solver status from {resume}")
+            solver.restore(resume)
+            _drop_swap_decision(solver, resume)
+            resume = None
+        solver.solve(resume_file=resume)
     finally:
         if signals is not None:
             signals.restore()
@@ -537,6 +543,23 @@ def _stop_raises(signals):
             raise StopBeforeTraining
         return request
     return action
+
+
+def _drop_swap_decision(solver, path: str):
+    """A snapshot of a --swap dynamic run resumed without --swap dynamic: say that this run
+    trains at the net's own minibatch and the solver's rate, not at the tuner's, and forget
+    that decision (the snapshots of this run are not trained under it)."""
+    saved = solver.swap_decision
+    if not saved:
+        return
+    from swap.gmap import net_batch_size
+    k, lr = net_batch_size(solver.net), float(solver.param.base_lr)
+    if (int(saved["k"]), float(saved["lr"])) != (k, lr):
+        log(f"{path} was trained under --swap dynamic at minibatch {saved['k']} with learning "
+            f"rate {saved['lr']:g} (its tuner's decision); this run trains at the net's "
+            f"minibatch {k} with base_lr {lr:g}: resume with --swap dynamic --budget B to go "
+            f"on at minibatch {saved['k']}", level="W")
+    solver.swap_decision = None
 
 
 def _stopped_before_training(solver):
@@ -635,9 +658,26 @@ def _install_dynamic(args, solver, budget):
         raise UsageError("with --ps, --swap dynamic needs --profile P and a fixed --batch k: every "
                          "worker must train the same k (choose it once with minicaffe plan "
                          "--profile P)")
+    batch, lr_rule, convexity = args.batch, args.lr_rule, args.convexity
     if args.snapshot:       # resume first: profiling iterations continue the restored run
         log(f"Restoring previous solver status from {args.snapshot}")
         solver.restore(args.snapshot)
+        saved = solver.swap_decision     # the decision of the run that wrote the snapshot
+        if saved:
+            was = (f"{args.snapshot} was trained at minibatch {saved['k']} with learning rate "
+                   f"{saved['lr']:g} (--swap dynamic's decision for the solver's minibatch "
+                   f"{saved['k_base']} and {saved['base_lr']:g}, rule {saved['lr_rule']})")
+            if args.auto_batch:
+                log(f"{was}: --auto-batch decides again")
+            elif batch is not None:
+                log(f"{was}: --batch {batch} trains at {batch}")
+            else:
+                batch = int(saved["k"])
+                log(f"{was}: going on at minibatch {batch} (--auto-batch decides again, "
+                    "--batch k sets another)")
+            # the same rule and convexity, unless given: the same rate at the same k
+            lr_rule = lr_rule or saved.get("lr_rule")
+            convexity = convexity if convexity is not None else saved.get("convexity")
         args.snapshot = None
     from ps.cli import worker_device_bytes
     from swap.memory import fmt_bytes
@@ -646,8 +686,8 @@ def _install_dynamic(args, solver, budget):
     if extra:
         log(f"--comm nccl: the scratch reserve also holds the all-reduce buffers "
             f"({fmt_bytes(extra)})")
-    ex, _ = train_dynamic(solver, budget, auto_batch=args.auto_batch, batch=args.batch,
-                          lr_rule=args.lr_rule or "eq9", convexity=args.convexity,
+    ex, _ = train_dynamic(solver, budget, auto_batch=args.auto_batch, batch=batch,
+                          lr_rule=lr_rule or "eq9", convexity=convexity,
                           method=args.search, rule=args.pin_rule, profile=args.profile,
                           granularity=args.granularity, save_profile=args.save_profile,
                           trace=args.memory_trace, log=log, fill=args.fill,

@@ -191,6 +191,10 @@ class Solver:
         # "none", "snapshot" or "stop" (the CLI's SIGINT/SIGHUP effects); None: never asked
         self.action_function = None
         self.requested_early_exit = False
+        # what swap.tuner.train_dynamic decided for this run (minibatch k*, learning rate,
+        # schedule, images so far: a dict), kept in the snapshots' minicaffe state so that a
+        # resumed run can go on with it; None: no decision
+        self.swap_decision = None
         self._build_nets(net_param)
         self.history = [self.net.xp.zeros_like(p.data) for p in self.net.learnable_params]
         self.rule = UPDATE_RULES[self.type](self)
@@ -834,17 +838,22 @@ class Solver:
 
     def _extra_state(self) -> dict:
         """What Caffe does not save but an identical resume needs: the RNG
-        states and the data layers' read positions."""
+        states, the data layers' read positions and, under ``--swap dynamic``, the tuner's
+        decision (``swap_dynamic``: :attr:`swap_decision`)."""
         layers = {}
         for tag, net in [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]:
             for name, layer in zip(net.layer_names, net.layers):
                 if hasattr(layer, "state_dict"):
                     layers[f"{tag}/{name}"] = layer.state_dict()
-        return {"version": MINICAFFE_STATE_VERSION,
-                "host_rng": host_rng().bit_generator.state, "layers": layers}
+        state = {"version": MINICAFFE_STATE_VERSION,
+                 "host_rng": host_rng().bit_generator.state, "layers": layers}
+        if self.swap_decision is not None:
+            state["swap_dynamic"] = dict(self.swap_decision)
+        return state
 
     def _load_extra_state(self, extra: dict):
         host_rng().bit_generator.state = extra["host_rng"]
+        self.swap_decision = extra.get("swap_dynamic")
         nets = [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]
         for tag, net in nets:
             for name, layer in zip(net.layer_names, net.layers):

@@ -1190,6 +1190,22 @@ class TrainingDecision:
     gmap: GMAP | None = field(default=None, repr=False)
 
 
+def _schedule_of(param) -> dict:
+    """The solver fields that set the learning rate at an iteration (JSON-ready)."""
+    return {"base_lr": float(param.base_lr), "gamma": float(param.gamma),
+            "stepsize": int(param.stepsize), "stepvalue": [int(v) for v in param.stepvalue]}
+
+
+def _set_schedule(param, fields: dict):
+    """Put back what :func:`_schedule_of` read (the fields it has)."""
+    for name in ("base_lr", "gamma", "stepsize"):
+        if name in fields:
+            setattr(param, name, fields[name])
+    if "stepvalue" in fields:
+        del param.stepvalue[:]
+        param.stepvalue.extend(fields["stepvalue"])
+
+
 def _rescale_schedule(param, start_iter: int, images_done: int, k_base: int, k_star: int) -> int:
     """Keep the epochs (images) of the solver's schedule: the iterations left at k_base become
     ``ceil(images left / k*)`` at k*; iteration-based lr steps move accordingly, and so does a
@@ -1398,7 +1414,21 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                      and not scratch.measured)
     if not measure_first:
         batch_fits()
-    images = solver.iter * k_base          # images trained so far (at k_base)
+    # A run resumed from a snapshot of a decided run (Solver.swap_decision, restored with the
+    # state): its iterations since the decision ran at that k*, not at k_base, and its
+    # profiling iterations go on at the decided rate; the file's schedule comes back below,
+    # before the learning rate for this k* is scaled from it.
+    resumed = getattr(solver, "swap_decision", None)
+    file_schedule = _schedule_of(solver.param)
+    if resumed:
+        images = (int(resumed["images"])
+                  + (solver.iter - int(resumed["iter"])) * int(resumed["k"]))
+        _set_schedule(solver.param, resumed.get("schedule", {"base_lr": resumed["lr"]}))
+        say(f"AccUDNN stage 1: resumed at iteration {solver.iter}, {images} images into a run "
+            f"decided at k* {resumed['k']} with learning rate {resumed['lr']:g}: the profiling "
+            "iterations go on at that rate")
+    else:
+        images = solver.iter * k_base      # images trained so far (at k_base)
     # ---- stage 1: dynamic information
     if profile is None:
         ks = profile_ks(k_max) if auto_batch or measure_first else (batch or k_base,)
@@ -1534,6 +1564,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
             f"minibatches for the model ({probe.seconds:.1f} s)")
         if save_profile:
             profile.save(save_profile)      # with the searches the decision added
+    _set_schedule(solver.param, file_schedule)
     base_lr = float(solver.param.base_lr)
     lr = base_lr if k_star == k_base else scale_lr(base_lr, k_star, k_base, lr_rule, convexity)
     solver.param.base_lr = lr
@@ -1546,6 +1577,11 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         f"{k_star} (rule {lr_rule}" + (f", convexity {convexity:g}" if lr_rule == "eq9" else "")
         + f"); training to iteration {max_iter}"
         + (" (same number of images)" if keep_epochs and k_star != k_base else ""))
+    # what a snapshot keeps, for a resumed run to go on with (minicaffe.cli, Solver)
+    solver.swap_decision = {"k": int(k_star), "k_base": int(k_base), "lr": float(lr),
+                            "base_lr": base_lr, "lr_rule": lr_rule,
+                            "convexity": float(convexity), "iter": int(solver.iter),
+                            "images": int(images), "schedule": _schedule_of(solver.param)}
     # ---- stage 3: train the rest under the plan
     say(f"AccUDNN stage 3: training from iteration {solver.iter} at minibatch {k_star} under the "
         f"dynamic plan"

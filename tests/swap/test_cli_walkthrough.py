@@ -199,3 +199,34 @@ def test_ctrl_c_while_swap_dynamic_profiles_snapshots_and_stops(solver_file, tmp
     rc, err = train(solver_file, "--snapshot", m.group(1), "--max-iter", str(state.iter + 1),
                     capsys=capsys)
     assert rc == 0 and "Optimization Done." in err, err
+
+
+def lr_lines(err):
+    return [float(x) for x in re.findall(r"Iteration \d+, lr = ([0-9.e-]+)", err)]
+
+
+def test_a_resumed_swap_dynamic_run_keeps_the_tuners_batch_and_rate(solver_file, tmp_path,
+                                                                      capsys):
+    """Trained under --swap dynamic --batch 4 (the net's is 8): the tuner scaled the rate.
+    Resumed under --swap dynamic without --batch, the run goes on at 4 with that rate; resumed
+    without --swap, it says that it trains at the net's 8 and the file's rate."""
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "4M", "--batch", "4",
+                    "--lr-rule", "linear", "--max-iter", "4", capsys=capsys)
+    assert rc == 0, err
+    assert "-> 0.025 at k* 4 (rule linear)" in err
+    states = sorted((tmp_path / "snap").glob("*.solverstate"))
+    assert len(states) == 1
+    state = str(states[0])
+    # resumed without --batch or --lr-rule: the snapshot's k* and rule; iterations 2..7 ran
+    # at 4, so 32 of --max-iter 16's 128 images are done: 2 profiled + 22 more at 4
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "4M", "--snapshot", state,
+                    "--max-iter", "16", capsys=capsys)
+    assert rc == 0, err
+    assert "going on at minibatch 4" in err and "k* = 4 " in err, err
+    assert "-> 0.025 at k* 4 (rule linear)" in err and "training to iteration 32" in err, err
+    assert set(lr_lines(err)) == {0.025}, err
+    rc, err = train(solver_file, "--snapshot", state, "--max-iter", "16", capsys=capsys)
+    assert rc == 0, err
+    assert ("trained under --swap dynamic at minibatch 4 with learning rate 0.025" in err
+            and "this run trains at the net's minibatch 8 with base_lr 0.05" in err), err
+    assert set(lr_lines(err)) == {0.05}, err

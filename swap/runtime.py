@@ -1806,8 +1806,14 @@ class Executor:
                      f"{fmt_bytes(lay.test_persistent)} resident")
         tp = self.transients
         if tp is not None:
-            text += (f"; transients measured {fmt_bytes(tp.peak)} (peak {tp.peak_where}), "
-                     f"smallest budget with them {fmt_bytes(tp.budget())}")
+            text += f"; transients measured {fmt_bytes(tp.peak)} (peak {tp.peak_where})"
+            if not self.device.gpu and tp.peak > lay.scratch:
+                # NumPy's temporaries: no allocator puts them in the reserve, nothing checks
+                # them against it (a GPU's dry run would have)
+                text += (f", NumPy's, outside the arena on the CPU and more than the scratch "
+                         f"reserve holds: a GPU would need a budget of {fmt_bytes(tp.budget())}")
+            else:
+                text += f", smallest budget with them {fmt_bytes(tp.budget())}"
         a = self._allocator
         if a is not None and a.fallbacks:
             text += (f"; {a.fallbacks} allocations ({fmt_bytes(a.fallback_bytes)}) fell back "

@@ -230,3 +230,18 @@ def test_a_resumed_swap_dynamic_run_keeps_the_tuners_batch_and_rate(solver_file,
     assert ("trained under --swap dynamic at minibatch 4 with learning rate 0.025" in err
             and "this run trains at the net's minibatch 8 with base_lr 0.05" in err), err
     assert set(lr_lines(err)) == {0.05}, err
+
+
+def test_the_cpu_report_says_when_the_transients_outgrow_the_reserve(solver_file, capsys):
+    """On the CPU the dry run measures NumPy's temporaries, which no allocator puts in the
+    scratch reserve: where they outgrow it, the report says that they lie outside the arena
+    and what a GPU would need, not a 'smallest budget with them' above the budget it ran in."""
+    rc, err = train(solver_file, "--swap", "naive", "--budget", "1K", capsys=capsys)
+    need = smallest_budget(err)
+    rc, err = train(solver_file, "--swap", "naive", "--budget", str(need), "--max-iter", "2",
+                    capsys=capsys)
+    assert rc == 0, err
+    report = err.strip().splitlines()[-1]
+    assert "scratch reserve 0 B" in report and "transients measured" in report, report
+    assert "outside the arena on the CPU" in report and "a GPU would need" in report, report
+    assert "smallest budget with them" not in report

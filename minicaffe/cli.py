@@ -594,6 +594,16 @@ def _size_flag(text, flag: str) -> int:
     return n
 
 
+def _output_file(path: str, flag: str):
+    """A file a flag names for writing: its folder must exist and be writable, checked before
+    the work whose result it keeps (the profiling iterations, a plan)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{flag} {path}: there is no folder {folder} to write it in")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path}: the folder {folder} cannot be written")
+
+
 def _check_swap_args(args):
     """train's swap/ flags, before anything is built: each one needs --swap (or --swap
     dynamic), and --budget and --host-budget must read as sizes (--budget parsed into
@@ -619,6 +629,10 @@ def _check_swap_args(args):
     if args.swap != "dynamic" and dynamic_only:
         verb = "needs" if len(dynamic_only) == 1 else "need"
         raise UsageError(f"{', '.join(dynamic_only)} {verb} --swap dynamic")
+    for flag, path in (("--memory-trace", args.memory_trace),
+                       ("--save-profile", args.save_profile)):
+        if path:
+            _output_file(path, flag)
     args.budget_bytes = (_size_flag(args.budget, "--budget") if args.budget is not None
                          else None)
     if args.host_budget is not None:
@@ -796,6 +810,21 @@ def _layout_differs(gmap, prof) -> str:
             "memory may differ from that device's decision (see --layout; docs/SWAP.md)")
 
 
+def _plot_file(path: str):
+    """--plot's file: a format matplotlib writes (by its extension) in a folder that can be
+    written, checked before planning."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:             # plot_timeline says what to install
+        return
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if ext and ext not in kinds:      # none: matplotlib's default format (png)
+        raise UsageError(f"--plot {path}: matplotlib writes {', '.join(sorted(kinds))}, chosen "
+                         f"by the file's extension ({ext} here), e.g. timeline.png")
+    _output_file(path, "--plot")
+
+
 def cmd_plan(args):
     """Plan the dynamic strategy for a net without training (swap.tuner): k* by Algorithm 2 (or
     the swaps at --batch k), the predicted iteration time and peak memory; --plot draws the
@@ -808,6 +837,8 @@ def cmd_plan(args):
         raise UsageError(f"--batch must be positive, got {args.batch}")
     if args.trace and not args.plot:
         raise UsageError("--trace is drawn beside the predicted timeline: give --plot too")
+    if args.plot:
+        _plot_file(args.plot)
     prof = None
     if args.profile:
         from swap.profiler import Profile

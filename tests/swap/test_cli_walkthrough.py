@@ -245,3 +245,26 @@ def test_the_cpu_report_says_when_the_transients_outgrow_the_reserve(solver_file
     assert "scratch reserve 0 B" in report and "transients measured" in report, report
     assert "outside the arena on the CPU" in report and "a GPU would need" in report, report
     assert "smallest budget with them" not in report
+
+
+@pytest.mark.parametrize("flag", ["--save-profile", "--memory-trace"])
+def test_an_output_file_that_cannot_be_written_is_named_before_profiling(solver_file, flag,
+                                                                         capsys):
+    """Not after the profiling iterations (minutes on a large net), and by its flag, not as
+    the temporary file it would have been written through."""
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "4M", "--auto-batch",
+                    flag, "/nonexistent/dir/out.file", capsys=capsys)
+    assert rc == 1 and f"{flag} /nonexistent/dir/out.file" in err, err
+    assert "Profiled" not in err and ".tmp" not in err
+
+
+def test_plan_checks_its_plot_file_before_planning(tmp_path, capsys):
+    net = tmp_path / "net.prototxt"
+    net.write_text(NET)
+    assert main(["plan", "--model", str(net), "--budget", "4M", "--plot", "t.txt"]) == 2
+    out = capsys.readouterr()
+    assert "--plot t.txt" in out.err and "png" in out.err and "k* =" not in out.out
+    assert main(["plan", "--model", str(net), "--budget", "4M", "--plot",
+                 "/nonexistent/dir/t.png"]) == 1
+    out = capsys.readouterr()
+    assert "--plot /nonexistent/dir/t.png" in out.err and "k* =" not in out.out

@@ -782,7 +782,10 @@ def _device_gmap(model: str | None, prof, solver_type: str):
     name = saved["net_name"] if model is None else read_net_param(model).name
     if saved["net_name"] != name:
         raise UsageError(f"the profile's GMAP is of net {saved['net_name']!r}, {model} is net "
-                         f"{name!r}: give the net the profile was taken on, or --layout gpu")
+                         f"{name!r}: give the net the profile was taken on, or take a profile "
+                         "of this one (train --swap dynamic --save-profile P); --layout gpu "
+                         "plans the net built here on the profile's timings only where its "
+                         "layers are the profile's")
     if saved.get("solver_type") not in (None, solver_type):
         raise UsageError(f"the profile's GMAP holds the history of solver type "
                          f"{saved['solver_type']!r}, not {solver_type!r}: give --solver-type "

@@ -268,3 +268,22 @@ def test_plan_checks_its_plot_file_before_planning(tmp_path, capsys):
                  "/nonexistent/dir/t.png"]) == 1
     out = capsys.readouterr()
     assert "--plot /nonexistent/dir/t.png" in out.err and "k* =" not in out.out
+
+
+def test_plan_on_another_nets_profile_points_to_what_works(solver_file, tmp_path, capsys):
+    """The hint for a profile of another net: '--layout gpu' alone fails too (the profile's
+    steps are checked against the net), so the error says how to get a profile of this
+    net."""
+    prof = tmp_path / "p.json"
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "4M", "--batch", "4",
+                    "--max-iter", "1", "--save-profile", str(prof), capsys=capsys)
+    assert rc == 0, err
+    other = tmp_path / "other.prototxt"
+    other.write_text(NET.replace('name: "walk"', 'name: "other"').replace(
+        'layer { name: "relu1" type: "ReLU" bottom: "pool1" top: "pool1" }', ""))
+    assert main(["plan", "--model", str(other), "--budget", "4M", "--profile", str(prof)]) == 2
+    err = capsys.readouterr().err
+    assert "net 'walk'" in err and "net 'other'" in err and "--save-profile" in err
+    assert main(["plan", "--model", str(other), "--budget", "4M", "--profile", str(prof),
+                 "--layout", "gpu"]) == 1
+    assert "does not match net 'other'" in capsys.readouterr().err

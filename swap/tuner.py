@@ -1583,8 +1583,10 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                             "convexity": float(convexity), "iter": int(solver.iter),
                             "images": int(images), "schedule": _schedule_of(solver.param)}
     # ---- stage 3: train the rest under the plan
+    strategy = ex.plan.strategy
     say(f"AccUDNN stage 3: training from iteration {solver.iter} at minibatch {k_star} under the "
-        f"dynamic plan"
+        + ("dynamic plan" if strategy == "dynamic" else
+           f"plan {strategy!r} (nothing to swap at this k)")
         + (f" with a scratch reserve of {fmt_bytes(reserve_at(k_star))}"
            if scratch is not None else ""))
     return ex, TrainingDecision(decision=dec, base_lr=base_lr, lr=lr, lr_rule=lr_rule,

@@ -287,3 +287,16 @@ def test_plan_on_another_nets_profile_points_to_what_works(solver_file, tmp_path
     assert main(["plan", "--model", str(other), "--budget", "4M", "--profile", str(prof),
                  "--layout", "gpu"]) == 1
     assert "does not match net 'other'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("budget", ["4M", "300K"])
+def test_stage_3_names_the_plan_the_report_names(solver_file, budget, capsys):
+    """Where nothing needs swapping, --swap dynamic runs Caffe's plan 'none' (or every
+    buffer resident): the stage 3 line said 'the dynamic plan' and the report 'none'."""
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", budget, "--max-iter", "2",
+                    capsys=capsys)
+    assert rc == 0, err
+    stage3 = [ln for ln in err.splitlines() if "AccUDNN stage 3" in ln][0]
+    strategy = re.search(r"swap '(\w+)': budget", err).group(1)
+    assert (f"plan {strategy!r}" in stage3 if strategy != "dynamic"
+            else "the dynamic plan" in stage3), (stage3, strategy)

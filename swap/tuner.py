@@ -1388,21 +1388,27 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         raise BudgetError(msg + ".", budget=budget, min_budget=need, max_k=0,
                           strategy="dynamic", k=k_want or 1)
 
+    # the minibatch trained without --auto-batch: --batch k, else the net's own
+    fixed = batch if batch is not None else (None if auto_batch else k_base)
+
     def batch_fits():
-        if batch is not None and batch > k_max:
-            need = need_at(batch)
+        if fixed is not None and fixed > k_max:
+            need = need_at(fixed)
+            hint = (" (--auto-batch picks one that fits, --batch k sets one)" if batch is None
+                    else "")
             if need <= budget and host_budget is not None:
                 raise BudgetError(
-                    f"minibatch {batch} of net {g0.net_name!r} would offload more than the "
+                    f"minibatch {fixed} of net {g0.net_name!r} would offload more than the "
                     f"pinned host memory allows ({fmt_bytes(host_budget)}, --host-budget); "
-                    f"the largest minibatch that fits is {k_max}", budget=budget,
-                    max_k=k_max, strategy="dynamic", k=batch)
+                    f"the largest minibatch that fits is {k_max}{hint}", budget=budget,
+                    max_k=k_max, strategy="dynamic", k=fixed)
             raise BudgetError(
-                f"minibatch {batch} of net {g0.net_name!r} does not fit budget "
-                f"{fmt_bytes(budget)} under --swap dynamic: {what_it_takes(batch)}. The "
+                f"minibatch {fixed} of net {g0.net_name!r} does not fit budget "
+                f"{fmt_bytes(budget)} under --swap dynamic: {what_it_takes(fixed)}. The "
                 f"smallest budget that works is {fmt_bytes(need)} ({need} bytes) for minibatch "
-                f"{batch}; the largest minibatch that fits {fmt_bytes(budget)} is {k_max}.", budget=budget, min_budget=need, max_k=k_max, strategy="dynamic",
-                k=batch)
+                f"{fixed}; the largest minibatch that fits {fmt_bytes(budget)} is {k_max}"
+                f"{hint}.", budget=budget, min_budget=need, max_k=k_max, strategy="dynamic",
+                k=fixed)
 
     # A fixed batch over k_max while the reserve is still the estimate from the declared
     # scratch (cuDNN's workspaces at their bound, far above what runs: VGG-16 at 12 GiB, 4.0
@@ -1412,8 +1418,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     # before its transients were read: VGG-16 at 200, session 30).
     measure_first = (batch is not None and batch > k_max and scratch is not None
                      and not scratch.measured)
-    if not measure_first:
-        batch_fits()
+    if not measure_first and (batch is not None or scratch is None or scratch.measured):
+        batch_fits()    # (the net's own k is not judged on a GPU reserve's first estimate)
     # A run resumed from a snapshot of a decided run (Solver.swap_decision, restored with the
     # state): its iterations since the decision ran at that k*, not at k_base, and its
     # profiling iterations go on at the decided rate; the file's schedule comes back below,

@@ -300,3 +300,25 @@ def test_stage_3_names_the_plan_the_report_names(solver_file, budget, capsys):
     strategy = re.search(r"swap '(\w+)': budget", err).group(1)
     assert (f"plan {strategy!r}" in stage3 if strategy != "dynamic"
             else "the dynamic plan" in stage3), (stage3, strategy)
+
+
+def test_swap_dynamic_at_the_nets_own_batch_over_k_max_fails_before_profiling(solver_file,
+                                                                              tmp_path, capsys):
+    """Without --batch or --auto-batch the run trains the net's own minibatch (512 here):
+    over k_max it fails as --batch 512 does, before any profiling iteration, not after
+    profiling a smaller k that it then does not train."""
+    net = tmp_path / "net.prototxt"
+    net.write_text(NET.replace("shape { dim: 8 dim: 1", "shape { dim: 512 dim: 1").replace(
+        "shape { dim: 8 }", "shape { dim: 512 }"))
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "1K", "--batch", "512",
+                    capsys=capsys)
+    need = int(re.search(r"\((\d+) bytes\) for minibatch 512", err).group(1))
+    budget = need - 1                           # minibatch 1 fits, 512 does not
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", str(budget),
+                    "--max-iter", "2", capsys=capsys)
+    assert rc == 1 and "minibatch 512" in err and "--auto-batch" in err, err
+    assert "Profiled" not in err and "Iteration 0" not in err
+    assert smallest_budget(err) == need
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", str(need), "--max-iter",
+                    "2", capsys=capsys)
+    assert rc == 0 and "k* = 512 " in err, err

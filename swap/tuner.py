@@ -1326,6 +1326,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     net.reshape()
     k_base = net_batch_size(net)
     g0 = build_gmap(net, solver_type=solver.type)
+    if recompute and not _is_auto(recompute):
+        dynamic_recompute(g0, recompute)    # a name it refuses, before the profiling
     if isinstance(scratch, str):
         if scratch != "auto":
             raise ValueError(f"scratch: a ScratchModel, None or 'auto', not {scratch!r}")

@@ -322,3 +322,10 @@ def test_swap_dynamic_at_the_nets_own_batch_over_k_max_fails_before_profiling(so
     rc, err = train(solver_file, "--swap", "dynamic", "--budget", str(need), "--max-iter",
                     "2", capsys=capsys)
     assert rc == 0 and "k* = 512 " in err, err
+
+
+def test_a_recompute_layer_that_is_not_there_is_refused_before_profiling(solver_file, capsys):
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "4M", "--auto-batch",
+                    "--recompute", "conv9", capsys=capsys)
+    assert rc == 1 and "no layer 'conv9'" in err, err
+    assert "Profiled" not in err and "Iteration 0" not in err

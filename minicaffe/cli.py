@@ -842,6 +842,9 @@ def cmd_plan(args):
         raise UsageError("--trace is drawn beside the predicted timeline: give --plot too")
     if args.plot:
         _plot_file(args.plot)
+    if args.trace and not os.path.isfile(args.trace):
+        raise ValueError(f"--trace {args.trace}: no such file (a CSV that train --memory-trace "
+                         "wrote)")
     prof = None
     if args.profile:
         from swap.profiler import Profile

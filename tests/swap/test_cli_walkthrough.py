@@ -268,6 +268,10 @@ def test_plan_checks_its_plot_file_before_planning(tmp_path, capsys):
                  "/nonexistent/dir/t.png"]) == 1
     out = capsys.readouterr()
     assert "--plot /nonexistent/dir/t.png" in out.err and "k* =" not in out.out
+    assert main(["plan", "--model", str(net), "--budget", "4M", "--plot",
+                 str(tmp_path / "t.png"), "--trace", str(tmp_path / "none.csv")]) == 1
+    out = capsys.readouterr()
+    assert "--trace " in out.err and "k* =" not in out.out
 
 
 def test_plan_on_another_nets_profile_points_to_what_works(solver_file, tmp_path, capsys):

@@ -280,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(Algorithm 2), its plan and learning rate, for the same number of images")
     t.add_argument("--batch", type=int, default=None,
                    help="with --swap dynamic: train at this minibatch (only the swaps are planned)")
+    t.add_argument("--max-batch", type=int, default=None, metavar="K",
+                   help="with --auto-batch: k* is at most K (the profile still spans the "
+                        "largest trainable minibatch); a k* over 8x the net's minibatch is "
+                        "logged with a warning")
     t.add_argument("--lr-rule", choices=["eq9", "linear", "sqrt"], default=None,
                    help="learning rate for k* (default eq9: (1-(1-lr*c)^q)/c, q = k*/k_base)")
     t.add_argument("--convexity", type=float, default=None,
@@ -619,6 +623,7 @@ def _check_swap_args(args):
                              f"{text.strip()}{unit} (binary units), or quote it")
     dynamic_only = [name for name, v in (
         ("--auto-batch", args.auto_batch), ("--batch", args.batch is not None),
+        ("--max-batch", args.max_batch is not None),
         ("--lr-rule", args.lr_rule is not None), ("--convexity", args.convexity is not None),
         ("--profile", args.profile), ("--save-profile", args.save_profile),
         ("--host-budget", args.host_budget), ("--recompute", args.recompute)) if v]
@@ -645,6 +650,11 @@ def _check_swap_args(args):
             raise UsageError("give --auto-batch or --batch k, not both")
         if args.batch is not None and args.batch <= 0:
             raise UsageError(f"--batch must be positive, got {args.batch}")
+        if args.max_batch is not None and not args.auto_batch:
+            raise UsageError("--max-batch caps the k* of --auto-batch: give --auto-batch, or "
+                             "--batch k for a fixed minibatch")
+        if args.max_batch is not None and args.max_batch <= 0:
+            raise UsageError(f"--max-batch must be positive, got {args.max_batch}")
 
 
 def _install_swap(args, solver):
@@ -706,7 +716,7 @@ def _install_dynamic(args, solver, budget):
                           granularity=args.granularity, save_profile=args.save_profile,
                           trace=args.memory_trace, log=log, fill=args.fill,
                           objective=args.k_objective, scratch_extra=extra,
-                          recompute=_layers(args.recompute),
+                          recompute=_layers(args.recompute), max_batch=args.max_batch,
                           host_budget=("auto" if args.host_budget is None
                                        else _size_flag(args.host_budget, "--host-budget")))
     return ex

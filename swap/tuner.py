@@ -1255,7 +1255,8 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                   delta: float = 0.0,
                   trace: str | None = None, log=None, scratch="auto", host_budget="auto",
                   fill: bool = True, objective: str = "throughput", scratch_extra: int = 0,
-                  profile_pinned: bool | None = None, recompute=()):
+                  profile_pinned: bool | None = None, recompute=(),
+                  max_batch: int | None = None):
     """The three stages of section 6 on ``solver``: profile, decide, install the plan.
 
     1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
@@ -1272,6 +1273,10 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     Returns ``(executor, TrainingDecision)``.  budget: bytes (required).  objective: what k*
     maximizes among the stall-free k (:func:`tune`).  recompute: names of forward layers whose
     groups the plan rebuilds in backward (:func:`tune`; the profile runs without).
+    max_batch: with ``auto_batch``, k* is at most this (``train --max-batch``); the profile
+    still spans k_max.  A k* over :data:`LARGE_BATCH_RATIO` times k_base is logged with a
+    warning: eq. (9) then takes the rate towards 1 / c, and the run makes that many times
+    fewer updates.
 
     scratch: the scratch reserve M_ws of Algorithm 2 (CuPy's transient allocations must fit in
     it, inside the budget): a :class:`swap.profiler.ScratchModel`, None (no reserve: the whole
@@ -1552,9 +1557,13 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         if calibration is not None:
             model = graph_model(model, calibration.gap, calibration.tail, calibration.points)
     if auto_batch:
-        dec = tune(g0, base, model, pcie, method=method, rule=rule, k_max=k_max, delta=delta,
+        cap = k_max if max_batch is None else max(1, min(k_max, int(max_batch)))
+        if cap < k_max:
+            say(f"AccUDNN stage 2: k* searched up to --max-batch {cap} (k_max {k_max})")
+        dec = tune(g0, base, model, pcie, method=method, rule=rule, k_max=cap, delta=delta,
                    scratch=scratch, fill=fill, objective=objective, recompute=recompute,
                    test_dynamic=t_dyn)
+        dec = replace(dec, k_max=k_max)
     else:
         dec = plan_at(g0, batch or k_base, base, model, pcie, rule=rule, delta=delta,
                       scratch=scratch, fill=fill, recompute=recompute, test_dynamic=t_dyn)
@@ -1585,6 +1594,11 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         f"{k_star} (rule {lr_rule}" + (f", convexity {convexity:g}" if lr_rule == "eq9" else "")
         + f"); training to iteration {max_iter}"
         + (" (same number of images)" if keep_epochs and k_star != k_base else ""))
+    if k_star > LARGE_BATCH_RATIO * k_base:
+        say(f"AccUDNN decision: WARNING: k* is {k_star / k_base:.1f} times k_base: the run makes "
+            f"that many times fewer updates at learning rate {lr:g}. Without a warm-up, training "
+            f"this far beyond the base minibatch may not converge in the same epochs; "
+            f"--max-batch caps k*, --lr-rule sets the rate")
     # what a snapshot keeps, for a resumed run to go on with (minicaffe.cli, Solver)
     solver.swap_decision = {"k": int(k_star), "k_base": int(k_base), "lr": float(lr),
                             "base_lr": base_lr, "lr_rule": lr_rule,
@@ -1621,6 +1635,9 @@ def with_gmap(profile, gmap: GMAP, k_max: int, solver_type: str, test_net_bytes:
 
 
 MAX_LIVE_RETRIES = 16   # minibatches install_decision tries below k* on the live net
+# a k* over this many times k_base is logged with a warning (train_dynamic): the digits solver
+# at --budget 64M took k* = 2515 = 39 k_base once, eq. (9) gave 0.326 and nothing trained
+LARGE_BATCH_RATIO = 8
 
 
 def install_decision(solver, dec: Decision, budget: int, plan_budget: int, *,

@@ -638,6 +638,9 @@ def _check_swap_args(args):
                        ("--save-profile", args.save_profile)):
         if path:
             _output_file(path, flag)
+    if args.profile and not os.path.isfile(args.profile):
+        raise UsageError(f"--profile {args.profile}: no such file (a profile that train --swap "
+                         "dynamic --save-profile wrote)")
     args.budget_bytes = (_size_flag(args.budget, "--budget") if args.budget is not None
                          else None)
     if args.host_budget is not None:
@@ -857,6 +860,9 @@ def cmd_plan(args):
                          "wrote)")
     prof = None
     if args.profile:
+        if not os.path.isfile(args.profile):
+            raise UsageError(f"--profile {args.profile}: no such file (a profile that train "
+                             "--swap dynamic --save-profile wrote)")
         from swap.profiler import Profile
         prof = Profile.load(args.profile)
     layout = args.layout
@@ -931,7 +937,11 @@ def cmd_plan(args):
     if args.plot:
         from swap.planner import plot_timeline
         plot_timeline(dec.timeline, args.plot, trace=args.trace)
-        print(f"timeline drawn to {args.plot}")
+        drawn = args.plot
+        if not os.path.splitext(drawn)[1]:     # matplotlib adds its default format's extension
+            import matplotlib
+            drawn += "." + matplotlib.rcParams["savefig.format"]
+        print(f"timeline drawn to {drawn}")
     return 0
 
 

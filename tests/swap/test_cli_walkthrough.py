@@ -5,6 +5,7 @@ refused by name, Ctrl-C while ``--swap dynamic`` profiles leaves a snapshot, and
 
 The net has a test net, as the bundled solvers do: its buffers take part of the budget
 (swap.runtime's arena layout), which is what the first errors left out."""
+import os
 import re
 import signal
 
@@ -333,3 +334,30 @@ def test_a_recompute_layer_that_is_not_there_is_refused_before_profiling(solver_
                     "--recompute", "conv9", capsys=capsys)
     assert rc == 1 and "no layer 'conv9'" in err, err
     assert "Profiled" not in err and "Iteration 0" not in err
+
+
+def test_a_missing_profile_is_named_by_its_flag(tmp_path, capsys):
+    """train and plan: --profile naming no file is a usage error that names the flag, before
+    anything is built."""
+    from minicaffe.cli import main
+    missing = str(tmp_path / "nope.json")
+    assert main(["train", "--solver", str(tmp_path / "s.prototxt"), "--swap", "dynamic",
+                 "--budget", "4M", "--profile", missing]) == 2
+    assert f"--profile {missing}: no such file" in capsys.readouterr().err
+    assert main(["plan", "--model", str(tmp_path / "m.prototxt"), "--budget", "4M",
+                 "--profile", missing]) == 2
+    assert f"--profile {missing}: no such file" in capsys.readouterr().err
+
+
+def test_plan_names_the_file_matplotlib_wrote(tmp_path, capsys):
+    """--plot without an extension: matplotlib adds its default format's, and the line says
+    the file it wrote, not the name given."""
+    pytest.importorskip("matplotlib")
+    net = tmp_path / "net.prototxt"
+    net.write_text(NET)
+    out = tmp_path / "timeline"
+    assert main(["plan", "--model", str(net), "--budget", "4M", "--plot", str(out)]) == 0
+    import matplotlib
+    drawn = f"{out}.{matplotlib.rcParams['savefig.format']}"
+    assert f"timeline drawn to {drawn}\n" in capsys.readouterr().out
+    assert os.path.isfile(drawn)

@@ -719,7 +719,8 @@ def _install_dynamic(args, solver, budget):
                           granularity=args.granularity, save_profile=args.save_profile,
                           trace=args.memory_trace, log=log, fill=args.fill,
                           objective=args.k_objective, scratch_extra=extra,
-                          recompute=_layers(args.recompute), max_batch=args.max_batch,
+                          recompute=_layers(args.recompute),
+                          max_batch=getattr(args, "max_batch", None),
                           host_budget=("auto" if args.host_budget is None
                                        else _size_flag(args.host_budget, "--host-budget")))
     return ex

@@ -89,8 +89,10 @@ def filter_net(param, state):
     del out.layer[:]
     for layer in param.layer:
         if len(layer.include) and len(layer.exclude):
-            raise ValueError(
+            err = ValueError(
                 f"layer {layer.name!r}: specify either include rules or exclude rules, not both")
+            err.layer = layer     # Net._init says the layer's line in the file
+            raise err
         keep = not len(layer.include)
         for rule in layer.exclude:
             if state_meets_rule(state, rule, layer.name):
@@ -277,7 +279,11 @@ class Net:
             param = upgrade_net(param)
         except ValueError as e:
             raise ValueError(f"{where}{e}") from None
-        filtered = filter_net(param, self.state)
+        try:
+            filtered = filter_net(param, self.state)
+        except ValueError as e:
+            lp = getattr(e, "layer", None)
+            raise ValueError(f"{self._at(lp) if lp is not None else where}{e}") from None
         try:
             param = insert_splits(filtered)
         except ValueError as e:
@@ -325,7 +331,7 @@ class Net:
                 lp.phase = self.phase
             if len(lp.propagate_down) and len(lp.propagate_down) != len(lp.bottom):
                 raise ValueError(
-                    f"{where}layer {lp.name!r}: propagate_down has {len(lp.propagate_down)} "
+                    f"{self._at(lp)}layer {lp.name!r}: propagate_down has {len(lp.propagate_down)} "
                     f"entries but the layer has {len(lp.bottom)} bottoms")
             if unread_fields(lp):   # a field set that does not act here (proto/coverage.py)
                 warn_unread_fields(lp, self._at(lp))
@@ -395,15 +401,23 @@ class Net:
             file_specs = [caffe_pb2.ParamSpec() for _ in lp.param]
             for copy, spec in zip(file_specs, lp.param):
                 copy.CopyFrom(spec)
+            # a top computed in place over its bottom (the same Blob) must keep its shape
+            in_place = [(ti, tops[ti].shape) for ti in range(min(len(tops), len(bottoms)))
+                        if tops[ti] is bottoms[ti]]
             # Layers whose top count is free (e.g. data layers) see the tops given.
             try:
                 layer.setup(bottoms, tops)
-            except (ValueError, IndexError, TypeError, FileNotFoundError, ImportError) as e:
+                for ti, shape in in_place:
+                    if tops[ti].shape != shape:
+                        after = tops[ti].shape
+                        tops[ti].reshape(shape)     # the message shows the bottom as it was
+                        raise ValueError(self._in_place_error(lp, ti, shape, after))
+            except (ValueError, IndexError, TypeError, OSError, ImportError) as e:
                 raise self._setup_error(e, lp, bnames, bottoms, split_origin) from e
             if len(file_specs) > len(layer.blobs):
                 raise ValueError(
-                    f"{where}layer {lp.name!r}: {len(file_specs)} param specs given but the "
-                    f"layer has {len(layer.blobs)} parameter blobs")
+                    f"{self._at(lp)}layer {lp.name!r}: {len(file_specs)} param specs given but "
+                    f"the layer has {len(layer.blobs)} parameter blobs")
             # Caffe's Net::Init decides param_propagate_down, and whether the layer needs
             # backward, from the file's ParamSpecs (a missing one has lr_mult 1), while
             # AppendParam takes each param's lr_mult and decay_mult, which the solver uses,
@@ -452,6 +466,17 @@ class Net:
         self.conv_relu_pairs: list[tuple[int, int]] = []
         self.set_conv_relu_fusion(fusion_default(ENV_FUSE_CONV_RELU))
 
+    @staticmethod
+    def _in_place_error(lp, ti: int, before, after) -> str:
+        """A layer whose top ``ti`` is its bottom (in place) gave it another shape: the
+        bottom's data is then read through the top's shape (Caffe does not check; its
+        Pooling reads past the shrunk blob, and a net input shrinks at every pass)."""
+        name = lp.top[ti]
+        return (f"layer {lp.name!r}: computes top {name!r} in place (it is bottom {ti}), but "
+                f"its output has shape {after} where {name!r} has {before}: only a layer "
+                "whose output keeps the input's shape (ReLU, BatchNorm, Scale, Dropout, ...) "
+                f"can work in place; give the top a name of its own (top: \"{lp.name}\")")
+
     def _setup_error(self, e, lp, bnames, bottoms, split_origin):
         """Layer ``lp``'s setup error ``e``, said once with the file, the layer's line, its
         type and its bottoms' shapes, and the blob names as the file spells them (not the
@@ -466,6 +491,7 @@ class Net:
             text = text.replace(f"'{split}'", f"'{origin}'")
         shapes = ", ".join(f"{split_origin.get(n, n)} {b.shape}" for n, b in zip(bnames, bottoms))
         cls = (FileNotFoundError if isinstance(e, FileNotFoundError)
+               else OSError if isinstance(e, OSError)
                else ImportError if isinstance(e, ImportError) else ValueError)
         return cls(f"{self._at(lp)}layer {lp.name!r} (type {lp.type}, bottoms: "
                    f"{shapes or 'none'}): {text}")
@@ -527,7 +553,8 @@ class Net:
                     if obj.count != blob.count or (not permissive and obj.shape != blob.shape):
                         what = "count" if permissive else "shape"
                         raise ValueError(
-                            f"{self._where()}cannot share param {name!r} owned by layer "
+                            f"{self._at(self.param.layer[li])}cannot share param {name!r} "
+                            f"owned by layer "
                             f"{owner_layer!r} with layer {layer.name!r}; {what} mismatch: "
                             f"owner param shape is {obj.shape}, sharing layer's is {blob.shape}")
                     blob.share_data(obj)
@@ -547,7 +574,8 @@ class Net:
                             values[oi] = value
                         elif value != values[oi]:
                             raise ValueError(
-                                f"{self._where()}layer {layer.name!r}: shared param {name!r} "
+                                f"{self._at(self.param.layer[li])}layer {layer.name!r}: "
+                                f"shared param {name!r} "
                                 f"has mismatched {field}: {value}, while {values[oi]} was "
                                 f"given before (owner layer {owner_layer!r})")
                     continue

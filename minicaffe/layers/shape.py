@@ -80,12 +80,16 @@ class ReshapeLayer(_ViewLayer):
 
     In ``shape``, 0 copies the bottom's dimension at the same position and
     one -1 is inferred from the count; ``axis`` may be negative (-1 = after the
-    last axis) and ``num_axes: -1`` (default) covers all remaining axes.
+    last axis) and ``num_axes: -1`` (default) covers all remaining axes.  Not allowed in
+    place, as in Caffe.
     """
 
     type = "Reshape"
 
     def layer_setup(self, bottom, top):
+        if top[0] is bottom[0]:     # ReshapeLayer::LayerSetUp's CHECK_NE(top[0], bottom[0])
+            raise ValueError(
+                f"layer {self.name!r}: Reshape layer does not allow in-place computation")
         dims = [int(d) for d in self.param.reshape_param.shape.dim]
         self.copy_axes = [i for i, d in enumerate(dims) if d == 0]
         inferred = [i for i, d in enumerate(dims) if d == -1]

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..io import blobproto_to_array, read_blobproto
 from ..layer import Layer, register_layer
-from .softmax import _Norm, _axis_dims, masked_normalizer, softmax
+from .softmax import _Norm, _axis_dims, check_label_range, masked_normalizer, softmax
 
 # Caffe's kLOG_THRESHOLD (loss_layer.hpp): probabilities are clipped here before the log.
 # It is declared ``const float kLOG_THRESHOLD = 1e-20`` and used as Dtype(kLOG_THRESHOLD),
@@ -64,9 +64,14 @@ def _weight(layer, top, scale: float):
     return (top[0].diff.reshape(-1)[0] * layer.dtype.type(scale)).astype(layer.dtype)
 
 
-def _class_grid(xp, num: int, dim: int, label):
-    """(N, dim) mask of each row's label column; ``label`` (N,) truncated to int as C's cast."""
-    lab = label.reshape(num, 1).astype(xp.int64)
+def _class_grid(layer, num: int, dim: int, label):
+    """(N, dim) mask of each row's label column; ``label``, bottom[1] of ``layer`` (N
+    values), truncated to int as C's cast.  A label outside 0..dim-1 (Caffe reads or writes
+    past the row: undefined) is an error that names the layer and the blob, as
+    SoftmaxWithLoss's."""
+    xp = layer.xp
+    lab = label.data.reshape(num, 1).astype(xp.int64)
+    check_label_range(layer, label, lab, dim, None)
     return xp.arange(dim).reshape(1, dim) == lab, lab
 
 
@@ -100,7 +105,7 @@ class MultinomialLogisticLossLayer(Layer):
         """(mask of the label columns (N, dim), clipped p[n, l_n] (N, 1))."""
         xp = self.xp
         p = bottom[0].data.reshape(self.num, self.dim)
-        mask, lab = _class_grid(xp, self.num, self.dim, bottom[1].data)
+        mask, lab = _class_grid(self, self.num, self.dim, bottom[1])
         pl = xp.take_along_axis(p, lab, axis=1)
         return mask, xp.maximum(pl, self.dtype.type(LOG_THRESHOLD))
 
@@ -219,6 +224,7 @@ class InfogainLossLayer(Layer):
         """(labels, clipped to 0 where ignored, (outer, inner) int; valid mask or None)."""
         xp = self.xp
         label = bottom[1].data.reshape(self.outer, self.inner).astype(xp.int64)
+        check_label_range(self, bottom[1], label, self.k, self.ignore_label)
         if self.ignore_label is None:
             return label, None
         valid = label != self.ignore_label
@@ -307,7 +313,7 @@ class HingeLossLayer(Layer):
         """(-t, max(0, 1 - t x)), both (N, dim)."""
         xp = self.xp
         dt = self.dtype.type
-        mask, _ = _class_grid(xp, self.num, self.dim, bottom[1].data)
+        mask, _ = _class_grid(self, self.num, self.dim, bottom[1])
         sign = xp.where(mask, dt(-1), dt(1))                 # -t: Caffe flips the label's sign
         x = bottom[0].data.reshape(self.num, self.dim)
         return sign, xp.maximum(dt(0), dt(1) + sign * x)

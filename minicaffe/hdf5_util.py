@@ -24,6 +24,23 @@ import numpy as np
 from .proto.text import _atomic_write
 
 
+def is_hdf5(path) -> bool:
+    """Whether ``path`` is an HDF5 file, as Caffe's H5Fis_hdf5 (h5py's check, which also
+    finds the signature after a user block; without h5py, the signature at the start)."""
+    try:
+        import h5py
+        return bool(h5py.is_hdf5(os.fspath(path)))
+    except ImportError:
+        pass
+    except OSError:
+        return False
+    try:
+        with open(os.fspath(path), "rb") as f:
+            return f.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
+
+
 def write_atomic(path, fill):
     """Build an HDF5 file with ``fill(h5py.File)`` in memory and write it to ``path``
     atomically. ``fill`` only sees host (NumPy) arrays: callers copy device arrays first."""

@@ -25,6 +25,7 @@ import numpy as np
 
 from .backend import array_module, normalize_mode, to_numpy
 from .blob import Blob, proto_shape, shape_equals
+from .hdf5_util import is_hdf5
 from .layer import UnknownLayerTypeError, create_layer
 from .log import log
 from .proto import caffe_pb2, read_binary, read_net_param, upgrade_net, write_binary
@@ -36,23 +37,6 @@ TEST = caffe_pb2.TEST
 ENV_FUSE_BN_SCALE = "MINICAFFE_FUSE_BN_SCALE"
 ENV_FUSE_CONV_RELU = "MINICAFFE_FUSE_CONV_RELU"
 ENV_FUSE_BN_RELU = "MINICAFFE_FUSE_BN_RELU"
-
-
-def _is_hdf5(path) -> bool:
-    """Whether ``path`` is an HDF5 file, as Caffe's H5Fis_hdf5 (h5py's check, which also
-    finds the signature after a user block; without h5py, the signature at the start)."""
-    try:
-        import h5py
-        return bool(h5py.is_hdf5(os.fspath(path)))
-    except ImportError:
-        pass
-    except OSError:
-        return False
-    try:
-        with open(os.fspath(path), "rb") as f:
-            return f.read(8) == b"\x89HDF\r\n\x1a\n"
-    except OSError:
-        return False
 
 
 def fusion_default(name: str = ENV_FUSE_BN_SCALE, default: str = "1") -> bool:
@@ -1277,7 +1261,7 @@ class Net:
         where = ""
         if isinstance(weights, (str, os.PathLike)):
             where = f"{os.fspath(weights)}: "
-            if _is_hdf5(weights):
+            if is_hdf5(weights):
                 return self.copy_from_hdf5(weights)
             if os.path.isfile(weights) and os.path.getsize(weights) == 0:
                 # Caffe parses an empty file as an empty NetParameter and copies nothing

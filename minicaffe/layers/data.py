@@ -29,6 +29,7 @@ import weakref
 import numpy as np
 
 from ..fillers import fill
+from ..hdf5_util import is_hdf5
 from ..io import LevelDBReader, LMDBReader, datum_image, parse_datum, resolve_path
 from ..layer import Layer, register_layer
 from ..proto import caffe_pb2
@@ -538,7 +539,12 @@ class HDF5DataLayer(_SourcelessLayer):
                              f"parameter names {len(self.top_names)} tops for {len(top)} blobs")
         source_dir = getattr(self, "source_dir", None)
         source = resolve_path(hp.source, source_dir, "HDF5 source list", where)
-        with open(source) as f:
+        if is_hdf5(source):     # Caffe reads its bytes as file names, and fails on the first
+            raise ValueError(
+                f"{where}: hdf5_data_param.source {hp.source!r} is an HDF5 file; the source is "
+                "a text file that lists HDF5 files, one per line: write the .h5 file's path "
+                f"into a .txt file (e.g. `echo {hp.source} > list.txt`) and name that")
+        with open(source, encoding="utf-8", errors="replace") as f:
             names = f.read().split()
         if not names:
             raise ValueError(f"{where}: must have at least 1 HDF5 filename listed in {source}")
@@ -556,7 +562,13 @@ class HDF5DataLayer(_SourcelessLayer):
         """Load every top's dataset of one file (Caffe's ``LoadHDF5FileData``)."""
         h5py = _require_h5py()
         arrays = []
-        with h5py.File(path, "r") as f:
+        try:
+            f = h5py.File(path, "r")
+        except OSError as e:    # Caffe's LoadHDF5FileData: "Failed opening HDF5 file"
+            what = "not an HDF5 file" if not is_hdf5(path) else "an HDF5 file h5py cannot open"
+            raise ValueError(f"{self.where}: failed opening HDF5 file {path} (listed in "
+                             f"{self.param.hdf5_data_param.source}): {what} ({e})") from None
+        with f:
             for name in self.top_names:
                 if name not in f:
                     raise ValueError(f"{self.where}: {path} has no dataset {name!r} (it has "

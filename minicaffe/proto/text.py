@@ -388,7 +388,11 @@ def read_binary(path, message_cls):
     except _message.DecodeError as e:
         hint = ""
         head = data[:256].lstrip()
-        if head[:1].isalpha() or head[:1] == b"#":
+        if data.startswith(b"\x93NUMPY"):     # a mean.npy given as a mean_file, say
+            hint = (" (it is a NumPy .npy file; write the array as a binary BlobProto: "
+                    "open(name, 'wb').write(caffe.io.array_to_blobproto(np.load(path))"
+                    ".SerializeToString()))")
+        elif head[:1].isalpha() or head[:1] == b"#":
             hint = " (it looks like a text prototxt; read it with parse_text or read_net_param)"
         raise BinaryProtoError(f"{path}: not a valid binary {message_cls.DESCRIPTOR.full_name} "
                                f"({len(data)} bytes): {e}{hint}") from None

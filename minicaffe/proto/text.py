@@ -338,8 +338,13 @@ def _atomic_write(path, data):
     """Write ``data`` to ``path`` through a temporary file in the same directory + os.replace."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                                   dir=directory)
+    except OSError as e:    # say the file asked for, not the temporary name beside it
+        why = ("does not exist" if isinstance(e, FileNotFoundError) else
+               "is not writable" if isinstance(e, PermissionError) else e.strerror or str(e))
+        raise type(e)(e.errno, f"cannot write {path}: the folder {directory} {why}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

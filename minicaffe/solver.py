@@ -174,6 +174,12 @@ class Solver:
             raise ValueError(f"{self.source or 'solver'}: average_loss should be non-negative. "
                              f"(Caffe's Solver::Init checks average_loss >= 1; got "
                              f"{self.param.average_loss})")
+        if self.param.iter_size < 1:
+            # Caffe does not check: 0 divides the loss and the gradients by 0 (NaN weights
+            # from the first update on); a negative count runs no pass at all
+            raise ValueError(f"{self.source or 'solver'}: iter_size must be at least 1 (the "
+                             "forward/backward passes whose gradients each iteration "
+                             f"accumulates; 1 is the default), got {self.param.iter_size}")
         self._check_lr_policy()
         self._check_snapshot_prefix()
         self.mode = self._choose_mode(mode)
@@ -196,6 +202,7 @@ class Solver:
         # resumed run can go on with it; None: no decision
         self.swap_decision = None
         self._build_nets(net_param)
+        self._regularization()      # an unknown type fails now, not after the first pass
         self.history = [self.net.xp.zeros_like(p.data) for p in self.net.learnable_params]
         self.rule = UPDATE_RULES[self.type](self)
         self._losses: deque = deque(maxlen=max(1, self.param.average_loss))
@@ -679,9 +686,14 @@ class Solver:
         self.for_each_param(params, lambda i, q: self.update_param(i, q, rate, reg))
 
     def _regularization(self) -> str:
-        reg = self.param.regularization_type or "L2"
-        if reg not in ("L1", "L2"):
-            raise ValueError(f"unknown regularization type {reg!r} (known: L1, L2)")
+        """``regularization_type``; Caffe's SGDSolver::Regularize reads it only for a param
+        with weight decay, and stops at an unknown one there ("Unknown regularization
+        type"): without any decay an unknown type runs, as in Caffe."""
+        p = self.param
+        reg = p.regularization_type or "L2"
+        if reg not in ("L1", "L2") and p.weight_decay and any(self.net.param_decay_mult):
+            raise ValueError(f"{self.source or 'solver'}: Unknown regularization type: {reg} "
+                             "(known: L1, L2)")
         return reg
 
     def update_param(self, i, q, rate, reg):

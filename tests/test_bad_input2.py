@@ -319,10 +319,11 @@ def test_multistep_values_out_of_order_run_as_caffe(workdir):
 
 
 def test_fields_caffe_ignores_or_defaults_run_as_caffe(workdir):
-    """delta on SGD is ignored (only AdaGrad, RMSProp, AdaDelta and Adam read it); a solver
-    without max_iter (0) trains no iteration and snapshots iteration 0; step(-1) runs
-    nothing (Solver::Step's loop does not start)."""
-    s = _solver(workdir, "delta: 1e-6")
+    """delta on SGD is ignored (only AdaGrad, RMSProp, AdaDelta and Adam read it); an unknown
+    regularization_type without weight_decay is never read; a solver without max_iter (0)
+    trains no iteration and snapshots iteration 0; step(-1) runs nothing (Solver::Step's
+    loop does not start)."""
+    s = _solver(workdir, 'delta: 1e-6\nregularization_type: "L3"')
     s.step(1)
     assert s.iter == 1
     (workdir / "s.prototxt").write_text(SOLVER.format(extra="").replace("max_iter: 2\n", ""))

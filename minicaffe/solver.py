@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import time
 from collections import deque
@@ -473,9 +474,15 @@ class Solver:
         return self.graph
 
     def step(self, iters: int):
-        """Run ``iters`` iterations (Caffe's Solver::Step)."""
+        """Run ``iters`` iterations (Caffe's Solver::Step; none for ``iters`` <= 0, as
+        there)."""
+        if isinstance(iters, bool) or not isinstance(iters, numbers.Integral):
+            # pycaffe's step(int) refuses anything else (boost.python's ArgumentError); a
+            # float ran up to its ceiling, a string failed inside the loop
+            raise TypeError(f"solver.step(iters) takes an int number of iterations, got "
+                            f"{iters!r} ({type(iters).__name__})")
         p = self.param
-        stop_iter = self.iter + iters
+        stop_iter = self.iter + int(iters)
         self._losses = deque(maxlen=max(1, p.average_loss))
         timer = time.perf_counter()
         iter_last = self.iter
@@ -876,10 +883,16 @@ class Solver:
     @staticmethod
     def _learned_net_path(model: str, state_path: str) -> str:
         """The weights a state names; where that path is gone (a moved snapshot
-        directory), the file of that name beside the state."""
+        directory), the file of that name beside the state.  Neither there: an error naming
+        both files, before anything is restored (Caffe's ReadNetParamsFromBinaryFileOrDie)."""
         if model and not os.path.exists(model):
             alt = os.path.join(os.path.dirname(state_path), os.path.basename(model))
-            model = alt if os.path.exists(alt) else model
+            if not os.path.exists(alt):
+                raise FileNotFoundError(
+                    f"{state_path}: its weights (learned_net) {model} not found: a snapshot "
+                    "is the .solverstate and the .caffemodel written beside it, and restore "
+                    "needs both")
+            model = alt
         return model
 
     def restore(self, path: str):

@@ -455,6 +455,36 @@ def _is_solver_file(path: str) -> bool:
     return any(p.HasField(f) for f in ("net", "net_param", "train_net", "train_net_param"))
 
 
+def _check_file_flag(flag: str, value, base_dir: str | None = None, several: bool = False):
+    """Each file that ``flag`` names (``several``: a list separated by ',', as train's
+    -weights a,b) exists, else a
+    FileNotFoundError naming the flag, before a net is built or any file is read: the error
+    then names what the user typed (a missing -model gave only Python's "[Errno 2]", and a
+    missing -weights of train was blamed on the solver file).  ``base_dir``: a second place
+    to look, as the solver does for the files it names (its own folder)."""
+    if not value:
+        return
+    names = [n.strip() for n in value.split(",")] if several else [value]
+    for name in names:
+        if not name or os.path.exists(name):
+            continue
+        tried = [os.path.abspath(name)]
+        if base_dir and not os.path.isabs(name):
+            if os.path.exists(os.path.join(base_dir, name)):
+                continue
+            tried.append(os.path.abspath(os.path.join(base_dir, name)))
+        raise FileNotFoundError(f"{flag}: File not found: {name} (looked at "
+                                f"{', '.join(dict.fromkeys(tried))})")
+
+
+def _check_iterations(args):
+    """tools/caffe.cpp test and time divide by -iterations (test prints 'Loss: nan' for 0,
+    time nan ms): below 1 is a usage error, not a result."""
+    if args.iterations < 1:
+        raise UsageError(f"-iterations {args.iterations}: give at least 1 (the number of "
+                         "batches to run)")
+
+
 def cmd_train(args):
     from .log import set_quiet
     from .solver import Solver
@@ -471,6 +501,10 @@ def cmd_train(args):
     if args.weights and args.snapshot:     # tools/caffe.cpp train()'s CHECK, word for word
         raise UsageError("Give a snapshot to resume training or weights to finetune but "
                          "not both.")
+    # the solver looks for the models it copies beside its file too
+    _check_file_flag("-weights", args.weights,
+                     os.path.dirname(os.path.abspath(args.solver)) if args.solver else None,
+                     several=True)
     from ps.cli import check_train_args
     check_train_args(args)
     mode, dev = _mode(args)
@@ -988,6 +1022,9 @@ def cmd_test(args):
     from .backend import to_numpy
     if not args.model:
         raise UsageError("Need a model definition to score. (-model NET.prototxt)")
+    _check_iterations(args)
+    _check_file_flag("-model", args.model)
+    _check_file_flag("-weights", args.weights)
     mode, dev = _mode(args, default="CPU")
     _use_device(mode, dev)
     if not args.weights:   # Caffe stops: "Need model weights to score."
@@ -1075,6 +1112,8 @@ def cmd_time(args):
     from .net import TEST, TRAIN, Net
     if not args.model:
         raise UsageError("Need a model definition to time. (-model NET.prototxt)")
+    _check_iterations(args)
+    _check_file_flag("-model", args.model)
     mode, dev = _mode(args, default="CPU")
     _use_device(mode, dev)
     phase = TRAIN if args.phase == "TRAIN" else TEST

@@ -396,15 +396,15 @@ class Solver:
         """Solver::InitTrainNet / InitTestNets (src/caffe/solver.cpp): each ``weights`` entry,
         a comma-separated list of models, is copied into the train net and into every test net
         (LoadNetWeights, CopyTrainedLayersFrom by layer name)."""
-        for entry in self.param.weights:
-            for name in entry.split(","):
-                name = name.strip()
-                path = self._net_file("weights", name)     # before any copy: named here
-                self._log(f"Finetuning from {name}")
-                self.net.copy_from(path)
-                for net in self.test_nets:
-                    net.copy_from(path)   # a test-only layer's params too
-                    net.share_trained_layers_with(self.net)
+        # every file found before any is copied: a missing second one fails the same way
+        found = [(name.strip(), self._net_file("weights", name.strip()))
+                 for entry in self.param.weights for name in entry.split(",")]
+        for name, path in found:
+            self._log(f"Finetuning from {name}")
+            self.net.copy_from(path)
+            for net in self.test_nets:
+                net.copy_from(path)   # a test-only layer's params too
+                net.share_trained_layers_with(self.net)
 
     # ------------------------------------------------------- the loop
     def _log(self, msg):

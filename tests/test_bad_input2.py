@@ -377,6 +377,12 @@ def test_weights_flag_naming_a_missing_model(workdir, capsys):
     line = err.strip().splitlines()[-1]
     assert "-weights: File not found: b.caffemodel" in line and "s.prototxt" not in line
     assert "Finetuning from a.caffemodel" not in err
+    # the solver file's own `weights: "a,b"`: its file and field named, before a is copied
+    (workdir / "s.prototxt").write_text(_solver_text('weights: "a.caffemodel,b.caffemodel"'))
+    assert main(["train", "-solver", "s.prototxt"]) == 1
+    err = capsys.readouterr().err
+    assert "s.prototxt: weights: File not found: b.caffemodel" in err.strip().splitlines()[-1]
+    assert "Finetuning from a.caffemodel" not in err
 
 
 # ------------------------------------------------------------------------ pycaffe

@@ -88,6 +88,27 @@ def create_layer(param, xp=np, dtype=np.float32, where: str = ""):
     return cls(param, xp=xp, dtype=dtype)
 
 
+class ParamBlobs(list):
+    """A layer's parameter blobs (``layer.blobs``, pycaffe's ``net.params[name]``): a list
+    whose index past the end is an IndexError naming the layer and the blobs it has, where
+    a bare "list index out of range" named nothing (``net.params['conv1'][1]`` of a
+    convolution with ``bias_term: false``)."""
+
+    def __init__(self, blobs=(), layer_name: str = ""):
+        super().__init__(blobs)
+        self.layer_name = layer_name
+
+    def __getitem__(self, index):
+        try:
+            return super().__getitem__(index)
+        except IndexError:
+            n = len(self)
+            have = ", ".join(f"{i}: {tuple(b.shape)}" for i, b in enumerate(self))
+            raise IndexError(f"layer {self.layer_name!r} has {n} param blob"
+                             f"{'' if n == 1 else 's'}{f' ({have})' if have else ''}; "
+                             f"no param {index}") from None
+
+
 @dataclass(frozen=True)
 class BackwardReads:
     """What a layer's backward pass reads, besides its tops' diffs.
@@ -171,6 +192,8 @@ class Layer:
             self._take_blobs_from_definition()
         if len(self.param_propagate_down) != len(self.blobs):
             self.param_propagate_down = [True] * len(self.blobs)
+        if not isinstance(self.blobs, ParamBlobs):   # layer_setup made a plain list
+            self.blobs = ParamBlobs(self.blobs, self.name)
         self.reshape(bottom, top)
         self.set_loss_weights(top)
 

@@ -49,6 +49,20 @@ def fusion_default(name: str = ENV_FUSE_BN_SCALE, default: str = "1") -> bool:
     return os.environ.get(name, default).strip().lower() not in ("0", "false", "off", "no")
 
 
+class _ByName(OrderedDict):
+    """A net's blobs, layers or params by name (``net.blobs``, ``net.layer_dict``,
+    ``net.params``): a name the net lacks is a KeyError that names the net and the names it
+    has, where pycaffe's bare KeyError('conv2') named nothing else."""
+
+    def __init__(self, items=(), what: str = "blob", net_name: str = "", plural: str = ""):
+        super().__init__(items)
+        self.what, self.net_name, self.plural = what, net_name, plural or what + "s"
+
+    def __missing__(self, key):
+        raise KeyError(f"net {self.net_name!r} has no {self.what} {key!r} (its "
+                       f"{self.plural}: {', '.join(self) or 'none'})")
+
+
 # --------------------------------------------------------------- filtering
 def state_meets_rule(state, rule, layer_name: str) -> bool:
     """Caffe's Net::StateMeetsRule."""
@@ -294,7 +308,7 @@ class Net:
         self.top_vecs: list[list[Blob]] = []
         self.layer_bottom_names: list[list[str]] = []   # per layer index
         self.layer_top_names: list[list[str]] = []
-        self.blobs: "OrderedDict[str, Blob]" = OrderedDict()
+        self.blobs: "OrderedDict[str, Blob]" = _ByName(what="blob", net_name=param.name)
         self.blob_need_backward: dict[str, bool] = {}
         self.bottom_need_backward: list[list[bool]] = []
         self.layer_need_backward: list[bool] = []
@@ -575,11 +589,12 @@ class Net:
     # --------------------------------------------------- pycaffe accessors
     @property
     def params(self) -> "OrderedDict[str, list[Blob]]":
-        return OrderedDict((n, l.blobs) for n, l in zip(self.layer_names, self.layers) if l.blobs)
+        return _ByName(((n, l.blobs) for n, l in zip(self.layer_names, self.layers) if l.blobs),
+                       "layer with params", self.name, "layers with params")
 
     @property
     def layer_dict(self):
-        return OrderedDict(zip(self.layer_names, self.layers))
+        return _ByName(zip(self.layer_names, self.layers), "layer", self.name)
 
     def layer_index(self, name: str) -> int:
         try:
@@ -918,6 +933,8 @@ class Net:
         arrays are the blobs' own, overwritten by the next pass."""
         s = 0 if start is None else self._pass_index(start)
         e = len(self.layers) - 1 if end is None else self._pass_index(end)
+        for n in blobs or []:   # before the pass: pycaffe runs it, then fails on the name
+            self.blobs[n]
         outs = set(self.outputs if end is None else self.layer_top_names[e]) | set(blobs or [])
         if kwargs:
             self._feed(kwargs, self.inputs, "data")
@@ -930,6 +947,8 @@ class Net:
         the net's inputs (or ``end``'s bottoms) and the names in ``diffs``."""
         s = len(self.layers) - 1 if start is None else self._pass_index(start)
         e = 0 if end is None else self._pass_index(end)
+        for n in diffs or []:   # before the pass, as forward's blobs
+            self.blobs[n]
         names = set(self.inputs if end is None else self.layer_bottom_names[e]) | set(diffs or [])
         if kwargs:
             self._feed(kwargs, self.outputs, "diff")

@@ -75,14 +75,14 @@ import numbers
 import numpy as np
 
 from ..blob import Blob
-from ..layer import BackwardReads, Layer, register_layer
+from ..layer import BackwardReads, Layer, ParamBlobs, register_layer
 from ..proto import caffe_pb2
 
 # The methods of a pycaffe layer; ``setup`` may be left out (pycaffe's base is a no-op).
 _METHODS = ("setup", "reshape", "forward", "backward")
 
 
-class BlobVec(list):
+class BlobVec(ParamBlobs):
     """pycaffe's ``BlobVec``: a layer's parameter blobs, with ``add_blob(*shape)``.
 
     Args:
@@ -91,7 +91,7 @@ class BlobVec(list):
     """
 
     def __init__(self, layer):
-        super().__init__()
+        super().__init__((), getattr(layer, "name", ""))
         self._layer = layer
 
     def add_blob(self, *shape) -> Blob:

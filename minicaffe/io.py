@@ -75,6 +75,8 @@ def datum_image(datum, force_color: bool = False, force_gray: bool = False) -> n
     Encoded Datums are decoded (Pillow); ``force_color``/``force_gray``
     choose 3 or 1 channels as TransformationParameter's fields of those names.
     """
+    _expect_message(datum, caffe_pb2.Datum, "a database value (datum = caffe_pb2.Datum(); "
+                                            "datum.ParseFromString(value))")
     if datum.encoded:
         return decode_image_bytes(datum.data, force_color=force_color, force_gray=force_gray)
     c, h, w = datum.channels, datum.height, datum.width
@@ -299,6 +301,24 @@ def array_to_blobproto(arr, diff=None, legacy: bool = False):
     return proto
 
 
+def _expect_message(obj, message_cls, parse_hint: str):
+    """pycaffe's proto helpers read fields of a parsed message; given the bytes it was read
+    from, or a file's path, they failed with an AttributeError ('bytes' object has no
+    attribute 'encoded').  A TypeError that says what to pass instead."""
+    full_name = getattr(getattr(obj, "DESCRIPTOR", None), "full_name", None)
+    if full_name == message_cls.DESCRIPTOR.full_name:   # another build's caffe_pb2 too
+        return
+    name = message_cls.DESCRIPTOR.name
+    if isinstance(obj, (str, os.PathLike)):
+        how = (f"the path {os.fspath(obj)!r}: read the file first (blob = caffe_pb2.{name}(); "
+               f"blob.ParseFromString(open(path, 'rb').read()))")
+    elif isinstance(obj, (bytes, bytearray, memoryview)):
+        how = f"bytes: parse {parse_hint}"
+    else:
+        how = f"a {type(obj).__name__}"
+    raise TypeError(f"expected a caffe_pb2.{name}, got {how}")
+
+
 def blobproto_to_array(proto, return_diff: bool = False) -> np.ndarray:
     """The data (or diff) of a BlobProto as an array of its shape.
 
@@ -306,6 +326,8 @@ def blobproto_to_array(proto, return_diff: bool = False) -> np.ndarray:
     from ``double_data``/``double_diff`` where the proto holds those (pycaffe reads only
     ``data``/``diff``).
     """
+    _expect_message(proto, caffe_pb2.BlobProto, "them (blob = caffe_pb2.BlobProto(); "
+                                                "blob.ParseFromString(data))")
     # pycaffe's blobproto_to_array (python/caffe/io.py): the legacy 4-D fields where any
     # is set, else ``shape.dim``, which is empty for a proto without a shape: one value then
     # gives a 0-d array and more values are refused (numpy's reshape raises ValueError)

@@ -1250,6 +1250,11 @@ def main(argv=None) -> int:
         if os.environ.get("MINICAFFE_TRACEBACK"):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        notes = getattr(e, "__notes__", None)
+        if notes:   # the user's own code raised it (a Python layer): its type, and where
+            shown = repr(msg) if isinstance(e, KeyError) else msg
+            msg = (f"{getattr(e, 'caffe_where', '')}{type(e).__name__}: {shown} "
+                   f"({'; '.join(notes)})")
         print(f"minicaffe {args.command}: error: {msg}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

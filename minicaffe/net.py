@@ -412,6 +412,9 @@ class Net:
                         raise ValueError(self._in_place_error(lp, ti, shape, after))
             except (ValueError, IndexError, TypeError, OSError, ImportError) as e:
                 raise self._setup_error(e, lp, bnames, bottoms, split_origin) from e
+            except Exception as e:      # a Python layer's own KeyError...: its type kept
+                self._mark(e, lp)
+                raise
             if len(file_specs) > len(layer.blobs):
                 raise ValueError(
                     f"{self._at(lp)}layer {lp.name!r}: {len(file_specs)} param specs given but "
@@ -754,6 +757,16 @@ class Net:
                 raise located from e
             self._shapes_seen[li] = tuple(b.shape for b in self.bottom_vecs[li])
 
+    def _mark(self, e, lp):
+        """Keep ``file:line: `` of layer ``lp`` on an exception that passes through
+        unchanged (its type is the user's: a Python layer's KeyError), for the command
+        line's one line (cli.main); the innermost layer's place is kept."""
+        if self.source and not getattr(e, "caffe_where", None):
+            try:
+                e.caffe_where = self._at(lp)
+            except AttributeError:      # an exception type without a __dict__
+                pass
+
     def _located(self, e, li: int):
         """A layer's ValueError or RuntimeError from reshape or forward (a bottom reshaped
         to a size the layer's parameters do not fit, a label out of range, an image that a
@@ -783,13 +796,21 @@ class Net:
         except (ValueError, RuntimeError) as e:
             located = self._located(e, li)
             if located is None:
+                self._mark(e, self.param.layer[li])
                 raise
             raise located from e
+        except Exception as e:
+            self._mark(e, self.param.layer[li])
+            raise
 
     def backward_layer(self, li: int):
         if self.layer_need_backward[li]:
-            self.layers[li].backward(self.top_vecs[li], self.bottom_need_backward[li],
-                                     self.bottom_vecs[li])
+            try:
+                self.layers[li].backward(self.top_vecs[li], self.bottom_need_backward[li],
+                                         self.bottom_vecs[li])
+            except Exception as e:
+                self._mark(e, self.param.layer[li])
+                raise
             if self.backward_listener is not None:  # ps/ hook
                 self.backward_listener(li)
 

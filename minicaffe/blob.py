@@ -149,6 +149,12 @@ class Blob:
         """
         if len(shape) == 1 and not np.isscalar(shape[0]):
             shape = tuple(shape[0])
+        for d in shape:
+            # pycaffe's reshape takes ints only; int() would cut 8.5 to 8 without a word
+            # (h / 2 is a float in Python 3); a whole float (8.0) is taken as its int
+            if isinstance(d, (float, np.floating)) and not float(d).is_integer():
+                raise TypeError(f"blob {self.name!r}: reshape takes integer dimensions, got "
+                                f"{d!r} in {shape!r} (h / 2 is a float in Python 3: use h // 2)")
         shape = tuple(int(d) for d in shape)
         if len(shape) > MAX_BLOB_AXES:
             raise ValueError(f"blob {self.name!r}: shape {shape} has {len(shape)} axes; Caffe's "
@@ -222,7 +228,7 @@ class Blob:
 
     @data.setter
     def data(self, value):
-        self.data[...] = value
+        self._assign(self.data, value, "data")
 
     @property
     def diff(self):
@@ -230,7 +236,18 @@ class Blob:
 
     @diff.setter
     def diff(self, value):
-        self.diff[...] = value
+        self._assign(self.diff, value, "diff")
+
+    def _assign(self, target, value, which: str):
+        """``blob.data = array`` writes into the blob (pycaffe's ``blob.data[...] = array``);
+        an array that does not broadcast to the blob's shape is refused naming the blob."""
+        try:
+            target[...] = value
+        except ValueError as e:
+            raise ValueError(f"blob {self.name!r}: cannot set its {which} of shape "
+                             f"{self.shape} from an array of shape {np.shape(value)} ({e}); "
+                             "reshape the blob first (blob.reshape(*shape)) to change its "
+                             "shape") from None
 
     @property
     def has_data(self) -> bool:

@@ -1191,6 +1191,18 @@ class Transformer:
         input_scale = self.input_scale.get(in_)
         if transpose is not None:
             caffe_in = caffe_in.transpose(transpose)
+            channels = self.inputs[in_][1] if len(self.inputs[in_]) > 1 else None
+            # one channel broadcasts over the input's (a grey image), unless swapped
+            fits = (channels,) if channel_swap is not None else (channels, 1)
+            if channels is not None and caffe_in.shape[0] not in fits:
+                # an image given as (K, H, W): pycaffe resized it as (H, W) = (K, H) and ran
+                # on, into a broadcast error at the net's input, or a channel swap that picks
+                # 3 of the H planes without a word
+                raise ValueError(
+                    f"input {in_!r}: the image of shape {np.shape(data)} has "
+                    f"{caffe_in.shape[0]} channels after transpose {tuple(transpose)}, the "
+                    f"input {tuple(self.inputs[in_])} takes {channels}; preprocess takes an "
+                    "(H, W, K) image, as caffe.io.load_image returns")
         if channel_swap is not None:
             caffe_in = caffe_in[list(channel_swap), :, :]
         if raw_scale is not None:

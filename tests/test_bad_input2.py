@@ -414,6 +414,54 @@ def test_params_index_past_the_layers_params(input_net):
     assert w.shape == (3, 192) and input_net.params["ip"][-1] is b
 
 
+def test_a_name_the_net_lacks(input_net):
+    """net.blobs, net.params and net.layer_dict: a KeyError, as pycaffe's, naming the net's
+    names (a typo, or a layer without params such as a ReLU)."""
+    with pytest.raises(KeyError, match=r"net 't' has no blob 'conv1'.*its blobs: data, ip"):
+        input_net.blobs["conv1"]
+    with pytest.raises(KeyError, match=r"no layer with params 'data'.*with params: ip\)"):
+        input_net.params["data"]
+    with pytest.raises(KeyError, match=r"no layer 'ip2'.*its layers: data, ip"):
+        input_net.layer_dict["ip2"]
+
+
+def test_blob_reshape_to_a_fraction(input_net):
+    """blob.reshape(1, 3, h / 2, w / 2): pycaffe takes ints only; 8.5 was cut to 8 without a
+    word.  A whole float still works."""
+    with pytest.raises(TypeError, match=r"blob 'data'.*8\.5.*h // 2"):
+        input_net.blobs["data"].reshape(2, 3, 8.5, 8)
+    assert input_net.blobs["data"].shape == (2, 3, 8, 8)
+    input_net.blobs["data"].reshape(1, 3, 16 / 2, 8)
+    assert input_net.blobs["data"].shape == (1, 3, 8, 8)
+
+
+def test_blob_data_set_from_an_array_of_another_shape(input_net):
+    """``blob.data = image`` (minicaffe writes it into the blob): one of another shape names
+    the blob and both shapes, where NumPy's broadcast error named neither blob."""
+    with pytest.raises(ValueError, match=r"blob 'data'.*\(2, 3, 8, 8\).*\(8, 8, 3\).*reshape"):
+        input_net.blobs["data"].data = np.zeros((8, 8, 3))
+    input_net.blobs["data"].data = np.ones((3, 8, 8))     # broadcasts, as blob.data[...] =
+    assert input_net.blobs["data"].data.all()
+
+
+def test_transformer_given_a_chw_image(input_net):
+    """Transformer.preprocess takes (H, W, K), as caffe.io.load_image gives; a (K, H, W)
+    array (an image already transposed) is refused naming both shapes, where pycaffe resized
+    it as (H, W) = (K, H) and failed later at the net's input (or, with a channel swap,
+    picked three rows' planes as channels without a word)."""
+    t = caffe.io.Transformer({"data": input_net.blobs["data"].data.shape})
+    t.set_transpose("data", (2, 0, 1))
+    t.set_channel_swap("data", (2, 1, 0))
+    with pytest.raises(ValueError, match=r"\(3, 8, 8\) has 8 channels.*takes 3.*\(H, W, K\)"):
+        t.preprocess("data", np.zeros((3, 8, 8)))
+    assert t.preprocess("data", np.zeros((8, 8, 3))).shape == (3, 8, 8)
+    with pytest.raises(ValueError, match=r"\(8, 8, 1\) has 1 channels.*takes 3"):
+        t.preprocess("data", np.zeros((8, 8, 1)))      # a grey image, channels swapped
+    t = caffe.io.Transformer({"data": input_net.blobs["data"].data.shape})
+    t.set_transpose("data", (2, 0, 1))
+    assert t.preprocess("data", np.zeros((8, 8, 1))).shape == (1, 8, 8)   # it broadcasts
+
+
 def test_forward_asked_for_an_unknown_blob(input_net):
     """forward(blobs=['nope']): refused, naming the net's blobs, before anything runs."""
     input_net.blobs["data"].data[...] = 1

@@ -182,10 +182,13 @@ class DropoutLayer(NeuronLayer):
 
     def layer_setup(self, bottom, top):
         ratio = float(self.param.dropout_param.dropout_ratio)
-        if not 0.0 < ratio < 1.0:
+        # Caffe DCHECKs 0 < ratio < 1, which its release builds skip: 0 then keeps every
+        # element (a draw above 0) at scale 1, as here; 1 scales by 1 / 0 into NaN, and a
+        # negative ratio is cast to an unsigned threshold, both refused
+        if not 0.0 <= ratio < 1.0:
             raise ValueError(
-                f"layer {self.name!r} of type Dropout: dropout_ratio must lie in (0, 1), "
-                f"got {ratio}")
+                f"layer {self.name!r} of type Dropout: dropout_ratio must lie in [0, 1) (0 "
+                f"keeps everything; 1 would drop everything and scale by 1 / 0), got {ratio}")
         self.ratio = ratio
         self.scale = 1.0 / (1.0 - ratio)  # in double, as Caffe's 1. / (1. - threshold_)
         self.uint_thres = caffe_uint_threshold(ratio, self.dtype)

@@ -168,6 +168,15 @@ class PythonLayer(Layer):
             raise ValueError(
                 f"{where}: python_param {{ module: \"...\" layer: \"...\" }} must name a Python "
                 f"module and a class in it (got module {pp.module!r}, layer {pp.layer!r})")
+        if pp.module.endswith(".py") or "/" in pp.module or "\\" in pp.module:
+            # Caffe's bp::import(module): a module name, never a file; importlib would say
+            # "'mylayer' is not a package" or ask for a package (TypeError) instead
+            name = pp.module.replace("\\", "/").rsplit("/", 1)[-1]
+            name = name[:-3] if name.endswith(".py") else name
+            raise ImportError(
+                f"{where}: python_param.module {pp.module!r} is a file name; it takes the "
+                f"module's name as `import` does (module: \"{name}\"), with its folder on "
+                "sys.path (PYTHONPATH)", name=pp.module)
         try:
             module = importlib.import_module(pp.module)
         except ImportError as e:

@@ -36,6 +36,7 @@ Tops: ``data`` ``(batch_size, C, crop or H, crop or W)`` and ``label``
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import numpy as np
@@ -69,7 +70,15 @@ class _ImageReader:
 
     def __call__(self, name: str) -> np.ndarray:
         what = f"image (listed in {self.source})"
-        path = resolve_path(self.root_folder + name, self.source_dir, what, self.where)
+        try:
+            path = resolve_path(self.root_folder + name, self.source_dir, what, self.where)
+        except FileNotFoundError as e:
+            root = self.root_folder
+            if root and not root.endswith("/") and os.path.exists(os.path.join(root, name)):
+                raise FileNotFoundError(
+                    f"{e}; root_folder {root!r} is put before each name as it is, as Caffe "
+                    f"does: end it with '/' (root_folder: \"{root}/\")") from None
+            raise
         try:
             return load_image(path, self.is_color, self.new_height, self.new_width)
         except (OSError, ValueError) as e:

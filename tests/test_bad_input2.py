@@ -173,6 +173,18 @@ NETS = [
     ("ImageData line without label", net(head=head("ImageData", 'image_data_param { '
                                                    'source: "nolabel.txt" batch_size: 2 }')),
      "net", ["n.prototxt:2:", "layer 'data'", "nolabel.txt:1"]),
+    ("root_folder without '/'", net(head=head("ImageData", 'image_data_param { '
+                                              'source: "list.txt" root_folder: "imgs" '
+                                              'batch_size: 2 }')),
+     "net", ["n.prototxt:2:", "layer 'data'", "'imgsa.png' not found", "end it with '/'"]),
+    # ---- parameters Caffe's release builds do not check
+    ("dropout_ratio 1", net(layer('name: "d" type: "Dropout" bottom: "data" top: "d" '
+                                  'dropout_param { dropout_ratio: 1 }')),
+     "net", ["n.prototxt:5:", "layer 'd'", "[0, 1)", "got 1.0"]),
+    ("Python module as a file name", net(layer('name: "py" type: "Python" bottom: "data" '
+                                               'top: "py" python_param { module: "pykey.py" '
+                                               'layer: "L" }')),
+     "net", ["n.prototxt:5:", "layer 'py'", "'pykey.py' is a file name", 'module: "pykey"']),
 ]
 
 
@@ -198,6 +210,9 @@ def workdir(tmp_path, monkeypatch):
     from PIL import Image
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")
     (tmp_path / "nolabel.txt").write_text("a.png\na.png\n")
+    (tmp_path / "imgs").mkdir()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "imgs" / "a.png")
+    (tmp_path / "list.txt").write_text("a.png 0\na.png 1\n")
     (tmp_path / "pykey.py").write_text(
         "import minicaffe as caffe\n"
         "class L(caffe.Layer):\n"
@@ -244,6 +259,16 @@ def test_in_place_layers_that_keep_the_shape_still_run(workdir):
     n.forward()
     n.backward()
     assert n.blobs["data"].shape == (2, 3, 8, 8) and (n.blobs["data"].data >= 0).all()
+
+
+def test_dropout_ratio_0_runs_as_caffe(workdir):
+    """Caffe DCHECKs 0 < dropout_ratio, which its release builds skip: 0 keeps every
+    element at scale 1 (turning dropout off in a TRAIN net); minicaffe refused it."""
+    (workdir / "n.prototxt").write_text(net(layer(
+        'name: "d" type: "Dropout" bottom: "data" top: "d" dropout_param { dropout_ratio: 0 }')))
+    n = caffe.Net("n.prototxt", caffe.TRAIN)
+    n.forward()
+    assert np.array_equal(n.blobs["d"].data, n.blobs["data"].data)
 
 
 def test_a_python_layer_key_error_names_the_layer(workdir, capsys):

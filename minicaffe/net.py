@@ -221,6 +221,15 @@ class Net:
                             "NetParameter")
         if isinstance(phase, (str, os.PathLike)) and isinstance(weights, int):
             phase, weights = weights, phase  # Net(model, weights, phase)
+        if isinstance(phase, bool) or phase not in (TRAIN, TEST, "TRAIN", "TEST"):
+            # pycaffe refuses it (boost.python's ArgumentError); protobuf said only 'unknown
+            # enum label "w.caffemodel"'
+            hint = ""
+            if isinstance(phase, (str, os.PathLike)) and weights is None:
+                hint = (f"; to load weights, give the phase too: caffe.Net(model, "
+                        f"caffe.TEST, weights={os.fspath(phase)!r})")
+            raise TypeError(f"Net(): phase {phase!r} is no phase: give caffe.TRAIN or "
+                            f"caffe.TEST{hint}")
         self.mode = normalize_mode(mode)
         self.xp = array_module(self.mode)
         self.dtype = np.dtype(dtype)

@@ -423,6 +423,18 @@ def input_net(workdir):
     return caffe.Net("n.prototxt", caffe.TEST)
 
 
+def test_net_given_weights_where_the_phase_goes(input_net):
+    """caffe.Net(model, weights) without the phase: pycaffe refuses it (ArgumentError, a
+    TypeError); protobuf's 'unknown enum label' named nothing.  Both of pycaffe's orders
+    with a phase load the weights."""
+    input_net.params["ip"][0].data[...] = 7
+    input_net.save("w.caffemodel")
+    with pytest.raises(TypeError, match=r"phase 'w\.caffemodel' is no phase.*weights="):
+        caffe.Net("n.prototxt", "w.caffemodel")
+    for args in (("w.caffemodel", caffe.TEST), (caffe.TEST, "w.caffemodel")):
+        assert caffe.Net("n.prototxt", *args).params["ip"][0].data[0, 0] == 7
+
+
 def test_save_into_a_missing_folder_names_the_file(input_net):
     with pytest.raises(FileNotFoundError) as e:
         input_net.save("nodir/w.caffemodel")

@@ -231,8 +231,19 @@ class ParameterClient:
         try:
             send(self.socks[s], frames)
         except self._zmq.Again:
-            raise PSError(f"{self.name(s)}: sending timed out after {self.config.timeout:g} s "
-                          "(server down?)") from None
+            raise PSError(f"{self.name(s)}: {self._why_unsent(s)}") from None
+
+    def _why_unsent(self, s) -> str:
+        """Why a send to shard s timed out: what its connection monitor has said meanwhile
+        (a refused CURVE handshake leaves the socket without a peer, so the send blocks until
+        its timeout; the monitor's event is only read while receiving), else the timeout."""
+        mon = self.monitors[s]
+        while mon.poll(0):
+            self._on_monitor_event(mon)
+        lost = self._lost.get(s)
+        if lost is not None:
+            return lost[1]
+        return f"sending timed out after {self.config.timeout:g} s (server down?)"
 
     # A disconnect is only fatal once a shard's answer has had time to be read:
     # at the end of training the servers close right after their last reply.

@@ -24,8 +24,9 @@ POOL = ('layer { name: "p" type: "Pooling" bottom: "data" top: "p" '
         'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }\n')
 
 
-def net(body="", head=DUMMY, label=1):
-    return 'name: "t"\n' + head.replace("LABEL", str(label)) + body + TAIL
+def net(body="", head=DUMMY, label=1, tail=TAIL):
+    """A net whose head spans lines 2-4; ``body`` starts at line 5."""
+    return 'name: "t"\n' + head.replace("LABEL", str(label)) + body + tail
 
 
 def data_head(extra="", src="db", backend="LMDB"):

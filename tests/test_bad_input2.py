@@ -16,28 +16,10 @@ import minicaffe as caffe
 from minicaffe import io as mio
 from minicaffe.cli import main
 from minicaffe.proto import caffe_pb2
+from test_bad_input import POOL, layer, net        # the first audit's nets
 
-DUMMY = """layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 }
-    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: LABEL } } }
-"""
-TAIL = """layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
-  inner_product_param { num_output: 3 } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
-"""
-POOL = ('layer { name: "p" type: "Pooling" bottom: "data" top: "p" '
-        'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }\n')
 IP3 = ('layer { name: "ip3" type: "InnerProduct" bottom: "data" top: "ip3" '
        'inner_product_param { num_output: 3 } }\n')
-
-
-def net(body="", head=DUMMY, label=1, tail=TAIL):
-    """A net whose head spans lines 2-4; ``body`` starts at line 5."""
-    return 'name: "t"\n' + head.replace("LABEL", str(label)) + body + tail
-
-
-def layer(text):
-    return f"layer {{ {text} }}\n"
 
 
 def head(type_, param):

@@ -28,6 +28,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -801,7 +802,7 @@ def test_env_switch_is_read_at_import():
     code = ("import os; os.environ['MINICAFFE_FUSED'] = '0'; "
             "from minicaffe.kernels import cuda_fused as f; assert not f.enabled(); "
             "f.set_enabled(True); assert f.enabled()")
-    subprocess.run([os.environ.get("PYTHON", "python3"), "-c", code], check=True,
+    subprocess.run([os.environ.get("PYTHON", sys.executable), "-c", code], check=True,
                    cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
 

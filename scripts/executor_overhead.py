@@ -43,7 +43,7 @@ iteration off (every iteration issues the plan op by op, as the first one does):
 
     python3 scripts/executor_overhead.py --gpu --net resnet152 --batch 16 --size 0 \
         --strategies plain,none,tuned-nofill,tuned \
-        --profile docs/results/tuner_s6/resnet152_profile.json
+        --profile docs/results/tuner_s6/resnet152_profile.json.gz
 
 Timers (``time.perf_counter``) around each layer and op cost ~0.1 us each and are counted in
 ``layers`` / the op kinds; ``overhead`` excludes nothing else.

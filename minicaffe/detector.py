@@ -212,6 +212,13 @@ class Detector(Net):
             # pycaffe takes the width as the side and fails or misplaces the crop
             raise ValueError(f"Detector: context_pad needs a square input; input {in_!r} is "
                              f"{tuple(self.blobs[in_].shape)}")
+        side = int(self.crop_dims[0])
+        if 2 * context_pad >= side:
+            # crop() grows each window by S / (S - 2 p): at p >= S / 2 the scale is infinite
+            # or negative (pycaffe fails an assert in crop, on the first window)
+            raise ValueError(f"Detector: context_pad {context_pad} leaves no room for the "
+                             f"window in input {in_!r} of side {side}: give at most "
+                             f"{(side - 1) // 2} (the pad is taken from both sides)")
         channel_order = self.transformer.channel_swap.get(in_)
         raw_scale = self.transformer.raw_scale.get(in_)
         mean = self.transformer.mean.get(in_)     # (K, 1, 1) or (K, H, W)

@@ -107,6 +107,15 @@ def test_context_pad_needs_a_square_input(tmp_path):
         caffe.Detector(str(proto), weights, context_pad=2)
 
 
+
+def test_context_pad_must_leave_room_for_the_window(tiny_model):
+    # crop() grows a window by S / (S - 2 p): p = S / 2 would divide by zero and larger
+    # pads turn the box inside out (pycaffe fails an assert on the first window)
+    caffe.Detector(*tiny_model, context_pad=3)                 # S = 8: 3 is the largest
+    for pad in (4, 16):
+        with pytest.raises(ValueError, match=r"context_pad %d .*side 8: give at most 3" % pad):
+            caffe.Detector(*tiny_model, context_pad=pad)
+
 # ------------------------------------------------------------------- crop
 def test_crop_without_context_excludes_max_row_and_column(tiny_model):
     det = detector(tiny_model)
@@ -309,3 +318,29 @@ def test_detect_tool_writes_csv_in_input_order(tiny_model, tmp_path, capsys):
 
     assert detect.main(args[:1] + [str(tmp_path / "dets.h5")] + args[2:]) == 1
     assert "only .csv" in capsys.readouterr().err
+
+
+
+def test_detect_tool_user_mistakes_are_one_line_and_status_1(tiny_model, tmp_path, capsys):
+    """python/detect.py's default --context_pad 16 on a net of side 8, a missing model, a
+    missing mean file: the line says what, no traceback (they were raised outside the
+    tool's try before)."""
+    from minicaffe.tools import detect
+
+    a = write_image(tmp_path / "a.png", np.random.default_rng(3), 10, 12)
+    windows = tmp_path / "windows.csv"
+    windows.write_text(f"filename,ymin,xmin,ymax,xmax\n{a},0,0,6,5\n")
+    out = str(tmp_path / "dets.csv")
+    base = [str(windows), out, "--crop_mode", "list", "--model_def", tiny_model[0],
+            "--pretrained_model", tiny_model[1]]
+    for extra, says in ((["--context_pad", "16"], "context_pad 16 leaves no room"),
+                        (["--context_pad", "2", "--mean_file", str(tmp_path / "no.npy")],
+                         "no.npy"),
+                        ([], "context_pad 16")):              # the default, as pycaffe's
+        assert detect.main(base + extra) == 1
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    missing = base[:5] + [str(tmp_path / "none.prototxt")] + base[6:] + ["--context_pad", "2"]
+    assert detect.main(missing) == 1
+    assert "none.prototxt" in capsys.readouterr().err
+    assert detect.main(base + ["--context_pad", "2"]) == 0

@@ -103,27 +103,33 @@ def main(argv=None) -> int:
         print(f"{prog}: output {args.output_file!r}: only .csv is written (pycaffe's HDF5 "
               "output is pandas' DataFrame.to_hdf, not available here)", file=sys.stderr)
         return 1
-    mean = channel_swap = None
-    if args.mean_file:
-        mean = np.load(args.mean_file)
-        if mean.ndim == 3:
-            mean = mean.mean(1).mean(1)        # (K, H, W) -> per channel (K,)
-    if args.channel_swap:
-        channel_swap = [int(s) for s in args.channel_swap.split(",")]
-    if args.gpu:
-        backend.set_mode_gpu()
-        print("GPU mode")
-    else:
-        backend.set_mode_cpu()
-        print("CPU mode")
-
-    detector = Detector(args.model_def, args.pretrained_model, mean=mean,
-                        input_scale=args.input_scale, raw_scale=args.raw_scale,
-                        channel_swap=channel_swap, context_pad=args.context_pad)
-
-    t = time.time()
-    print("Loading input...")
     try:
+        channel_swap = ([int(s) for s in args.channel_swap.split(",")]
+                        if args.channel_swap else None)
+    except ValueError:
+        ap.error("--channel_swap takes comma-separated integers")
+    try:        # a wrong file, device, pad or window: one line and status 1, as classify
+        mean = None
+        if args.mean_file:
+            mean = np.load(args.mean_file)
+            if mean.ndim == 3:
+                mean = mean.mean(1).mean(1)        # (K, H, W) -> per channel (K,)
+        if args.gpu:
+            if not backend.gpu_available():
+                raise RuntimeError("--gpu: no CUDA device is visible (leave out --gpu to run "
+                                   "on the CPU)")
+            backend.set_mode_gpu()
+            print("GPU mode")
+        else:
+            backend.set_mode_cpu()
+            print("CPU mode")
+
+        detector = Detector(args.model_def, args.pretrained_model, mean=mean,
+                            input_scale=args.input_scale, raw_scale=args.raw_scale,
+                            channel_swap=channel_swap, context_pad=args.context_pad)
+
+        t = time.time()
+        print("Loading input...")
         if args.crop_mode == "list":
             if not args.input_file.lower().endswith("csv"):
                 raise ValueError(f"{args.input_file}: crop_mode list needs a .csv of windows")
@@ -132,7 +138,7 @@ def main(argv=None) -> int:
             with open(args.input_file) as f:
                 fnames = [line.strip() for line in f if line.strip()]
             detections = detector.detect_selective_search(fnames)
-    except (OSError, ValueError, ImportError) as e:
+    except (OSError, ValueError, RuntimeError, ImportError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
     print(f"Processed {len(detections)} windows in {time.time() - t:.3f} s.")

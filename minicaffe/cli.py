@@ -292,8 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --swap dynamic: use this saved profile instead of profiling")
     t.add_argument("--save-profile", default=None, metavar="JSON",
                    help="with --swap dynamic: write the measured profile")
-    t.add_argument("--search", choices=["linear", "bisect"], default="linear",
-                   help="Algorithm 2's search over k (linear: the paper's walk)")
+    t.add_argument("--search", choices=["linear", "bisect"], default="bisect",
+                   help="Algorithm 2's search over k: bisection with a band checked above "
+                        "its boundary (default; it agrees with the paper's walk on the seven "
+                        "networks, docs/SWAP.md section 4) or linear, the paper's walk down "
+                        "from k_max (minutes where k_max is large)")
     t.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall",
                    help="which feature maps to pin first (docs/SWAP.md)")
     t.add_argument("--k-objective", choices=["throughput", "largest"], default="throughput",
@@ -368,7 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="draw the predicted timeline of the three streams (matplotlib)")
     pl.add_argument("--trace", default=None, metavar="CSV",
                     help="with --plot: a --memory-trace CSV to draw the observed iteration beside")
-    pl.add_argument("--search", choices=["linear", "bisect"], default="linear")
+    pl.add_argument("--search", choices=["linear", "bisect"], default="bisect",
+                    help="as train's --search (default bisect; linear: the paper's walk)")
     pl.add_argument("--pin-rule", choices=["stall", "ratio"], default="stall")
     pl.add_argument("--k-objective", choices=["throughput", "largest"], default="throughput",
                     help="k* is the stall-free k of the most predicted images/s (default) or "

@@ -132,7 +132,7 @@ def memory_report(gmap: GMAP, budget: int | None = None,
         plan = make_plan(g, s, None)
         br = breakdown(plan)
         j = plan.peak_step
-        at = "setup" if j == SETUP else f"{g.steps[j].phase[:3]} {g.steps[j].name}"
+        at = "setup" if j == SETUP else f"{g.steps[j].name} ({g.steps[j].phase})"
         row = [s] + [fmt_bytes(br[n]) for n in names] + [fmt_bytes(plan.peak),
                                                           fmt_bytes(plan.arena_bytes), at]
         if budget is not None:

@@ -39,6 +39,11 @@ def test_mem_prints_breakdown_and_max_batch(net_file, capsys):
     assert int(rows["naive"].split()[-1]) > int(rows["vdnn"].split()[-1]) > \
         int(rows["none"].split()[-1])
     assert min_budget(g.caffe_lowering(), "none") < min_budget(g, "none")
+    # "peak at": the step's layer and its whole phase (it read "bac conv2" before)
+    from swap.plan import make_plan
+    plan = make_plan(g, "naive", None)
+    step = g.steps[plan.peak_step]
+    assert f"{step.name} ({step.phase})" in rows["naive"]
 
 
 def test_mem_without_budget_and_bad_arguments(net_file, capsys):

@@ -762,7 +762,9 @@ def _acquire_leveldb(path) -> _SharedEnv:
             try:
                 db = plyvel.DB(key, create_if_missing=False)
             except plyvel.Error as e:
-                raise ValueError(f"{path} is not a LevelDB database ({e})") from None
+                hint = (" (it holds an LMDB database: data.mdb)"
+                        if os.path.exists(os.path.join(key, "data.mdb")) else f" ({e})")
+                raise ValueError(f"{path} is not a LevelDB database{hint}") from None
             shared = _READ_LEVELDBS[key] = _SharedEnv(db, key, None)
         shared.refs += 1
         return shared

@@ -250,7 +250,8 @@ def test_convert_and_mean_with_the_leveldb_backend(imageset, tmp_path, capsys):
     np.testing.assert_array_equal(mio.load_mean_file(tmp_path / "lmdb.binaryproto"),
                                   mio.load_mean_file(tmp_path / "leveldb.binaryproto"))
     assert mean_main([str(tmp_path / "lmdb"), "--backend", "leveldb"]) == 1
-    assert "is not a LevelDB database" in capsys.readouterr().err
+    assert "is not a LevelDB database (it holds an LMDB database: data.mdb)" in \
+        capsys.readouterr().err
 
 
 # ------------------------------------------- Caffe's flags, messages and encoded Datums

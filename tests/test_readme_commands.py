@@ -251,3 +251,16 @@ def test_variants_expand_readme_notation():
     assert variants("x.npy out --mean_file mean.npy|'' -resize_height H") == [
         ["x.npy", "out", "--mean_file", "mean.npy", "-resize_height", "256"],
         ["x.npy", "out", "--mean_file", "", "-resize_height", "256"]]
+
+
+def test_the_scripts_named_with_quick_are_those_that_have_it():
+    """README's layout table names the scripts that take ``--quick``: exactly those whose
+    parser has the flag (six were missing once)."""
+    text = README.read_text()
+    m = re.search(r"`--quick` \([^)]*\) in ((?:`\w+\.py`(?:, | and )?)+)", text)
+    assert m, "README's layout table no longer lists the scripts with --quick"
+    named = set(re.findall(r"`(\w+\.py)`", m.group(1)))
+    scripts = Path(README).parent / "scripts"
+    have = {p.name for p in scripts.glob("*.py") if '"--quick"' in p.read_text()}
+    assert named == have, (f"README names {sorted(named - have)} that lack --quick and leaves "
+                           f"out {sorted(have - named)}")

@@ -80,7 +80,9 @@ class ScaleLayer(Layer):
     in Caffe's order. Backward reads the scale operand (bottom[1] when given)
     for the bottom gradient and the input ``x`` for the scale gradient: the
     bottom data, or when in place a saved copy of it (Caffe's ``temp_``),
-    since forward overwrites the bottom.
+    since forward overwrites the bottom. A learned scale's diff accumulates over
+    backward calls, except where Caffe overwrites it (an outer dimension of 1:
+    see ``reshape``).
     """
 
     type = "Scale"
@@ -123,6 +125,13 @@ class ScaleLayer(Layer):
                                     "scale")
         if self.bias_term:
             self._bias_dims = broadcast_dims(self, bottom[0], self.blobs[-1].shape, p.axis, "bias")
+        # Caffe's ScaleLayer::Backward_cpu (and _gpu) accumulates a learned scale's diff, as
+        # every param diff, except where outer_dim_ == 1: there the product (eltwise case,
+        # inner_dim_ == 1) or the gemv with beta 0 (scale_dim_ > 1) is written straight into
+        # the scale's diff; only a single scale over inner_dim_ > 1 elements still adds.
+        outer, dim, inner = self._dims
+        self._scale_diff_overwritten = (not self._two_bottoms and outer == 1
+                                        and (dim > 1 or inner == 1))
         self._in_place = top[0] is bottom[0]
         if self.fused_bn is not None:
             # Paired: the input is the BatchNorm's x_norm, and the workspace its.
@@ -208,6 +217,8 @@ class ScaleLayer(Layer):
         xp = self.xp
         outer, dim, inner = self._dims
         dy = top[0].diff.reshape(outer, dim, inner)
+        if self._scale_diff_overwritten and self.param_propagate_down[0]:
+            self.blobs[0].diff.fill(0)      # as Caffe: see reshape (every path below adds)
         if self.fused_bn is not None:
             return self._backward_paired(dy, propagate_down)
         if self._fused:

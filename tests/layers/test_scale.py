@@ -156,6 +156,25 @@ def test_scale_param_diffs_accumulate(rng):
     np.testing.assert_allclose(to_numpy(layer.blobs[1].diff), 2 * first[3])
 
 
+@pytest.mark.parametrize("params,shape,adds", [
+    ("", (1, 3, 4, 2), False),                 # outer 1, 3 scales: gemv, beta 0, into the diff
+    ("axis: 0 num_axes: -1", SHAPE, False),    # eltwise: the product is written to the diff
+    ("axis: 2", (1, 1, 4, 1), False),          # eltwise too (outer 1, inner 1)
+    ("num_axes: 0", (1, 3, 4, 2), True),       # one scale over 24 elements: a dot, added
+    ("", (1, 1, 4, 2), True),                  # one channel over 8 elements: likewise
+    ("", SHAPE, True),                         # outer 2: added
+])
+def test_scale_param_diff_accumulates_where_caffe_adds(params, shape, adds, rng):
+    """Caffe's ScaleLayer::Backward_cpu writes a learned scale's diff afresh where outer_dim_
+    is 1, unless one scale value spans inner_dim_ > 1 elements; the bias diff always adds.
+    (Found by tests/layers/test_torch_fuzz.py's second backward.)"""
+    layer, bottom, top = setup(scale_text(params + " bias_term: true"), [shape], rng)
+    first = run(layer, bottom, top, rng.standard_normal(shape))
+    layer.backward(top, [True], bottom)
+    np.testing.assert_allclose(to_numpy(layer.blobs[0].diff), (2 if adds else 1) * first[2])
+    np.testing.assert_allclose(to_numpy(layer.blobs[1].diff), 2 * first[3])
+
+
 @pytest.mark.parametrize("params,shapes,match", [
     ("axis: 3 num_axes: 2", [SHAPE], "extends past"),
     ("axis: 4", [SHAPE], "out of range"),

@@ -211,8 +211,14 @@ def test_a_dead_worker_fails_the_round_everywhere_naming_it(procs, tmp_path, mon
     # got nothing at all (rank 0 was waiting on the other shard) names both ranks.
     named = re.compile(rf"(no gradients from rank\(s\) (1|0, 1) within {TIMEOUT:g} s"
                        r"|cannot answer rank\(s\) 1:)")
-    for p in servers:
-        assert named.search(p.log()), p.log()
+    # One shard may instead find rank 0 gone: the other shard named rank 1 and told rank 0,
+    # which left before this shard's answer to it went out (rank 1's pushes had arrived, and
+    # its own disconnection was not yet seen); CI saw it once.
+    left = re.compile(r"cannot answer rank\(s\) 0: .*\(the worker has gone\)")
+    hits = [bool(named.search(p.log())) for p in servers]
+    assert any(hits), logs(*servers)
+    for p, hit in zip(servers, hits):
+        assert hit or left.search(p.log()), p.log()
     # the worker passes on a shard's words: rank 1, or both where that shard got nothing
     assert re.search(r"rank\(s\) (0, )?1\b", workers[0].log()), workers[0].log()
     assert "worker error" in workers[0].log()

@@ -11,27 +11,35 @@ two frameworks compares two training jobs only when both train the same network,
 a PyTorch user would write it:
 
 * Convolution -> ``nn.Conv2d`` (groups, dilation, bias_term); 2-D only.
-* Pooling -> ``nn.MaxPool2d`` / ``nn.AvgPool2d`` with ``ceil_mode=True`` and
-  ``count_include_pad=True``: Caffe's output size (ceil, then one fewer where the last
-  window would start in the padding) and its average divisor (the window clipped to the
-  padded image) are PyTorch's in that mode.  ``global_pooling`` takes the whole map.
+* Pooling -> ``nn.MaxPool2d`` / ``nn.AvgPool2d`` with ``ceil_mode`` from ``round_mode``
+  (CEIL, Caffe's default, or FLOOR) and ``count_include_pad=True``: Caffe's output size
+  (rounded, then one fewer where the last window would start in the padding) and its
+  average divisor (the window clipped to the padded image) are PyTorch's in that mode.
+  ``global_pooling`` takes the whole map.
 * LRN (ACROSS_CHANNELS) -> ``nn.LocalResponseNorm`` (both divide alpha by the size).
 * BatchNorm followed by a Scale on its top -> one ``nn.BatchNorm2d`` with the Scale as its
   affine part (``momentum = 1 - moving_average_fraction``); a BatchNorm alone has no affine.
+  TRAIN normalizes with the batch's biased variance in both.  The running statistics are
+  not Caffe's: Caffe keeps sums and a factor s <- maf s + 1 (so its first TRAIN pass stores
+  the batch's own mean), PyTorch an exponential average started at 0 and 1; this changes
+  what a TEST pass after training sees, not a TRAIN step's arithmetic.
 * ReLU (in place where the prototxt computes it in place), Sigmoid, TanH, Dropout
-  (``nn.Dropout``, inverted as Caffe's), InnerProduct (``nn.Linear`` on the blob flattened
-  from ``axis``), Concat, Eltwise (SUM with coefficients, PROD, MAX), Flatten, Softmax,
-  Split and Silence.
+  (``nn.Dropout``, inverted as Caffe's; the identity in a TEST net), InnerProduct
+  (``nn.Linear`` on the blob flattened from ``axis``), Concat, Eltwise (SUM with
+  coefficients, PROD, MAX with Caffe's tie rule), Flatten, Softmax, Split and Silence.
 * Deconvolution -> ``nn.ConvTranspose2d``; PReLU -> ``nn.PReLU``; ELU, AbsVal, BNLL
   (softplus), Power, Exp, Log; Crop, Reshape, Slice; LRN WITHIN_CHANNEL as Caffe composes it
   (a zero-padded average of squares over the window).
-* SoftmaxWithLoss -> ``F.cross_entropy`` (Caffe's normalizations, ``ignore_label``) and
-  EuclideanLoss, weighted by the layer's ``loss_weight``; Accuracy under ``no_grad``.
+* SoftmaxWithLoss -> ``F.cross_entropy`` (Caffe's normalizations, ``ignore_label``, each
+  sample's loss capped at -log(FLT_MIN) as Caffe's) and EuclideanLoss, weighted by the
+  layer's ``loss_weight``; Accuracy under ``no_grad``.
 
 The data layers' tops are the inputs (their shapes from Input, DummyData or MemoryData).
 Any other layer type raises ``NotImplementedError`` naming the layer: the peer is the same
 network or none.  ``tests/scripts/test_torch_peer.py`` checks the losses, every top and every
-parameter gradient against minicaffe's own Net in float64.
+parameter gradient against minicaffe's own Net in float64, layer type by layer type, and
+``tests/scripts/test_torch_peer_parity.py`` does so on the project's networks and on model-zoo
+deploy nets (TRAIN and TEST).
 
     python3 scripts/torch_peer.py alexnet:256            # the PyTorch peer's shapes and size
 """
@@ -227,6 +235,10 @@ class _Builder:
         peer.classes = min(self.classes) if self.classes else None   # labels below fit all
         peer.blob_shapes = {k: tuple(v) for k, v in self.shapes.items()}
         peer.layer_modules = {n: self.modules[k] for n, k in self.key.items()}
+        # as built, not only after a train() or eval() call: a module starts in training
+        # mode, where nn.BatchNorm2d would normalize a TEST net (or use_global_stats: true)
+        # with the batch's statistics instead of the stored ones
+        peer.train()
         return peer
 
 
@@ -286,9 +298,22 @@ def _pooling(b, lp):
                   "kernel", name)
         s = _pair(one("stride"), _opt(pp, "stride_h"), _opt(pp, "stride_w"), 1, "stride", name)
         pad = _pair(one("pad"), _opt(pp, "pad_h"), _opt(pp, "pad_w"), 0, "pad", name)
+    # Caffe's PoolingLayer::Reshape: ceil((in + 2 pad - k) / stride) + 1 for round_mode CEIL
+    # (the default), floor for FLOOR; then, if pad > 0, one fewer where the last window would
+    # start in the padding.  PyTorch's ceil_mode does the same, but drops that window without
+    # padding too: where Caffe keeps a last window wholly past the input (ceil, no pad,
+    # kernel < stride), filled with -FLT_MAX (MAX) or 0 / 0 (AVE), the peer refuses
+    ceil = pp.round_mode == P.CEIL
+    for i, size in enumerate(b.shape(lp.bottom[0])[2:]):
+        last = -(-(size - k[i]) // s[i]) * s[i]          # Caffe's last window's start (ceil)
+        if ceil and pad[i] == 0 and last >= size:
+            raise NotImplementedError(
+                f"layer {name!r}: Caffe's ceil-rounded pooling of {size} by kernel {k[i]}, "
+                f"stride {s[i]} and no pad has a last window wholly outside the input "
+                "(Caffe fills it with -FLT_MAX or 0 / 0); the PyTorch peer has no such window")
     if pp.pool == P.MAX:
-        return b.nn.MaxPool2d(k, s, pad, ceil_mode=True), None
-    return b.nn.AvgPool2d(k, s, pad, ceil_mode=True, count_include_pad=True), None
+        return b.nn.MaxPool2d(k, s, pad, ceil_mode=ceil), None
+    return b.nn.AvgPool2d(k, s, pad, ceil_mode=ceil, count_include_pad=True), None
 
 
 @_builds("LRN")
@@ -313,6 +338,11 @@ def _batch_norm(b, lp):
     nxt = b.layers[b.index + 1] if b.index + 1 < len(b.layers) else None
     scale = (nxt is not None and nxt.type == "Scale" and list(nxt.bottom) == list(lp.top)
              and len(nxt.bottom) == 1)
+    if scale and list(nxt.top) != list(nxt.bottom):
+        # fused, the BatchNorm's own top is never written: fuse only where no other layer
+        # reads it (else the Scale stays a layer of its own)
+        later = b.layers[b.index + 2:]
+        scale = not any(lp.top[0] in list(other.bottom) for other in later)
     global_stats = bp.use_global_stats if bp.HasField("use_global_stats") else not b.train
     mod = b.nn.BatchNorm2d(b.shape(lp.bottom[0])[1], eps=bp.eps,
                            momentum=1.0 - bp.moving_average_fraction, affine=scale)
@@ -376,6 +406,10 @@ def _elementwise(b, lp):
     if t == "ELU":
         return nn.ELU(lp.elu_param.alpha), None
     if t == "Dropout":
+        if not b.train:
+            # Caffe's DropoutLayer::Forward_cpu copies bottom to top unless the phase is
+            # TRAIN: a TEST net's Dropout is the identity whatever the module's mode
+            return None, lambda xs: [xs[0]]
         return nn.Dropout(lp.dropout_param.dropout_ratio), None   # inverted, as Caffe's
     if t == "Silence":
         return None, None
@@ -464,10 +498,19 @@ def _eltwise(b, lp):
     op, coeffs = ep.operation, list(ep.coeff) or None
 
     def fn(xs):
-        if op == E.PROD or op == E.MAX:
+        if op == E.PROD:
             y = xs[0]
             for x in xs[1:]:
-                y = y * x if op == E.PROD else torch.maximum(y, x)
+                y = y * x
+            return [y]
+        if op == E.MAX:
+            # Caffe's EltwiseLayer::Forward_cpu keeps the winner's index (max_idx_) and
+            # Backward_cpu sends all of dy there: bottom 1 wins a tie with bottom 0 (it tests
+            # x0 > x1), a later bottom only when strictly greater.  torch.maximum would split a
+            # tie's gradient in halves; torch.where routes it to one side as Caffe does.
+            y = torch.where(xs[0] > xs[1], xs[0], xs[1])
+            for x in xs[2:]:
+                y = torch.where(x > y, x, y)
             return [y]
         c = coeffs or [1.0] * len(xs)
         y = xs[0] if c[0] == 1.0 else c[0] * xs[0]
@@ -475,6 +518,9 @@ def _eltwise(b, lp):
             y = y + (x if ci == 1.0 else ci * x)
         return [y]
     return None, fn
+
+
+_NEG_LOG_FLT_MIN = -math.log(2.0 ** -126)     # FLT_MIN, the smallest normal float32
 
 
 @_builds("SoftmaxWithLoss")
@@ -490,8 +536,13 @@ def _softmax_loss(b, lp):
     def fn(xs):
         logits, label = xs[0], xs[1]
         label = label.reshape(logits.shape[:1] + logits.shape[2:]).long()
-        total = F.cross_entropy(logits, label, reduction="sum",
-                                ignore_index=-100 if ignore is None else ignore)
+        nll = F.cross_entropy(logits, label, reduction="none",
+                              ignore_index=-100 if ignore is None else ignore)
+        # Caffe's SoftmaxWithLossLayer::Forward_cpu takes -log(max(p, FLT_MIN)) (in double
+        # nets too), so a sample's loss is at most -log(FLT_MIN) = 87.34; its Backward_cpu is
+        # p - 1 unclamped.  The clamped value, with the unclamped value's gradient:
+        nll = nll + (nll.clamp(max=_NEG_LOG_FLT_MIN) - nll).detach()
+        total = nll.sum()
         if norm == P.VALID:               # Caffe: the labels not ignored
             if ignore is not None:
                 return [total / (label != ignore).sum().clamp(min=1)]

@@ -96,7 +96,11 @@ def learning_rate(p, it: int, current_step: int = 0) -> float:
     if policy == "exp":
         return base * _c_pow(p.gamma, it)
     if policy == "inv":
-        return base * _c_pow(1 + p.gamma * it, -p.power)
+        # sgd_solver.cpp: pow(Dtype(1) + this->param_.gamma() * this->iter_, -power): gamma()
+        # is a float field and iter_ an int, so C++ multiplies them in float and only the
+        # sum is Dtype; a double product gave a rate up to 6e-8 away (a float64 net's
+        # weights 1e-10 apart after a few iterations at iter ~1000)
+        return base * _c_pow(1 + float(np.float32(p.gamma) * np.float32(it)), -p.power)
     if policy == "multistep":
         return base * _c_pow(p.gamma, current_step)
     if policy == "poly":

@@ -28,26 +28,62 @@ batch to the device once per iteration.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from .io import datum_image, load_mean_file, resolve_path
 from .rng import host_rng
 
+log = logging.getLogger(__name__)
+
 TRAIN, TEST = 0, 1
 
 
 def _caffe_read_prefix(datum):
-    """The Datum as Caffe's DataTransformer reads it: the first C*H*W bytes of a raw
-    ``data`` field, which it never checks for length (Alexey-Kamenev/Benchmarks'
-    createFakeImageNet.py stores float64 ``tostring()`` bytes, eight an element, and
-    trains on them).  Shorter data stays an error (Caffe reads past its end)."""
+    """The Datum as Caffe's DataTransformer reads it: the first C*H*W elements of a raw
+    ``data`` field, or of ``float_data`` when there are no bytes, neither of which it
+    checks for length (``Transform(const Datum&, Dtype*)`` indexes ``data[data_index]`` or
+    ``datum.float_data(data_index)`` with ``data_index < C*H*W``; Alexey-Kamenev/
+    Benchmarks' createFakeImageNet.py stores float64 ``tostring()`` bytes, eight an
+    element, and trains on them).  Shorter data stays an error (Caffe reads past its
+    end)."""
     n = datum.channels * datum.height * datum.width
-    if datum.encoded or len(datum.data) <= n:
+    if datum.encoded:
+        return datum
+    long_bytes = len(datum.data) > n
+    long_floats = not len(datum.data) and len(datum.float_data) > n
+    if not (long_bytes or long_floats):
         return datum
     cut = type(datum)()
     cut.CopyFrom(datum)
-    cut.data = datum.data[:n]
+    if long_bytes:
+        cut.data = datum.data[:n]
+    else:
+        del cut.float_data[n:]
     return cut
+
+
+def _caffe_mean_image(mean, path, where):
+    """The mean image Caffe's transformer reads from a mean_file blob of any shape.
+
+    ``Blob::FromProto`` keeps the stored shape, and ``Transform`` CHECKs the image against
+    ``data_mean_.channels()``, ``height()`` and ``width()``: axes 1, 2 and 3, padded with 1s
+    (``Blob::LegacyShape``, which CHECK-fails beyond 4 axes), then reads the first C*H*W
+    values.  So an ``(N, C, H, W)`` blob with N > 1 serves as its first image, and a
+    3-axis ``(C, H, W)`` blob (pycaffe's ``array_to_blobproto`` of an image without its
+    leading axis) reads as ``(H, W, 1)``, which no image of shape (C, H, W) matches.
+    Returns ``(C, H, W)`` as Caffe reads it."""
+    shape = mean.shape
+    if mean.ndim > 4:
+        raise ValueError(f"{where}: mean_file {path} holds a blob of shape {shape}; Caffe "
+                         "reads a mean of at most 4 axes, (1, C, H, W)")
+    padded = shape + (1,) * (4 - mean.ndim)
+    if padded[0] < 1:
+        raise ValueError(f"{where}: mean_file {path} holds a blob of shape {shape}, with no "
+                         "image in it; expected (1, C, H, W)")
+    chw = padded[1:]
+    return mean.reshape(-1)[:int(np.prod(chw))].reshape(chw)
 
 
 class DataTransformer:
@@ -76,18 +112,16 @@ class DataTransformer:
                 raise ValueError(
                     f"{where}: cannot specify mean_file and mean_value at the same time")
             path = resolve_path(param.mean_file, source_dir, "mean_file", where)
-            mean = load_mean_file(path)
-            if mean.ndim == 4 and mean.shape[0] == 1:
-                mean = mean[0]
-            if mean.ndim != 3:
-                raise ValueError(f"{where}: mean_file {path} holds a blob of shape {mean.shape}, "
-                                 "expected (1, C, H, W)")
-            self.mean = mean.astype(self.dtype)
+            stored = load_mean_file(path)
+            self.mean_blob_shape = stored.shape
+            self.mean = _caffe_mean_image(stored, path, where).astype(self.dtype)
             self.mean_file = param.mean_file
         elif len(param.mean_value):
             self.mean_values = np.asarray(param.mean_value, dtype=self.dtype)
-        if param.force_color and param.force_gray:
-            raise ValueError(f"{where}: cannot set both force_color and force_gray")
+        # force_color with force_gray: Caffe CHECK-fails only when it decodes an encoded
+        # Datum (Transform, InferBlobShape), and for raw Datums logs an error and goes on;
+        # see datum_image
+        self._warned_force = False
         # Caffe's InitRand: a generator only where the transform is random.
         needs_rand = self.mirror or (self.phase == TRAIN and self.crop_size > 0)
         self.rng = (np.random.default_rng(int(host_rng().integers(0, 2**63 - 1)))
@@ -113,9 +147,13 @@ class DataTransformer:
     def _check_mean(self, c, h, w):
         if self.mean is not None and self.mean.shape != (c, h, w):
             where = f"{self.where}: " if self.where else ""
+            stored = self.mean_blob_shape
+            how = ("" if len(stored) == 4 else
+                   f", read as Caffe reads the blob of shape {stored} it holds (axes 1 to 3: "
+                   "store the mean as (1, C, H, W))")
             raise ValueError(f"{where}the mean image has shape {self.mean.shape} (mean_file "
-                             f"{self.mean_file!r}) but the images have shape {(c, h, w)}; the "
-                             "mean must have the images' shape, before any crop")
+                             f"{self.mean_file!r}{how}) but the images have shape {(c, h, w)}; "
+                             "the mean must have the images' shape, before any crop")
         if self.mean_values is not None and self.mean_values.size not in (1, c):
             raise ValueError(f"{self.where}: specify either 1 mean_value or as many as channels: "
                              f"{c} (got {self.mean_values.size})")
@@ -206,17 +244,75 @@ class DataTransformer:
             result = out
         return result[0] if single else result
 
-    def transform_datums(self, datums, out=None):
-        """Transform a list of Datums (all of one shape); returns ``(data, labels)``."""
+    def datum_image(self, datum) -> np.ndarray:
+        """The ``(C, H, W)`` image of a Datum as Caffe's ``Transform`` reads it: an encoded one
+        decoded with ``force_color``/``force_gray`` (both set: Caffe's CHECK), a raw one as
+        stored (the first C*H*W elements; the force fields only draw Caffe's LOG(ERROR))."""
+        p = self.param
+        if datum.encoded and p.force_color and p.force_gray:
+            raise ValueError(f"{self.where}: cannot set both force_color and force_gray "
+                             "(transform_param) to decode an encoded Datum")
+        if not datum.encoded and (p.force_color or p.force_gray) and not self._warned_force:
+            log.error("%s: force_color and force_gray only for encoded datum", self.where)
+            self._warned_force = True
+        try:
+            return datum_image(_caffe_read_prefix(datum), p.force_color, p.force_gray)
+        except ValueError as e:    # too few bytes or floats (Caffe would read past them)
+            if self.where and not str(e).startswith(self.where):
+                raise ValueError(f"{self.where}: {e}") from None
+            raise
+
+    def transform_datums(self, datums, out=None, expect=None):
+        """Transform a list of Datums; returns ``(data, labels)``.
+
+        The batch takes the shape of the first Datum, as Caffe's Data layer and
+        ``Transform(const vector<Datum>&, Blob*)`` shape it.  With ``crop_size`` the other
+        Datums may be of other sizes (at least the crop, with the first's channels):
+        ``Transform(const Datum&, Blob*)`` only checks ``channels == datum_channels`` and
+        ``crop <= datum_height, datum_width`` then; without a crop they must match it.
+
+        ``expect``: the ``(C, h, w)`` of the blob the caller transforms into (MemoryData's
+        ``memory_data_param``), checked against every Datum first, as that ``Transform``
+        checks it before it reads the image.
+        """
         if not datums:
             raise ValueError(f"{self.where}: there is no datum to transform")
-        arrays = [datum_image(_caffe_read_prefix(d), self.param.force_color,
-                              self.param.force_gray) for d in datums]
+        arrays = [self.datum_image(d) for d in datums]
         shape = arrays[0].shape
-        for i, a in enumerate(arrays):
-            if a.shape != shape:
-                raise ValueError(f"{self.where}: datum {i} of the batch has shape {a.shape}, the "
-                                 f"first has {shape}; a batch needs images of one shape")
-        data = self.transform(np.stack(arrays), out=out)
+        if expect is not None:
+            for i, a in enumerate(arrays):
+                self._check_fits(i, a.shape, tuple(expect))
         labels = np.asarray([d.label for d in datums], dtype=self.dtype)
-        return data, labels
+        if all(a.shape == shape for a in arrays):
+            return self.transform(np.stack(arrays), out=out), labels
+        for i, a in enumerate(arrays):
+            if a.shape != shape and (a.shape[0] != shape[0] or not self.crop_size):
+                raise ValueError(
+                    f"{self.where}: datum {i} of the batch has shape {a.shape}, the first has "
+                    f"{shape}; a batch needs images of one shape, or of one channel count "
+                    "when transform_param.crop_size crops them")
+        n = len(arrays)
+        oshape = (n,) + self.output_shape(shape)
+        if out is None:
+            out = np.empty(oshape, dtype=self.dtype)
+        elif out.shape != oshape:
+            raise ValueError(f"{self.where}: output buffer of shape {out.shape}, need {oshape}")
+        for i, a in enumerate(arrays):     # one by one: each Datum draws for its own size
+            out[i] = self.transform(a)
+        return out, labels
+
+    def _check_fits(self, i, chw, blob_chw):
+        """``Transform(const Datum&, Blob*)``'s checks of a Datum against the blob: the
+        same channels, a blob no larger than the image, and the blob the crop's size (with
+        crop_size) or the image's (without)."""
+        (c, h, w), (bc, bh, bw) = chw, blob_chw
+        crop = self.crop_size
+        fits = c == bc and ((crop == bh == bw and h >= crop and w >= crop) if crop
+                            else (h, w) == (bh, bw))
+        if not fits:
+            if crop and crop == bh == bw and c == bc:
+                raise ValueError(f"{self.where}: crop_size {crop} is larger than the image "
+                                 f"({h} x {w}) of datum {i}")
+            after = f"cropped to {crop} x {crop}" if crop else "not cropped"
+            raise ValueError(f"{self.where}: datum {i} has shape {chw}, {after}; the blob it "
+                             f"goes to takes (C, H, W) = {blob_chw}")

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..fillers import fill
 from ..hdf5_util import is_hdf5
-from ..io import LevelDBReader, LMDBReader, datum_image, parse_datum, resolve_path
+from ..io import LevelDBReader, LMDBReader, parse_datum, resolve_path
 from ..layer import Layer, register_layer
 from ..proto import caffe_pb2
 from ..rng import host_rng
@@ -409,9 +409,8 @@ class _LMDBBatchLoader:
 
     def datum_shape(self, datum) -> tuple:
         """``(C, H, W)`` of a Datum (decoding it when it is encoded)."""
-        if datum.encoded:
-            return datum_image(datum, self.transformer.param.force_color,
-                               self.transformer.param.force_gray).shape
+        if datum.encoded:    # InferBlobShape decodes it (and CHECKs the force fields)
+            return self.transformer.datum_image(datum).shape
         return (datum.channels, datum.height, datum.width)
 
 
@@ -715,10 +714,10 @@ class MemoryDataLayer(_SourcelessLayer):
         if len(datums) % self.batch_size:
             raise ValueError(f"{self.where}: the added data must be a multiple of the batch size "
                              f"{self.batch_size}, got {len(datums)}")
-        data, labels = self.transformer.transform_datums(list(datums))
-        if data.shape[1:] != (self.channels, self.height, self.width):
-            raise ValueError(f"{self.where}: transformed datums have shape {data.shape[1:]}, the "
-                             f"layer takes {(self.channels, self.height, self.width)}")
+        # Caffe: Transform(datum_vector, &added_data_), a (num, channels, height, width)
+        # blob of memory_data_param, checks every Datum against it first
+        data, labels = self.transformer.transform_datums(
+            list(datums), expect=(self.channels, self.height, self.width))
         self._data, self._labels, self._n, self._pos = data, labels, len(datums), 0
         self.has_new_data = True
 

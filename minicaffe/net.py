@@ -1238,6 +1238,17 @@ class Net:
         its diff (the owner's) under every layer that uses it, as Caffe does."""
         from .hdf5_util import write_atomic
         flat_of = {lp: flat for flat, lp in enumerate(self.param_layer_index)}
+        # Net::ToHDF5 makes one group per layer name: H5Gcreate2 of a second group of one
+        # name fails, and Caffe dies with "Error saving weights to <file>." Say which name,
+        # before anything is written (the .caffemodel form keeps both layers).
+        seen = set()
+        for name in self.layer_names:
+            if name in seen:
+                raise ValueError(f"{os.fspath(path)}: cannot save weights: two layers are "
+                                 f"named {name!r}, and an HDF5 model holds one group per "
+                                 "layer name (Caffe's Net::ToHDF5 fails the same way); "
+                                 "rename one, or save a .caffemodel")
+            seen.add(name)
 
         def fill(f):
             data = f.create_group("data")

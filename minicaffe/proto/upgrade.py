@@ -11,7 +11,8 @@ does the same, in Caffe's order:
    ``batch_size``, ``det_fg_threshold`` to ``window_data_param.fg_threshold``, ``scale``,
    ``meanfile``, ``cropsize``, ``mirror`` to ``transform_param``).  A field that does not
    belong to its layer's type is dropped with a warning, as Caffe logs it and goes on; an
-   unknown type is an error, as in Caffe.
+   unknown type is an error, as in Caffe.  The net keeps only its name, ``input``,
+   ``input_dim`` and ``force_backward`` (UpgradeV0Net clears the rest).
 2. Data-layer transformation fields of V1 layers (``scale``, ``mean_file``, ``crop_size``,
    ``mirror`` in ``data_param``/``image_data_param``/``window_data_param``) move into
    ``transform_param``.
@@ -157,6 +158,11 @@ def _upgrade_data_transformation(net):
         if field is None:
             continue
         param = getattr(layer, field)
+        # Caffe's CONVERT_LAYER_TRANSFORM_PARAM (upgrade_proto.cpp) takes mutable_<type>_param()
+        # and mutable_transform_param() of every layer of the three types, so each ends with
+        # both messages present, if empty (the upgraded prototxt shows "transform_param {}").
+        param.SetInParent()
+        layer.transform_param.SetInParent()
         for name in _TRANSFORM_FIELDS:
             if param.HasField(name):
                 setattr(layer.transform_param, name, getattr(param, name))
@@ -423,10 +429,24 @@ def upgrade_v0_layer(conn, index=0, problems=None):
     return v1
 
 
+# The NetParameter fields UpgradeV0Net copies back after its net_param->Clear().
+_V0_NET_KEPT = ("name", "layers", "input", "input_dim", "force_backward")
+
+
 def _upgrade_v0_net(net, problems=None):
-    """V0 ``layers`` become V1 ``layers`` (in place; UpgradeV0Net)."""
+    """V0 ``layers`` become V1 ``layers`` (in place; UpgradeV0Net).
+
+    Caffe's UpgradeV0Net clears the net and copies back only the name, the layers, ``input``,
+    ``input_dim`` and ``force_backward``: anything else in a V0 file (``input_shape``,
+    ``state``, ``debug_info``, new-style ``layer`` entries) is dropped, here with a warning."""
     upgraded = [upgrade_v0_layer(conn, i, problems)
                 for i, conn in enumerate(_fold_v0_padding(net))]
+    dropped = [f.name for f, _ in net.ListFields() if f.name not in _V0_NET_KEPT]
+    if dropped:
+        logger.warning("V0 net: %s dropped, as Caffe's UpgradeV0Net keeps only %s",
+                       ", ".join(dropped), ", ".join(_V0_NET_KEPT))
+        for name in dropped:
+            net.ClearField(name)
     net.ClearField("layers")
     net.layers.extend(upgraded)
 
@@ -434,7 +454,7 @@ def _upgrade_v0_net(net, problems=None):
 def upgrade_net(net_param, problems=None):
     """Return an upgraded copy of ``net_param`` in the current format (UpgradeNetAsNeeded).
 
-    Raises ValueError for nets that mix ``layer`` and ``layers``, for unknown V0 or V1 layer
+    Raises ValueError for V1 nets that mix ``layer`` and ``layers``, for unknown V0 or V1 layer
     types, for padding layers Caffe cannot fold and for inconsistent legacy input declarations.
     Where Caffe instead logs an error and goes on (a V0 field that does not apply to its
     layer's type is dropped), a warning is logged, or, when the list ``problems`` is given, a

@@ -87,6 +87,20 @@ def top5_labels(predictions: np.ndarray, labels_file) -> list[tuple[str, str]]:
     return [(names[i], "%.5f" % first[i]) for i in (-first).argsort()[:5]]
 
 
+def use_device(gpu: bool):
+    """pycaffe's tools' mode switch: GPU mode (a RuntimeError where no device is visible) or
+    CPU mode, announced as they print it."""
+    if gpu:
+        if not backend.gpu_available():
+            raise RuntimeError("--gpu: no CUDA device is visible (leave out --gpu to run on "
+                               "the CPU)")
+        backend.set_mode_gpu()
+        print("GPU mode")
+    else:
+        backend.set_mode_cpu()
+        print("CPU mode")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m minicaffe.tools.classify",
                                  description="Classify images with a caffe.Classifier and "
@@ -147,15 +161,7 @@ def main(argv=None) -> int:
 
     try:
         mean = np.load(args.mean_file).mean(1).mean(1) if args.mean_file else None
-        if args.gpu:
-            if not backend.gpu_available():
-                raise RuntimeError("--gpu: no CUDA device is visible (leave out --gpu to run "
-                                   "on the CPU)")
-            backend.set_mode_gpu()
-            print("GPU mode")
-        else:
-            backend.set_mode_cpu()
-            print("CPU mode")
+        use_device(args.gpu)
         classifier = Classifier(args.model_def, args.pretrained_model, image_dims=image_dims,
                                 mean=mean, input_scale=args.input_scale,
                                 raw_scale=args.raw_scale, channel_swap=channel_swap)

@@ -33,8 +33,8 @@ import time
 
 import numpy as np
 
-from .. import backend
 from ..detector import Detector
+from .classify import use_device
 
 CROP_MODES = ["list", "selective_search"]
 COORD_COLS = ["ymin", "xmin", "ymax", "xmax"]
@@ -114,15 +114,7 @@ def main(argv=None) -> int:
             mean = np.load(args.mean_file)
             if mean.ndim == 3:
                 mean = mean.mean(1).mean(1)        # (K, H, W) -> per channel (K,)
-        if args.gpu:
-            if not backend.gpu_available():
-                raise RuntimeError("--gpu: no CUDA device is visible (leave out --gpu to run "
-                                   "on the CPU)")
-            backend.set_mode_gpu()
-            print("GPU mode")
-        else:
-            backend.set_mode_cpu()
-            print("CPU mode")
+        use_device(args.gpu)
 
         detector = Detector(args.model_def, args.pretrained_model, mean=mean,
                             input_scale=args.input_scale, raw_scale=args.raw_scale,

@@ -945,7 +945,10 @@ class Net:
         for name, value in kwargs.items():
             blob = self.blobs[name]
             shape = np.shape(value)
-            if blob.shape and (not shape or shape[0] != blob.shape[0]):
+            # pycaffe: ``if blob.shape[0] != self.blobs[in_].shape[0]: raise``; a 0-d array,
+            # or a blob with no axes (a loss top: LossLayer::Reshape gives it 0 axes), fails
+            # there too (IndexError), so a loss diff cannot be given by name
+            if not shape or not blob.shape or shape[0] != blob.shape[0]:
                 what = "Input" if which == "data" else "Diff"
                 raise ValueError(f"{what} is not batch sized. ({name!r} has shape {shape}, the "
                                  f"blob {blob.shape})")
@@ -965,7 +968,9 @@ class Net:
         e = len(self.layers) - 1 if end is None else self._pass_index(end)
         for n in blobs or []:   # before the pass: pycaffe runs it, then fails on the name
             self.blobs[n]
-        outs = set(self.outputs if end is None else self.layer_top_names[e]) | set(blobs or [])
+        # pycaffe.py: ``set(self.top_names[end] + blobs)``: top_names is keyed by layer name,
+        # so where layers share a name it gives the last one's tops (the pass ends at the first)
+        outs = set(self.outputs if end is None else self.top_names[end]) | set(blobs or [])
         if kwargs:
             self._feed(kwargs, self.inputs, "data")
         self.forward_from_to(s, e)
@@ -979,7 +984,8 @@ class Net:
         e = 0 if end is None else self._pass_index(end)
         for n in diffs or []:   # before the pass, as forward's blobs
             self.blobs[n]
-        names = set(self.inputs if end is None else self.layer_bottom_names[e]) | set(diffs or [])
+        # pycaffe.py: ``set(self.bottom_names[end] + diffs)``, the last layer named ``end``
+        names = set(self.inputs if end is None else self.bottom_names[end]) | set(diffs or [])
         if kwargs:
             self._feed(kwargs, self.outputs, "diff")
         self.backward_from_to(s, e)

@@ -167,7 +167,12 @@ def test_forward_checks_inputs_as_pycaffe(net):
 
 def test_backward_checks_top_diffs_as_pycaffe(net):
     net.forward(**feed(net))
-    grads = net.backward(loss=np.ones(net.blobs["loss"].shape, np.float32))
+    # pycaffe's backward(loss=...) fails: the loss top has no axes, so no batch axis (its
+    # shape[0] is an IndexError); the loss diff is set through the blob
+    with pytest.raises(ValueError, match="Diff is not batch sized"):
+        net.backward(loss=np.ones(net.blobs["loss"].shape, np.float32))
+    net.blobs["loss"].diff[...] = 1
+    grads = net.backward()
     assert sorted(grads) == ["data", "label"]
     with pytest.raises(ValueError, match="Top diff arguments do not match net outputs"):
         net.backward(score=np.ones((2, 3), np.float32))

@@ -642,7 +642,10 @@ def plan_naive(gmap: GMAP, budget: int | None = None, pinned=frozenset(), *,
         orders[0] = None
         jit = assemble(returns)
     if not _fits(jit, budget):
-        _fail(strategy, gmap, budget, pinned, jit)
+        # the error's smallest budget and largest k are those of this recompute policy: the
+        # plain plan's (what it named before) could need less than this one or more
+        raise _PlanBudgetError(strategy, gmap, budget, pinned, jit,
+                               recompute=recompute)
     if budget is None:
         return jit
     # Timing by eq. (4) under the budget; if best fit then needs more than the budget
@@ -1134,33 +1137,49 @@ class _PlanBudgetError(BudgetError):
 
     _UNSET = object()
 
-    def __init__(self, strategy, gmap, budget, pinned, plan, test_dynamic: int = 0):
+    def __init__(self, strategy, gmap, budget, pinned, plan, test_dynamic: int = 0, *,
+                 recompute=None):
         ValueError.__init__(self)
         self.budget, self.strategy, self.k = budget, strategy, gmap.k
         self._of = (gmap, pinned, plan)
         self.test_dynamic = int(test_dynamic)
+        self.recompute = recompute          # the dynamic plan's RecomputePolicy, or None
         self._need = self._kmax = self._msg = self._UNSET
 
     def with_test_pass(self, test_dynamic: int) -> "_PlanBudgetError":
         """This error with test passes of ``test_dynamic`` bytes (its figures recomputed)."""
         gmap, pinned, plan = self._of
-        return _PlanBudgetError(self.strategy, gmap, self.budget, pinned, plan, test_dynamic)
+        return _PlanBudgetError(self.strategy, gmap, self.budget, pinned, plan, test_dynamic,
+                                recompute=self.recompute)
+
+    def _bytes_at(self, k: int) -> int:
+        """The arena bytes at k of the plan that failed, with its recompute policy (the
+        policy names buffer ids and steps, which do not depend on k), not memoized."""
+        gmap, pinned, _ = self._of
+        plan = make_plan(gmap.at(k), self.strategy, None, pinned, recompute=self.recompute)
+        return arena_need(plan, self.test_dynamic)
 
     @property
     def min_budget(self):
         if self._need is self._UNSET:
             gmap, pinned, _ = self._of
-            self._need = (plan_bytes_at(gmap, self.strategy, gmap.k, pinned,
-                                        self.test_dynamic)[0]
-                          if self.test_dynamic else min_budget(gmap, self.strategy, pinned))
+            if self.recompute is not None:
+                self._need = self._bytes_at(gmap.k)
+            else:
+                self._need = (plan_bytes_at(gmap, self.strategy, gmap.k, pinned,
+                                            self.test_dynamic)[0]
+                              if self.test_dynamic else min_budget(gmap, self.strategy, pinned))
         return self._need
 
     @property
     def max_k(self):
         if self._kmax is self._UNSET:
             gmap, pinned, _ = self._of
-            self._kmax = max_batch(gmap, self.strategy, self.budget, pinned,
-                                   test_dynamic=self.test_dynamic)
+            if self.recompute is not None:
+                self._kmax = largest_k(lambda k: self._bytes_at(k) <= self.budget)
+            else:
+                self._kmax = max_batch(gmap, self.strategy, self.budget, pinned,
+                                       test_dynamic=self.test_dynamic)
         return self._kmax
 
     def __str__(self):
@@ -1180,7 +1199,7 @@ class _PlanBudgetError(BudgetError):
                    f"is {fmt_bytes(plan.peak)} at {at} (eq. 4), and its arena needs "
                    f"{fmt_bytes(plan.arena_bytes)}{test}. The smallest budget that works is "
                    f"{fmt_bytes(need)} ({need} bytes), laid out with no region holds and no "
-                   f"prefetch lead; ")
+                   f"prefetch lead{', with its recomputations' if self.recompute else ''}; ")
             if kmax:
                 msg += f"the largest minibatch that fits {fmt_bytes(budget)} is {kmax}."
             else:

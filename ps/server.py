@@ -429,9 +429,15 @@ class ShardServer:
         dtype = first.arrays[0].dtype if first.arrays else np.dtype(np.float32)
         shapes = [a.shape for a in first.arrays]
         data = self._open_segments(joined, shapes, dtype)
-        self.solver = ShardSolver(first.solver, shapes, first.lr_mult,
-                                  first.decay_mult, dtype=dtype, verbose=c.verbose,
-                                  log_where=self.where, data=data)
+        try:
+            self.solver = ShardSolver(first.solver, shapes, first.lr_mult,
+                                      first.decay_mult, dtype=dtype, verbose=c.verbose,
+                                      log_where=self.where, data=data)
+        except ValueError as e:
+            # An unknown solver type or lr_policy in the workers' INIT: every rank hears it
+            # (ABORT), rather than the shard ending in a traceback and the workers timing out
+            # (found by tests/ps/test_protocol_fuzz.py).
+            raise RoundFailed(f"rank 0's INIT: {e}") from None
         prefix = c.snapshot_prefix or first.solver.snapshot_prefix or "ps"
         self.prefix = f"{prefix}_shard{c.shard}"
         if self.restored is not None:

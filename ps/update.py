@@ -127,6 +127,11 @@ class ShardSolver(Solver):
         if self.type not in UPDATE_RULES:
             raise ValueError(f"unknown solver type {self.type!r} "
                              f"(known: {', '.join(sorted(UPDATE_RULES))})")
+        # The workers' Solver checks its policy when it is built; the shard takes the
+        # policy from INIT, so it checks too, before the join answers, rather than raise
+        # from get_learning_rate at the first round (a fuzzed INIT did: tests/ps/
+        # test_protocol_fuzz.py).
+        self._check_lr_policy()
         self.log_where = log_where
         self.dtype = np.dtype(dtype)
         self.iter = 0

@@ -866,11 +866,16 @@ def test_calibrate_graph_times_two_k_where_the_graph_is_captured(make_solver, mo
         return {int(q): 1e-3 * float(ms) for q, ms in re.findall(
             r"calibration at k = (\d+) \(every feature map kept\): ([\d.]+) ms", " ".join(lines))}
     first = logged(lines)
-    peak = 1e15 * float(model.times_fn(g)(k).sum()) / (4.0 * (first[k] - cal.tail))
-    slow, _ = device_models(peak_flops=peak, x_half=peak * 1e-15, h2d=1e9)
-    lines = []
-    cal, runs = calibrate_graph(s, g, slow, pcie, budget, budget, k_max=10 ** 6, warmup=1,
-                                iterations=2, log=lines.append)
+    # if the CPU slowed down by more than the factor meanwhile (other tests' processes on the
+    # same cores; seen twice under load), a model four times as slow again is tried
+    for factor in (4.0, 16.0, 64.0):
+        peak = 1e15 * float(model.times_fn(g)(k).sum()) / (factor * (first[k] - cal.tail))
+        slow, _ = device_models(peak_flops=peak, x_half=peak * 1e-15, h2d=1e9)
+        lines = []
+        cal, runs = calibrate_graph(s, g, slow, pcie, budget, budget, k_max=10 ** 6, warmup=1,
+                                    iterations=2, log=lines.append)
+        if cal.points[-1][1] > 0:
+            break
     m = graph_model(slow, cal.gap, cal.tail, cal.points)
     measured = logged(lines)
     assert sorted(measured) == [q for q, _ in cal.points] and cal.points[-1][1] > 0

@@ -51,6 +51,29 @@ def _norm_n(filler, shape):
     return float(fan_in)
 
 
+def _check_like_caffe(blob, filler, kind, where):
+    """The CHECKs that abort Caffe's fillers before any value is drawn (filler.hpp, and the
+    caffe_rng_* calls of math_functions.cpp that they make), as ValueErrors that name the blob."""
+    shape = tuple(blob.shape)
+    count = int(np.prod(shape)) if shape else 1
+    what = f"{kind} filler on blob {blob.name!r} of shape {shape}"
+    if count == 0 and kind != "bilinear":
+        # filler.hpp: CHECK(blob->count()) in the constant, uniform, gaussian, xavier and msra
+        # fillers; positive_unitball CHECK(dim) (dim = count / shape(0)); bilinear has no check
+        raise ValueError(f"{where}{what}: the blob is empty (Caffe CHECKs count > 0)")
+    if not shape and (kind in ("xavier", "msra", "positive_unitball")
+                      or (kind == "gaussian" and filler.sparse >= 0)):
+        # filler.hpp reads blob->shape(0) (fan_in, rows, num_outputs): a CHECK on a 0-d blob
+        raise ValueError(f"{where}{what}: needs a blob of at least one axis (Caffe reads "
+                         "shape(0))")
+    if kind == "uniform" and not filler.min <= filler.max:
+        # filler.hpp: caffe_rng_uniform(count, min, max), which CHECK_LE(a, b)
+        raise ValueError(f"{where}{what}: min = {filler.min} is more than max = {filler.max}")
+    if kind == "gaussian" and not filler.std > 0:
+        # filler.hpp: caffe_rng_gaussian(count, mean, std), which CHECK_GT(sigma, 0)
+        raise ValueError(f"{where}{what}: std = {filler.std} must be positive")
+
+
 def fill(blob, filler, where: str = ""):
     """Fill ``blob.data`` according to a FillerParameter message."""
     shape = blob.shape
@@ -64,6 +87,7 @@ def fill(blob, filler, where: str = ""):
         raise ValueError(
             f"{where}filler {kind!r}: sparse = {filler.sparse} is not supported "
             "(only the gaussian filler takes sparse >= 0; -1 means dense)")
+    _check_like_caffe(blob, filler, kind, where)
     if kind == "constant":
         # Caffe: caffe_set(count, Dtype(value), data).  In place: FCN-8s's fc6 holds 103 M
         # weights, and a float64 array of them beside the blob was 822 MB (and, on a GPU,
@@ -92,6 +116,13 @@ def fill(blob, filler, where: str = ""):
             if len(shape) < 1:
                 raise ValueError(f"{where}sparse gaussian filler needs a blob of >= 1 axis")
             p = filler.sparse / float(shape[0])
+            if p > 1:
+                # filler.hpp: caffe_rng_bernoulli(count, sparse / num_outputs, mask), which
+                # CHECK_LE(p, 1) (math_functions.cpp)
+                raise ValueError(
+                    f"{where}sparse gaussian filler: sparse = {filler.sparse} is more than the "
+                    f"{shape[0]} outputs (shape[0]) of blob {blob.name!r}; Caffe keeps each "
+                    "weight with probability sparse / shape[0], which must be <= 1")
             values *= rng.random(size=shape) < p
     elif kind == "positive_unitball":
         values = rng.uniform(0.0, 1.0, size=shape)

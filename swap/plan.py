@@ -1058,22 +1058,28 @@ def arena_need(plan: Plan, test_dynamic: int = 0) -> int:
 
 
 def plan_bytes_at(gmap: GMAP, strategy: str, k: int, pinned=frozenset(),
-                  test_dynamic: int = 0) -> tuple:
+                  test_dynamic: int = 0, recompute=None) -> tuple:
     """(arena bytes, host bytes) of ``strategy``'s unbounded plan of ``gmap.at(k)``: what the
     searches over k ask of each k.  test_dynamic: the arena bytes are
-    :func:`arena_need`'s, with test passes of that many bytes.
+    :func:`arena_need`'s, with test passes of that many bytes.  recompute: the dynamic plan's
+    :class:`RecomputePolicy` (its buffer ids and steps do not depend on k), or None.
 
     Remembered on ``gmap`` itself (a frozen value, so the answers cannot change; only the
     integers are kept, and they go with it): the profiler searches k_max again each time its
     scratch model moves, over much the same k of the same GMAP, and each answer is a whole
-    plan.  Three quarters of the tuner tests' time went there."""
-    memo = gmap.__dict__.setdefault("_plan_bytes", {})
-    key = (strategy, frozenset(pinned), int(k))
-    hit = memo.get(key)
-    if hit is None:
-        plan = make_plan(gmap.at(k), strategy, None, pinned)
-        hit = memo[key] = (int(plan.arena_bytes), int(plan.host_bytes),
-                           int(resident_extent(plan)))
+    plan.  Three quarters of the tuner tests' time went there.  A plan with a recompute
+    policy is made afresh (the policy holds a dict: no memo key)."""
+    if recompute is not None:
+        plan = make_plan(gmap.at(k), strategy, None, pinned, recompute=recompute)
+        hit = (int(plan.arena_bytes), int(plan.host_bytes), int(resident_extent(plan)))
+    else:
+        memo = gmap.__dict__.setdefault("_plan_bytes", {})
+        key = (strategy, frozenset(pinned), int(k))
+        hit = memo.get(key)
+        if hit is None:
+            plan = make_plan(gmap.at(k), strategy, None, pinned)
+            hit = memo[key] = (int(plan.arena_bytes), int(plan.host_bytes),
+                               int(resident_extent(plan)))
     if test_dynamic:
         return align(max(hit[0], hit[2] + int(test_dynamic))), hit[1]
     return hit[:2]
@@ -1101,14 +1107,15 @@ def largest_k(fits, k_limit: int = 1 << 20) -> int:
 
 
 def max_batch(gmap: GMAP, strategy: str, budget: int, pinned=frozenset(),
-              k_limit: int = 1 << 20, test_dynamic: int = 0) -> int:
+              k_limit: int = 1 << 20, test_dynamic: int = 0, recompute=None) -> int:
     """The largest minibatch k whose plan fits ``budget`` (0 if not even k = 1 does), with
-    test passes of ``test_dynamic`` bytes (:func:`arena_need`).
+    test passes of ``test_dynamic`` bytes (:func:`arena_need`) and the dynamic plan's
+    ``recompute`` policy (None: none).
 
     Sizes are linear in k (section 3), so the smallest budget grows with k: bisection on k.
     """
-    return largest_k(lambda k: plan_bytes_at(gmap, strategy, k, pinned, test_dynamic)[0]
-                     <= budget, k_limit)
+    return largest_k(lambda k: plan_bytes_at(gmap, strategy, k, pinned, test_dynamic,
+                                             recompute)[0] <= budget, k_limit)
 
 
 def _budget_error(strategy, gmap, budget, pinned, plan) -> BudgetError:
@@ -1152,34 +1159,20 @@ class _PlanBudgetError(BudgetError):
         return _PlanBudgetError(self.strategy, gmap, self.budget, pinned, plan, test_dynamic,
                                 recompute=self.recompute)
 
-    def _bytes_at(self, k: int) -> int:
-        """The arena bytes at k of the plan that failed, with its recompute policy (the
-        policy names buffer ids and steps, which do not depend on k), not memoized."""
-        gmap, pinned, _ = self._of
-        plan = make_plan(gmap.at(k), self.strategy, None, pinned, recompute=self.recompute)
-        return arena_need(plan, self.test_dynamic)
-
     @property
     def min_budget(self):
         if self._need is self._UNSET:
             gmap, pinned, _ = self._of
-            if self.recompute is not None:
-                self._need = self._bytes_at(gmap.k)
-            else:
-                self._need = (plan_bytes_at(gmap, self.strategy, gmap.k, pinned,
-                                            self.test_dynamic)[0]
-                              if self.test_dynamic else min_budget(gmap, self.strategy, pinned))
+            self._need = plan_bytes_at(gmap, self.strategy, gmap.k, pinned, self.test_dynamic,
+                                       self.recompute)[0]
         return self._need
 
     @property
     def max_k(self):
         if self._kmax is self._UNSET:
             gmap, pinned, _ = self._of
-            if self.recompute is not None:
-                self._kmax = largest_k(lambda k: self._bytes_at(k) <= self.budget)
-            else:
-                self._kmax = max_batch(gmap, self.strategy, self.budget, pinned,
-                                       test_dynamic=self.test_dynamic)
+            self._kmax = max_batch(gmap, self.strategy, self.budget, pinned,
+                                   test_dynamic=self.test_dynamic, recompute=self.recompute)
         return self._kmax
 
     def __str__(self):

@@ -61,9 +61,11 @@ def predicted_steps(prof, k: int, granularity: str) -> tuple[dict, float, float]
             model.overhead_at(k), model.host_at(k))
 
 
-def point(solver, k: int, budget: int, warmup: int, iters: int, gpu: bool,
+def point(solver, k: int, budget, warmup: int, iters: int, gpu: bool,
           predicted=None) -> dict:
-    """One k: the hooked profile's per-step times and the unhooked iteration (module doc)."""
+    """One k: the hooked profile's per-step times and the unhooked iteration (module doc).
+    ``budget``: bytes, or None for none (as ``tuner_table.py`` times "none" above k_none,
+    where it does not fit the device's budget)."""
     from scripts.tuner_table import _free, _timed
     from swap.profiler import profile_solver, set_batch_size
     from swap.runtime import install
@@ -138,7 +140,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", help="a saved profile: the model's t_j(k) beside the measured")
     ap.add_argument("--granularity", default="segment", choices=("type", "step", "segment"))
     ap.add_argument("--engine", default="CUDNN", choices=("CAFFE", "CUDNN"))
-    ap.add_argument("--budget", default="12G")
+    ap.add_argument("--budget", default="none",
+                    help="the plan's budget (default none: outside any budget, as tuner_table.py "
+                         "times 'none' at the swap plans' k, where it does not fit 12 GiB)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--gpu", action="store_true")
@@ -148,11 +152,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.net, args.k_base, args.ks, args.engine = "cifar10_quick", 2, "2,4", "CAFFE"
-        args.warmup, args.iters, args.gpu, args.budget = 1, 2, False, "256M"
+        args.warmup, args.iters, args.gpu = 1, 2, False
     from minicaffe.cli import _size_flag
     from scripts.swap_budgets import _device, _solver
     from swap.profiler import Profile
-    budget = _size_flag(args.budget, "--budget")
+    budget = None if args.budget == "none" else _size_flag(args.budget, "--budget")
     ks = [int(x) for x in args.ks.split(",") if x.strip()]
     mode = "GPU" if args.gpu else "CPU"
     saved = Profile.load(args.profile) if args.profile else None

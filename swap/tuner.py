@@ -1168,6 +1168,49 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
     return cal, tuple(runs)
 
 
+class _Untrained:
+    """A block of iterations that leaves no trace on ``solver``'s training
+    (:func:`train_dynamic` ``train_before=False``): on leaving it, the train net's layer blobs
+    (weights, biases, BatchNorm's statistics), the update rule's state, the iteration and
+    step counts, the loss average, the RNGs and the data layers' positions are as they were
+    on entering.  A worker of the parameter server or of NCCL joins its peers at the
+    solver's iteration with the weights every rank starts from; the graph calibration's
+    iterations (:func:`calibrate_graph`) must not move either.  The copies are kept on the
+    host, outside the device's budget."""
+
+    def __init__(self, solver):
+        self.solver = solver
+
+    def __enter__(self):
+        s = self.solver
+        xp = s.net.xp
+        host = (lambda a: a.copy()) if xp is np else (lambda a: xp.asnumpy(a))
+        seen, blobs = set(), []
+        for layer_blobs in s.net.params.values():
+            for b in layer_blobs:
+                if id(b) not in seen:
+                    seen.add(id(b))
+                    blobs.append(b)
+        self.blobs = [(b, host(b.data)) for b in blobs]
+        self.state = [(a, host(a)) for a in s.rule.state_blobs()]
+        self.counts = (s.iter, s.current_step, s.smoothed_loss, s.last_loss, list(s._losses))
+        self.extra = s._extra_state()
+        return self
+
+    def __exit__(self, *exc):
+        s = self.solver
+        xp = s.net.xp
+        for b, saved in self.blobs:
+            b.data[...] = xp.asarray(saved)
+        for a, saved in self.state:
+            a[...] = xp.asarray(saved)
+        s.iter, s.current_step, s.smoothed_loss, s.last_loss, losses = self.counts
+        s._losses.clear()
+        s._losses.extend(losses)
+        s._load_extra_state(self.extra)
+        return False
+
+
 # ------------------------------------------------------ three training stages
 @dataclass(frozen=True)
 class TrainingDecision:
@@ -1256,7 +1299,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                   trace: str | None = None, log=None, scratch="auto", host_budget="auto",
                   fill: bool = True, objective: str = "throughput", scratch_extra: int = 0,
                   profile_pinned: bool | None = None, recompute=(),
-                  max_batch: int | None = None):
+                  max_batch: int | None = None, train_before: bool = True):
     """The three stages of section 6 on ``solver``: profile, decide, install the plan.
 
     1. **Profile** (unless ``profile`` is given, a Profile or a JSON path): real training
@@ -1290,6 +1333,10 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     in GPU mode, None (no bound) in CPU mode.  With a
     model, k_max, every profiled plan, the search and the final plan get ``budget - test nets'
     persistent buffers - S(k)``, and the executor a reserve of S(k*).
+    train_before: whether iterations before stage 3 train (the paper's profiling iterations
+    do).  False for a worker that joins its peers at the solver's iteration (``--ps``): the
+    profile must then be given, and the graph calibration's iterations are put back
+    (:class:`_Untrained`).
     profile_pinned: profile the ks below the largest with every feature map pinned where they
     fit (:func:`swap.profiler.profile_solver` ``fit_none``); None: ``$MINICAFFE_PROFILE_PINNED``
     (1: on), off by default.  Measured on the H200 (session 13) it brought GoogLeNet's
@@ -1318,6 +1365,9 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
 
     if budget is None:
         raise ValueError("--swap dynamic needs --budget")
+    if not train_before and profile is None:
+        raise ValueError("train_before=False: profiling trains its iterations; give a saved "
+                         "profile")
     budget = int(budget)
     convexity = DEFAULT_CONVEXITY if convexity is None else convexity
     net = solver.net
@@ -1550,10 +1600,17 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
         # the iterations will run as CUDA graph launches: time such iterations at two k and
         # scale the eager profile's steps to them
         it0 = solver.iter
-        calibration, runs = calibrate_graph(solver, g0, model, pcie, base, budget, k_max=k_max,
-                                            scratch=scratch, log=say)
-        images += sum(k * n for k, n in runs)     # at each calibrated k in turn
-        assert solver.iter - it0 == sum(n for _, n in runs)
+        if train_before:
+            calibration, runs = calibrate_graph(solver, g0, model, pcie, base, budget,
+                                                k_max=k_max, scratch=scratch, log=say)
+            images += sum(k * n for k, n in runs)     # at each calibrated k in turn
+            assert solver.iter - it0 == sum(n for _, n in runs)
+        else:
+            with _Untrained(solver):
+                calibration, runs = calibrate_graph(solver, g0, model, pcie, base, budget,
+                                                    k_max=k_max, scratch=scratch, log=say)
+            say(f"cuda_graph calibration: its {sum(n for _, n in runs)} iteration(s) did not "
+                f"train (weights, solver state and iteration {solver.iter} put back)")
         if calibration is not None:
             model = graph_model(model, calibration.gap, calibration.tail, calibration.points)
     if auto_batch:

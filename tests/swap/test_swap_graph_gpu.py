@@ -95,3 +95,27 @@ def test_calibrate_graph_times_graph_launches_and_scales_the_model():
         assert float(np.sum(scaled.times_fn(g)(8))) + cal.tail == pytest.approx(cal.measured,
                                                                              rel=1e-6)
     assert np.isfinite(float(s.last_loss))
+
+
+def test_a_ps_worker_s_graph_calibration_does_not_train():
+    """A --ps worker joins its peers at the solver's iteration with the weights they start
+    from: under train_dynamic's train_before=False the calibration's graph launches are put
+    back (swap.tuner._Untrained), with its executor still installed over the arena."""
+    from swap.gmap import build_gmap
+    from swap.plan import min_budget
+    from swap.tuner import _Untrained, calibrate_graph, device_models
+    s = _net_solver("resnet50", 8)
+    _net_inputs(s)
+    s.step(1)
+    g = build_gmap(s.net, solver_type=s.type)
+    model, pcie = device_models()
+    reserve = measure_scratch(s, "naive").reserve(margin=0.5)
+    budget = min_budget(g.at(8), "none") + reserve + (256 << 20)
+    before, it0 = params_of(s), s.iter
+    with _Untrained(s):
+        cal, runs = calibrate_graph(s, g, model, pcie, budget, budget, k_max=8, warmup=2,
+                                    iterations=3, scratch=lambda k: reserve)
+        assert s.iter == it0 + sum(n for _, n in runs) and cal is not None
+        assert not same(params_of(s), before)
+    assert s.iter == it0
+    assert same(params_of(s), before), max_diff(params_of(s), before)

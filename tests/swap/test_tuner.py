@@ -1162,3 +1162,42 @@ def test_a_budget_too_small_for_minibatch_1_names_what_was_taken_first(make_solv
     assert msg.startswith("budget ") and "for the scratch reserve and the test nets leaves" in msg
     assert e.value.budget == budget and e.value.min_budget == need + reserve
     assert f"({need + reserve} bytes)" in msg
+
+
+@pytest.mark.parametrize("which, type", [("resnet", "SGD"), ("resnet", "Adam"),
+                                         ("lenet", "Nesterov")])
+def test_untrained_iterations_leave_the_solver_as_it_was(make_solver, which, type):
+    """Iterations inside _Untrained (a --ps worker's graph calibration) put back every layer
+    blob, BatchNorm's statistics included, the update rule's state, the counts and the loss
+    average, and the run goes on as if they had not been: the next three iterations give
+    the losses and weights of a solver that never ran them."""
+    from swap.tuner import _Untrained
+
+    def blobs(solver):
+        return [b.data.copy() for bl in solver.net.params.values() for b in bl]
+    ref = make_solver(which, type=type)     # one at a time: the host RNG is the process's
+    ref.step(2)
+    ref_losses = list(ref._losses)
+    ref.step(3)
+    want, want_loss = blobs(ref), float(ref.last_loss)
+    s = make_solver(which, type=type)
+    s.step(2)
+    before = blobs(s)
+    state = [a.copy() for a in s.rule.state_blobs()]
+    with _Untrained(s):
+        s.step(3)
+        assert s.iter == 5
+        assert not all(np.array_equal(x, y) for x, y in zip(blobs(s), before))
+    assert s.iter == 2
+    assert all(np.array_equal(x, y) for x, y in zip(blobs(s), before))
+    assert all(np.array_equal(x, y) for x, y in zip(s.rule.state_blobs(), state))
+    assert list(s._losses) == ref_losses
+    s.step(3)
+    assert float(s.last_loss) == want_loss
+    assert all(np.array_equal(x, y) for x, y in zip(blobs(s), want))
+
+
+def test_a_run_that_must_not_train_before_needs_a_profile(make_solver):
+    from swap.tuner import train_dynamic
+    with pytest.raises(ValueError, match="give a saved profile"):
+        train_dynamic(make_solver("lenet"), 64 << 20, train_before=False)

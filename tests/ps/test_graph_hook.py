@@ -3,6 +3,8 @@ CUDA graph (swap.graph).  The capture itself and the external events run on the 
 (tests/ps/test_gpu.py::test_ps_gpu_cuda_graph_under_a_swap_plan_gives_the_parameters_of_eager)."""
 from types import SimpleNamespace
 
+import pytest
+
 from ps.worker import _GraphHook
 
 
@@ -70,3 +72,35 @@ def test_a_failed_capture_leaves_the_buckets_to_the_eager_rerun():
     assert w.overlap.issued == [False] * 3 and w.overlap.resets == 1
     hook.launched()                     # (no launch follows a failed capture; harmless)
     assert w._round.calls == []
+
+
+@pytest.mark.parametrize("comm, overlap, layer_wise, env, graph_after", [
+    ("nccl", None, True, None, False),     # overlap by the solver's layer_wise_reduce: eager
+    ("nccl", None, False, None, True),     # all-reduce after backward: the graph stays
+    ("nccl", False, True, None, True),     # --no-overlap
+    ("nccl", None, False, "1", False),     # MINICAFFE_PS_OVERLAP=1 over layer_wise_reduce
+    ("ps", None, True, None, True),        # the parameter server's worker has a graph hook
+])
+def test_an_nccl_worker_overlapping_backward_runs_eagerly(monkeypatch, caplog, comm, overlap,
+                                                          layer_wise, env, graph_after):
+    """--cuda-graph with --comm nccl and overlap: no graph hook replays the NCCL worker's
+    per-layer listener, so the CLI turns the graph off before --swap dynamic plans for it
+    (session 45: a plan decided for graph launches ran eagerly 28 % slower), and says so."""
+    from minicaffe.cli import _eager_under_nccl_overlap
+    from minicaffe.proto import caffe_pb2
+    if env is None:
+        monkeypatch.delenv("MINICAFFE_PS_OVERLAP", raising=False)
+    else:
+        monkeypatch.setenv("MINICAFFE_PS_OVERLAP", env)
+    param = caffe_pb2.SolverParameter(layer_wise_reduce=layer_wise)
+    solver = SimpleNamespace(param=param, cuda_graph=True)
+    args = SimpleNamespace(ps="tcp://127.0.0.1:1", comm=comm, overlap=overlap)
+    _eager_under_nccl_overlap(args, solver)
+    assert solver.cuda_graph is graph_after
+    solver.cuda_graph = False
+    _eager_under_nccl_overlap(args, solver)            # never turns it on
+    assert solver.cuda_graph is False
+    args.ps = None
+    solver.cuda_graph = True
+    _eager_under_nccl_overlap(args, solver)            # not a data-parallel worker
+    assert solver.cuda_graph is True

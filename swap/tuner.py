@@ -1168,6 +1168,12 @@ def calibrate_graph(solver, gmap: GMAP, model: ComputeModel, pcie: PCIeModel, pl
     return cal, tuple(runs)
 
 
+def _graph_calibrates(solver) -> bool:
+    """Whether :func:`train_dynamic` calibrates its model on graph launches: ``--cuda-graph``
+    on the GPU."""
+    return bool(getattr(solver, "cuda_graph", False)) and solver.net.mode == "GPU"
+
+
 class _Untrained:
     """A block of iterations that leaves no trace on ``solver``'s training
     (:func:`train_dynamic` ``train_before=False``): on leaving it, the train net's layer blobs
@@ -1596,7 +1602,7 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
     if scratch is not None:
         say(f"AccUDNN stage 2: k_max {k_max}{reserve_words(k_max)}")
     calibration = None
-    if getattr(solver, "cuda_graph", False) and net.mode == "GPU":
+    if _graph_calibrates(solver):
         # the iterations will run as CUDA graph launches: time such iterations at two k and
         # scale the eager profile's steps to them
         it0 = solver.iter
@@ -1611,19 +1617,33 @@ def train_dynamic(solver, budget: int, *, auto_batch: bool = True, batch: int | 
                                                     k_max=k_max, scratch=scratch, log=say)
             say(f"cuda_graph calibration: its {sum(n for _, n in runs)} iteration(s) did not "
                 f"train (weights, solver state and iteration {solver.iter} put back)")
-        if calibration is not None:
-            model = graph_model(model, calibration.gap, calibration.tail, calibration.points)
-    if auto_batch:
-        cap = k_max if max_batch is None else max(1, min(k_max, int(max_batch)))
-        if cap < k_max:
-            say(f"AccUDNN stage 2: k* searched up to --max-batch {cap} (k_max {k_max})")
-        dec = tune(g0, base, model, pcie, method=method, rule=rule, k_max=cap, delta=delta,
-                   scratch=scratch, fill=fill, objective=objective, recompute=recompute,
-                   test_dynamic=t_dyn)
-        dec = replace(dec, k_max=k_max)
-    else:
-        dec = plan_at(g0, batch or k_base, base, model, pcie, rule=rule, delta=delta,
-                      scratch=scratch, fill=fill, recompute=recompute, test_dynamic=t_dyn)
+    eager_model = model
+    if calibration is not None:
+        model = graph_model(model, calibration.gap, calibration.tail, calibration.points)
+
+    cap = k_max if max_batch is None else max(1, min(k_max, int(max_batch)))
+    if auto_batch and cap < k_max:
+        say(f"AccUDNN stage 2: k* searched up to --max-batch {cap} (k_max {k_max})")
+
+    def decide(m):
+        """The decision on ``m``: Algorithm 2 up to ``cap``, or the plan at the fixed k."""
+        if auto_batch:
+            d = tune(g0, base, m, pcie, method=method, rule=rule, k_max=cap, delta=delta,
+                     scratch=scratch, fill=fill, objective=objective, recompute=recompute,
+                     test_dynamic=t_dyn)
+            return replace(d, k_max=k_max)
+        return plan_at(g0, batch or k_base, base, m, pcie, rule=rule, delta=delta,
+                       scratch=scratch, fill=fill, recompute=recompute, test_dynamic=t_dyn)
+    dec = decide(model)
+    if calibration is not None:
+        # the graph's steps are shorter, so its copies have less compute to hide behind: where
+        # the eager iteration's plan is predicted clearly faster, the run goes eagerly
+        eager = decide(eager_model)
+        go_eager, words = graph_or_eager(dec, eager)
+        say(words)
+        if go_eager:
+            solver.cuda_graph = False
+            dec, model, calibration = eager, eager_model, None
     # the plan is installed on the net built at k* before the learning rate is set: where the
     # decided plan does not fit that net, install_decision may lower k*
     ex = install_decision(solver, dec, budget, base - reserve_at(dec.k_star),
@@ -1691,6 +1711,25 @@ def with_gmap(profile, gmap: GMAP, k_max: int, solver_type: str, test_net_bytes:
         "host_budget": None if host_budget is None else int(host_budget)})
 
 
+def graph_or_eager(graph: Decision, eager: Decision) -> tuple:
+    """``(go eagerly, the log line)`` for a ``--cuda-graph`` run, given the decision on the
+    graph-calibrated model and the one on the eager model: eagerly where the eager decision
+    is predicted more than :data:`GRAPH_KEEP_MARGIN` faster (the graph's shorter steps hide
+    fewer copies, so at a tight budget its plan may stall where the eager one does not)."""
+    def at(d):
+        return (f"{d.images_per_s:.1f} images/s at k = {d.k_star}"
+                + ("" if d.stall_free else ", stalling"))
+    if eager.images_per_s > (1 + GRAPH_KEEP_MARGIN) * graph.images_per_s:
+        return True, (f"cuda_graph: WARNING: the eager iterations are predicted faster than "
+                      f"graph launches ({at(eager)} against {at(graph)}): training eagerly")
+    return False, f"cuda_graph: graph launches predicted at {at(graph)}, eagerly {at(eager)}"
+
+
+# --cuda-graph is dropped where the eager iteration's decision is predicted this much faster
+# than the graph's (train_dynamic): on two H200s (session 45) a parameter-server worker's graph
+# plan for ResNet-152 at 85 was predicted at 266 ms (a 62 ms stall: the graph's shorter steps
+# hide fewer copies) and ran 276.5; the eager plan was predicted at 226 and ran 214
+GRAPH_KEEP_MARGIN = 0.02
 MAX_LIVE_RETRIES = 16   # minibatches install_decision tries below k* on the live net
 # a k* over this many times k_base is logged with a warning (train_dynamic): the digits solver
 # at --budget 64M took k* = 2515 = 39 k_base once, eq. (9) gave 0.326 and nothing trained

@@ -1201,3 +1201,50 @@ def test_a_run_that_must_not_train_before_needs_a_profile(make_solver):
     from swap.tuner import train_dynamic
     with pytest.raises(ValueError, match="give a saved profile"):
         train_dynamic(make_solver("lenet"), 64 << 20, train_before=False)
+
+
+def test_graph_or_eager_keeps_the_graph_unless_eager_is_clearly_faster():
+    from types import SimpleNamespace as D
+
+    from swap.tuner import GRAPH_KEEP_MARGIN, graph_or_eager
+    graph = D(images_per_s=300.0, k_star=85, stall_free=False)
+    go, words = graph_or_eager(graph, D(images_per_s=376.0, k_star=85, stall_free=True))
+    assert go and "WARNING" in words and "376.0 images/s at k = 85 against 300.0" in words
+    assert "stalling" in words
+    close = D(images_per_s=300.0 * (1 + GRAPH_KEEP_MARGIN) * 0.999, k_star=71, stall_free=True)
+    go, words = graph_or_eager(graph, close)
+    assert not go and words.startswith("cuda_graph: graph launches predicted at 300.0")
+
+
+@pytest.mark.parametrize("graph_flops, eager_after", [(2e8, True), (2e10, False)])
+def test_train_dynamic_drops_the_graph_where_eager_is_predicted_faster(
+        make_solver, monkeypatch, graph_flops, eager_after):
+    """With --cuda-graph the decision is made on the graph-calibrated model and on the eager
+    one: the run goes eagerly (the solver's cuda_graph off, the eager decision, no
+    calibration kept) where eager is predicted clearly faster, and keeps the graph where not.
+    The calibration (GPU) is a stand-in, its model one ten times slower or faster."""
+    from swap import tuner
+    from swap.tuner import GraphCalibration, train_dynamic
+    s = make_solver("resnet", batch=4)
+    g = build_gmap(s.net)
+    model, pcie = device_models(peak_flops=2e9, x_half=1e5, h2d=1e9)
+    prof = synthetic_profile(g, (2, 4, 8), model, pcie)
+    budget = 2 * min_budget(g.at(16), "naive")
+    _, plain = train_dynamic(make_solver("resnet", batch=4), budget, profile=prof)
+    cal = GraphCalibration(k=8, measured=0.01, steps=0.012, tail=0.0, gap=1e-6, launches=3,
+                           iterations=0, points=((8, 1e-6),))
+    monkeypatch.setattr(tuner, "_graph_calibrates", lambda solver: True)
+    monkeypatch.setattr(tuner, "calibrate_graph", lambda *a, **kw: (cal, ()))
+    monkeypatch.setattr(tuner, "graph_model", lambda m, *a, **kw: device_models(
+        peak_flops=graph_flops, x_half=1e5, h2d=1e9)[0])
+    s.cuda_graph = True
+    lines = []
+    ex, td = train_dynamic(s, budget, profile=prof, log=lines.append)
+    ex.close()
+    assert s.cuda_graph is (not eager_after)
+    if eager_after:
+        assert td.graph is None and td.decision.k_star == plain.decision.k_star
+        assert any("WARNING: the eager iterations are predicted faster" in x for x in lines)
+    else:
+        assert td.graph is cal
+        assert any(x.startswith("cuda_graph: graph launches predicted at") for x in lines)

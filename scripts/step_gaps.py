@@ -1,9 +1,11 @@
 """Where an eager iteration's time goes beyond its layer steps, step by step (issue 5).
 
 For each k: the plan "none" (nothing swapped; the convolutions lowered in chunks as the swap
-plans lower them) runs ``warmup + iters`` training iterations under the profiler's own timing
-hooks (:func:`swap.profiler.profile_solver`: CUDA events around every layer step on the GPU,
-``perf_counter`` on the CPU), then the same iterations again without hooks.  It prints
+plans lower them; outside any budget by default) runs ``warmup + iters`` training iterations
+under the profiler's own timing hooks (:class:`swap.profiler._Instrument`: CUDA events around
+every layer step on the GPU, ``perf_counter`` on the CPU), each timed pass behind the
+profiler's device-side wait so that the events time the device rather than the host's pace
+(``--no-head-start``: without it), then the same iterations again without hooks.  It prints
 
 * the iteration without hooks (the time a user sees), the iteration with hooks, its head
   (before the first step) and tail (the solver update), the sum of the steps' own times and
@@ -62,21 +64,33 @@ def predicted_steps(prof, k: int, granularity: str) -> tuple[dict, float, float]
 
 
 def point(solver, k: int, budget, warmup: int, iters: int, gpu: bool,
-          predicted=None) -> dict:
-    """One k: the hooked profile's per-step times and the unhooked iteration (module doc).
+          predicted=None, head_start: bool = True) -> dict:
+    """One k: the hooked iterations' per-step times and the unhooked iteration (module doc).
     ``budget``: bytes, or None for none (as ``tuner_table.py`` times "none" above k_none,
-    where it does not fit the device's budget)."""
+    where it does not fit the device's budget).  ``head_start``: each hooked pass starts
+    behind the profiler's device-side wait (:func:`swap.profiler.head_start_seconds`), so
+    that the host has queued it and the events time the device, not the host's pace (as
+    the copy calibration times its kept steps); without it, session 45's steps of ResNet-152
+    came out 28 and 63 ms over the model at 35 and 71, mostly host-paced convolutions."""
     from scripts.tuner_table import _free, _timed
-    from swap.profiler import profile_solver, set_batch_size
+    from swap.profiler import _Instrument, _recorded_steps, set_batch_size, step_infos
     from swap.runtime import install
     set_batch_size(solver.net, k)
-    prof = profile_solver(solver, budget, (k,), warmup=warmup, iterations=iters,
-                          strategy="none", bandwidth=False, host_ks=None,
-                          calibrate_copies=False, low_k=False)
-    steps = measured_steps(prof, k)
-    runs = [s for s in prof.solver_steps if s.k == k]
     ex = install(solver, "none", budget, lowering="chunked")
     try:
+        inst = _Instrument(ex, k, head_start=head_start)
+        try:
+            _recorded_steps(inst, solver, warmup, iters)
+        finally:
+            inst.remove()
+        info = {i.step: i for i in step_infos(ex.gmap)}
+        times = defaultdict(list)
+        for c in inst.compute:
+            times[c.step].append(c.time)
+        steps = {(info[j].layer, info[j].phase): (info[j].type, statistics.median(t))
+                 for j, t in times.items()}
+        runs = list(inst.solver_steps)
+        waits = [float(w) for w in inst.head_starts]
         plain_ms, _ = _timed(solver, iters, warmup, gpu, back_to_back=False)
     finally:
         solver.net.executor = None
@@ -86,6 +100,7 @@ def point(solver, k: int, budget, warmup: int, iters: int, gpu: bool,
     tail = statistics.median(s.tail for s in runs)
     step_sum = sum(t for _, t in steps.values())
     r = {"k": k, "iteration_ms": plain_ms, "hooked_ms": 1e3 * hooked, "head_ms": 1e3 * head,
+         "head_start_ms": 1e3 * statistics.median(waits) if waits else 0.0,
          "tail_ms": 1e3 * tail, "steps_ms": 1e3 * step_sum,
          "between_steps_ms": 1e3 * (hooked - head - tail - step_sum), "n_steps": len(steps)}
     if predicted is not None:
@@ -115,7 +130,10 @@ TOP = 15
 
 def report(r: dict) -> str:
     lines = [f"k = {r['k']}: iteration {r['iteration_ms']:.1f} ms without hooks, "
-             f"{r['hooked_ms']:.1f} with (head {r['head_ms']:.1f}, tail {r['tail_ms']:.1f}); "
+             f"{r['hooked_ms']:.1f} with (head {r['head_ms']:.1f}"
+             + (f", of it a device-side wait of {r['head_start_ms']:.1f}"
+                if r.get("head_start_ms") else "")
+             + f", tail {r['tail_ms']:.1f}); "
              f"{r['n_steps']} steps take {r['steps_ms']:.1f} ms, "
              f"{r['between_steps_ms']:.1f} ms between them"]
     if "pred_steps_ms" in r:
@@ -146,6 +164,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--no-head-start", action="store_true",
+                    help="time the hooked passes without the profiler's device-side wait ahead "
+                         "of each (the steps then carry the host's pace where it is slower)")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     ap.add_argument("--quick", action="store_true",
                     help="cifar10_quick at k = 2 and 4 on the CPU, 1 warm-up, 2 iterations")
@@ -166,7 +187,8 @@ def main(argv=None) -> int:
           + (f", model from {args.profile}" if saved else ""))
     for k in ks:
         pred = predicted_steps(saved, k, args.granularity) if saved else None
-        r = point(solver, k, budget, args.warmup, args.iters, args.gpu, pred)
+        r = point(solver, k, budget, args.warmup, args.iters, args.gpu, pred,
+                  head_start=not args.no_head_start)
         rows.append(r)
         print(report(r), flush=True)
     if args.json:

@@ -83,3 +83,24 @@ def test_a_profile_without_its_gmap_is_refused(saved_profile):
     bare = dataclasses.replace(prof, meta={})
     with pytest.raises(ValueError, match="keeps no GMAP"):
         predicted_steps(bare, 4, "segment")
+
+
+@pytest.mark.parametrize("flag, head_start", [([], True), (["--no-head-start"], False)])
+def test_hooked_passes_start_behind_the_profilers_wait_unless_asked(monkeypatch, tmp_path,
+                                                                    flag, head_start):
+    """The hooked passes run under the profiler's instrument with its head start (on the
+    GPU a device-side wait ahead of each timed pass; none on the CPU), or without it."""
+    from scripts.step_gaps import main
+    from swap import profiler
+    seen = []
+    real = profiler._Instrument
+
+    def spy(ex, k, head_start=False):
+        seen.append(head_start)
+        return real(ex, k, head_start=head_start)
+    monkeypatch.setattr(profiler, "_Instrument", spy)
+    out = tmp_path / "rows.json"
+    assert main(["--quick", "--json", str(out)] + flag) == 0      # k = 2 and 4
+    assert seen == [head_start, head_start]
+    for row in json.loads(out.read_text())["rows"]:
+        assert row["head_start_ms"] == 0.0            # the CPU waits for nothing

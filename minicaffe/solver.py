@@ -859,6 +859,39 @@ class Solver:
 
         write_atomic(path, fill)
 
+    def training_state(self) -> dict:
+        """Everything an iteration changes, copied to the host: the train net's layer blobs
+        (weights, biases, BatchNorm's statistics; a shared blob once), the update rule's
+        state, the iteration and step counts, the loss average and what
+        :meth:`_extra_state` keeps (the RNGs, the data layers' positions).
+        :meth:`restore_training_state` puts it back, in place, so that the run goes on as if
+        the iterations between had not been (``swap.tuner._Untrained``)."""
+        xp = self.net.xp
+        host = (lambda a: a.copy()) if xp is np else xp.asnumpy
+        seen, blobs = set(), []
+        for layer_blobs in self.net.params.values():
+            for b in layer_blobs:
+                if id(b) not in seen:
+                    seen.add(id(b))
+                    blobs.append(b)
+        return {"blobs": [(b, host(b.data)) for b in blobs],
+                "rule": [(a, host(a)) for a in self.rule.state_blobs()],
+                "counts": (self.iter, self.current_step, self.smoothed_loss, self.last_loss,
+                           list(self._losses)),
+                "extra": self._extra_state()}
+
+    def restore_training_state(self, state: dict):
+        """Put back what :meth:`training_state` copied."""
+        xp = self.net.xp
+        for b, saved in state["blobs"]:
+            b.data[...] = xp.asarray(saved)
+        for a, saved in state["rule"]:
+            a[...] = xp.asarray(saved)
+        self.iter, self.current_step, self.smoothed_loss, self.last_loss, losses = state["counts"]
+        self._losses.clear()
+        self._losses.extend(losses)
+        self._load_extra_state(state["extra"])
+
     def _extra_state(self) -> dict:
         """What Caffe does not save but an identical resume needs: the RNG
         states, the data layers' read positions and, under ``--swap dynamic``, the tuner's

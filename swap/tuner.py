@@ -1182,38 +1182,17 @@ class _Untrained:
     on entering.  A worker of the parameter server or of NCCL joins its peers at the
     solver's iteration with the weights every rank starts from; the graph calibration's
     iterations (:func:`calibrate_graph`) must not move either.  The copies are kept on the
-    host, outside the device's budget."""
+    host, outside the device's budget (:meth:`minicaffe.solver.Solver.training_state`)."""
 
     def __init__(self, solver):
         self.solver = solver
 
     def __enter__(self):
-        s = self.solver
-        xp = s.net.xp
-        host = (lambda a: a.copy()) if xp is np else (lambda a: xp.asnumpy(a))
-        seen, blobs = set(), []
-        for layer_blobs in s.net.params.values():
-            for b in layer_blobs:
-                if id(b) not in seen:
-                    seen.add(id(b))
-                    blobs.append(b)
-        self.blobs = [(b, host(b.data)) for b in blobs]
-        self.state = [(a, host(a)) for a in s.rule.state_blobs()]
-        self.counts = (s.iter, s.current_step, s.smoothed_loss, s.last_loss, list(s._losses))
-        self.extra = s._extra_state()
+        self.state = self.solver.training_state()
         return self
 
     def __exit__(self, *exc):
-        s = self.solver
-        xp = s.net.xp
-        for b, saved in self.blobs:
-            b.data[...] = xp.asarray(saved)
-        for a, saved in self.state:
-            a[...] = xp.asarray(saved)
-        s.iter, s.current_step, s.smoothed_loss, s.last_loss, losses = self.counts
-        s._losses.clear()
-        s._losses.extend(losses)
-        s._load_extra_state(self.extra)
+        self.solver.restore_training_state(self.state)
         return False
 
 

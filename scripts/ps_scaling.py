@@ -108,6 +108,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import io
 import json
 import os
 import platform
@@ -898,13 +899,25 @@ def _fmt(v, digits=6):
     return str(v)
 
 
+def _write_text(path, text: str):
+    """``text`` to ``path`` atomically (a temporary file beside it, then a rename): the
+    tables are rewritten after every configuration, and a run killed while writing keeps the
+    previous version whole."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def write_csv(path, rows):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: _fmt(r.get(c, "")) for c in CSV_COLUMNS})
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS)
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: _fmt(r.get(c, "")) for c in CSV_COLUMNS})
+    _write_text(path, buf.getvalue())
 
 
 def read_csv_rows(path) -> list:
@@ -1068,9 +1081,7 @@ def write_md(path, rows, args, notes):
                       f"W={r['world_size']}:",
                       "```", r["error"], "```"]
     lines.append(f"\n{len(ok)} of {len(rows)} configuration(s) measured.")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    _write_text(path, "\n".join(lines) + "\n")
 
 
 def paper_baseline(rows, net):
@@ -1190,6 +1201,22 @@ def main(argv=None) -> int:
     print(f"{len(configs)} configuration(s) on {device}; logs under {work}", flush=True)
     for n in notes:
         print(f"note: {n}", flush=True)
+    # --append's earlier rows, read once: the file is rewritten after every configuration, so
+    # that a run killed midway (an outer timeout) keeps the rows it finished
+    old = read_csv_rows(args.csv) if args.append and os.path.exists(args.csv) else []
+
+    def save(done: list) -> tuple:
+        """Write --csv and --md with ``done`` and --append's earlier rows: (table, kept)."""
+        done = [dict(r, device=device, date=date, command=command) for r in done]
+        keys = {row_key(r) for r in done}
+        more = list(dict.fromkeys(f"{r['net']} {r['mode']}: {r['note']} (earlier run)"
+                                  for r in old if r["note"] and row_key(r) not in keys))
+        table = merge_rows(old, done) if old else done
+        add_scaling(table)
+        write_csv(args.csv, table)
+        write_md(args.md, table, args, notes + more)
+        return table, len(table) - len(keys)
+
     rows = []
     for i, cfg in enumerate(configs, 1):
         row = run_config(cfg, args, work)
@@ -1201,22 +1228,14 @@ def main(argv=None) -> int:
             what = "FAILED: " + row["error"].splitlines()[0]
         print(f"[{i}/{len(configs)}] {cfg.tag} (k={cfg.batch}, --swap {cfg.swap_name}): {what} "
               f"({row['wall_s']:.0f} s)", flush=True)
+        if i < len(configs):
+            save(rows)
     failed = [r for r in rows if r["status"] != "ok"]
-    for r in rows:
-        r.update(device=device, date=date, command=command)
-    if args.append and os.path.exists(args.csv):
-        old = read_csv_rows(args.csv)
-        keys = {row_key(r) for r in rows}
-        notes = notes + list(dict.fromkeys(
-            f"{r['net']} {r['mode']}: {r['note']} (earlier run)" for r in old
-            if r["note"] and row_key(r) not in keys))
-        rows = merge_rows(old, rows)
-        print(f"kept {len(rows) - len(keys)} row(s) of {args.csv}")
-    add_scaling(rows)
+    rows, kept = save(rows)
+    if old:
+        print(f"kept {kept} row(s) of {args.csv}")
     print()
     print_table(rows)
-    write_csv(args.csv, rows)
-    write_md(args.md, rows, args, notes)
     drawn = plot_scaling(rows, png, device)
     print(f"\nwrote {args.csv} and {args.md}" + (f" and {png}" if drawn else ""))
     if failed:

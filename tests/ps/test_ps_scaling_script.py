@@ -125,6 +125,35 @@ def test_a_failed_configuration_is_recorded_and_the_run_goes_on(tmp_path):
     assert "too small" in r.stderr
 
 
+def test_a_run_killed_midway_keeps_the_rows_it_finished(tmp_path, monkeypatch):
+    """The tables are rewritten, atomically, after every configuration: a run stopped in
+    its third configuration (session 45: an outer `timeout` killed one during its fourth and
+    the three rows it had measured were lost) leaves the first two, with --append's earlier
+    rows, and no temporary file."""
+    ps_scaling.write_csv(tmp_path / "out.csv", [
+        synthetic_row("caffe_ps", "emulated", 2, 150.0)])       # kept: not measured again
+    done = []
+
+    def fake_run(cfg, args, work):
+        if len(done) == 2:
+            raise KeyboardInterrupt                  # stands for the outer timeout's signal
+        done.append(cfg)
+        row = synthetic_row(cfg.mode, cfg.link, cfg.world, 10.0 * cfg.world)
+        row.update(error="", wall_s=1.0)
+        return row
+    monkeypatch.setattr(ps_scaling, "run_config", fake_run)
+    with pytest.raises(KeyboardInterrupt):
+        ps_scaling.main(["--quick", "--modes", "accudnn_ps", "--append",
+                         "--csv", str(tmp_path / "out.csv"), "--md", str(tmp_path / "out.md"),
+                         "--work-dir", str(tmp_path / "work")])
+    rows = ps_scaling.read_csv_rows(tmp_path / "out.csv")
+    got = sorted((r["mode"], r["link"], int(r["world_size"])) for r in rows)
+    want = sorted([(c.mode, c.link, c.world) for c in done] + [("caffe_ps", "emulated", 2)])
+    assert got == want and len(done) == 2
+    assert "accudnn_ps" in (tmp_path / "out.md").read_text()
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
 def test_ipc_links_bind_socket_files_and_remove_them(tmp_path, monkeypatch):
     """--links ipc: the shards bind ZeroMQ ipc:// sockets in a directory of their own, the
     workers reach them there, and the directory is gone afterwards."""

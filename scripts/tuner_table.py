@@ -640,6 +640,9 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
         prof_path = os.path.join(out_dir, f"{name}_profile.json")
         td.profile.save(prof_path)
         out["profile"] = os.path.relpath(prof_path, REPO)
+    json_path = os.path.join(out_dir, f"{name}.json")
+    out["partial"] = True
+    _save_json(json_path, out)
     if gpu:
         log(f"device memory after the tuner: {_memory_report()}")
     # ---- 3. model error at k*, the largest stall-free k (the paper's k*), k_none, k*/2
@@ -686,6 +689,7 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
             except Exception as e:            # recorded: the point stands without it
                 r["host_now_error"] = f"{type(e).__name__}: {e}"[:400]
         out["dynamic"].append(r)
+        _save_json(json_path, out)
         if gpu:
             log(f"device memory after k = {k}: {_memory_report()}")
     # ---- 5. the paper's ResNet-152 point: least memory at <= 3 % slowdown
@@ -700,9 +704,20 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
                 out["at_batch"]["memory_after_close"] = _memory_report()
             log(f"least memory at k = {r152_batch}: {out['at_batch']['error']}")
     out["seconds"] = time.time() - t_start
-    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-        json.dump(out, f, indent=1)
+    out.pop("partial", None)
+    _save_json(os.path.join(out_dir, f"{name}.json"), out)
     return out
+
+
+def _save_json(path, out: dict):
+    """``out`` to ``path`` atomically (a temporary file beside it, then a rename).
+    :func:`run_net` writes it after the tuner and after every measured point, marked
+    ``"partial": true`` until the end: a run killed midway (a device call's time limit)
+    keeps the tuner's decision and the points it measured."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    os.replace(tmp, path)
 
 
 def _least_memory(solver, g, k, model, pcie, S, iters, warmup, gpu, log) -> dict:

@@ -51,6 +51,8 @@ def test_tuner_table_quick(tuner_quick_run):
         if len(rounds) < MAX_ROUNDS:            # and stopped when they agreed
             assert _spread(dyn) <= ROUND_SPREAD and _spread(non) <= ROUND_SPREAD
         assert min(dyn) / max(non) <= d["slowdown"] <= max(dyn) / min(non)
+    assert "partial" not in r                   # written whole at the end
+    assert not [p for p in os.listdir(tmp_path / "tuner") if ".tmp" in p]
     rows = list(csv.DictReader(open(tmp_path / "tuner_table.csv")))
     assert [x["net"] for x in rows] == ["cifar10_quick"]
     assert int(rows[0]["k_star"]) == t["k_star"] and int(rows[0]["k_none"]) == r["none"]["k"]
@@ -131,6 +133,36 @@ def test_tuner_table_reuses_a_saved_profile(tmp_path, tuner_quick_run):
     assert any("--recompute auto tried: nothing: k" in ln for ln in r["tuner"]["log"])
     assert not any("Profiled minibatch" in ln for ln in r["tuner"]["log"])
     assert r["tuner"]["k_star"] == k_star      # the same profile, the same decision
+
+
+def test_a_run_stopped_midway_keeps_the_decision_and_the_points_measured(
+        tmp_path, tuner_quick_run, monkeypatch):
+    """The network's JSON is written after the tuner and after every measured point, marked
+    partial: a run stopped in its second point (a device call's time limit) keeps the
+    decision and the first point (session 44's note: a run that did not finish in one call
+    wrote nothing)."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from scripts import tuner_table
+    real, ks = tuner_table.dynamic_point, []
+
+    def stop_at_the_second(solver, dec, g, k, *a, **kw):
+        ks.append(k)                           # the first point's no-stall rounds call it too
+        if k != ks[0]:
+            raise KeyboardInterrupt            # stands for the call's time limit
+        return real(solver, dec, g, k, *a, **kw)
+    monkeypatch.setattr(tuner_table, "dynamic_point", stop_at_the_second)
+    out = tmp_path / "tuner"
+    out.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        tuner_table.run_net("cifar10_quick", 4, 40 << 20, None, 2, 1, "CAFFE", "CPU", "bisect",
+                            str(out), 0, profile_dir=str(tuner_quick_run / "tuner"),
+                            rounds=1, max_rounds=1)
+    r = json.load(open(out / "cifar10_quick.json"))
+    assert r["partial"] is True and r["tuner"]["k_star"] >= 1
+    assert len(r["dynamic"]) == 1 and r["dynamic"][0]["k"] == r["tuner"]["k_star"]
+    assert "ms" in r["dynamic"][0] and "seconds" not in r
+    assert not [p for p in os.listdir(out) if ".tmp" in p]
 
 
 def test_no_stall_rounds_are_abba_and_pool_every_step():

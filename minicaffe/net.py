@@ -30,7 +30,7 @@ from .layer import UnknownLayerTypeError, create_layer
 from .log import log
 from .proto import caffe_pb2, read_binary, read_net_param, upgrade_net, write_binary
 from .proto.coverage import unread_fields, warn_unread_fields
-from .proto.text import layer_line
+from .proto.text import layer_blocks, layer_line
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -91,16 +91,22 @@ def filter_net(param, state):
                 f"layer {layer.name!r}: specify either include rules or exclude rules, not both")
             err.layer = layer     # Net._init says the layer's line in the file
             raise err
-        keep = not len(layer.include)
-        for rule in layer.exclude:
-            if state_meets_rule(state, rule, layer.name):
-                keep = False
-        for rule in layer.include:
-            if state_meets_rule(state, rule, layer.name):
-                keep = True
-        if keep:
+        if admits(state, layer):
             out.layer.add().CopyFrom(layer)
     return out
+
+
+def admits(state, layer) -> bool:
+    """Whether Net::FilterNet keeps ``layer`` in ``state``: any include rule met, or (with
+    none) no exclude rule met."""
+    keep = not len(layer.include)
+    for rule in layer.exclude:
+        if state_meets_rule(state, rule, layer.name):
+            keep = False
+    for rule in layer.include:
+        if state_meets_rule(state, rule, layer.name):
+            keep = True
+    return keep
 
 
 # ---------------------------------------------------------- split insertion
@@ -269,6 +275,19 @@ class Net:
                 text = f.read().decode("utf-8", errors="replace")
         except OSError:
             return None
+        # Two layers of one name (a TRAIN and a TEST data layer, as most train_val files
+        # have): the block of the one this net's state admits, not the first of that name.
+        # The file's top-level blocks are the upgraded layers in order (after an Input layer
+        # that Caffe's upgrade makes of legacy ``input:`` fields); where they do not line up
+        # by name, the first block of that name below.
+        blocks = layer_blocks(text)
+        upgraded = list(getattr(self, "_upgraded_layers", ()))[-len(blocks):] if blocks else []
+        if len(upgraded) == len(blocks) and all(
+                b["name"] is None or b["name"] == u.name for b, u in zip(blocks, upgraded)):
+            hits = [b["line"] for b, u in zip(blocks, upgraded)
+                    if u.name == lp.name and admits(self.state, u)]
+            if len(hits) == 1:
+                return hits[0]
         line = layer_line(text, lp.name, lp.type)
         if line is None:   # a V1 file says 'type: ACCURACY' where the upgraded layer says "Accuracy"
             line = layer_line(text, lp.name)
@@ -286,6 +305,7 @@ class Net:
             param = upgrade_net(param)
         except ValueError as e:
             raise ValueError(f"{where}{e}") from None
+        self._upgraded_layers = list(param.layer)   # every layer of the file, for _layer_line
         try:
             filtered = filter_net(param, self.state)
         except ValueError as e:

@@ -223,6 +223,55 @@ def test_unknown_bottom_names_the_layers_line(tmp_path):
         Net(str(path), caffe.TEST)
     assert Net(str(path), caffe.TRAIN).blobs["fc"].data.shape == (1, 3)
 
+
+PHASED_TWINS = """name: "n"
+layer {
+  name: "data"
+  type: "Input"
+  top: "data"
+  input_param { shape { dim: 1 dim: 2 } }
+}
+layer {
+  name: "fc"
+  type: "InnerProduct"
+  bottom: "%s"
+  top: "fc"
+  inner_product_param { num_output: 3 }
+  include { phase: TRAIN }
+}
+layer {
+  name: "fc"
+  type: "InnerProduct"
+  bottom: "%s"
+  top: "fc"
+  inner_product_param { num_output: 3 }
+  include { phase: TEST }
+}
+"""
+
+
+def test_an_error_in_one_of_two_layers_of_a_name_names_that_layers_line(tmp_path):
+    """A train_val file has a TRAIN and a TEST layer of one name (BVLC's
+    cifar10_full_train_test.prototxt: two 'cifar' Data layers, lines 2 and 16): an error about
+    the TEST one names its block, not the first block of that name (the sweep of
+    tests/test_caffe_zoo12.py found the TEST Data layer's missing source reported at line 2);
+    with a legacy ``input:`` (upgraded to an Input layer before the file's blocks) too."""
+    path = tmp_path / "train_val.prototxt"
+    path.write_text(PHASED_TWINS % ("data", "dta"))
+    with pytest.raises(ValueError, match=r"train_val\.prototxt:16: .*layer 'fc': unknown "
+                                         r"bottom blob 'dta'"):
+        Net(str(path), caffe.TEST)
+    assert Net(str(path), caffe.TRAIN).blobs["fc"].data.shape == (1, 3)
+    path.write_text(PHASED_TWINS % ("dta", "data"))
+    with pytest.raises(ValueError, match=r"train_val\.prototxt:8: .*layer 'fc': unknown bottom"):
+        Net(str(path), caffe.TRAIN)
+    legacy = PHASED_TWINS.replace(PHASED_TWINS[10:PHASED_TWINS.index("layer {\n  name: \"fc\"")],
+                                  'input: "data"\ninput_dim: 1\ninput_dim: 2\ninput_dim: 1\ninput_dim: 1\n')
+    path.write_text(legacy % ("data", "dta"))
+    with pytest.raises(ValueError, match=r"train_val\.prototxt:15: .*layer 'fc': unknown bottom"):
+        Net(str(path), caffe.TEST)
+
+
 def test_unknown_type_lists_known_types():
     with pytest.raises(ValueError) as e:
         Net(net_param('layer { name: "x" type: "Convolutoin" top: "x" }'), caffe.TEST)

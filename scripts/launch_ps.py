@@ -7,8 +7,8 @@
         --bind 0.0.0.0 --advertise node0.example --curve-dir keys --make-keys
     python scripts/launch_ps.py --solver S --gpus 0,1 --comm nccl          # NCCL all-reduce
     python scripts/launch_ps.py --solver S --gpus 0,1 --resume auto        # latest common snapshot
-    python scripts/launch_ps.py --solver S --gpus 0,1 -- --max-iter 200 --swap dynamic \
-        --budget 12G --auto-batch                              # flags for every worker's train
+    python scripts/launch_ps.py --solver S --gpus 0,1 -- --max-iter 200 --swap dynamic \\
+        --budget 12G --profile P --batch k                     # flags for every worker's train
 
 This node runs the shards and ranks 0..L-1 (L local workers); with
 ``--nodes N`` the world is N x L workers and the command each other node must

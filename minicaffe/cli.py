@@ -740,9 +740,9 @@ def _install_dynamic(args, solver, budget):
     """``--swap dynamic``: the three stages (swap.tuner.train_dynamic): profile the first
     iterations (they train), decide k*, the plan and the learning rate, install the plan."""
     if getattr(args, "ps", None) and (args.auto_batch or not args.profile):
-        raise UsageError("with --ps, --swap dynamic needs --profile P and a fixed --batch k: every "
-                         "worker must train the same k (choose it once with minicaffe plan "
-                         "--profile P)")
+        raise UsageError("with --ps, --swap dynamic needs --profile P and a fixed k (--batch k, "
+                         "or the net's own; not --auto-batch): every worker must train the "
+                         "same k (choose it once with minicaffe plan --profile P)")
     batch, lr_rule, convexity = args.batch, args.lr_rule, args.convexity
     if args.snapshot:       # resume first: profiling iterations continue the restored run
         log(f"Restoring previous solver status from {args.snapshot}")
@@ -947,6 +947,12 @@ def cmd_plan(args):
             k_max = max_batch_scratch(gmap, budget - test_bytes, scratch,
                                       host_budget=host_budget, test_dynamic=test_dynamic)
     else:
+        if args.model is None and args.layout == "auto" and saved is not None:
+            # auto took the profile's kind of device because its GMAP is another solver's
+            raise UsageError(f"the profile's GMAP holds the history of solver type "
+                             f"{saved['solver_type']!r}, not {args.solver_type!r}: give "
+                             f"--solver-type {saved['solver_type']}, or --model to size the net "
+                             f"built here with {args.solver_type}'s history (--layout {layout})")
         if args.model is None:
             raise UsageError(f"--layout {layout} sizes the net built here: give --model (only a "
                              "profile that keeps its GMAP plans without one)")

@@ -294,6 +294,26 @@ def test_plan_on_another_nets_profile_points_to_what_works(solver_file, tmp_path
     assert "does not match net 'other'" in capsys.readouterr().err
 
 
+def test_plan_on_another_solver_types_profile_says_why(solver_file, tmp_path, capsys):
+    """A profile's GMAP holds its solver type's history: with another --solver-type and no
+    --model the error says so and names both ways out (it named a `--layout cpu` the user
+    had not given); with --model the net built here is planned."""
+    prof = tmp_path / "p.json"
+    rc, err = train(solver_file, "--swap", "dynamic", "--budget", "4M", "--batch", "4",
+                    "--max-iter", "1", "--save-profile", str(prof), capsys=capsys)
+    assert rc == 0, err
+    assert main(["plan", "--budget", "4M", "--profile", str(prof), "--solver-type",
+                 "Adam"]) == 2
+    err = capsys.readouterr().err
+    assert "solver type 'SGD', not 'Adam': give --solver-type SGD, or --model" in err
+    assert "--layout cpu sizes" not in err
+    net = tmp_path / "walk.prototxt"
+    net.write_text(NET)
+    assert main(["plan", "--model", str(net), "--budget", "4M", "--profile", str(prof),
+                 "--solver-type", "Adam"]) == 0
+    assert "(cpu layout)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("budget", ["4M", "300K"])
 def test_stage_3_names_the_plan_the_report_names(solver_file, budget, capsys):
     """Where nothing needs swapping, --swap dynamic runs Caffe's plan 'none' (or every

@@ -21,9 +21,10 @@ secret).  Output lines are prefixed with the process (``[shard0]``,
 On one node the workers move gradients and parameters through shared memory
 (``--ps-shm``, ps/shm.py; ``--no-shm`` sends every value through the sockets).
 
-When any process fails, the others fail by themselves within the timeout
-(naming the culprit); the launcher waits for that, then ends stragglers.
-Its exit status is the first failure's, or 0.
+When any process fails, the others usually fail by themselves within a second
+(naming the culprit); after 5 s the launcher sends the rest SIGTERM (they tell
+their peers, other nodes' too) and kills what still runs 10 s later.  Its exit
+status is the first failure's, or 0.
 """
 from __future__ import annotations
 
@@ -332,11 +333,22 @@ def main(argv=None) -> int:
             c.finish()
 
 
+# after a process fails, the others get this long to fail by themselves, naming the culprit
+# (a worker's failure during training reaches every peer through the shards within a
+# second); then they are sent SIGTERM, which they pass on to their peers (other nodes' too)
+# before exiting, and killed END_GRACE seconds later.  A worker that fails before it joins
+# tells nobody: the shards would wait out the whole --timeout (120 s) for its join.
+FAIL_GRACE = 5.0
+END_GRACE = 10.0
+
+
 def supervise(children, timeout, stop) -> int:
-    """Wait for every child; after a failure or a signal, give the others the
-    time to fail by themselves (and say why), then end them."""
+    """Wait for every child.  After a failure, give the others :data:`FAIL_GRACE` seconds
+    (at most ``timeout``) to fail by themselves and say why, then SIGTERM them (they tell
+    their peers), and kill those still running :data:`END_GRACE` seconds later; after a
+    signal, SIGTERM at once."""
     first_bad = None
-    grace_until = None
+    term_at = kill_at = None
     while True:
         codes = [c.popen.poll() for c in children]
         if all(code is not None for code in codes):
@@ -344,14 +356,20 @@ def supervise(children, timeout, stop) -> int:
         for c, code in zip(children, codes):
             if code not in (None, 0) and first_bad is None:
                 first_bad = (c.name, code)
-                grace_until = time.monotonic() + timeout + max(1.0, 0.25 * timeout) + 5
-        if stop["signal"] is not None and grace_until is None:
+                term_at = time.monotonic() + min(FAIL_GRACE, timeout)
+        if stop["signal"] is not None and kill_at is None:
+            term_at = time.monotonic()
+            first_bad = first_bad or ("launcher", 128 + stop["signal"])
+        now = time.monotonic()
+        if term_at is not None and now >= term_at and kill_at is None:
             for c in children:
                 if c.popen.poll() is None:
+                    if stop["signal"] is None:
+                        print(f"[launcher] stopping {c.name} after the failure of "
+                              f"{first_bad[0]}", flush=True)
                     c.popen.send_signal(signal.SIGTERM)   # they tell their peers, then exit
-            grace_until = time.monotonic() + 10
-            first_bad = first_bad or ("launcher", 128 + stop["signal"])
-        if grace_until is not None and time.monotonic() > grace_until:
+            kill_at = now + END_GRACE
+        if kill_at is not None and now > kill_at:
             for c in children:
                 if c.popen.poll() is None:
                     print(f"[launcher] ending {c.name}, still running after the failure of "

@@ -115,3 +115,20 @@ def test_launch_with_shared_memory_trains_as_through_the_sockets(tmp_path):
         r = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_ps.py"), *dry, *other],
                            cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "--ps-shm" not in r.stdout, r.stdout + r.stderr
+
+
+def test_a_worker_that_fails_before_joining_ends_the_run_within_seconds(tmp_path):
+    """Workers that cannot start (here: a missing -weights file, standing for any failure
+    before the join) tell no shard; the launcher stops the shards soon after (SIGTERM after
+    its 5 s grace), not after the shards' --timeout for the join (60 s here, 80 s of waiting
+    before), and exits with a worker's status."""
+    import time
+    solver = write_solver(tmp_path, "f", DUMMY_NET, k=4, max_iter=10)
+    t0 = time.monotonic()
+    r = launch("--solver", solver, "--shards", "1", "--cpu-workers", "2", "--timeout", "60",
+               "--", "--weights", str(tmp_path / "missing.caffemodel"), timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode != 0
+    assert "[launcher] rank0 failed" in r.stdout or "[launcher] rank1 failed" in r.stdout
+    assert "missing.caffemodel" in r.stdout + r.stderr
+    assert took < 40, f"the launcher took {took:.0f} s (shards' join timeout 60 s)"

@@ -469,7 +469,7 @@ def test_quick_start_two_shards_four_cpu_workers(work):
         assert f"[{name}] " in out and (work / "logs" / f"{name}.log").stat().st_size > 0
     assert {line.split()[0] for line in out.splitlines() if "Test net output" in line} == {
         "[rank0]"}
-    assert re.search(r"\[rank2\] I\S* \S+ \d+ ps\.worker\] Iteration 2, rank 2/4: Delta \(sync\) "
+    assert re.search(r"\[rank2\] I\S* \S+ +\d+ ps\.worker\] Iteration 2, rank 2/4: Delta \(sync\) "
                      r"= [\d.]+ ms, compute = [\d.]+ ms, computation/communication = [\d.]+ "
                      r"\(mean of 1 iteration\(s\); [\d.e-]+ MB pushed", out), out[-2000:]
     made = {p.name for p in (work / "snapshots" / "digits").iterdir()}
@@ -835,10 +835,12 @@ def test_swap_quick_start_on_the_saved_profile(work, digits, capsys, monkeypatch
             assert Path("t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plan_refuses_another_nets_or_solvers_profile(digits, capsys):
+def test_plan_refuses_another_nets_or_solvers_profile(work, digits, capsys, monkeypatch):
     """SWAP.md: a profile's GMAP plans only its own net; another solver type builds the net
     from --model, and without one the error names both ways out (not a --layout the user
-    never gave); --layout device refuses it."""
+    never gave); --layout device refuses it.  In ``work``, where the digits net's data
+    paths hold (it passed only after a test that had left the cwd there)."""
+    monkeypatch.chdir(work)
     p = digits / "d.json"
     rc, out = main_output(capsys, "plan", "--model", ROOT / "prototxt/cifar10_quick/dummy.prototxt",
                           "--budget", "8M", "--profile", p)

@@ -606,6 +606,12 @@ def run_net(name, k_base, budget, host_budget, iters, warmup, engine, mode, sear
     if gpu and engine == "CUDNN":      # cuDNN's algorithm choices so far (per-k workspaces)
         from minicaffe.cudnn import ops as cudnn_ops
         out["tuner"]["cudnn_cache"] = cudnn_ops.algo_cache_info()
+    # --cuda-graph asked for (the environment reaches the solvers): whether the run kept it,
+    # or the tuner predicted the eager iterations faster (swap.tuner.graph_or_eager)
+    out["tuner"]["cuda_graph"] = bool(getattr(solver, "cuda_graph", False))
+    out["tuner"]["cuda_graph_choice"] = next(
+        (ln for ln in lines if ln.startswith(("cuda_graph: WARNING: the eager",
+                                              "cuda_graph: graph launches predicted"))), None)
     if td.graph is not None:
         out["tuner"]["graph_calibration"] = {
             "k": td.graph.k, "measured_ms": 1e3 * td.graph.measured,
@@ -975,6 +981,10 @@ def write_tables(results, peers, csv_path, md_path, header):
                       f"{d['pred_ms']:.1f} | {100 * d['time_err_b2b']:+.1f} % | "
                       f"{_fmt(d.get('slowdown_b2b'), '.3f')} |")
     for r in results:
+        choice = r["tuner"].get("cuda_graph_choice")
+        if choice and not r["tuner"].get("cuda_graph", True):
+            md += ["", f"**{r['net']} ran eagerly under --cuda-graph**: "
+                   + choice[len("cuda_graph: WARNING: "):] + " (swap.tuner.graph_or_eager)."]
         c = r["tuner"].get("graph_calibration")
         if c:
             md += ["", f"**{r['net']} as CUDA graph launches**: calibrated at k = {c['k']} "

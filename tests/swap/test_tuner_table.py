@@ -52,6 +52,7 @@ def test_tuner_table_quick(tuner_quick_run):
             assert _spread(dyn) <= ROUND_SPREAD and _spread(non) <= ROUND_SPREAD
         assert min(dyn) / max(non) <= d["slowdown"] <= max(dyn) / min(non)
     assert "partial" not in r                   # written whole at the end
+    assert t["cuda_graph"] is False and t["cuda_graph_choice"] is None   # no --cuda-graph
     assert not [p for p in os.listdir(tmp_path / "tuner") if ".tmp" in p]
     rows = list(csv.DictReader(open(tmp_path / "tuner_table.csv")))
     assert [x["net"] for x in rows] == ["cifar10_quick"]
@@ -395,6 +396,25 @@ def test_the_back_to_back_table_is_written_and_table1_still_reads(tmp_path):
     assert "| 73.8 | 66.2 | -10.3 % | 1.010 |" in k16[0]
     rows = read_table1_md([str(md)])
     assert [x["net"] for x in rows] == ["resnet152"] and rows[0]["k_star"] == 83
+
+
+def test_a_run_that_dropped_the_graph_says_so_in_its_table(tmp_path):
+    """Under --cuda-graph the tuner may train eagerly (swap.tuner.graph_or_eager): the
+    network's table says so with the tuner's reason; a run that kept the graph says nothing
+    of it."""
+    sys.path.insert(0, REPO)
+    from scripts.tuner_table import write_tables
+    r = json.load(open(os.path.join(REPO, "docs", "results", "tuner_s27", "d_resnet152.json")))
+    why = ("the eager iterations are predicted faster than graph launches (376.5 images/s at "
+           "k = 85 against 319.5 images/s at k = 85, stalling): training eagerly")
+    r["tuner"].update(cuda_graph=False, cuda_graph_choice="cuda_graph: WARNING: " + why)
+    md = tmp_path / "t.md"
+    write_tables([r], {}, str(tmp_path / "t.csv"), str(md), "header")
+    assert f"**resnet152 ran eagerly under --cuda-graph**: {why} (swap" in md.read_text()
+    r["tuner"].update(cuda_graph=True, cuda_graph_choice="cuda_graph: graph launches "
+                      "predicted at 415.1 images/s at k = 85, eagerly 398.0 images/s at k = 71")
+    write_tables([r], {}, str(tmp_path / "t.csv"), str(md), "header")
+    assert "ran eagerly" not in md.read_text()
 
 
 @pytest.mark.gpu
